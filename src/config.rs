@@ -1,0 +1,382 @@
+//! Settings: a TOML file, then `LOCKROUTER__SECTION__KEY` environment
+//! overrides, deserialised into typed structs and validated before anything
+//! starts. Unknown keys are rejected so that a typo never silently falls back
+//! to a default. This module touches nothing but the file system.
+
+use std::collections::HashSet;
+use std::net::SocketAddr;
+use std::path::Path;
+use std::time::Duration;
+
+use serde::Deserialize;
+
+/// Everything the router needs to start.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Settings {
+    /// Where and how the HTTP API is served.
+    pub server: ServerSettings,
+    /// How the router talks to every shard.
+    #[serde(default)]
+    pub etcd: EtcdSettings,
+    /// What decides placement of names on shards (part of the ring fingerprint).
+    #[serde(default)]
+    pub ring: RingSettings,
+    /// Input limits of the v1 API.
+    #[serde(default)]
+    pub limits: Limits,
+    /// The etcd clusters lock names are spread over.
+    #[serde(default)]
+    pub shards: Vec<ShardSettings>,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ServerSettings {
+    /// Address of the main listener (API, health, metrics).
+    pub listen: String,
+    /// Optional second listener that serves only `/metrics`.
+    #[serde(default)]
+    pub metrics_listen: Option<String>,
+    /// How long a graceful shutdown waits for in-flight requests.
+    #[serde(default = "defaults::shutdown_grace_ms")]
+    pub shutdown_grace_ms: u64,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct EtcdSettings {
+    /// Key prefix used on every shard; lockrouter owns everything below it.
+    #[serde(default = "defaults::prefix")]
+    pub prefix: String,
+    /// Deadline of one etcd request; past it the shard is reported unavailable.
+    #[serde(default = "defaults::request_timeout_ms")]
+    pub request_timeout_ms: u64,
+    /// Deadline for opening a connection to an etcd endpoint.
+    #[serde(default = "defaults::connect_timeout_ms")]
+    pub connect_timeout_ms: u64,
+    /// How often each shard is probed for health and ring state.
+    #[serde(default = "defaults::health_interval_ms")]
+    pub health_interval_ms: u64,
+    /// Renewals of one lease within this window share one keepalive
+    /// (capped at a tenth of the lease TTL).
+    #[serde(default = "defaults::keepalive_coalesce_ms")]
+    pub keepalive_coalesce_ms: u64,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RingSettings {
+    /// Virtual nodes per unit of shard weight.
+    #[serde(default = "defaults::vnodes")]
+    pub vnodes: u32,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Limits {
+    #[serde(default = "defaults::min_ttl_ms")]
+    pub min_ttl_ms: u64,
+    #[serde(default = "defaults::max_ttl_ms")]
+    pub max_ttl_ms: u64,
+    #[serde(default = "defaults::max_name_bytes")]
+    pub max_name_bytes: usize,
+    #[serde(default = "defaults::max_client_id_bytes")]
+    pub max_client_id_bytes: usize,
+    #[serde(default = "defaults::max_batch")]
+    pub max_batch: usize,
+    #[serde(default = "defaults::max_body_bytes")]
+    pub max_body_bytes: usize,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ShardSettings {
+    /// Stable name; it is part of every lockId and of the ring fingerprint.
+    pub name: String,
+    /// Client URLs of the cluster's members.
+    pub endpoints: Vec<String>,
+    /// Relative share of names this shard receives.
+    #[serde(default = "defaults::weight")]
+    pub weight: u32,
+}
+
+mod defaults {
+    pub fn shutdown_grace_ms() -> u64 {
+        10_000
+    }
+    pub fn prefix() -> String {
+        "/lockrouter".into()
+    }
+    pub fn request_timeout_ms() -> u64 {
+        3_000
+    }
+    pub fn connect_timeout_ms() -> u64 {
+        1_000
+    }
+    pub fn health_interval_ms() -> u64 {
+        1_000
+    }
+    pub fn keepalive_coalesce_ms() -> u64 {
+        1_000
+    }
+    pub fn vnodes() -> u32 {
+        160
+    }
+    pub fn min_ttl_ms() -> u64 {
+        2_000
+    }
+    pub fn max_ttl_ms() -> u64 {
+        3_600_000
+    }
+    pub fn max_name_bytes() -> usize {
+        512
+    }
+    pub fn max_client_id_bytes() -> usize {
+        256
+    }
+    pub fn max_batch() -> usize {
+        1_000
+    }
+    pub fn max_body_bytes() -> usize {
+        1 << 20
+    }
+    pub fn weight() -> u32 {
+        1
+    }
+}
+
+impl Default for EtcdSettings {
+    fn default() -> Self {
+        Self {
+            prefix: defaults::prefix(),
+            request_timeout_ms: defaults::request_timeout_ms(),
+            connect_timeout_ms: defaults::connect_timeout_ms(),
+            health_interval_ms: defaults::health_interval_ms(),
+            keepalive_coalesce_ms: defaults::keepalive_coalesce_ms(),
+        }
+    }
+}
+
+impl Default for RingSettings {
+    fn default() -> Self {
+        Self {
+            vnodes: defaults::vnodes(),
+        }
+    }
+}
+
+impl Default for Limits {
+    fn default() -> Self {
+        Self {
+            min_ttl_ms: defaults::min_ttl_ms(),
+            max_ttl_ms: defaults::max_ttl_ms(),
+            max_name_bytes: defaults::max_name_bytes(),
+            max_client_id_bytes: defaults::max_client_id_bytes(),
+            max_batch: defaults::max_batch(),
+            max_body_bytes: defaults::max_body_bytes(),
+        }
+    }
+}
+
+/// Why a configuration was refused. Each message names the offending key.
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    #[error("cannot read config: {0}")]
+    Load(#[from] config::ConfigError),
+    #[error("invalid config: {0}")]
+    Invalid(String),
+}
+
+fn invalid(msg: impl Into<String>) -> ConfigError {
+    ConfigError::Invalid(msg.into())
+}
+
+impl Settings {
+    /// Reads `path` (TOML), applies `LOCKROUTER__SECTION__KEY` overrides and
+    /// validates the result.
+    pub fn load(path: &Path) -> Result<Self, ConfigError> {
+        if !path.is_file() {
+            return Err(invalid(format!(
+                "config file {} does not exist",
+                path.display()
+            )));
+        }
+        let settings: Settings = config::Config::builder()
+            .add_source(config::File::from(path).format(config::FileFormat::Toml))
+            .add_source(
+                config::Environment::with_prefix("LOCKROUTER")
+                    .prefix_separator("__")
+                    .separator("__")
+                    .try_parsing(true),
+            )
+            .build()?
+            .try_deserialize()?;
+        settings.validate()?;
+        Ok(settings)
+    }
+
+    /// Parses settings from a TOML string (no environment), then validates.
+    pub fn from_toml(text: &str) -> Result<Self, ConfigError> {
+        let settings: Settings = config::Config::builder()
+            .add_source(config::File::from_str(text, config::FileFormat::Toml))
+            .build()?
+            .try_deserialize()?;
+        settings.validate()?;
+        Ok(settings)
+    }
+
+    /// Checks everything serde cannot: addresses, bounds, shard identity.
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        parse_addr("server.listen", &self.server.listen)?;
+        if let Some(addr) = &self.server.metrics_listen {
+            parse_addr("server.metrics_listen", addr)?;
+        }
+        self.validate_etcd()?;
+        self.validate_limits()?;
+        self.validate_shards()
+    }
+
+    fn validate_etcd(&self) -> Result<(), ConfigError> {
+        let e = &self.etcd;
+        let p = &e.prefix;
+        if p.is_empty() || p.ends_with('/') || p.chars().any(char::is_control) {
+            return Err(invalid(format!(
+                "etcd.prefix {p:?} must be non-empty, printable and not end with '/'"
+            )));
+        }
+        for (key, v) in [
+            ("etcd.request_timeout_ms", e.request_timeout_ms),
+            ("etcd.connect_timeout_ms", e.connect_timeout_ms),
+            ("etcd.health_interval_ms", e.health_interval_ms),
+        ] {
+            if !(10..=600_000).contains(&v) {
+                return Err(invalid(format!("{key} = {v} must be 10..=600000")));
+            }
+        }
+        if !(1..=10_000).contains(&self.ring.vnodes) {
+            return Err(invalid("ring.vnodes must be 1..=10000"));
+        }
+        Ok(())
+    }
+
+    fn validate_limits(&self) -> Result<(), ConfigError> {
+        let l = &self.limits;
+        // etcd's minimum lease TTL is 2 s and leases are whole seconds.
+        if l.min_ttl_ms < 2_000 || l.min_ttl_ms > l.max_ttl_ms {
+            return Err(invalid(format!(
+                "limits.min_ttl_ms = {} must be >= 2000 and <= limits.max_ttl_ms = {}",
+                l.min_ttl_ms, l.max_ttl_ms
+            )));
+        }
+        if l.max_ttl_ms > 86_400_000 {
+            return Err(invalid("limits.max_ttl_ms must be <= 86400000 (one day)"));
+        }
+        if l.max_name_bytes == 0 || l.max_client_id_bytes == 0 || l.max_batch == 0 {
+            return Err(invalid(
+                "limits.max_name_bytes, max_client_id_bytes and max_batch must be > 0",
+            ));
+        }
+        Ok(())
+    }
+
+    fn validate_shards(&self) -> Result<(), ConfigError> {
+        if self.shards.is_empty() {
+            return Err(invalid("no shards configured: add at least one [[shards]]"));
+        }
+        let mut seen = HashSet::new();
+        for s in &self.shards {
+            if s.name.is_empty()
+                || s.name.len() > 64
+                || !s
+                    .name
+                    .bytes()
+                    .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_')
+            {
+                return Err(invalid(format!(
+                    "shard name {:?} must be 1-64 characters of [A-Za-z0-9_-]",
+                    s.name
+                )));
+            }
+            if !seen.insert(s.name.as_str()) {
+                return Err(invalid(format!("duplicate shard name {:?}", s.name)));
+            }
+            if s.endpoints.is_empty() {
+                return Err(invalid(format!("shard {:?} has no endpoints", s.name)));
+            }
+            for ep in &s.endpoints {
+                validate_endpoint(&s.name, ep)?;
+            }
+            if !(1..=1_000).contains(&s.weight) {
+                return Err(invalid(format!(
+                    "shard {:?} weight {} must be 1..=1000",
+                    s.name, s.weight
+                )));
+            }
+        }
+        Ok(())
+    }
+
+    pub fn request_timeout(&self) -> Duration {
+        Duration::from_millis(self.etcd.request_timeout_ms)
+    }
+}
+
+fn parse_addr(key: &str, value: &str) -> Result<SocketAddr, ConfigError> {
+    value
+        .parse()
+        .map_err(|_| invalid(format!("{key} = {value:?} is not an IP:port address")))
+}
+
+fn validate_endpoint(shard: &str, ep: &str) -> Result<(), ConfigError> {
+    let bad = || {
+        invalid(format!(
+            "shard {shard:?} endpoint {ep:?} must be an http://host:port URL"
+        ))
+    };
+    let uri: http::Uri = ep.parse().map_err(|_| bad())?;
+    match (uri.scheme_str(), uri.host(), uri.port_u16()) {
+        (Some("http"), Some(h), Some(_)) if !h.is_empty() => Ok(()),
+        _ => Err(bad()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const MINIMAL: &str = r#"
+        [server]
+        listen = "127.0.0.1:8080"
+        [etcd]
+        prefix = "/lockrouter"
+        [[shards]]
+        name = "a"
+        endpoints = ["http://127.0.0.1:2379"]
+    "#;
+
+    #[test]
+    fn minimal_config_gets_defaults() {
+        let s = Settings::from_toml(MINIMAL).unwrap();
+        assert_eq!(s.shards[0].weight, 1);
+        assert_eq!(s.limits.max_batch, 1_000);
+        assert_eq!(s.etcd.request_timeout_ms, 3_000);
+    }
+
+    fn rejects(text: &str, needle: &str) {
+        let err = Settings::from_toml(text).unwrap_err().to_string();
+        assert!(err.contains(needle), "{err:?} should mention {needle:?}");
+    }
+
+    #[test]
+    fn bad_configs_name_the_problem() {
+        rejects(&MINIMAL.replace("prefix", "prefx"), "prefx");
+        rejects(r#"[server]
+            listen = "127.0.0.1:8080""#, "no shards");
+        rejects(&MINIMAL.replace("127.0.0.1:8080", "nowhere"), "server.listen");
+        rejects(&format!("{MINIMAL}\n[[shards]]\nname = \"a\"\nendpoints = [\"http://h:1\"]"), "duplicate");
+        rejects(&MINIMAL.replace("[\"http://127.0.0.1:2379\"]", "[]"), "no endpoints");
+        rejects(&MINIMAL.replace("http://127.0.0.1:2379", "127.0.0.1:2379"), "endpoint");
+        rejects(&format!("{MINIMAL}\n[limits]\nmin_ttl_ms = 1000"), "min_ttl_ms");
+    }
+}

@@ -1,0 +1,247 @@
+//! The HTTP layer: hyper 1 on tokio, HTTP/1.1 keep-alive and HTTP/2 (h2c)
+//! on one port, routing, body limits, JSON parsing, and graceful shutdown.
+//! Handlers live in `api.rs`; error mapping in `error.rs`.
+
+pub mod api;
+pub mod error;
+
+use std::convert::Infallible;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use http::{header, HeaderValue, Method, Request, Response, StatusCode};
+use http_body_util::{BodyExt, Full, Limited};
+use hyper::body::Incoming;
+use hyper::service::service_fn;
+use hyper_util::rt::{TokioExecutor, TokioIo};
+use hyper_util::server::graceful::GracefulShutdown;
+use metrics_exporter_prometheus::PrometheusHandle;
+use serde::de::DeserializeOwned;
+use tokio::net::TcpListener;
+use tokio_util::sync::CancellationToken;
+use tracing::Instrument;
+
+use crate::locks::Locks;
+use crate::metrics as m;
+use error::ApiError;
+
+/// Every route the server answers, as `(method, path template)`. The
+/// OpenAPI document is tested against this list.
+pub const ROUTES: &[(&str, &str)] = &[
+    ("POST", "/api/v1/locks/acquire"),
+    ("POST", "/api/v1/locks/renew"),
+    ("POST", "/api/v1/locks/renew-batch"),
+    ("POST", "/api/v1/locks/release"),
+    ("GET", "/api/v1/locks/{name}"),
+    ("GET", "/healthz"),
+    ("GET", "/readyz"),
+    ("GET", "/metrics"),
+];
+
+const LOCKS_PREFIX: &str = "/api/v1/locks/";
+
+/// What every request handler shares.
+pub struct AppState {
+    pub locks: Locks,
+    pub metrics: PrometheusHandle,
+}
+
+/// Which routes a listener serves.
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub enum Listener {
+    Main,
+    MetricsOnly,
+}
+
+/// Serves `listener` until `shutdown`, then lets in-flight requests finish
+/// for up to `grace`.
+pub async fn serve(
+    listener: TcpListener,
+    state: Arc<AppState>,
+    kind: Listener,
+    shutdown: CancellationToken,
+    grace: Duration,
+) {
+    let builder = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new());
+    let graceful = GracefulShutdown::new();
+    loop {
+        let (stream, _) = tokio::select! {
+            accepted = listener.accept() => match accepted {
+                Ok(conn) => conn,
+                Err(e) => {
+                    // Out of file descriptors and the like: back off, go on.
+                    tracing::warn!(error = %e, "accept failed");
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                    continue;
+                }
+            },
+            _ = shutdown.cancelled() => break,
+        };
+        let _ = stream.set_nodelay(true);
+        let state = state.clone();
+        let svc = service_fn(move |req| handle(state.clone(), kind, req));
+        let builder = builder.clone();
+        let watcher = graceful.watcher();
+        tokio::spawn(async move {
+            let conn = builder.serve_connection(TokioIo::new(stream), svc);
+            let _ = watcher.watch(conn).await;
+        });
+    }
+    drop(listener);
+    if tokio::time::timeout(grace, graceful.shutdown()).await.is_err() {
+        tracing::warn!("shutdown grace period ended with requests still in flight");
+    }
+}
+
+async fn handle(
+    state: Arc<AppState>,
+    kind: Listener,
+    req: Request<Incoming>,
+) -> Result<Response<Full<Bytes>>, Infallible> {
+    let started = Instant::now();
+    let op = op_of(req.uri().path(), kind);
+    let span = tracing::debug_span!("request", op, outcome = tracing::field::Empty);
+    let result = route(&state, op, req).instrument(span.clone()).await;
+    let (resp, outcome) = match result {
+        Ok(ok) => ok,
+        Err(e) => {
+            let code = e.code;
+            (e.into_response(), code)
+        }
+    };
+    span.record("outcome", outcome);
+    if resp.status().is_server_error() {
+        tracing::warn!(op, outcome, status = resp.status().as_u16(), "request failed");
+    }
+    m::request(op, outcome, started.elapsed());
+    Ok(resp)
+}
+
+/// The metrics label of a path: a route name, never the path itself.
+fn op_of(path: &str, kind: Listener) -> &'static str {
+    match (kind, path) {
+        (_, "/metrics") => "metrics",
+        (Listener::MetricsOnly, _) => "unknown",
+        (_, "/api/v1/locks/acquire") => "acquire",
+        (_, "/api/v1/locks/renew") => "renew",
+        (_, "/api/v1/locks/renew-batch") => "renew_batch",
+        (_, "/api/v1/locks/release") => "release",
+        (_, "/healthz") => "healthz",
+        (_, "/readyz") => "readyz",
+        (_, p) if p.starts_with(LOCKS_PREFIX) => "inspect",
+        _ => "unknown",
+    }
+}
+
+async fn route(state: &AppState, op: &'static str, req: Request<Incoming>) -> api::Answer {
+    let max = state.locks.limits().max_body_bytes;
+    let locks = &state.locks;
+    match op {
+        "acquire" => api::acquire(locks, parse(req, max).await?).await,
+        "renew" => api::renew(locks, parse(req, max).await?).await,
+        "renew_batch" => api::renew_batch(locks, parse(req, max).await?).await,
+        "release" => api::release(locks, parse(req, max).await?).await,
+        "inspect" => {
+            only(&req, Method::GET, "GET")?;
+            let raw = &req.uri().path()[LOCKS_PREFIX.len()..];
+            let name = percent_encoding::percent_decode_str(raw)
+                .decode_utf8()
+                .map_err(|_| ApiError::invalid("the name in the path is not percent-encoded UTF-8"))?;
+            api::inspect(locks, &name).await
+        }
+        "healthz" => {
+            only(&req, Method::GET, "GET")?;
+            Ok((json(StatusCode::OK, &serde_json::json!({"status": "ok"})), "ok"))
+        }
+        "readyz" => {
+            only(&req, Method::GET, "GET")?;
+            Ok(readyz(locks))
+        }
+        "metrics" => {
+            only(&req, Method::GET, "GET")?;
+            state.metrics.run_upkeep();
+            let resp = Response::builder()
+                .header(header::CONTENT_TYPE, "text/plain; version=0.0.4")
+                .body(Full::new(Bytes::from(state.metrics.render())))
+                .expect("static response");
+            Ok((resp, "ok"))
+        }
+        _ => Err(ApiError::not_found()),
+    }
+}
+
+fn readyz(locks: &Locks) -> (Response<Full<Bytes>>, &'static str) {
+    let (down, refusing) = locks.router().readiness();
+    if down.is_empty() && refusing.is_empty() {
+        return (json(StatusCode::OK, &serde_json::json!({"ready": true})), "ready");
+    }
+    let body = serde_json::json!({
+        "ready": false,
+        "unreachableShards": down,
+        "refusingShards": refusing,
+    });
+    (json(StatusCode::SERVICE_UNAVAILABLE, &body), "not_ready")
+}
+
+fn only(req: &Request<Incoming>, method: Method, allow: &'static str) -> Result<(), ApiError> {
+    if req.method() == method {
+        Ok(())
+    } else {
+        Err(ApiError::method_not_allowed(allow))
+    }
+}
+
+/// Checks method, media type and size, then parses the JSON body.
+async fn parse<T: DeserializeOwned>(req: Request<Incoming>, max: usize) -> Result<T, ApiError> {
+    only(&req, Method::POST, "POST")?;
+    let is_json = req
+        .headers()
+        .get(header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.split(';').next())
+        .is_some_and(|v| v.trim().eq_ignore_ascii_case("application/json"));
+    if !is_json {
+        return Err(ApiError::new(
+            StatusCode::UNSUPPORTED_MEDIA_TYPE,
+            "unsupported_media_type",
+            "send the body as Content-Type: application/json",
+        ));
+    }
+    let too_large = || {
+        ApiError::new(
+            StatusCode::PAYLOAD_TOO_LARGE,
+            "payload_too_large",
+            format!("the body may be at most {max} bytes"),
+        )
+    };
+    let declared = req
+        .headers()
+        .get(header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse::<u64>().ok());
+    if declared.is_some_and(|n| n > max as u64) {
+        return Err(too_large());
+    }
+    let body = Limited::new(req.into_body(), max)
+        .collect()
+        .await
+        .map_err(|e| {
+            if e.is::<http_body_util::LengthLimitError>() {
+                too_large()
+            } else {
+                ApiError::invalid(format!("could not read the body: {e}"))
+            }
+        })?
+        .to_bytes();
+    serde_json::from_slice(&body).map_err(|e| ApiError::invalid(format!("invalid JSON body: {e}")))
+}
+
+/// A JSON response.
+pub fn json(status: StatusCode, value: &serde_json::Value) -> Response<Full<Bytes>> {
+    let mut resp = Response::new(Full::new(Bytes::from(value.to_string())));
+    *resp.status_mut() = status;
+    resp.headers_mut()
+        .insert(header::CONTENT_TYPE, HeaderValue::from_static("application/json"));
+    resp
+}

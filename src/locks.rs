@@ -1,0 +1,397 @@
+//! The lock operations: acquire, renew, renew-batch, release and inspect.
+//!
+//! Each is a few etcd calls on the shard that owns the name (or that the
+//! lockId names), with no per-lock state in the router:
+//! - acquire: one txn that creates the key on the client's session lease
+//!   only if nobody holds it and the shard still records this router's ring;
+//!   the session lease is renewed alongside (coalesced).
+//! - renew: a coalesced keepalive of the lock's lease plus a batched,
+//!   linearizable check that the key still has the lockId's create revision
+//!   and lease.
+//! - release: a txn deleting the key only if it still has that create
+//!   revision and lease, so a stale lockId never touches a later holder.
+
+use std::time::{Duration, Instant, SystemTime};
+
+use etcd_client::KeyValue;
+use futures::future::join_all;
+
+use crate::config::Limits;
+use crate::etcd::EtcdError;
+use crate::fencing;
+use crate::keepalive::Renewal;
+use crate::keys::{name_hash, LockValue, RingMeta};
+use crate::lock_id::LockId;
+use crate::router::{NotServing, Router};
+use crate::session::SessionLease;
+use crate::shard::{AcquireTxn, Shard};
+
+use std::sync::Arc;
+
+/// How long clients are told to wait before retrying an unavailable shard.
+pub const RETRY_AFTER: Duration = Duration::from_secs(1);
+
+/// A failed operation, as the HTTP layer maps it.
+#[derive(Debug, thiserror::Error)]
+pub enum LockError {
+    #[error("{0}")]
+    InvalidArgument(String),
+    #[error("shard {shard} is unavailable: {detail}")]
+    ShardUnavailable { shard: String, detail: String },
+    #[error("internal error: {0}")]
+    Internal(String),
+}
+
+impl From<EtcdError> for LockError {
+    fn from(e: EtcdError) -> Self {
+        match e {
+            EtcdError::Unavailable { shard, detail } => LockError::ShardUnavailable { shard, detail },
+            other => LockError::Internal(other.to_string()),
+        }
+    }
+}
+
+fn invalid(msg: impl Into<String>) -> LockError {
+    LockError::InvalidArgument(msg.into())
+}
+
+/// A moment the router knows a lease lives until (never later than etcd's).
+#[derive(Debug, Clone, Copy)]
+pub struct Expiry(pub Instant);
+
+impl Expiry {
+    /// `(expiresInMs, expiresAt)` read off one clock sample.
+    pub fn report(&self) -> (u64, SystemTime) {
+        let left = self.0.saturating_duration_since(Instant::now());
+        (left.as_millis() as u64, SystemTime::now() + left)
+    }
+}
+
+pub struct AcquireRequest {
+    pub name: String,
+    pub ttl_ms: u64,
+    pub client_id: String,
+    pub wait_ms: u64,
+}
+
+pub struct Grant {
+    pub lock_id: String,
+    pub fencing_token: u64,
+    pub expires: Expiry,
+}
+
+pub enum Acquired {
+    Granted(Grant),
+    /// Held by another client until at least this moment.
+    Held(Expiry),
+}
+
+pub enum Renewed {
+    Renewed(Expiry),
+    Expired,
+    Stolen,
+    /// Only in batches: the lock's shard did not answer (retry later).
+    Unavailable,
+}
+
+pub struct Inspection {
+    pub shard: String,
+    pub holder: Option<(u64, Expiry)>,
+}
+
+pub struct Locks {
+    router: Arc<Router>,
+    limits: Limits,
+    coalesce: Duration,
+}
+
+impl Locks {
+    pub fn new(router: Arc<Router>, limits: Limits, coalesce: Duration) -> Self {
+        Self { router, limits, coalesce }
+    }
+
+    pub fn router(&self) -> &Router {
+        &self.router
+    }
+
+    pub fn limits(&self) -> &Limits {
+        &self.limits
+    }
+
+    pub async fn acquire(&self, req: &AcquireRequest) -> Result<Acquired, LockError> {
+        check_text("name", &req.name, self.limits.max_name_bytes)?;
+        check_text("clientId", &req.client_id, self.limits.max_client_id_bytes)?;
+        let ttl_secs = self.ttl_secs(req.ttl_ms)?;
+        if req.wait_ms != 0 {
+            return Err(invalid("waitMs is not supported yet"));
+        }
+        let shard = self.router.shard_for(&req.name);
+        let ring = self.granting_ring(shard)?;
+        let hash = name_hash(&req.name);
+        let key = shard.keys.lock(&hash);
+        let value = serde_json::to_vec(&LockValue {
+            client: req.client_id.clone(),
+            epoch: ring.epoch,
+            name: req.name.clone(),
+        })
+        .map_err(|e| LockError::Internal(e.to_string()))?;
+        // A session lease can expire between the cache and the txn; then a
+        // fresh one is granted and the acquire tried again.
+        for _ in 0..3 {
+            let session = shard
+                .sessions
+                .get_or_grant(&req.client_id, ttl_secs, || grant_session(shard, ttl_secs))
+                .await?;
+            let window = self.window(ttl_secs);
+            let (txn, renewal) = tokio::join!(
+                shard.acquire_txn(&key, value.clone(), session.id, &ring),
+                shard.keepalive.refresh(session.id, window),
+            );
+            let lease_gone = matches!(txn, Err(EtcdError::LeaseNotFound))
+                || matches!(renewal, Ok(r) if !r.alive());
+            if lease_gone {
+                // If the txn did create the key, it went with the lease.
+                shard.sessions.invalidate(&req.client_id, ttl_secs, session.id).await;
+                continue;
+            }
+            return match txn? {
+                AcquireTxn::Granted { revision } => {
+                    let lock = LockId {
+                        shard: shard.name.clone(),
+                        epoch: ring.epoch as u16,
+                        ttl_secs,
+                        lease: session.id,
+                        revision,
+                    name_hash: hash,
+                    };
+                    Ok(Acquired::Granted(grant(lock, renewal?)?))
+                }
+                AcquireTxn::Held(holder) => {
+                    self.held(shard, &req.client_id, holder, hash, session, renewal, window)
+                        .await
+                }
+                AcquireTxn::RingChanged(found) => {
+                    self.router.ring_changed(shard, found);
+                    Err(unavailable(shard, "the shard's ring changed; retry"))
+                }
+            };
+        }
+        Err(unavailable(shard, "session leases keep expiring"))
+    }
+
+    /// The name is held: by the caller (idempotent re-acquire) or by another.
+    #[allow(clippy::too_many_arguments)]
+    async fn held(
+        &self,
+        shard: &Shard,
+        client_id: &str,
+        holder: KeyValue,
+        hash: crate::keys::NameHash,
+        session: SessionLease,
+        session_renewal: Result<Renewal, EtcdError>,
+        window: Duration,
+    ) -> Result<Acquired, LockError> {
+        let value: Option<LockValue> = serde_json::from_slice(holder.value()).ok();
+        match value {
+            Some(v) if v.client == client_id => {
+                let renewal = if holder.lease() == session.id {
+                    session_renewal?
+                } else {
+                    shard.keepalive.refresh(holder.lease(), window).await?
+                };
+                if !renewal.alive() {
+                    // Its lease just ran out; etcd deletes the key momentarily.
+                    return Ok(Acquired::Held(Expiry(Instant::now())));
+                }
+                let lock = LockId {
+                    shard: shard.name.clone(),
+                    epoch: u16::try_from(v.epoch).map_err(|_| LockError::Internal("epoch".into()))?,
+                    ttl_secs: renewal.ttl_secs as u32,
+                    lease: holder.lease(),
+                    revision: holder.create_revision(),
+                    name_hash: hash,
+                };
+                Ok(Acquired::Granted(grant(lock, renewal)?))
+            }
+            _ => {
+                let sent_at = Instant::now();
+                let left = shard.time_to_live(holder.lease()).await?;
+                Ok(Acquired::Held(Expiry(sent_at + Duration::from_secs(left as u64))))
+            }
+        }
+    }
+
+    pub async fn renew(&self, lock_id: &str, token: u64, ttl_ms: Option<u64>) -> Result<Renewed, LockError> {
+        let id = decode(lock_id, token)?;
+        if let Some(ttl_ms) = ttl_ms {
+            let secs = self.ttl_secs(ttl_ms)?;
+            if secs != id.ttl_secs {
+                return Err(invalid(format!(
+                    "ttlMs {ttl_ms} does not match the lock's TTL of {} s: a lock's TTL is fixed when it is acquired",
+                    id.ttl_secs
+                )));
+            }
+        }
+        let shard = self.shard_of(&id)?;
+        check_up(shard)?;
+        Ok(self.renew_on(shard, &id).await?)
+    }
+
+    /// Renews every lock in `locks`; malformed entries fail the whole call
+    /// (a client only sends lockIds it was given), shard outages only theirs.
+    pub async fn renew_batch(&self, locks: &[(String, u64)]) -> Result<Vec<Renewed>, LockError> {
+        if locks.is_empty() || locks.len() > self.limits.max_batch {
+            return Err(invalid(format!("locks must hold 1 to {} entries", self.limits.max_batch)));
+        }
+        let mut ids = Vec::with_capacity(locks.len());
+        for (i, (lock_id, token)) in locks.iter().enumerate() {
+            let id = decode(lock_id, *token).map_err(|e| invalid(format!("locks[{i}]: {e}")))?;
+            let shard = self.shard_of(&id).map_err(|e| invalid(format!("locks[{i}]: {e}")))?;
+            ids.push((id, shard));
+        }
+        let results = join_all(ids.iter().map(|(id, shard)| async move {
+            if !shard.conn.is_up() {
+                return Ok(Renewed::Unavailable);
+            }
+            match self.renew_on(shard, id).await {
+                Err(EtcdError::Unavailable { .. }) => Ok(Renewed::Unavailable),
+                other => other,
+            }
+        }))
+        .await;
+        results.into_iter().map(|r| r.map_err(LockError::from)).collect()
+    }
+
+    async fn renew_on(&self, shard: &Shard, id: &LockId) -> Result<Renewed, EtcdError> {
+        let key = shard.keys.lock(&id.name_hash);
+        let (renewal, current) = tokio::join!(
+            shard.keepalive.refresh(id.lease, self.window(id.ttl_secs)),
+            shard.verifier.get(key),
+        );
+        Ok(match current? {
+            None => Renewed::Expired,
+            Some(kv) if kv.create_revision() == id.revision && kv.lease() == id.lease => {
+                let renewal = renewal?;
+                if renewal.alive() {
+                    Renewed::Renewed(Expiry(renewal.deadline()))
+                } else {
+                    Renewed::Expired
+                }
+            }
+            Some(_) => Renewed::Stolen,
+        })
+    }
+
+    /// After this the name is not held under `lock_id` (released now or
+    /// already gone).
+    pub async fn release(&self, lock_id: &str, token: u64) -> Result<(), LockError> {
+        let id = decode(lock_id, token)?;
+        let shard = self.shard_of(&id)?;
+        check_up(shard)?;
+        let key = shard.keys.lock(&id.name_hash);
+        shard.release_txn(&key, id.revision, id.lease).await?;
+        Ok(())
+    }
+
+    pub async fn inspect(&self, name: &str) -> Result<Inspection, LockError> {
+        check_text("name", name, self.limits.max_name_bytes)?;
+        let shard = self.router.shard_for(name);
+        check_up(shard)?;
+        let Some(kv) = shard.get(&shard.keys.lock(&name_hash(name))).await? else {
+            return Ok(Inspection { shard: shard.name.clone(), holder: None });
+        };
+        let value: LockValue = serde_json::from_slice(kv.value())
+            .map_err(|e| LockError::Internal(format!("unreadable lock value: {e}")))?;
+        let token = fencing::token(value.epoch, kv.create_revision())
+            .ok_or_else(|| LockError::Internal("token out of range".into()))?;
+        let sent_at = Instant::now();
+        let left = shard.time_to_live(kv.lease()).await?;
+        Ok(Inspection {
+            shard: shard.name.clone(),
+            holder: Some((token, Expiry(sent_at + Duration::from_secs(left as u64)))),
+        })
+    }
+
+    fn ttl_secs(&self, ttl_ms: u64) -> Result<u32, LockError> {
+        let (min, max) = (self.limits.min_ttl_ms, self.limits.max_ttl_ms);
+        if !(min..=max).contains(&ttl_ms) {
+            return Err(invalid(format!("ttlMs must be {min} to {max}, got {ttl_ms}")));
+        }
+        // etcd leases are whole seconds: round up so the lock lives at least ttlMs.
+        Ok(ttl_ms.div_ceil(1000) as u32)
+    }
+
+    /// Renewals of one lease closer together than this share a keepalive.
+    fn window(&self, ttl_secs: u32) -> Duration {
+        self.coalesce.min(Duration::from_millis(u64::from(ttl_secs) * 100))
+    }
+
+    fn granting_ring(&self, shard: &Shard) -> Result<RingMeta, LockError> {
+        self.router.granting_ring(shard).map_err(|why| match why {
+            NotServing::Down => unavailable(shard, "the shard does not answer"),
+            NotServing::Ring(detail) => unavailable(shard, &detail),
+        })
+    }
+
+    fn shard_of(&self, id: &LockId) -> Result<&Arc<Shard>, LockError> {
+        self.router
+            .shard_named(&id.shard)
+            .ok_or_else(|| invalid(format!("lockId names shard {:?}, which this router does not know", id.shard)))
+    }
+}
+
+async fn grant_session(shard: &Shard, ttl_secs: u32) -> Result<SessionLease, EtcdError> {
+    let sent_at = Instant::now();
+    let id = shard.grant(ttl_secs).await?;
+    crate::metrics::session_granted(&shard.name);
+    shard
+        .keepalive
+        .seed(id, Renewal { sent_at, ttl_secs: ttl_secs.into() })
+        .await;
+    Ok(SessionLease { id, ttl_secs })
+}
+
+fn grant(lock: LockId, renewal: Renewal) -> Result<Grant, LockError> {
+    let fencing_token = lock
+        .token()
+        .ok_or_else(|| LockError::Internal("fencing token out of range".into()))?;
+    Ok(Grant {
+        lock_id: lock.encode(),
+        fencing_token,
+        expires: Expiry(renewal.deadline()),
+    })
+}
+
+fn decode(lock_id: &str, token: u64) -> Result<LockId, LockError> {
+    let id = LockId::decode(lock_id).map_err(|e| invalid(e.to_string()))?;
+    if id.token() != Some(token) {
+        return Err(invalid("fencingToken does not belong to this lockId"));
+    }
+    Ok(id)
+}
+
+fn check_up(shard: &Shard) -> Result<(), LockError> {
+    if shard.conn.is_up() {
+        Ok(())
+    } else {
+        Err(unavailable(shard, "the shard does not answer"))
+    }
+}
+
+fn unavailable(shard: &Shard, detail: &str) -> LockError {
+    LockError::ShardUnavailable {
+        shard: shard.name.clone(),
+        detail: detail.to_string(),
+    }
+}
+
+/// 1 to `max` bytes of UTF-8 without control characters.
+fn check_text(field: &str, value: &str, max: usize) -> Result<(), LockError> {
+    if value.is_empty() || value.len() > max {
+        return Err(invalid(format!("{field} must be 1 to {max} bytes, got {}", value.len())));
+    }
+    if value.chars().any(char::is_control) {
+        return Err(invalid(format!("{field} must not contain control characters")));
+    }
+    Ok(())
+}

@@ -1,0 +1,83 @@
+//! The `lockrouter` binary: parse arguments, load config, set up tracing,
+//! run until SIGTERM or SIGINT. Everything else lives in the library.
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand};
+use lockrouter::{Application, Settings};
+use tokio_util::sync::CancellationToken;
+
+#[derive(Parser)]
+#[command(version, about = "A stateless HTTP lock router over sharded etcd")]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Run the router.
+    Serve {
+        /// TOML config file; `LOCKROUTER__SECTION__KEY` variables override it.
+        #[arg(long, short)]
+        config: PathBuf,
+    },
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env()
+                .unwrap_or_else(|_| "info".into()),
+        )
+        .init();
+    match cli.command {
+        Command::Serve { config } => serve(config),
+    }
+}
+
+fn serve(path: PathBuf) -> ExitCode {
+    let settings = match Settings::load(&path) {
+        Ok(s) => s,
+        Err(e) => {
+            eprintln!("lockrouter: {e}");
+            return ExitCode::from(2);
+        }
+    };
+    let runtime = match tokio::runtime::Runtime::new() {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("lockrouter: cannot start the runtime: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    runtime.block_on(async move {
+        let shards = settings.shards.len();
+        let app = match Application::build(settings).await {
+            Ok(app) => app,
+            Err(e) => {
+                eprintln!("lockrouter: {e}");
+                return ExitCode::FAILURE;
+            }
+        };
+        let shutdown = CancellationToken::new();
+        tokio::spawn(wait_for_signal(shutdown.clone()));
+        tracing::info!(listen = %app.local_addr(), metrics = ?app.metrics_addr(), shards, "lockrouter ready");
+        app.run(shutdown).await;
+        tracing::info!("lockrouter stopped");
+        ExitCode::SUCCESS
+    })
+}
+
+/// Cancels `shutdown` on the first SIGTERM or SIGINT.
+async fn wait_for_signal(shutdown: CancellationToken) {
+    use tokio::signal::unix::{signal, SignalKind};
+    let mut term = signal(SignalKind::terminate()).expect("SIGTERM handler");
+    tokio::select! {
+        _ = term.recv() => tracing::info!("SIGTERM: draining"),
+        _ = tokio::signal::ctrl_c() => tracing::info!("SIGINT: draining"),
+    }
+    shutdown.cancel();
+}

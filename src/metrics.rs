@@ -1,0 +1,114 @@
+//! Metric names and the Prometheus recorder. Every series is labelled by
+//! bounded values only (operation, outcome, shard, RPC): never by lock name
+//! or client id, so the number of series stays fixed however many locks
+//! exist. `docs/metrics.md` lists them.
+
+use std::sync::OnceLock;
+use std::time::Duration;
+
+use metrics::{counter, gauge, histogram};
+use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle};
+
+const LATENCY_BUCKETS: &[f64] = &[
+    0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0, 2.0, 5.0,
+];
+const BATCH_BUCKETS: &[f64] = &[1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0, 128.0];
+
+static HANDLE: OnceLock<PrometheusHandle> = OnceLock::new();
+
+/// Installs the process-wide recorder once and returns its handle. Several
+/// routers in one process (as in tests) share it.
+pub fn install() -> PrometheusHandle {
+    HANDLE
+        .get_or_init(|| {
+            let recorder = PrometheusBuilder::new()
+                .set_buckets_for_metric(Matcher::Suffix("_seconds".into()), LATENCY_BUCKETS)
+                .and_then(|b| {
+                    b.set_buckets_for_metric(Matcher::Suffix("_batch_size".into()), BATCH_BUCKETS)
+                })
+                .expect("bucket lists are non-empty")
+                .build_recorder();
+            let handle = recorder.handle();
+            // Another recorder may already be installed by an embedding
+            // program; then ours only renders what it was given.
+            let _ = metrics::set_global_recorder(recorder);
+            describe();
+            handle
+        })
+        .clone()
+}
+
+fn describe() {
+    use metrics::{describe_counter, describe_gauge, describe_histogram, Unit};
+    describe_counter!("lockrouter_requests_total", "API requests by operation and outcome");
+    describe_histogram!(
+        "lockrouter_request_duration_seconds",
+        Unit::Seconds,
+        "API request latency by operation"
+    );
+    describe_counter!("lockrouter_etcd_requests_total", "etcd RPCs by shard, RPC and outcome");
+    describe_histogram!(
+        "lockrouter_etcd_request_duration_seconds",
+        Unit::Seconds,
+        "etcd RPC latency by shard and RPC"
+    );
+    describe_counter!("lockrouter_keepalives_sent_total", "lease keepalives sent to etcd");
+    describe_counter!(
+        "lockrouter_lease_renewals_total",
+        "lease renewals asked for by acquires and lock renewals (before coalescing)"
+    );
+    describe_gauge!("lockrouter_session_leases", "session leases cached by this router");
+    describe_counter!("lockrouter_session_grants_total", "session leases granted");
+    describe_gauge!("lockrouter_shard_up", "1 while the shard answers, else 0");
+    describe_gauge!("lockrouter_ring_epoch", "ring epoch recorded on the shard");
+    describe_gauge!(
+        "lockrouter_shard_ring_ok",
+        "1 while the shard's recorded ring matches this router's ring"
+    );
+    describe_histogram!(
+        "lockrouter_verify_batch_size",
+        "lock keys checked per read-only verification txn"
+    );
+}
+
+pub fn request(op: &'static str, outcome: &'static str, elapsed: Duration) {
+    counter!("lockrouter_requests_total", "op" => op, "outcome" => outcome).increment(1);
+    histogram!("lockrouter_request_duration_seconds", "op" => op).record(elapsed.as_secs_f64());
+}
+
+pub fn etcd_rpc(shard: &str, rpc: &'static str, outcome: &'static str, elapsed: Duration) {
+    let shard = shard.to_string();
+    counter!("lockrouter_etcd_requests_total", "shard" => shard.clone(), "rpc" => rpc, "outcome" => outcome)
+        .increment(1);
+    histogram!("lockrouter_etcd_request_duration_seconds", "shard" => shard, "rpc" => rpc)
+        .record(elapsed.as_secs_f64());
+}
+
+pub fn keepalive_sent(shard: &str) {
+    counter!("lockrouter_keepalives_sent_total", "shard" => shard.to_string()).increment(1);
+}
+
+pub fn lease_renewals(shard: &str, n: u64) {
+    counter!("lockrouter_lease_renewals_total", "shard" => shard.to_string()).increment(n);
+}
+
+pub fn session_leases(shard: &str, n: usize) {
+    gauge!("lockrouter_session_leases", "shard" => shard.to_string()).set(n as f64);
+}
+
+pub fn session_granted(shard: &str) {
+    counter!("lockrouter_session_grants_total", "shard" => shard.to_string()).increment(1);
+}
+
+pub fn shard_up(shard: &str, up: bool) {
+    gauge!("lockrouter_shard_up", "shard" => shard.to_string()).set(if up { 1.0 } else { 0.0 });
+}
+
+pub fn ring_state(shard: &str, epoch: u64, ok: bool) {
+    gauge!("lockrouter_ring_epoch", "shard" => shard.to_string()).set(epoch as f64);
+    gauge!("lockrouter_shard_ring_ok", "shard" => shard.to_string()).set(if ok { 1.0 } else { 0.0 });
+}
+
+pub fn verify_batch(shard: &str, size: usize) {
+    histogram!("lockrouter_verify_batch_size", "shard" => shard.to_string()).record(size as f64);
+}

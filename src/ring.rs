@@ -1,0 +1,180 @@
+//! The ring: which shard owns a lock name.
+//!
+//! Consistent hashing (`hashring`) over virtual nodes, hashed with SipHash-1-3
+//! under fixed keys and fed only explicit bytes, so placement is identical in
+//! every process, on every platform and with every Rust release. Two replicas
+//! that disagreed on placement could grant one name on two shards, so the
+//! ring also has a fingerprint of everything that decides placement; each
+//! shard records it, and acquires compare it (see `shard.rs`).
+
+use std::hash::{BuildHasher, Hash, Hasher};
+
+use hashring::HashRing;
+use sha2::{Digest, Sha256};
+use siphasher::sip::SipHasher13;
+
+use crate::config::ShardSettings;
+
+/// Fixed SipHash keys: changing them moves every name, so they never change.
+const SIP_K0: u64 = 0x6c6f_636b_726f_7574; // "lockrout"
+const SIP_K1: u64 = 0x6572_2d72_696e_6731; // "er-ring1"
+
+/// A `BuildHasher` whose output depends only on the bytes written.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct PlacementHash;
+
+impl BuildHasher for PlacementHash {
+    type Hasher = SipHasher13;
+    fn build_hasher(&self) -> SipHasher13 {
+        SipHasher13::new_with_keys(SIP_K0, SIP_K1)
+    }
+}
+
+/// One virtual node: hashed as `"<shard>#<i>"`, never through `Hash` of
+/// integers (whose bytes depend on the platform's endianness).
+#[derive(Clone, Debug)]
+struct VNode {
+    shard: usize,
+    label: Vec<u8>,
+}
+
+impl Hash for VNode {
+    fn hash<H: Hasher>(&self, state: &mut H) {
+        state.write(&self.label);
+    }
+}
+
+/// A lock name as the ring sees it: its UTF-8 bytes.
+struct NameBytes<'a>(&'a [u8]);
+
+impl Hash for NameBytes<'_> {
+    fn hash<H: Hasher>(&self, state: &mut H) {
+        state.write(self.0);
+    }
+}
+
+/// Placement of names on shards.
+pub struct Ring {
+    ring: HashRing<VNode, PlacementHash>,
+    /// Shard names in config order; `VNode::shard` indexes this.
+    shards: Vec<String>,
+    /// Hex digest of what decides placement (names, weights, vnodes, hash).
+    fingerprint: String,
+}
+
+impl Ring {
+    pub fn new(shards: &[ShardSettings], vnodes: u32) -> Self {
+        let mut ring = HashRing::with_hasher(PlacementHash);
+        for (idx, s) in shards.iter().enumerate() {
+            for i in 0..vnodes * s.weight {
+                let label = format!("{}#{i}", s.name).into_bytes();
+                ring.add(VNode { shard: idx, label });
+            }
+        }
+        Self {
+            ring,
+            shards: shards.iter().map(|s| s.name.clone()).collect(),
+            fingerprint: fingerprint(shards, vnodes),
+        }
+    }
+
+    /// Index (into the configured shard list) of the shard owning `name`.
+    pub fn shard_index(&self, name: &str) -> usize {
+        self.ring
+            .get(&NameBytes(name.as_bytes()))
+            .map(|v| v.shard)
+            .expect("a ring is built from at least one shard")
+    }
+
+    pub fn shard_name(&self, name: &str) -> &str {
+        &self.shards[self.shard_index(name)]
+    }
+
+    pub fn fingerprint(&self) -> &str {
+        &self.fingerprint
+    }
+}
+
+fn fingerprint(shards: &[ShardSettings], vnodes: u32) -> String {
+    let mut parts: Vec<(&str, u32)> = shards.iter().map(|s| (s.name.as_str(), s.weight)).collect();
+    parts.sort();
+    let mut h = Sha256::new();
+    h.update(format!("lockrouter-ring-v1;siphash13;vnodes={vnodes}").as_bytes());
+    for (name, weight) in parts {
+        h.update(format!(";{name}={weight}").as_bytes());
+    }
+    hex(&h.finalize()[..12])
+}
+
+/// Lower-case hex of `bytes`.
+pub fn hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn shards(names: &[&str]) -> Vec<ShardSettings> {
+        names
+            .iter()
+            .map(|n| ShardSettings {
+                name: n.to_string(),
+                endpoints: vec!["http://127.0.0.1:2379".into()],
+                weight: 1,
+            })
+            .collect()
+    }
+
+    #[test]
+    fn placement_is_pinned() {
+        // If this test fails, placement changed: every deployed name would
+        // move without a rebalance. Never update these values casually.
+        let ring = Ring::new(&shards(&["a", "b", "c"]), 160);
+        let got: Vec<&str> = ["process_order:42", "batch:7", "tonight", "x", "日本"]
+            .iter()
+            .map(|n| ring.shard_name(n))
+            .collect();
+        assert_eq!(got, PINNED);
+        assert_eq!(ring.fingerprint(), PINNED_FINGERPRINT);
+    }
+    const PINNED: [&str; 5] = ["c", "a", "b", "b", "b"];
+    const PINNED_FINGERPRINT: &str = "79e3bc25da5afb7458ffdef8";
+
+    #[test]
+    fn config_order_does_not_matter() {
+        let a = Ring::new(&shards(&["a", "b", "c"]), 160);
+        let b = Ring::new(&shards(&["c", "a", "b"]), 160);
+        assert_eq!(a.fingerprint(), b.fingerprint());
+        for i in 0..1_000 {
+            let n = format!("name-{i}");
+            assert_eq!(a.shard_name(&n), b.shard_name(&n));
+        }
+    }
+
+    #[test]
+    fn three_shards_get_a_third_each() {
+        let ring = Ring::new(&shards(&["a", "b", "c"]), 160);
+        let mut counts = [0usize; 3];
+        let n = 60_000;
+        // Deterministic pseudo-random names (an LCG) so the test is repeatable.
+        let mut x: u64 = 0x2545_f491_4f6c_dd1d;
+        for _ in 0..n {
+            x = x.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+            counts[ring.shard_index(&format!("job:{x:x}"))] += 1;
+        }
+        for c in counts {
+            let share = c as f64 / n as f64;
+            assert!((share - 1.0 / 3.0).abs() < 0.05, "share {share} in {counts:?}");
+        }
+    }
+
+    #[test]
+    fn weight_changes_the_fingerprint() {
+        let mut s = shards(&["a", "b"]);
+        let before = Ring::new(&s, 160).fingerprint().to_string();
+        s[1].weight = 2;
+        assert_ne!(before, Ring::new(&s, 160).fingerprint());
+        assert_ne!(before, Ring::new(&shards(&["a", "b"]), 100).fingerprint());
+    }
+}

@@ -1,0 +1,105 @@
+//! Batched lock-key verification for renewals.
+//!
+//! A renewal must check that the lock key still belongs to the lockId. One
+//! task per shard gathers those checks and sends them as read-only txns of up
+//! to 128 gets (etcd's per-txn limit): linearizable reads, not raft writes.
+//! Batching is opportunistic: no request waits for a timer; checks that
+//! arrive while earlier batches are in flight simply share the next one.
+
+use std::sync::Arc;
+
+use etcd_client::{KeyValue, Txn, TxnOp, TxnOpResponse};
+use tokio::sync::{mpsc, oneshot, Semaphore};
+use tokio::task::JoinSet;
+use tokio_util::sync::CancellationToken;
+
+use crate::etcd::{EtcdConn, EtcdError};
+use crate::metrics as m;
+
+/// etcd's default `--max-txn-ops`.
+pub const MAX_TXN_OPS: usize = 128;
+/// Batches in flight at once per shard.
+const CONCURRENT_BATCHES: usize = 4;
+
+type Reply = oneshot::Sender<Result<Option<KeyValue>, EtcdError>>;
+
+/// Handle to the shard's verification task; dropping it stops the task.
+pub struct Verifier {
+    tx: mpsc::Sender<(Vec<u8>, Reply)>,
+    _task: crate::TaskGuard,
+}
+
+impl Verifier {
+    pub fn start(conn: EtcdConn, cancel: CancellationToken) -> Self {
+        let (tx, rx) = mpsc::channel(16_384);
+        let task = tokio::spawn(run(conn, rx, cancel.clone()));
+        Self {
+            tx,
+            _task: crate::TaskGuard::new(task, cancel),
+        }
+    }
+
+    /// The current value of `key` (linearizable), or `None` if absent.
+    pub async fn get(&self, key: Vec<u8>) -> Result<Option<KeyValue>, EtcdError> {
+        let (reply, rx) = oneshot::channel();
+        let gone = || EtcdError::Other {
+            shard: String::new(),
+            detail: "verification task stopped".into(),
+        };
+        self.tx.send((key, reply)).await.map_err(|_| gone())?;
+        rx.await.map_err(|_| gone())?
+    }
+}
+
+async fn run(conn: EtcdConn, mut rx: mpsc::Receiver<(Vec<u8>, Reply)>, cancel: CancellationToken) {
+    let permits = Arc::new(Semaphore::new(CONCURRENT_BATCHES));
+    let mut batches = JoinSet::new();
+    loop {
+        // Take a permit first: while every batch is busy, checks queue up and
+        // the next batch carries more of them.
+        let permit = tokio::select! {
+            p = permits.clone().acquire_owned() => p.expect("semaphore is never closed"),
+            _ = cancel.cancelled() => break,
+        };
+        let first = tokio::select! {
+            item = rx.recv() => match item { Some(i) => i, None => break },
+            _ = cancel.cancelled() => break,
+        };
+        let mut batch = vec![first];
+        while batch.len() < MAX_TXN_OPS {
+            match rx.try_recv() {
+                Ok(item) => batch.push(item),
+                Err(_) => break,
+            }
+        }
+        let conn = conn.clone();
+        batches.spawn(async move {
+            check(&conn, batch).await;
+            drop(permit);
+        });
+        while batches.try_join_next().is_some() {}
+    }
+}
+
+async fn check(conn: &EtcdConn, batch: Vec<(Vec<u8>, Reply)>) {
+    m::verify_batch(conn.shard(), batch.len());
+    let ops: Vec<TxnOp> = batch.iter().map(|(k, _)| TxnOp::get(k.clone(), None)).collect();
+    let mut kv = conn.client().kv_client();
+    let result = conn.call("Txn", kv.txn(Txn::new().and_then(ops))).await;
+    match result {
+        Ok(resp) => {
+            for ((_, reply), op) in batch.into_iter().zip(resp.op_responses()) {
+                let found = match op {
+                    TxnOpResponse::Get(mut g) => g.take_kvs().into_iter().next(),
+                    _ => None,
+                };
+                let _ = reply.send(Ok(found));
+            }
+        }
+        Err(e) => {
+            for (_, reply) in batch {
+                let _ = reply.send(Err(e.clone()));
+            }
+        }
+    }
+}
