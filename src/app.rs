@@ -37,7 +37,10 @@ impl Application {
             settings.limits.clone(),
             Duration::from_millis(settings.etcd.keepalive_coalesce_ms),
         );
-        let state = Arc::new(AppState { locks, metrics: crate::metrics::install() });
+        let state = Arc::new(AppState {
+            locks,
+            metrics: crate::metrics::install(),
+        });
         Ok(Self {
             listener,
             metrics_listener,
@@ -48,18 +51,28 @@ impl Application {
     }
 
     pub fn local_addr(&self) -> SocketAddr {
-        self.listener.local_addr().expect("bound listener has an address")
+        self.listener
+            .local_addr()
+            .expect("bound listener has an address")
     }
 
     pub fn metrics_addr(&self) -> Option<SocketAddr> {
-        self.metrics_listener.as_ref().and_then(|l| l.local_addr().ok())
+        self.metrics_listener
+            .as_ref()
+            .and_then(|l| l.local_addr().ok())
     }
 
     /// Serves until `shutdown` is cancelled, then drains in-flight requests.
     pub async fn run(self, shutdown: CancellationToken) {
         let grace = self.grace;
         let metrics = self.metrics_listener.map(|l| {
-            tokio::spawn(http::serve(l, self.state.clone(), Listener::MetricsOnly, shutdown.clone(), grace))
+            tokio::spawn(http::serve(
+                l,
+                self.state.clone(),
+                Listener::MetricsOnly,
+                shutdown.clone(),
+                grace,
+            ))
         });
         http::serve(self.listener, self.state, Listener::Main, shutdown, grace).await;
         if let Some(task) = metrics {
@@ -70,5 +83,7 @@ impl Application {
 }
 
 async fn bind(addr: &str) -> Result<TcpListener, String> {
-    TcpListener::bind(addr).await.map_err(|e| format!("cannot listen on {addr}: {e}"))
+    TcpListener::bind(addr)
+        .await
+        .map_err(|e| format!("cannot listen on {addr}: {e}"))
 }

@@ -371,12 +371,30 @@ mod tests {
     #[test]
     fn bad_configs_name_the_problem() {
         rejects(&MINIMAL.replace("prefix", "prefx"), "prefx");
-        rejects(r#"[server]
-            listen = "127.0.0.1:8080""#, "no shards");
-        rejects(&MINIMAL.replace("127.0.0.1:8080", "nowhere"), "server.listen");
-        rejects(&format!("{MINIMAL}\n[[shards]]\nname = \"a\"\nendpoints = [\"http://h:1\"]"), "duplicate");
-        rejects(&MINIMAL.replace("[\"http://127.0.0.1:2379\"]", "[]"), "no endpoints");
-        rejects(&MINIMAL.replace("http://127.0.0.1:2379", "127.0.0.1:2379"), "endpoint");
-        rejects(&format!("{MINIMAL}\n[limits]\nmin_ttl_ms = 1000"), "min_ttl_ms");
+        rejects(
+            r#"[server]
+            listen = "127.0.0.1:8080""#,
+            "no shards",
+        );
+        rejects(
+            &MINIMAL.replace("127.0.0.1:8080", "nowhere"),
+            "server.listen",
+        );
+        rejects(
+            &format!("{MINIMAL}\n[[shards]]\nname = \"a\"\nendpoints = [\"http://h:1\"]"),
+            "duplicate",
+        );
+        rejects(
+            &MINIMAL.replace("[\"http://127.0.0.1:2379\"]", "[]"),
+            "no endpoints",
+        );
+        rejects(
+            &MINIMAL.replace("http://127.0.0.1:2379", "127.0.0.1:2379"),
+            "endpoint",
+        );
+        rejects(
+            &format!("{MINIMAL}\n[limits]\nmin_ttl_ms = 1000"),
+            "min_ttl_ms",
+        );
     }
 }

@@ -44,7 +44,11 @@ impl Renewal {
 type Reply = oneshot::Sender<Result<Renewal, EtcdError>>;
 
 enum Msg {
-    Refresh { lease: i64, window: Duration, reply: Reply },
+    Refresh {
+        lease: i64,
+        window: Duration,
+        reply: Reply,
+    },
     /// A lease was just granted: its grant counts as a keepalive.
     Seed { lease: i64, renewal: Renewal },
 }
@@ -79,7 +83,11 @@ impl Keepalive {
             detail: "keepalive task stopped".into(),
         };
         self.tx
-            .send(Msg::Refresh { lease, window, reply })
+            .send(Msg::Refresh {
+                lease,
+                window,
+                reply,
+            })
             .await
             .map_err(|_| gone())?;
         rx.await.map_err(|_| gone())?
@@ -159,11 +167,20 @@ impl Task {
         match self.send(lease).await {
             Ok(()) => {
                 m::keepalive_sent(self.conn.shard());
-                self.inflight.insert(lease, Inflight { sent_at, waiters: vec![reply] });
+                self.inflight.insert(
+                    lease,
+                    Inflight {
+                        sent_at,
+                        waiters: vec![reply],
+                    },
+                );
             }
             Err(EtcdError::LeaseNotFound) => {
                 self.recent.remove(&lease);
-                let _ = reply.send(Ok(Renewal { sent_at, ttl_secs: 0 }));
+                let _ = reply.send(Ok(Renewal {
+                    sent_at,
+                    ttl_secs: 0,
+                }));
             }
             Err(e) => {
                 let _ = reply.send(Err(e));
@@ -205,7 +222,11 @@ impl Task {
         self.generation += 1;
         let generation = self.generation;
         let reader = tokio::spawn(read(stream, generation, self.events_tx.clone()));
-        self.stream = Some(Stream { keeper, generation, reader });
+        self.stream = Some(Stream {
+            keeper,
+            generation,
+            reader,
+        });
         m::keepalive_sent(self.conn.shard());
         Ok(())
     }
@@ -213,8 +234,13 @@ impl Task {
     fn on_event(&mut self, ev: Event) {
         match ev {
             Event::Response { id, ttl } => {
-                let Some(inflight) = self.inflight.remove(&id) else { return };
-                let renewal = Renewal { sent_at: inflight.sent_at, ttl_secs: ttl };
+                let Some(inflight) = self.inflight.remove(&id) else {
+                    return;
+                };
+                let renewal = Renewal {
+                    sent_at: inflight.sent_at,
+                    ttl_secs: ttl,
+                };
                 if renewal.alive() {
                     self.recent.insert(id, renewal);
                 } else {
@@ -236,7 +262,11 @@ impl Task {
         let now = Instant::now();
         self.recent.retain(|_, r| r.deadline() > now);
         let timeout = self.conn.timeout();
-        if self.inflight.values().any(|i| i.sent_at.elapsed() > timeout) {
+        if self
+            .inflight
+            .values()
+            .any(|i| i.sent_at.elapsed() > timeout)
+        {
             self.reset("keepalive answers overdue");
         }
     }
@@ -248,7 +278,9 @@ impl Task {
         }
         for (_, inflight) in self.inflight.drain() {
             for w in inflight.waiters {
-                let _ = w.send(Err(self.conn.unavailable(format!("keepalive stream: {detail}"))));
+                let _ = w.send(Err(self
+                    .conn
+                    .unavailable(format!("keepalive stream: {detail}"))));
             }
         }
     }
@@ -258,7 +290,13 @@ async fn read(mut stream: LeaseKeepAliveStream, generation: u64, tx: mpsc::Unbou
     let detail = loop {
         match stream.message().await {
             Ok(Some(resp)) => {
-                if tx.send(Event::Response { id: resp.id(), ttl: resp.ttl() }).is_err() {
+                if tx
+                    .send(Event::Response {
+                        id: resp.id(),
+                        ttl: resp.ttl(),
+                    })
+                    .is_err()
+                {
                     return;
                 }
             }

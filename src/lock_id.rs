@@ -106,7 +106,9 @@ mod tests {
     #[test]
     fn round_trips_and_is_url_safe() {
         let s = sample().encode();
-        assert!(s.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_'));
+        assert!(s
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_'));
         assert!(s.len() <= 512);
         assert_eq!(LockId::decode(&s).unwrap(), sample());
     }

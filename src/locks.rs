@@ -45,7 +45,9 @@ pub enum LockError {
 impl From<EtcdError> for LockError {
     fn from(e: EtcdError) -> Self {
         match e {
-            EtcdError::Unavailable { shard, detail } => LockError::ShardUnavailable { shard, detail },
+            EtcdError::Unavailable { shard, detail } => {
+                LockError::ShardUnavailable { shard, detail }
+            }
             other => LockError::Internal(other.to_string()),
         }
     }
@@ -107,7 +109,11 @@ pub struct Locks {
 
 impl Locks {
     pub fn new(router: Arc<Router>, limits: Limits, coalesce: Duration) -> Self {
-        Self { router, limits, coalesce }
+        Self {
+            router,
+            limits,
+            coalesce,
+        }
     }
 
     pub fn router(&self) -> &Router {
@@ -151,7 +157,10 @@ impl Locks {
                 || matches!(renewal, Ok(r) if !r.alive());
             if lease_gone {
                 // If the txn did create the key, it went with the lease.
-                shard.sessions.invalidate(&req.client_id, ttl_secs, session.id).await;
+                shard
+                    .sessions
+                    .invalidate(&req.client_id, ttl_secs, session.id)
+                    .await;
                 continue;
             }
             return match txn? {
@@ -162,13 +171,21 @@ impl Locks {
                         ttl_secs,
                         lease: session.id,
                         revision,
-                    name_hash: hash,
+                        name_hash: hash,
                     };
                     Ok(Acquired::Granted(grant(lock, renewal?)?))
                 }
                 AcquireTxn::Held(holder) => {
-                    self.held(shard, &req.client_id, holder, hash, session, renewal, window)
-                        .await
+                    self.held(
+                        shard,
+                        &req.client_id,
+                        holder,
+                        hash,
+                        session,
+                        renewal,
+                        window,
+                    )
+                    .await
                 }
                 AcquireTxn::RingChanged(found) => {
                     self.router.ring_changed(shard, found);
@@ -205,7 +222,8 @@ impl Locks {
                 }
                 let lock = LockId {
                     shard: shard.name.clone(),
-                    epoch: u16::try_from(v.epoch).map_err(|_| LockError::Internal("epoch".into()))?,
+                    epoch: u16::try_from(v.epoch)
+                        .map_err(|_| LockError::Internal("epoch".into()))?,
                     ttl_secs: renewal.ttl_secs as u32,
                     lease: holder.lease(),
                     revision: holder.create_revision(),
@@ -216,12 +234,19 @@ impl Locks {
             _ => {
                 let sent_at = Instant::now();
                 let left = shard.time_to_live(holder.lease()).await?;
-                Ok(Acquired::Held(Expiry(sent_at + Duration::from_secs(left as u64))))
+                Ok(Acquired::Held(Expiry(
+                    sent_at + Duration::from_secs(left as u64),
+                )))
             }
         }
     }
 
-    pub async fn renew(&self, lock_id: &str, token: u64, ttl_ms: Option<u64>) -> Result<Renewed, LockError> {
+    pub async fn renew(
+        &self,
+        lock_id: &str,
+        token: u64,
+        ttl_ms: Option<u64>,
+    ) -> Result<Renewed, LockError> {
         let id = decode(lock_id, token)?;
         if let Some(ttl_ms) = ttl_ms {
             let secs = self.ttl_secs(ttl_ms)?;
@@ -241,12 +266,17 @@ impl Locks {
     /// (a client only sends lockIds it was given), shard outages only theirs.
     pub async fn renew_batch(&self, locks: &[(String, u64)]) -> Result<Vec<Renewed>, LockError> {
         if locks.is_empty() || locks.len() > self.limits.max_batch {
-            return Err(invalid(format!("locks must hold 1 to {} entries", self.limits.max_batch)));
+            return Err(invalid(format!(
+                "locks must hold 1 to {} entries",
+                self.limits.max_batch
+            )));
         }
         let mut ids = Vec::with_capacity(locks.len());
         for (i, (lock_id, token)) in locks.iter().enumerate() {
             let id = decode(lock_id, *token).map_err(|e| invalid(format!("locks[{i}]: {e}")))?;
-            let shard = self.shard_of(&id).map_err(|e| invalid(format!("locks[{i}]: {e}")))?;
+            let shard = self
+                .shard_of(&id)
+                .map_err(|e| invalid(format!("locks[{i}]: {e}")))?;
             ids.push((id, shard));
         }
         let results = join_all(ids.iter().map(|(id, shard)| async move {
@@ -259,7 +289,10 @@ impl Locks {
             }
         }))
         .await;
-        results.into_iter().map(|r| r.map_err(LockError::from)).collect()
+        results
+            .into_iter()
+            .map(|r| r.map_err(LockError::from))
+            .collect()
     }
 
     async fn renew_on(&self, shard: &Shard, id: &LockId) -> Result<Renewed, EtcdError> {
@@ -298,7 +331,10 @@ impl Locks {
         let shard = self.router.shard_for(name);
         check_up(shard)?;
         let Some(kv) = shard.get(&shard.keys.lock(&name_hash(name))).await? else {
-            return Ok(Inspection { shard: shard.name.clone(), holder: None });
+            return Ok(Inspection {
+                shard: shard.name.clone(),
+                holder: None,
+            });
         };
         let value: LockValue = serde_json::from_slice(kv.value())
             .map_err(|e| LockError::Internal(format!("unreadable lock value: {e}")))?;
@@ -315,7 +351,9 @@ impl Locks {
     fn ttl_secs(&self, ttl_ms: u64) -> Result<u32, LockError> {
         let (min, max) = (self.limits.min_ttl_ms, self.limits.max_ttl_ms);
         if !(min..=max).contains(&ttl_ms) {
-            return Err(invalid(format!("ttlMs must be {min} to {max}, got {ttl_ms}")));
+            return Err(invalid(format!(
+                "ttlMs must be {min} to {max}, got {ttl_ms}"
+            )));
         }
         // etcd leases are whole seconds: round up so the lock lives at least ttlMs.
         Ok(ttl_ms.div_ceil(1000) as u32)
@@ -323,7 +361,8 @@ impl Locks {
 
     /// Renewals of one lease closer together than this share a keepalive.
     fn window(&self, ttl_secs: u32) -> Duration {
-        self.coalesce.min(Duration::from_millis(u64::from(ttl_secs) * 100))
+        self.coalesce
+            .min(Duration::from_millis(u64::from(ttl_secs) * 100))
     }
 
     fn granting_ring(&self, shard: &Shard) -> Result<RingMeta, LockError> {
@@ -334,9 +373,12 @@ impl Locks {
     }
 
     fn shard_of(&self, id: &LockId) -> Result<&Arc<Shard>, LockError> {
-        self.router
-            .shard_named(&id.shard)
-            .ok_or_else(|| invalid(format!("lockId names shard {:?}, which this router does not know", id.shard)))
+        self.router.shard_named(&id.shard).ok_or_else(|| {
+            invalid(format!(
+                "lockId names shard {:?}, which this router does not know",
+                id.shard
+            ))
+        })
     }
 }
 
@@ -346,7 +388,13 @@ async fn grant_session(shard: &Shard, ttl_secs: u32) -> Result<SessionLease, Etc
     crate::metrics::session_granted(&shard.name);
     shard
         .keepalive
-        .seed(id, Renewal { sent_at, ttl_secs: ttl_secs.into() })
+        .seed(
+            id,
+            Renewal {
+                sent_at,
+                ttl_secs: ttl_secs.into(),
+            },
+        )
         .await;
     Ok(SessionLease { id, ttl_secs })
 }
@@ -388,10 +436,15 @@ fn unavailable(shard: &Shard, detail: &str) -> LockError {
 /// 1 to `max` bytes of UTF-8 without control characters.
 fn check_text(field: &str, value: &str, max: usize) -> Result<(), LockError> {
     if value.is_empty() || value.len() > max {
-        return Err(invalid(format!("{field} must be 1 to {max} bytes, got {}", value.len())));
+        return Err(invalid(format!(
+            "{field} must be 1 to {max} bytes, got {}",
+            value.len()
+        )));
     }
     if value.chars().any(char::is_control) {
-        return Err(invalid(format!("{field} must not contain control characters")));
+        return Err(invalid(format!(
+            "{field} must not contain control characters"
+        )));
     }
     Ok(())
 }

@@ -40,24 +40,36 @@ pub fn install() -> PrometheusHandle {
 
 fn describe() {
     use metrics::{describe_counter, describe_gauge, describe_histogram, Unit};
-    describe_counter!("lockrouter_requests_total", "API requests by operation and outcome");
+    describe_counter!(
+        "lockrouter_requests_total",
+        "API requests by operation and outcome"
+    );
     describe_histogram!(
         "lockrouter_request_duration_seconds",
         Unit::Seconds,
         "API request latency by operation"
     );
-    describe_counter!("lockrouter_etcd_requests_total", "etcd RPCs by shard, RPC and outcome");
+    describe_counter!(
+        "lockrouter_etcd_requests_total",
+        "etcd RPCs by shard, RPC and outcome"
+    );
     describe_histogram!(
         "lockrouter_etcd_request_duration_seconds",
         Unit::Seconds,
         "etcd RPC latency by shard and RPC"
     );
-    describe_counter!("lockrouter_keepalives_sent_total", "lease keepalives sent to etcd");
+    describe_counter!(
+        "lockrouter_keepalives_sent_total",
+        "lease keepalives sent to etcd"
+    );
     describe_counter!(
         "lockrouter_lease_renewals_total",
         "lease renewals asked for by acquires and lock renewals (before coalescing)"
     );
-    describe_gauge!("lockrouter_session_leases", "session leases cached by this router");
+    describe_gauge!(
+        "lockrouter_session_leases",
+        "session leases cached by this router"
+    );
     describe_counter!("lockrouter_session_grants_total", "session leases granted");
     describe_gauge!("lockrouter_shard_up", "1 while the shard answers, else 0");
     describe_gauge!("lockrouter_ring_epoch", "ring epoch recorded on the shard");
@@ -106,7 +118,11 @@ pub fn shard_up(shard: &str, up: bool) {
 
 pub fn ring_state(shard: &str, epoch: u64, ok: bool) {
     gauge!("lockrouter_ring_epoch", "shard" => shard.to_string()).set(epoch as f64);
-    gauge!("lockrouter_shard_ring_ok", "shard" => shard.to_string()).set(if ok { 1.0 } else { 0.0 });
+    gauge!("lockrouter_shard_ring_ok", "shard" => shard.to_string()).set(if ok {
+        1.0
+    } else {
+        0.0
+    });
 }
 
 pub fn verify_batch(shard: &str, size: usize) {

@@ -160,12 +160,17 @@ mod tests {
         // Deterministic pseudo-random names (an LCG) so the test is repeatable.
         let mut x: u64 = 0x2545_f491_4f6c_dd1d;
         for _ in 0..n {
-            x = x.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+            x = x
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
             counts[ring.shard_index(&format!("job:{x:x}"))] += 1;
         }
         for c in counts {
             let share = c as f64 / n as f64;
-            assert!((share - 1.0 / 3.0).abs() < 0.05, "share {share} in {counts:?}");
+            assert!(
+                (share - 1.0 / 3.0).abs() < 0.05,
+                "share {share} in {counts:?}"
+            );
         }
     }
 

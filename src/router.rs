@@ -38,7 +38,10 @@ pub enum NotServing {
 }
 
 impl Router {
-    pub async fn start(settings: &Settings, cancel: &CancellationToken) -> Result<Arc<Self>, String> {
+    pub async fn start(
+        settings: &Settings,
+        cancel: &CancellationToken,
+    ) -> Result<Arc<Self>, String> {
         let mut shards = Vec::new();
         for s in &settings.shards {
             let conn = EtcdConn::connect(
@@ -52,7 +55,11 @@ impl Router {
             shards.push(Arc::new(Shard::new(conn, &settings.etcd.prefix, cancel)));
         }
         let ring = Ring::new(&settings.shards, settings.ring.vnodes);
-        let by_name = shards.iter().enumerate().map(|(i, s)| (s.name.clone(), i)).collect();
+        let by_name = shards
+            .iter()
+            .enumerate()
+            .map(|(i, s)| (s.name.clone(), i))
+            .collect();
         let interval = Duration::from_millis(settings.etcd.health_interval_ms);
         let monitor_cancel = cancel.child_token();
         let task = tokio::spawn(monitor(
@@ -106,7 +113,12 @@ impl Router {
 
     /// Names of shards that do not answer, and of shards that refuse grants.
     pub fn readiness(&self) -> (Vec<String>, Vec<String>) {
-        let down = self.shards.iter().filter(|s| !s.conn.is_up()).map(|s| s.name.clone()).collect();
+        let down = self
+            .shards
+            .iter()
+            .filter(|s| !s.conn.is_up())
+            .map(|s| s.name.clone())
+            .collect();
         let refusing = self
             .shards
             .iter()
@@ -150,8 +162,16 @@ fn log_ring_change(shard: &Shard, old: &RingState, new: &RingState, ours: &str) 
 
 /// Probes every shard each `interval`: health, recorded ring, first-use
 /// initialisation, session-cache sweeping.
-async fn monitor(shards: Vec<Arc<Shard>>, fingerprint: String, interval: Duration, cancel: CancellationToken) {
-    let fresh = RingMeta { epoch: 1, ring: fingerprint.clone() };
+async fn monitor(
+    shards: Vec<Arc<Shard>>,
+    fingerprint: String,
+    interval: Duration,
+    cancel: CancellationToken,
+) {
+    let fresh = RingMeta {
+        epoch: 1,
+        ring: fingerprint.clone(),
+    };
     loop {
         let probes = join_all(shards.iter().map(|s| s.read_ring())).await;
         let mut states = Vec::with_capacity(shards.len());
@@ -174,7 +194,11 @@ async fn monitor(shards: Vec<Arc<Shard>>, fingerprint: String, interval: Duratio
             }
             log_ring_change(shard, &shard.ring_state(), &state, &fingerprint);
             if let RingState::Ready(meta) | RingState::Mismatch(meta) = &state {
-                m::ring_state(&shard.name, meta.epoch, matches!(state, RingState::Ready(_)));
+                m::ring_state(
+                    &shard.name,
+                    meta.epoch,
+                    matches!(state, RingState::Ready(_)),
+                );
             }
             shard.set_ring_state(state);
         }

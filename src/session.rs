@@ -48,7 +48,10 @@ impl Sessions {
     {
         let slot = {
             let mut slots = self.slots.lock().expect("sessions lock");
-            slots.entry((client.to_string(), ttl_secs)).or_default().clone()
+            slots
+                .entry((client.to_string(), ttl_secs))
+                .or_default()
+                .clone()
         };
         *slot.last_used.lock().expect("slot lock") = Some(Instant::now());
         let mut lease = slot.lease.lock().await;

@@ -91,7 +91,11 @@ impl Shard {
                 Compare::create_revision(key, CompareOp::Equal, 0),
                 Compare::value(ring_key.clone(), CompareOp::Equal, ring.to_bytes()),
             ])
-            .and_then([TxnOp::put(key, value, Some(PutOptions::new().with_lease(lease)))])
+            .and_then([TxnOp::put(
+                key,
+                value,
+                Some(PutOptions::new().with_lease(lease)),
+            )])
             .or_else([TxnOp::get(key, None), TxnOp::get(ring_key, None)]);
         let mut kv = self.conn.client().kv_client();
         let resp = self.conn.call("Txn", kv.txn(txn)).await?;
@@ -116,7 +120,12 @@ impl Shard {
 
     /// Deletes `key` only if it still has this create revision and lease.
     /// Returns whether it deleted.
-    pub async fn release_txn(&self, key: &[u8], revision: i64, lease: i64) -> Result<bool, EtcdError> {
+    pub async fn release_txn(
+        &self,
+        key: &[u8],
+        revision: i64,
+        lease: i64,
+    ) -> Result<bool, EtcdError> {
         let txn = Txn::new()
             .when([
                 Compare::create_revision(key, CompareOp::Equal, revision),
@@ -136,7 +145,10 @@ impl Shard {
 
     pub async fn grant(&self, ttl_secs: u32) -> Result<i64, EtcdError> {
         let mut lease = self.conn.client().lease_client();
-        let resp = self.conn.call("LeaseGrant", lease.grant(ttl_secs.into(), None)).await?;
+        let resp = self
+            .conn
+            .call("LeaseGrant", lease.grant(ttl_secs.into(), None))
+            .await?;
         Ok(resp.id())
     }
 
@@ -189,6 +201,10 @@ impl Shard {
         let (start, end) = self.keys.locks_range();
         let mut kv = self.conn.client().kv_client();
         let opts = GetOptions::new().with_range(end).with_count_only();
-        Ok(self.conn.call("Range", kv.get(start, Some(opts))).await?.count())
+        Ok(self
+            .conn
+            .call("Range", kv.get(start, Some(opts)))
+            .await?
+            .count())
     }
 }

@@ -83,7 +83,10 @@ async fn run(conn: EtcdConn, mut rx: mpsc::Receiver<(Vec<u8>, Reply)>, cancel: C
 
 async fn check(conn: &EtcdConn, batch: Vec<(Vec<u8>, Reply)>) {
     m::verify_batch(conn.shard(), batch.len());
-    let ops: Vec<TxnOp> = batch.iter().map(|(k, _)| TxnOp::get(k.clone(), None)).collect();
+    let ops: Vec<TxnOp> = batch
+        .iter()
+        .map(|(k, _)| TxnOp::get(k.clone(), None))
+        .collect();
     let mut kv = conn.client().kv_client();
     let result = conn.call("Txn", kv.txn(Txn::new().and_then(ops))).await;
     match result {

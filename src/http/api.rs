@@ -55,7 +55,10 @@ struct Times {
 
 fn times(e: &Expiry) -> Times {
     let (ms, at) = e.report();
-    Times { expires_at: humantime::format_rfc3339_millis(at).to_string(), expires_in_ms: ms }
+    Times {
+        expires_at: humantime::format_rfc3339_millis(at).to_string(),
+        expires_in_ms: ms,
+    }
 }
 
 pub async fn acquire(locks: &Locks, body: AcquireBody) -> Answer {
@@ -82,13 +85,19 @@ pub async fn acquire(locks: &Locks, body: AcquireBody) -> Answer {
 }
 
 pub async fn renew(locks: &Locks, body: RenewBody) -> Answer {
-    let outcome = locks.renew(&body.lock_id, body.fencing_token, body.ttl_ms).await?;
+    let outcome = locks
+        .renew(&body.lock_id, body.fencing_token, body.ttl_ms)
+        .await?;
     let (status, value, label) = renewed_json(&outcome);
     Ok((json(status, &value), label))
 }
 
 pub async fn renew_batch(locks: &Locks, body: RenewBatchBody) -> Answer {
-    let items: Vec<(String, u64)> = body.locks.into_iter().map(|l| (l.lock_id, l.fencing_token)).collect();
+    let items: Vec<(String, u64)> = body
+        .locks
+        .into_iter()
+        .map(|l| (l.lock_id, l.fencing_token))
+        .collect();
     let outcomes = locks.renew_batch(&items).await?;
     let results: Vec<serde_json::Value> = items
         .iter()
@@ -104,12 +113,17 @@ pub async fn renew_batch(locks: &Locks, body: RenewBatchBody) -> Answer {
 
 fn renewed_json(o: &Renewed) -> (StatusCode, serde_json::Value, &'static str) {
     let refused = |reason: &'static str| {
-        (StatusCode::CONFLICT, json!({"renewed": false, "reason": reason}), reason)
+        (
+            StatusCode::CONFLICT,
+            json!({"renewed": false, "reason": reason}),
+            reason,
+        )
     };
     match o {
         Renewed::Renewed(e) => {
             let t = times(e);
-            let v = json!({"renewed": true, "expiresAt": t.expires_at, "expiresInMs": t.expires_in_ms});
+            let v =
+                json!({"renewed": true, "expiresAt": t.expires_at, "expiresInMs": t.expires_in_ms});
             (StatusCode::OK, v, "renewed")
         }
         Renewed::Expired => refused("expired"),
@@ -137,6 +151,12 @@ pub async fn inspect(locks: &Locks, name: &str) -> Answer {
             });
             (json(StatusCode::OK, &body), "held")
         }
-        None => (json(StatusCode::OK, &json!({"name": name, "held": false, "shard": found.shard})), "free"),
+        None => (
+            json(
+                StatusCode::OK,
+                &json!({"name": name, "held": false, "shard": found.shard}),
+            ),
+            "free",
+        ),
     })
 }

@@ -24,7 +24,13 @@ pub struct ApiError {
 
 impl ApiError {
     pub fn new(status: StatusCode, code: &'static str, message: impl Into<String>) -> Self {
-        Self { status, code, message: message.into(), retry_after: None, allow: None }
+        Self {
+            status,
+            code,
+            message: message.into(),
+            retry_after: None,
+            allow: None,
+        }
     }
 
     pub fn invalid(message: impl Into<String>) -> Self {
@@ -36,17 +42,28 @@ impl ApiError {
     }
 
     pub fn method_not_allowed(allow: &'static str) -> Self {
-        Self { allow: Some(allow), ..Self::new(StatusCode::METHOD_NOT_ALLOWED, "method_not_allowed", format!("use {allow}")) }
+        Self {
+            allow: Some(allow),
+            ..Self::new(
+                StatusCode::METHOD_NOT_ALLOWED,
+                "method_not_allowed",
+                format!("use {allow}"),
+            )
+        }
     }
 
     pub fn into_response(self) -> Response<Full<Bytes>> {
         let body = json!({"error": {"code": self.code, "message": self.message}});
         let mut resp = super::json(self.status, &body);
         if let Some(after) = self.retry_after {
-            resp.headers_mut().insert(header::RETRY_AFTER, HeaderValue::from(after.as_secs().max(1)));
+            resp.headers_mut().insert(
+                header::RETRY_AFTER,
+                HeaderValue::from(after.as_secs().max(1)),
+            );
         }
         if let Some(allow) = self.allow {
-            resp.headers_mut().insert(header::ALLOW, HeaderValue::from_static(allow));
+            resp.headers_mut()
+                .insert(header::ALLOW, HeaderValue::from_static(allow));
         }
         resp
     }
@@ -69,7 +86,11 @@ impl From<LockError> for ApiError {
             }
             LockError::Internal(detail) => {
                 tracing::error!(%detail, "internal error");
-                ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "internal", "internal error; see the router log")
+                ApiError::new(
+                    StatusCode::INTERNAL_SERVER_ERROR,
+                    "internal",
+                    "internal error; see the router log",
+                )
             }
         }
     }

@@ -89,7 +89,10 @@ pub async fn serve(
         });
     }
     drop(listener);
-    if tokio::time::timeout(grace, graceful.shutdown()).await.is_err() {
+    if tokio::time::timeout(grace, graceful.shutdown())
+        .await
+        .is_err()
+    {
         tracing::warn!("shutdown grace period ended with requests still in flight");
     }
 }
@@ -100,7 +103,7 @@ async fn handle(
     req: Request<Incoming>,
 ) -> Result<Response<Full<Bytes>>, Infallible> {
     let started = Instant::now();
-    let op = op_of(req.uri().path(), kind);
+    let op = op_of(req.method(), req.uri().path(), kind);
     let span = tracing::debug_span!("request", op, outcome = tracing::field::Empty);
     let result = route(&state, op, req).instrument(span.clone()).await;
     let (resp, outcome) = match result {
@@ -112,17 +115,25 @@ async fn handle(
     };
     span.record("outcome", outcome);
     if resp.status().is_server_error() {
-        tracing::warn!(op, outcome, status = resp.status().as_u16(), "request failed");
+        tracing::warn!(
+            op,
+            outcome,
+            status = resp.status().as_u16(),
+            "request failed"
+        );
     }
     m::request(op, outcome, started.elapsed());
     Ok(resp)
 }
 
-/// The metrics label of a path: a route name, never the path itself.
-fn op_of(path: &str, kind: Listener) -> &'static str {
+/// The route of a request, also its metrics label (never the path itself,
+/// which may hold a lock name). GET below `/api/v1/locks/` is always an
+/// inspect, so a lock may be named "acquire" or "renew" like any other.
+fn op_of(method: &Method, path: &str, kind: Listener) -> &'static str {
     match (kind, path) {
         (_, "/metrics") => "metrics",
         (Listener::MetricsOnly, _) => "unknown",
+        (_, p) if p.starts_with(LOCKS_PREFIX) && method == Method::GET => "inspect",
         (_, "/api/v1/locks/acquire") => "acquire",
         (_, "/api/v1/locks/renew") => "renew",
         (_, "/api/v1/locks/renew-batch") => "renew_batch",
@@ -147,12 +158,17 @@ async fn route(state: &AppState, op: &'static str, req: Request<Incoming>) -> ap
             let raw = &req.uri().path()[LOCKS_PREFIX.len()..];
             let name = percent_encoding::percent_decode_str(raw)
                 .decode_utf8()
-                .map_err(|_| ApiError::invalid("the name in the path is not percent-encoded UTF-8"))?;
+                .map_err(|_| {
+                    ApiError::invalid("the name in the path is not percent-encoded UTF-8")
+                })?;
             api::inspect(locks, &name).await
         }
         "healthz" => {
             only(&req, Method::GET, "GET")?;
-            Ok((json(StatusCode::OK, &serde_json::json!({"status": "ok"})), "ok"))
+            Ok((
+                json(StatusCode::OK, &serde_json::json!({"status": "ok"})),
+                "ok",
+            ))
         }
         "readyz" => {
             only(&req, Method::GET, "GET")?;
@@ -174,7 +190,10 @@ async fn route(state: &AppState, op: &'static str, req: Request<Incoming>) -> ap
 fn readyz(locks: &Locks) -> (Response<Full<Bytes>>, &'static str) {
     let (down, refusing) = locks.router().readiness();
     if down.is_empty() && refusing.is_empty() {
-        return (json(StatusCode::OK, &serde_json::json!({"ready": true})), "ready");
+        return (
+            json(StatusCode::OK, &serde_json::json!({"ready": true})),
+            "ready",
+        );
     }
     let body = serde_json::json!({
         "ready": false,
@@ -234,14 +253,25 @@ async fn parse<T: DeserializeOwned>(req: Request<Incoming>, max: usize) -> Resul
             }
         })?
         .to_bytes();
-    serde_json::from_slice(&body).map_err(|e| ApiError::invalid(format!("invalid JSON body: {e}")))
+    let mut de = serde_json::Deserializer::from_slice(&body);
+    serde_path_to_error::deserialize(&mut de).map_err(|e| {
+        let path = e.path().to_string();
+        let inner = e.into_inner();
+        if path.is_empty() || path == "." {
+            ApiError::invalid(format!("invalid JSON body: {inner}"))
+        } else {
+            ApiError::invalid(format!("invalid JSON body: {path}: {inner}"))
+        }
+    })
 }
 
 /// A JSON response.
 pub fn json(status: StatusCode, value: &serde_json::Value) -> Response<Full<Bytes>> {
     let mut resp = Response::new(Full::new(Bytes::from(value.to_string())));
     *resp.status_mut() = status;
-    resp.headers_mut()
-        .insert(header::CONTENT_TYPE, HeaderValue::from_static("application/json"));
+    resp.headers_mut().insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("application/json"),
+    );
     resp
 }

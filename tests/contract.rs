@@ -1,0 +1,255 @@
+//! The HTTP contract: every bad input gets its 4xx and a JSON error (never a
+//! 500 or a dropped connection), HTTP/2 works, and the OpenAPI document
+//! lists exactly the routes the server serves.
+
+use serde_json::{json, Value};
+
+use crate::support::etcd::EtcdCluster;
+use crate::support::router::TestRouter;
+
+const ACQUIRE: &str = "/api/v1/locks/acquire";
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bad_input_gets_a_clear_4xx() {
+    let etcd = EtcdCluster::single();
+    let router = TestRouter::start(&[&etcd]).await;
+    let api = &router.api;
+    let good = api.must_acquire("good", 5_000, "A").await;
+    let long = "x".repeat(513);
+    let acquire_cases: Vec<(Value, &str)> = vec![
+        (json!({"name": "", "ttlMs": 5000, "clientId": "A"}), "name"),
+        (
+            json!({"name": long, "ttlMs": 5000, "clientId": "A"}),
+            "name",
+        ),
+        (
+            json!({"name": "a\u{7}b", "ttlMs": 5000, "clientId": "A"}),
+            "control",
+        ),
+        (
+            json!({"name": "n", "ttlMs": 5000, "clientId": ""}),
+            "clientId",
+        ),
+        (
+            json!({"name": "n", "ttlMs": 5000, "clientId": "c".repeat(257)}),
+            "clientId",
+        ),
+        (
+            json!({"name": "n", "ttlMs": 1999, "clientId": "A"}),
+            "ttlMs",
+        ),
+        (
+            json!({"name": "n", "ttlMs": 3_600_001, "clientId": "A"}),
+            "ttlMs",
+        ),
+        (json!({"name": "n", "ttlMs": -5, "clientId": "A"}), "ttlMs"),
+        (json!({"name": "n", "ttlMs": 2.5, "clientId": "A"}), "ttlMs"),
+        (
+            json!({"name": "n", "ttlMs": "5000", "clientId": "A"}),
+            "ttlMs",
+        ),
+        (json!({"name": "n", "clientId": "A"}), "ttlMs"),
+        (
+            json!({"name": "n", "ttlMs": 5000, "clientId": "A", "waitMs": 100}),
+            "waitMs is not supported yet",
+        ),
+        (
+            json!({"name": "n", "ttlMs": 5000, "clientId": "A", "tllMs": 1}),
+            "tllMs",
+        ),
+        (json!(["not", "an", "object"]), "invalid JSON"),
+    ];
+    for (body, needle) in acquire_cases {
+        let r = api.post(ACQUIRE, body.clone()).await;
+        assert_eq!(r.status, 400, "{body}: {r:?}");
+        assert_eq!(r.body["error"]["code"], "invalid_argument", "{body}");
+        let msg = r.body["error"]["message"].as_str().unwrap();
+        assert!(
+            msg.contains(needle),
+            "{body}: {msg:?} should mention {needle:?}"
+        );
+    }
+    let mut tampered = good.0.clone().into_bytes();
+    tampered[10] = if tampered[10] == b'A' { b'B' } else { b'A' };
+    let tampered = String::from_utf8(tampered).unwrap();
+    for path in ["/api/v1/locks/renew", "/api/v1/locks/release"] {
+        for body in [
+            json!({"lockId": "garbage", "fencingToken": 1}),
+            json!({"lockId": tampered, "fencingToken": good.1}),
+            json!({"lockId": good.0, "fencingToken": good.1 + 1}),
+            json!({"lockId": good.0}),
+            json!({"lockId": good.0, "fencingToken": -1}),
+        ] {
+            let r = api.post(path, body.clone()).await;
+            assert_eq!(
+                (r.status, r.body["error"]["code"].as_str()),
+                (400, Some("invalid_argument")),
+                "{path} {body}"
+            );
+        }
+    }
+    let r = api
+        .post(
+            "/api/v1/locks/renew",
+            json!({"lockId": good.0, "fencingToken": good.1, "ttlMs": 60000}),
+        )
+        .await;
+    assert_eq!(r.status, 400, "{r:?}");
+    for body in [
+        json!({"locks": []}),
+        json!({"locks": vec![json!({"lockId": good.0, "fencingToken": good.1}); 1001]}),
+    ] {
+        let r = api.post("/api/v1/locks/renew-batch", body).await;
+        assert_eq!(r.status, 400, "{r:?}");
+    }
+    let r = api.post("/api/v1/locks/renew-batch", json!({"locks": [{"lockId": good.0, "fencingToken": good.1}, {"lockId": "x", "fencingToken": 1}]})).await;
+    assert!(
+        r.body["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("locks[1]"),
+        "{r:?}"
+    );
+
+    let http = &api.http;
+    let base = &api.base;
+    let raw = |req: reqwest::RequestBuilder| async { api.send(req).await };
+    let r = raw(http.post(format!("{base}{ACQUIRE}")).body("{\"name\":")).await;
+    assert_eq!(
+        (r.status, r.body["error"]["code"].as_str()),
+        (415, Some("unsupported_media_type"))
+    );
+    let r = raw(http
+        .post(format!("{base}{ACQUIRE}"))
+        .header("content-type", "application/json")
+        .body("{\"name\":"))
+    .await;
+    assert_eq!(
+        (r.status, r.body["error"]["code"].as_str()),
+        (400, Some("invalid_argument"))
+    );
+    let r = raw(http
+        .post(format!("{base}{ACQUIRE}"))
+        .header("content-type", "application/json")
+        .body("\u{0}\u{ff}"))
+    .await;
+    assert_eq!(r.status, 400);
+    let big = format!("{{\"name\": \"{}\"}}", "x".repeat(1 << 20));
+    let r = raw(http
+        .post(format!("{base}{ACQUIRE}"))
+        .header("content-type", "application/json")
+        .body(big))
+    .await;
+    assert_eq!(
+        (r.status, r.body["error"]["code"].as_str()),
+        (413, Some("payload_too_large"))
+    );
+    let r = raw(http.get(format!("{base}{ACQUIRE}"))).await;
+    assert_eq!(
+        r.status, 200,
+        "GET of a lock named 'acquire' is an inspect: {r:?}"
+    );
+    let r = raw(http.put(format!("{base}{ACQUIRE}"))).await;
+    assert_eq!(
+        (r.status, r.body["error"]["code"].as_str()),
+        (405, Some("method_not_allowed"))
+    );
+    let r = raw(http.delete(format!("{base}/api/v1/locks/foo"))).await;
+    assert_eq!(r.status, 405);
+    let r = raw(http.get(format!("{base}/api/v2/nothing"))).await;
+    assert_eq!(
+        (r.status, r.body["error"]["code"].as_str()),
+        (404, Some("not_found"))
+    );
+    let r = raw(http.get(format!("{base}/api/v1/locks/%FF%FE"))).await;
+    assert_eq!(r.status, 400);
+    let r = raw(http.get(format!("{base}/api/v1/locks/"))).await;
+    assert_eq!(r.status, 400);
+
+    // Still serving, and the good lock is untouched.
+    assert_eq!(api.get("/healthz").await.status, 200);
+    assert_eq!(api.renew(&good).await.status, 200);
+    let metrics = http
+        .get(format!("{base}/metrics"))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert!(metrics.contains("lockrouter_requests_total"));
+    assert!(
+        !metrics.contains("outcome=\"internal\""),
+        "a bad input caused a 500"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn inspect_reports_holder_and_shard() {
+    let etcd = EtcdCluster::single();
+    let router = TestRouter::start(&[&etcd]).await;
+    let api = &router.api;
+    let name = "with/slash and spaces ü";
+    let free = api.inspect(name).await;
+    assert_eq!(
+        free.body,
+        json!({"name": name, "held": false, "shard": "a"})
+    );
+    let lock = api.must_acquire(name, 5_000, "A").await;
+    let held = api.inspect(name).await;
+    assert_eq!(held.body["held"], true);
+    assert_eq!(held.body["fencingToken"].as_u64(), Some(lock.1));
+    assert!(held.body["expiresAt"].as_str().unwrap().ends_with('Z'));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn http2_without_tls_is_served() {
+    let etcd = EtcdCluster::single();
+    let router = TestRouter::start(&[&etcd]).await;
+    let h2 = reqwest::Client::builder()
+        .http2_prior_knowledge()
+        .build()
+        .unwrap();
+    let resp = h2
+        .post(format!("{}{ACQUIRE}", router.api.base))
+        .json(&json!({"name": "h2", "ttlMs": 5000, "clientId": "A"}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.version(), reqwest::Version::HTTP_2);
+    let body: Value = resp.json().await.unwrap();
+    assert_eq!(body["acquired"], true);
+}
+
+#[test]
+fn openapi_lists_exactly_the_served_routes() {
+    let text =
+        std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/docs/openapi.yaml")).unwrap();
+    let mut documented = Vec::new();
+    let mut in_paths = false;
+    let mut path = String::new();
+    for line in text.lines() {
+        if !line.starts_with(' ') && !line.is_empty() {
+            in_paths = line.trim_end() == "paths:";
+            continue;
+        }
+        if !in_paths {
+            continue;
+        }
+        if let Some(p) = line.strip_prefix("  /") {
+            path = format!("/{}", p.trim_end().trim_end_matches(':'));
+        } else if let Some(m) = line.strip_prefix("    ") {
+            let m = m.trim_end().trim_end_matches(':');
+            if ["get", "post", "put", "delete", "patch", "head", "options"].contains(&m) {
+                documented.push((m.to_uppercase(), path.clone()));
+            }
+        }
+    }
+    let mut served: Vec<(String, String)> = lockrouter::http::ROUTES
+        .iter()
+        .map(|(m, p)| (m.to_string(), p.to_string()))
+        .collect();
+    documented.sort();
+    served.sort();
+    assert_eq!(documented, served);
+}

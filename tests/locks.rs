@@ -1,0 +1,258 @@
+//! Lock semantics on real etcd: mutual exclusion, fencing, expiry, stale
+//! lockIds, renewals, idempotent re-acquire.
+
+use std::collections::BTreeSet;
+use std::time::{Duration, Instant};
+
+use futures::future::join_all;
+use serde_json::json;
+
+use crate::support::etcd::EtcdCluster;
+use crate::support::router::{sleep_ms, TestRouter};
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn exactly_one_of_many_concurrent_acquirers_wins() {
+    let etcd = EtcdCluster::single();
+    let router = TestRouter::start(&[&etcd]).await;
+    let mut tokens = BTreeSet::new();
+    for round in 0..5 {
+        let name = format!("race-{round}");
+        let attempts = (0..40).map(|c| {
+            let api = router.api.clone();
+            let name = name.clone();
+            async move { api.acquire(&name, 10_000, &format!("client-{c}")).await }
+        });
+        let replies = join_all(attempts).await;
+        let winners: Vec<_> = replies
+            .iter()
+            .filter(|r| r.body["acquired"] == true)
+            .collect();
+        assert!(replies.iter().all(|r| r.status == 200), "{replies:?}");
+        assert_eq!(winners.len(), 1, "round {round}: {winners:?}");
+        assert!(tokens.insert(winners[0].body["fencingToken"].as_u64().unwrap()));
+        for loser in replies.iter().filter(|r| r.body["acquired"] == false) {
+            assert!(loser.body["expiresAt"].is_string(), "{loser:?}");
+            assert!(loser.body.get("lockId").is_none());
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tokens_strictly_increase_across_clients() {
+    let etcd = EtcdCluster::single();
+    let router = TestRouter::start(&[&etcd]).await;
+    let mut last = 0;
+    for i in 0..20 {
+        let client = format!("client-{}", i % 3);
+        let lock = router.api.must_acquire("order:42", 5_000, &client).await;
+        assert!(lock.1 > last, "token {} after {last}", lock.1);
+        assert!(lock.1 < i64::MAX as u64);
+        last = lock.1;
+        // Other names in between move the revision; tokens still only grow.
+        router
+            .api
+            .must_acquire(&format!("other-{i}"), 5_000, &client)
+            .await;
+        assert_eq!(router.api.release(&lock).await.status, 204);
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn renewed_lock_is_kept_and_unrenewed_lock_frees_after_ttl() {
+    let etcd = EtcdCluster::single();
+    let router = TestRouter::start(&[&etcd]).await;
+    let api = &router.api;
+    let a = api.must_acquire("job", 2_000, "A").await;
+    // A renews every 500 ms for 4 s (two TTLs): B never gets the name.
+    let until = Instant::now() + Duration::from_secs(4);
+    while Instant::now() < until {
+        let r = api.renew(&a).await;
+        assert_eq!(r.status, 200, "{r:?}");
+        assert_eq!(r.body["renewed"], true);
+        let b = api.acquire("job", 2_000, "B").await;
+        assert_eq!(b.body["acquired"], false, "{b:?}");
+        sleep_ms(500).await;
+    }
+    // A stops renewing: within TTL plus etcd's expiry scan, B gets it.
+    let stopped = Instant::now();
+    let b = loop {
+        let r = api.acquire("job", 2_000, "B").await;
+        if r.body["acquired"] == true {
+            break (
+                r.body["lockId"].as_str().unwrap().to_string(),
+                r.body["fencingToken"].as_u64().unwrap(),
+            );
+        }
+        assert!(
+            stopped.elapsed() < Duration::from_secs(10),
+            "lock never freed"
+        );
+        sleep_ms(100).await;
+    };
+    assert!(
+        stopped.elapsed() >= Duration::from_millis(1_500),
+        "freed before its TTL"
+    );
+    assert!(b.1 > a.1);
+    let r = api.renew(&a).await;
+    assert_eq!(
+        (r.status, r.body["reason"].as_str()),
+        (409, Some("stolen")),
+        "{r:?}"
+    );
+    assert_eq!(api.release(&b).await.status, 204);
+    let r = api.renew(&a).await;
+    assert_eq!(
+        (r.status, r.body["reason"].as_str()),
+        (409, Some("expired")),
+        "{r:?}"
+    );
+    let r = api.renew(&b).await;
+    assert_eq!(
+        (r.status, r.body["reason"].as_str()),
+        (409, Some("expired")),
+        "{r:?}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn stale_lock_id_never_touches_the_new_holder() {
+    let etcd = EtcdCluster::single();
+    let router = TestRouter::start(&[&etcd]).await;
+    let api = &router.api;
+    let old = api.must_acquire("res", 2_000, "A").await;
+    assert_eq!(api.release(&old).await.status, 204);
+    let new = api.must_acquire("res", 2_000, "B").await;
+    assert!(new.1 > old.1);
+    // The same client acquiring again on the same session lease is a new grant too.
+    let a_again = api.acquire("res-2", 2_000, "A").await;
+    assert_eq!(a_again.body["acquired"], true);
+
+    assert_eq!(api.release(&old).await.status, 204);
+    let r = api.renew(&old).await;
+    assert_eq!(r.body["reason"], "stolen", "{r:?}");
+    let seen = api.inspect("res").await;
+    assert_eq!(seen.body["held"], true);
+    assert_eq!(seen.body["fencingToken"].as_u64(), Some(new.1));
+    assert_eq!(api.renew(&new).await.status, 200);
+
+    // Same client, same lease, new grant: the old lockId still cannot act.
+    assert_eq!(api.release(&new).await.status, 204);
+    let b2 = api.must_acquire("res", 2_000, "B").await;
+    assert_eq!(api.release(&new).await.status, 204);
+    assert_eq!(api.renew(&new).await.body["reason"], "stolen");
+    assert_eq!(
+        api.inspect("res").await.body["fencingToken"].as_u64(),
+        Some(b2.1)
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn reacquire_by_the_holder_is_idempotent() {
+    let etcd = EtcdCluster::single();
+    let router = TestRouter::start(&[&etcd]).await;
+    let api = &router.api;
+    let first = api.must_acquire("idem", 5_000, "A").await;
+    let again = api.must_acquire("idem", 5_000, "A").await;
+    assert_eq!(first, again);
+    // Even with another TTL the grant is the same one (its TTL is fixed).
+    let other_ttl = api.must_acquire("idem", 9_000, "A").await;
+    assert_eq!(first, other_ttl);
+    assert_eq!(
+        api.acquire("idem", 5_000, "B").await.body["acquired"],
+        false
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn renew_batch_answers_each_lock_in_order() {
+    let etcd = EtcdCluster::single();
+    let router = TestRouter::start(&[&etcd]).await;
+    let api = &router.api;
+    let held = api.must_acquire("b1", 5_000, "A").await;
+    let released = api.must_acquire("b2", 5_000, "A").await;
+    api.release(&released).await;
+    let stolen = api.must_acquire("b3", 5_000, "A").await;
+    api.release(&stolen).await;
+    api.must_acquire("b3", 5_000, "B").await;
+    let items: Vec<_> = [&held, &released, &stolen, &held]
+        .iter()
+        .map(|l| json!({"lockId": l.0, "fencingToken": l.1}))
+        .collect();
+    let body = json!({ "locks": items });
+    let r = api.post("/api/v1/locks/renew-batch", body).await;
+    assert_eq!(r.status, 200, "{r:?}");
+    let results = r.body["results"].as_array().unwrap();
+    let got: Vec<(bool, Option<&str>)> = results
+        .iter()
+        .map(|x| (x["renewed"].as_bool().unwrap(), x["reason"].as_str()))
+        .collect();
+    assert_eq!(
+        got,
+        vec![
+            (true, None),
+            (false, Some("expired")),
+            (false, Some("stolen")),
+            (true, None)
+        ]
+    );
+    for (res, lock) in results.iter().zip([&held, &released, &stolen, &held]) {
+        assert_eq!(res["lockId"], lock.0.as_str());
+    }
+    assert!(results[0]["expiresInMs"].as_u64().unwrap() <= 5_000);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn expiry_is_never_later_than_the_lease() {
+    let etcd = EtcdCluster::single();
+    let router = TestRouter::start(&[&etcd]).await;
+    let api = &router.api;
+    let before = std::time::SystemTime::now();
+    let r = api.acquire("honest", 2_500, "A").await;
+    // 2,500 ms rounds up to a 3 s lease.
+    let left = r.body["expiresInMs"].as_u64().unwrap();
+    assert!((2_500..=3_000).contains(&left), "{r:?}");
+    let at = humantime::parse_rfc3339(r.body["expiresAt"].as_str().unwrap()).unwrap();
+    assert!(
+        at <= before + Duration::from_secs(3) + Duration::from_millis(50),
+        "{r:?}"
+    );
+    let lock = (
+        r.body["lockId"].as_str().unwrap().to_string(),
+        r.body["fencingToken"].as_u64().unwrap(),
+    );
+    // etcd's own count of the lease's time left is at least what we report.
+    let mut etcd_client = etcd.client().await;
+    let leases = etcd_client.leases().await.unwrap();
+    for _ in 0..3 {
+        let reported = api.renew(&lock).await.body["expiresInMs"].as_u64().unwrap();
+        let ttl = etcd_client
+            .lease_time_to_live(leases.leases()[0].id(), None)
+            .await
+            .unwrap()
+            .ttl();
+        // etcd rounds its count down to whole seconds; allow that second.
+        assert!(
+            reported <= (ttl as u64 + 1) * 1_000,
+            "reported {reported} ms, etcd {ttl} s"
+        );
+        sleep_ms(700).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn expired_session_lease_is_replaced_on_the_next_acquire() {
+    let etcd = EtcdCluster::single();
+    let router = TestRouter::start(&[&etcd]).await;
+    let api = &router.api;
+    let first = api.must_acquire("s1", 5_000, "A").await;
+    // The session lease dies behind the router's back (as after a long pause).
+    let mut client = etcd.client().await;
+    let leases = client.leases().await.unwrap();
+    assert_eq!(leases.leases().len(), 1);
+    client.lease_revoke(leases.leases()[0].id()).await.unwrap();
+    assert_eq!(api.renew(&first).await.body["reason"], "expired");
+    let second = api.must_acquire("s2", 5_000, "A").await;
+    assert_eq!(api.renew(&second).await.status, 200);
+    assert_eq!(client.leases().await.unwrap().leases().len(), 1);
+}

@@ -1,0 +1,131 @@
+//! The `lockrouter` binary: restarts lose no lock, SIGTERM drains and exits
+//! 0, and bad configs exit non-zero naming the problem.
+
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use crate::support::etcd::EtcdCluster;
+use crate::support::router::RouterProcess;
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn killed_router_loses_no_lock_and_replicas_share_locks() {
+    let shards = [EtcdCluster::single(), EtcdCluster::single()];
+    let port = free_port();
+    let mut first = RouterProcess::start(&[&shards[0], &shards[1]], port).await;
+    let mut locks = Vec::new();
+    for i in 0..10 {
+        locks.push(
+            first
+                .api
+                .must_acquire(&format!("survive-{i}"), 10_000, "A")
+                .await,
+        );
+    }
+    let replica = RouterProcess::start(&[&shards[0], &shards[1]], free_port()).await;
+    first.child.kill().unwrap(); // SIGKILL
+    first.child.wait().unwrap();
+    let restarted = RouterProcess::start(&[&shards[0], &shards[1]], port).await;
+    for (i, lock) in locks.iter().enumerate() {
+        let api = if i % 2 == 0 {
+            &restarted.api
+        } else {
+            &replica.api
+        };
+        assert_eq!(api.renew(lock).await.status, 200);
+        assert_eq!(
+            api.acquire(&format!("survive-{i}"), 10_000, "B").await.body["acquired"],
+            false
+        );
+    }
+    for lock in &locks {
+        assert_eq!(replica.api.release(lock).await.status, 204);
+    }
+    for i in 0..10 {
+        restarted
+            .api
+            .must_acquire(&format!("survive-{i}"), 10_000, "B")
+            .await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigterm_drains_and_exits_zero() {
+    let etcd = EtcdCluster::single();
+    let mut router = RouterProcess::start(&[&etcd], free_port()).await;
+    router.api.must_acquire("t", 5_000, "A").await;
+    assert!(router.log_text().contains("lockrouter ready"));
+    let pid = router.child.id().to_string();
+    assert!(Command::new("kill")
+        .args(["-TERM", &pid])
+        .status()
+        .unwrap()
+        .success());
+    let deadline = Instant::now() + Duration::from_secs(15);
+    let status = loop {
+        if let Some(s) = router.child.try_wait().unwrap() {
+            break s;
+        }
+        assert!(Instant::now() < deadline, "router did not exit on SIGTERM");
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    assert!(status.success(), "{status:?}\n{}", router.log_text());
+}
+
+#[test]
+fn bad_configs_exit_nonzero_naming_the_problem() {
+    let dir = tempfile::tempdir().unwrap();
+    let good_shard = "[[shards]]\nname = \"a\"\nendpoints = [\"http://127.0.0.1:2379\"]\n";
+    let cases = [
+        (format!("[server]\nlisten = \"127.0.0.1:0\"\nlistne = 1\n{good_shard}"), "listne"),
+        ("[server]\nlisten = \"127.0.0.1:0\"\n".to_string(), "no shards"),
+        (format!("[server]\nlisten = \"127.0.0.1:0\"\n{good_shard}{good_shard}"), "duplicate shard name"),
+        (format!("[server]\nlisten = \"localhost\"\n{good_shard}"), "server.listen"),
+        ("[server]\nlisten = \"127.0.0.1:0\"\n[[shards]]\nname = \"a\"\nendpoints = [\"nope\"]\n".into(), "endpoint"),
+        ("[server]\nlisten = \"127.0.0.1:0\"\n[[shards]]\nname = \"a\"\nendpoints = []\n".into(), "no endpoints"),
+        ("[server\nlisten".into(), "cannot read config"),
+    ];
+    for (i, (text, needle)) in cases.iter().enumerate() {
+        let path = dir.path().join(format!("bad-{i}.toml"));
+        std::fs::write(&path, text).unwrap();
+        let out = Command::new(env!("CARGO_BIN_EXE_lockrouter"))
+            .args(["serve", "--config"])
+            .arg(&path)
+            .output()
+            .unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success(), "case {i} should fail");
+        assert!(
+            stderr.contains(needle),
+            "case {i}: {stderr:?} should mention {needle:?}"
+        );
+    }
+    let out = Command::new(env!("CARGO_BIN_EXE_lockrouter"))
+        .args(["serve", "--config", "/nonexistent/lockrouter.toml"])
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("does not exist"));
+    // An environment override is validated like the file.
+    let path = dir.path().join("env.toml");
+    std::fs::write(
+        &path,
+        format!("[server]\nlisten = \"127.0.0.1:0\"\n{good_shard}"),
+    )
+    .unwrap();
+    let out = Command::new(env!("CARGO_BIN_EXE_lockrouter"))
+        .args(["serve", "--config"])
+        .arg(&path)
+        .env("LOCKROUTER__LIMITS__MIN_TTL_MS", "10")
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("min_ttl_ms"));
+}

@@ -1,0 +1,183 @@
+//! Sharding on real etcd: placement, lease coalescing, shard outages, and
+//! refusal to grant under a ring the shards did not record.
+
+use std::time::{Duration, Instant};
+
+use futures::future::join_all;
+use lockrouter::keys::{name_hash, Keys};
+use serde_json::json;
+
+use crate::support::etcd::EtcdCluster;
+use crate::support::router::{config_toml, shard_name, sleep_ms, TestRouter};
+
+fn three() -> [EtcdCluster; 3] {
+    [
+        EtcdCluster::single(),
+        EtcdCluster::single(),
+        EtcdCluster::single(),
+    ]
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn names_land_on_the_shard_the_ring_says() {
+    let shards = three();
+    let router = TestRouter::start(&[&shards[0], &shards[1], &shards[2]]).await;
+    let ring = lockrouter::ring::Ring::new(&router.settings.shards, router.settings.ring.vnodes);
+    let keys = Keys::new("/lockrouter");
+    let mut per_shard = [0; 3];
+    for i in 0..30 {
+        let name = format!("placed-{i}");
+        router.api.must_acquire(&name, 5_000, "A").await;
+        let expected = ring.shard_index(&name);
+        per_shard[expected] += 1;
+        assert_eq!(
+            router.api.inspect(&name).await.body["shard"],
+            shard_name(expected)
+        );
+        for (i, etcd) in shards.iter().enumerate() {
+            let mut c = etcd.client().await;
+            let found = c
+                .get(keys.lock(&name_hash(&name)), None)
+                .await
+                .unwrap()
+                .count();
+            assert_eq!(found, i64::from(i == expected), "{name} on shard {i}");
+        }
+    }
+    assert!(per_shard.iter().all(|&n| n > 0), "{per_shard:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_uses_one_lease_per_shard_and_few_keepalives() {
+    let shards = three();
+    let router = TestRouter::start(&[&shards[0], &shards[1], &shards[2]]).await;
+    let api = &router.api;
+    let mut locks = Vec::new();
+    for i in 0..100 {
+        locks.push(
+            api.must_acquire(&format!("many-{i}"), 30_000, "one-client")
+                .await,
+        );
+    }
+    let mut leases = 0;
+    for etcd in &shards {
+        leases += etcd.client().await.leases().await.unwrap().leases().len();
+    }
+    assert_eq!(leases, 3, "100 locks of one client on 3 shards");
+
+    let renewed_before: f64 = shards
+        .iter()
+        .map(|s| s.metric("etcd_debugging_lease_renewed_total"))
+        .sum();
+    let replies = join_all(locks.iter().map(|l| api.renew(l))).await;
+    assert!(replies.iter().all(|r| r.status == 200));
+    let body = json!({"locks": locks.iter().map(|l| json!({"lockId": l.0, "fencingToken": l.1})).collect::<Vec<_>>()});
+    let batch = api.post("/api/v1/locks/renew-batch", body).await;
+    assert_eq!(batch.status, 200);
+    let renewed_after: f64 = shards
+        .iter()
+        .map(|s| s.metric("etcd_debugging_lease_renewed_total"))
+        .sum();
+    // 200 lock renewals: at most one keepalive per lease per coalescing window.
+    let keepalives = renewed_after - renewed_before;
+    assert!(
+        keepalives <= 12.0,
+        "{keepalives} keepalives for 200 renewals"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_shard_outage_stays_local_and_heals() {
+    let mut shards = three();
+    let toml = config_toml(&[&shards[0], &shards[1], &shards[2]], "127.0.0.1:0", "");
+    let router = TestRouter::with_toml(&toml).await;
+    let api = &router.api;
+    let ring = lockrouter::ring::Ring::new(&router.settings.shards, router.settings.ring.vnodes);
+    let name_on = |shard: usize, tag: &str| {
+        (0..)
+            .map(|i| format!("{tag}-{i}"))
+            .find(|n| ring.shard_index(n) == shard)
+            .unwrap()
+    };
+    let held_on_b = api.must_acquire(&name_on(1, "held"), 30_000, "A").await;
+
+    shards[1].kill();
+    // The first call may wait for the deadline; later ones fail fast.
+    for i in 0..5 {
+        let started = Instant::now();
+        let r = api
+            .acquire(&name_on(1, &format!("down{i}")), 5_000, "A")
+            .await;
+        assert_eq!(r.status, 503, "{r:?}");
+        assert_eq!(r.body["error"]["code"], "shard_unavailable");
+        assert!(r.retry_after.is_some());
+        assert!(
+            started.elapsed() < Duration::from_secs(3),
+            "took {:?}",
+            started.elapsed()
+        );
+        for other in [0, 2] {
+            api.must_acquire(&name_on(other, &format!("up{i}")), 5_000, "A")
+                .await;
+        }
+    }
+    let r = api.renew(&held_on_b).await;
+    assert_eq!(r.status, 503);
+    let ready = api.get("/readyz").await;
+    assert_eq!(ready.status, 503);
+    assert_eq!(ready.body["unreachableShards"], json!(["b"]));
+
+    shards[1].restart();
+    let healed = Instant::now();
+    loop {
+        let r = api.acquire(&name_on(1, "back"), 5_000, "A").await;
+        if r.body["acquired"] == true {
+            break;
+        }
+        assert!(
+            healed.elapsed() < Duration::from_secs(15),
+            "shard b never came back: {r:?}"
+        );
+        sleep_ms(100).await;
+    }
+    assert_eq!(api.renew(&held_on_b).await.status, 200);
+    assert_eq!(api.get("/readyz").await.status, 200);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_router_with_another_ring_refuses_to_grant() {
+    let shards = three();
+    let first = TestRouter::start(&[&shards[0], &shards[1]]).await;
+    let lock = first.api.must_acquire("moving", 30_000, "A").await;
+    // Same shards plus a third, without a rebalance: placement would differ,
+    // so this router must not grant anywhere.
+    let toml = config_toml(&[&shards[0], &shards[1], &shards[2]], "127.0.0.1:0", "");
+    let settings = lockrouter::Settings::from_toml(&toml).unwrap();
+    let app = lockrouter::Application::build(settings).await.unwrap();
+    let api = crate::support::router::Api::new(app.local_addr());
+    let stop = tokio_util::sync::CancellationToken::new();
+    tokio::spawn(app.run(stop.clone()));
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let ready = api.get("/readyz").await;
+        if ready.status == 503
+            && ready.body["refusingShards"]
+                .as_array()
+                .is_some_and(|a| a.len() == 3)
+        {
+            break;
+        }
+        assert!(Instant::now() < deadline, "{ready:?}");
+        sleep_ms(100).await;
+    }
+    for i in 0..20 {
+        let r = api.acquire(&format!("n{i}"), 5_000, "B").await;
+        assert_eq!(r.status, 503, "{r:?}");
+    }
+    let r = api.acquire("moving", 5_000, "B").await;
+    assert_eq!(r.status, 503);
+    // The lockId names its shard: the holder can still renew and release.
+    assert_eq!(api.renew(&lock).await.status, 200);
+    assert_eq!(api.release(&lock).await.status, 204);
+    stop.cancel();
+}
