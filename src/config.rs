@@ -62,6 +62,9 @@ pub struct EtcdSettings {
     /// (capped at a tenth of the lease TTL).
     #[serde(default = "defaults::keepalive_coalesce_ms")]
     pub keepalive_coalesce_ms: u64,
+    /// How often active locks per shard are counted (a count-only range).
+    #[serde(default = "defaults::count_interval_ms")]
+    pub count_interval_ms: u64,
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -120,6 +123,9 @@ mod defaults {
     pub fn keepalive_coalesce_ms() -> u64 {
         1_000
     }
+    pub fn count_interval_ms() -> u64 {
+        10_000
+    }
     pub fn vnodes() -> u32 {
         160
     }
@@ -154,6 +160,7 @@ impl Default for EtcdSettings {
             connect_timeout_ms: defaults::connect_timeout_ms(),
             health_interval_ms: defaults::health_interval_ms(),
             keepalive_coalesce_ms: defaults::keepalive_coalesce_ms(),
+            count_interval_ms: defaults::count_interval_ms(),
         }
     }
 }
@@ -249,6 +256,7 @@ impl Settings {
             ("etcd.request_timeout_ms", e.request_timeout_ms),
             ("etcd.connect_timeout_ms", e.connect_timeout_ms),
             ("etcd.health_interval_ms", e.health_interval_ms),
+            ("etcd.count_interval_ms", e.count_interval_ms),
         ] {
             if !(10..=600_000).contains(&v) {
                 return Err(invalid(format!("{key} = {v} must be 10..=600000")));

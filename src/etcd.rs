@@ -3,9 +3,10 @@
 //! errors, records metrics and keeps the shard's up/down flag current.
 //! Cheap to clone (the etcd client is a handle to a shared channel).
 
+use std::collections::HashSet;
 use std::future::Future;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use etcd_client::{Client, ConnectOptions};
@@ -29,6 +30,12 @@ pub enum EtcdError {
 struct Inner {
     shard: String,
     client: Client,
+    /// One single-endpoint client per member, to probe members one by one
+    /// (only for shards with several endpoints).
+    members: Vec<(String, Client)>,
+    /// Members currently in `client`'s balanced channel. etcd-client keeps
+    /// sending to a dead member, so dead ones are taken out until they answer.
+    in_rotation: Mutex<HashSet<String>>,
     timeout: Duration,
     /// False after a call failed for unavailability, until a probe succeeds.
     up: AtomicBool,
@@ -53,12 +60,23 @@ impl EtcdConn {
             // HTTP/2 pings notice a dead member even when no call is running.
             .with_keep_alive(Duration::from_secs(2), Duration::from_secs(2))
             .with_keep_alive_while_idle(true);
-        let client = Client::connect(endpoints, Some(options)).await?;
+        let client = Client::connect(endpoints, Some(options.clone())).await?;
+        let mut members = Vec::new();
+        if endpoints.len() > 1 {
+            for ep in endpoints {
+                members.push((
+                    ep.clone(),
+                    Client::connect([ep], Some(options.clone())).await?,
+                ));
+            }
+        }
         m::shard_up(shard, false);
         Ok(Self {
             inner: Arc::new(Inner {
                 shard: shard.to_string(),
                 client,
+                members,
+                in_rotation: Mutex::new(endpoints.iter().cloned().collect()),
                 timeout,
                 up: AtomicBool::new(false),
             }),
@@ -88,6 +106,41 @@ impl EtcdConn {
                 tracing::info!(shard = %self.inner.shard, "shard is reachable");
             } else {
                 tracing::warn!(shard = %self.inner.shard, "shard is unavailable");
+            }
+        }
+    }
+
+    /// Probes each member; takes members that do not answer out of the
+    /// balanced channel (never the last one) and puts back those that do.
+    pub async fn check_members(&self) {
+        let timeout = self.inner.timeout;
+        let probes = self.inner.members.iter().map(|(ep, client)| async move {
+            let mut m = client.maintenance_client();
+            let ok = matches!(tokio::time::timeout(timeout, m.status()).await, Ok(Ok(_)));
+            (ep, ok)
+        });
+        for (ep, ok) in futures::future::join_all(probes).await {
+            let change = {
+                let mut live = self.inner.in_rotation.lock().expect("members lock");
+                if ok && live.insert(ep.clone()) {
+                    Some(true)
+                } else if !ok && live.len() > 1 && live.remove(ep) {
+                    Some(false)
+                } else {
+                    None
+                }
+            };
+            let client = &self.inner.client;
+            match change {
+                Some(true) => {
+                    tracing::info!(shard = %self.inner.shard, member = %ep, "member answers again");
+                    let _ = client.add_endpoint(ep).await;
+                }
+                Some(false) => {
+                    tracing::warn!(shard = %self.inner.shard, member = %ep, "member does not answer; sending to the others");
+                    let _ = client.remove_endpoint(ep).await;
+                }
+                None => {}
             }
         }
     }

@@ -101,6 +101,8 @@ impl Keepalive {
 struct Inflight {
     sent_at: Instant,
     waiters: Vec<Reply>,
+    /// Already re-sent once after a broken stream.
+    retried: bool,
 }
 
 struct Stream {
@@ -143,8 +145,8 @@ impl Task {
                     Some(Msg::Seed { lease, renewal }) => { self.recent.insert(lease, renewal); }
                     None => break,
                 },
-                Some(ev) = self.events_rx.recv() => self.on_event(ev),
-                _ = tick.tick() => self.on_tick(),
+                Some(ev) = self.events_rx.recv() => self.on_event(ev).await,
+                _ = tick.tick() => self.on_tick().await,
                 _ = cancel.cancelled() => break,
             }
         }
@@ -172,6 +174,7 @@ impl Task {
                     Inflight {
                         sent_at,
                         waiters: vec![reply],
+                        retried: false,
                     },
                 );
             }
@@ -231,7 +234,7 @@ impl Task {
         Ok(())
     }
 
-    fn on_event(&mut self, ev: Event) {
+    async fn on_event(&mut self, ev: Event) {
         match ev {
             Event::Response { id, ttl } => {
                 let Some(inflight) = self.inflight.remove(&id) else {
@@ -252,13 +255,13 @@ impl Task {
             }
             Event::Ended { generation, detail } => {
                 if self.stream.as_ref().map(|s| s.generation) == Some(generation) {
-                    self.reset(&detail);
+                    self.fail_over(&detail).await;
                 }
             }
         }
     }
 
-    fn on_tick(&mut self) {
+    async fn on_tick(&mut self) {
         let now = Instant::now();
         self.recent.retain(|_, r| r.deadline() > now);
         let timeout = self.conn.timeout();
@@ -267,7 +270,57 @@ impl Task {
             .values()
             .any(|i| i.sent_at.elapsed() > timeout)
         {
-            self.reset("keepalive answers overdue");
+            self.fail_over("keepalive answers overdue").await;
+        }
+    }
+
+    /// The stream broke (a member died, a connection reset) or went silent:
+    /// send what was in flight once more on a fresh stream, which the client
+    /// opens to a live member. Only keepalives that fail twice are reported
+    /// unavailable. The new send instant counts for the deadline, since the
+    /// answer will be to that send.
+    async fn fail_over(&mut self, detail: &str) {
+        if let Some(s) = self.stream.take() {
+            s.reader.abort();
+        }
+        let pending: Vec<(i64, Inflight)> = self.inflight.drain().collect();
+        for (lease, inflight) in pending {
+            if inflight.retried {
+                self.fail(inflight.waiters, detail);
+                continue;
+            }
+            let sent_at = Instant::now();
+            match self.send(lease).await {
+                Ok(()) => {
+                    let waiters = inflight.waiters;
+                    let retried = true;
+                    self.inflight.insert(
+                        lease,
+                        Inflight {
+                            sent_at,
+                            waiters,
+                            retried,
+                        },
+                    );
+                }
+                Err(EtcdError::LeaseNotFound) => {
+                    for w in inflight.waiters {
+                        let _ = w.send(Ok(Renewal {
+                            sent_at,
+                            ttl_secs: 0,
+                        }));
+                    }
+                }
+                Err(e) => self.fail(inflight.waiters, &e.to_string()),
+            }
+        }
+    }
+
+    fn fail(&self, waiters: Vec<Reply>, detail: &str) {
+        for w in waiters {
+            let _ = w.send(Err(self
+                .conn
+                .unavailable(format!("keepalive stream: {detail}"))));
         }
     }
 
@@ -276,12 +329,9 @@ impl Task {
         if let Some(s) = self.stream.take() {
             s.reader.abort();
         }
-        for (_, inflight) in self.inflight.drain() {
-            for w in inflight.waiters {
-                let _ = w.send(Err(self
-                    .conn
-                    .unavailable(format!("keepalive stream: {detail}"))));
-            }
+        let pending: Vec<Inflight> = self.inflight.drain().map(|(_, i)| i).collect();
+        for inflight in pending {
+            self.fail(inflight.waiters, detail);
         }
     }
 }

@@ -132,6 +132,7 @@ impl Locks {
             return Err(invalid("waitMs is not supported yet"));
         }
         let shard = self.router.shard_for(&req.name);
+        tracing::Span::current().record("shard", shard.name.as_str());
         let ring = self.granting_ring(shard)?;
         let hash = name_hash(&req.name);
         let key = shard.keys.lock(&hash);
@@ -329,6 +330,7 @@ impl Locks {
     pub async fn inspect(&self, name: &str) -> Result<Inspection, LockError> {
         check_text("name", name, self.limits.max_name_bytes)?;
         let shard = self.router.shard_for(name);
+        tracing::Span::current().record("shard", shard.name.as_str());
         check_up(shard)?;
         let Some(kv) = shard.get(&shard.keys.lock(&name_hash(name))).await? else {
             return Ok(Inspection {
@@ -373,6 +375,7 @@ impl Locks {
     }
 
     fn shard_of(&self, id: &LockId) -> Result<&Arc<Shard>, LockError> {
+        tracing::Span::current().record("shard", id.shard.as_str());
         self.router.shard_named(&id.shard).ok_or_else(|| {
             invalid(format!(
                 "lockId names shard {:?}, which this router does not know",

@@ -77,6 +77,10 @@ fn describe() {
         "lockrouter_shard_ring_ok",
         "1 while the shard's recorded ring matches this router's ring"
     );
+    describe_gauge!(
+        "lockrouter_active_locks",
+        "lock keys on the shard (all routers' locks), sampled every etcd.count_interval_ms"
+    );
     describe_histogram!(
         "lockrouter_verify_batch_size",
         "lock keys checked per read-only verification txn"
@@ -123,6 +127,10 @@ pub fn ring_state(shard: &str, epoch: u64, ok: bool) {
     } else {
         0.0
     });
+}
+
+pub fn active_locks(shard: &str, n: i64) {
+    gauge!("lockrouter_active_locks", "shard" => shard.to_string()).set(n as f64);
 }
 
 pub fn verify_batch(shard: &str, size: usize) {

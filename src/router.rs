@@ -60,12 +60,14 @@ impl Router {
             .enumerate()
             .map(|(i, s)| (s.name.clone(), i))
             .collect();
-        let interval = Duration::from_millis(settings.etcd.health_interval_ms);
         let monitor_cancel = cancel.child_token();
         let task = tokio::spawn(monitor(
             shards.clone(),
             ring.fingerprint().to_string(),
-            interval,
+            Intervals {
+                health: Duration::from_millis(settings.etcd.health_interval_ms),
+                count: Duration::from_millis(settings.etcd.count_interval_ms),
+            },
             monitor_cancel.clone(),
         ));
         Ok(Arc::new(Self {
@@ -160,19 +162,27 @@ fn log_ring_change(shard: &Shard, old: &RingState, new: &RingState, ours: &str) 
     }
 }
 
-/// Probes every shard each `interval`: health, recorded ring, first-use
-/// initialisation, session-cache sweeping.
+struct Intervals {
+    health: Duration,
+    count: Duration,
+}
+
+/// Probes every shard each health interval: health, recorded ring, first-use
+/// initialisation, session-cache sweeping; counts active locks each count
+/// interval.
 async fn monitor(
     shards: Vec<Arc<Shard>>,
     fingerprint: String,
-    interval: Duration,
+    every: Intervals,
     cancel: CancellationToken,
 ) {
     let fresh = RingMeta {
         epoch: 1,
         ring: fingerprint.clone(),
     };
+    let mut last_count: Option<std::time::Instant> = None;
     loop {
+        join_all(shards.iter().map(|s| s.conn.check_members())).await;
         let probes = join_all(shards.iter().map(|s| s.read_ring())).await;
         let mut states = Vec::with_capacity(shards.len());
         for (shard, probe) in shards.iter().zip(probes) {
@@ -205,8 +215,18 @@ async fn monitor(
         for shard in &shards {
             m::session_leases(&shard.name, shard.sessions.sweep(Duration::from_secs(60)));
         }
+        if last_count.is_none_or(|t| t.elapsed() >= every.count) {
+            last_count = Some(std::time::Instant::now());
+            let up = shards.iter().filter(|s| s.conn.is_up());
+            let counts = join_all(up.map(|s| async move { (s, s.count_locks().await) })).await;
+            for (shard, count) in counts {
+                if let Ok(n) = count {
+                    m::active_locks(&shard.name, n);
+                }
+            }
+        }
         tokio::select! {
-            _ = tokio::time::sleep(interval) => {}
+            _ = tokio::time::sleep(every.health) => {}
             _ = cancel.cancelled() => return,
         }
     }

@@ -181,3 +181,65 @@ async fn a_router_with_another_ring_refuses_to_grant() {
     assert_eq!(api.release(&lock).await.status, 204);
     stop.cancel();
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_three_member_shard_survives_losing_a_member() {
+    let mut cluster = EtcdCluster::start(3);
+    let toml = config_toml(&[&cluster], "127.0.0.1:0", "count_interval_ms = 200");
+    let router = TestRouter::with_toml(&toml).await;
+    let api = &router.api;
+    let mut locks = Vec::new();
+    for i in 0..5 {
+        locks.push(api.must_acquire(&format!("m{i}"), 10_000, "A").await);
+    }
+    cluster.kill_member(0);
+    // After at most an election, grants, renewals and releases go on.
+    let deadline = Instant::now() + Duration::from_secs(15);
+    let mut i = 0;
+    while i < 5 {
+        let r = api.acquire(&format!("after-{i}"), 10_000, "A").await;
+        if r.body["acquired"] == true {
+            i += 1;
+            continue;
+        }
+        assert!(r.status == 503 && Instant::now() < deadline, "{r:?}");
+        sleep_ms(100).await;
+    }
+    // Calls routed to the dead member may fail until the router's next
+    // member probe takes it out of rotation; then everything succeeds.
+    for lock in &locks {
+        loop {
+            let r = api.renew(lock).await;
+            if r.status == 200 {
+                break;
+            }
+            assert!(r.status == 503 && Instant::now() < deadline, "{r:?}");
+            sleep_ms(100).await;
+        }
+    }
+    assert_eq!(api.release(&locks[0]).await.status, 204);
+    // The active-lock gauge counts what etcd holds: 4 + 5.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let text = api
+            .http
+            .get(format!("{}/metrics", api.base))
+            .send()
+            .await
+            .unwrap()
+            .text()
+            .await
+            .unwrap();
+        if text
+            .lines()
+            .any(|l| l.starts_with("lockrouter_active_locks{shard=\"a\"} 9"))
+        {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "no active-lock gauge of 9 in:\n{text}"
+        );
+        sleep_ms(200).await;
+    }
+}

@@ -104,7 +104,12 @@ async fn handle(
 ) -> Result<Response<Full<Bytes>>, Infallible> {
     let started = Instant::now();
     let op = op_of(req.method(), req.uri().path(), kind);
-    let span = tracing::debug_span!("request", op, outcome = tracing::field::Empty);
+    let span = tracing::debug_span!(
+        "request",
+        op,
+        shard = tracing::field::Empty,
+        outcome = tracing::field::Empty
+    );
     let result = route(&state, op, req).instrument(span.clone()).await;
     let (resp, outcome) = match result {
         Ok(ok) => ok,

@@ -155,6 +155,14 @@ impl EtcdCluster {
         }
     }
 
+    /// Kills one member (SIGKILL), keeping its data.
+    pub fn kill_member(&mut self, i: usize) {
+        if let Some(mut c) = self.members[i].child.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+
     /// Starts every member again on the same ports and data.
     pub fn restart(&mut self) {
         self.kill();
