@@ -1,0 +1,301 @@
+//! [`Client`]: one identity (client id) talking to a lockrouter, with one
+//! background renewal task for all the locks it holds.
+
+use std::future::Future;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::sync::{mpsc, watch};
+use tokio::time::Instant;
+
+use crate::error::Error;
+use crate::lock::{Lock, LockHandle, Shared, Status};
+use crate::renewal::{Command, RenewalTask};
+use crate::transport::{LockRef, Transport};
+use crate::validity;
+
+/// A connection to a lockrouter under one client id. Cheap to clone: clones
+/// share the connection pool, the id and the renewal task.
+///
+/// Every lock a client holds rides on the router's session lease for
+/// (client id, TTL, shard): renewing one renews them all, and re-acquiring a
+/// name the client already holds returns the same lock. Use one client id
+/// per process (or per independent worker), never one shared by processes.
+///
+/// ```no_run
+/// # async fn demo() -> Result<(), lockrouter_client::Error> {
+/// use std::time::Duration;
+/// use lockrouter_client::Client;
+///
+/// let client = Client::new("http://127.0.0.1:8080", Some("worker-7"))?;
+/// match client.acquire("nightly-report", Duration::from_secs(30)).await? {
+///     Some(lock) => {
+///         // ... the work, sending lock.fencing_token() with every write ...
+///         lock.release().await?;
+///     }
+///     None => println!("another worker is on it"),
+/// }
+/// # Ok(()) }
+/// ```
+#[derive(Clone)]
+pub struct Client {
+    pub(crate) inner: Arc<Inner>,
+}
+
+pub(crate) struct Inner {
+    pub transport: Transport,
+    pub client_id: String,
+    pub margin: Option<Duration>,
+    pub request_timeout: Duration,
+    /// To the renewal task; the task ends when the last sender (held by
+    /// clients and locks) is dropped.
+    pub commands: mpsc::UnboundedSender<Command>,
+    /// Numbers the locks within the renewal task.
+    next_key: AtomicU64,
+}
+
+/// Settings for a [`Client`] beyond the router URL.
+///
+/// ```no_run
+/// # fn demo() -> Result<(), lockrouter_client::Error> {
+/// use std::time::Duration;
+/// let client = lockrouter_client::Client::builder("http://127.0.0.1:8080")
+///     .client_id("billing-worker-3")
+///     .safety_margin(Duration::from_secs(2))
+///     .request_timeout(Duration::from_secs(3))
+///     .build()?;
+/// # Ok(()) }
+/// ```
+#[derive(Debug, Clone)]
+pub struct ClientBuilder {
+    base_url: String,
+    client_id: Option<String>,
+    margin: Option<Duration>,
+    request_timeout: Duration,
+}
+
+impl ClientBuilder {
+    /// The id the router knows this client by (1 to 256 bytes, no control
+    /// characters). Default: a random 128-bit id.
+    pub fn client_id(mut self, id: impl Into<String>) -> Self {
+        self.client_id = Some(id.into());
+        self
+    }
+
+    /// How much earlier than the router's reported expiry a lock counts as
+    /// lost. Default: a tenth of the lock's TTL. Never below 100 ms.
+    pub fn safety_margin(mut self, margin: Duration) -> Self {
+        self.margin = Some(margin);
+        self
+    }
+
+    /// How long one request may take before it counts as failed. Default
+    /// 5 s; renewals also stop waiting after a third of the TTL.
+    pub fn request_timeout(mut self, timeout: Duration) -> Self {
+        self.request_timeout = timeout;
+        self
+    }
+
+    /// Builds the client and starts its renewal task. Must be called within
+    /// a tokio runtime.
+    pub fn build(self) -> Result<Client, Error> {
+        let runtime = tokio::runtime::Handle::try_current()
+            .map_err(|_| Error::Config("a Client must be built inside a tokio runtime".into()))?;
+        let transport = Transport::new(&self.base_url)?;
+        let client_id = match self.client_id {
+            Some(id) if id.is_empty() => return Err(Error::Config("empty client id".into())),
+            Some(id) => id,
+            None => random_id()?,
+        };
+        let (commands, rx) = mpsc::unbounded_channel();
+        runtime.spawn(RenewalTask::new(transport.clone(), self.request_timeout, rx).run());
+        Ok(Client {
+            inner: Arc::new(Inner {
+                transport,
+                client_id,
+                margin: self.margin,
+                request_timeout: self.request_timeout,
+                commands,
+                next_key: AtomicU64::new(0),
+            }),
+        })
+    }
+}
+
+impl Client {
+    /// A client of the router at `base_url` (`http://host:port`), under
+    /// `client_id`, or a random id if `None`. Must be called within a tokio
+    /// runtime (it starts the renewal task).
+    pub fn new(base_url: &str, client_id: Option<&str>) -> Result<Self, Error> {
+        let mut b = Self::builder(base_url);
+        if let Some(id) = client_id {
+            b = b.client_id(id);
+        }
+        b.build()
+    }
+
+    /// A [`ClientBuilder`] for `base_url`, to set more than the client id.
+    pub fn builder(base_url: &str) -> ClientBuilder {
+        ClientBuilder {
+            base_url: base_url.to_string(),
+            client_id: None,
+            margin: None,
+            request_timeout: Duration::from_secs(5),
+        }
+    }
+
+    /// The id the router knows this client by.
+    pub fn client_id(&self) -> &str {
+        &self.inner.client_id
+    }
+
+    /// Tries once to acquire `name` for `ttl` (at least 2 s; etcd rounds
+    /// up to whole seconds). `Ok(None)` means another client holds it.
+    ///
+    /// The returned [`Lock`] is renewed in the background until released or
+    /// dropped. An acquire is idempotent for the same client id, so after a
+    /// [`Error::Transport`] it is safe to call again: if the first attempt
+    /// did get the lock, the retry returns that same grant.
+    pub async fn acquire(&self, name: &str, ttl: Duration) -> Result<Option<Lock>, Error> {
+        let ttl_ms = u64::try_from(ttl.as_millis())
+            .ok()
+            .filter(|ms| *ms > 0)
+            .ok_or_else(|| Error::Config(format!("ttl {ttl:?} out of range")))?;
+        let inner = &self.inner;
+        let sent_at = Instant::now();
+        let answer = inner
+            .transport
+            .acquire(name, ttl_ms, &inner.client_id, inner.request_timeout)
+            .await?;
+        if !answer.acquired {
+            return Ok(None);
+        }
+        let (Some(lock_id), Some(fencing_token), Some(expires_in_ms)) =
+            (answer.lock_id, answer.fencing_token, answer.expires_in_ms)
+        else {
+            return Err(Error::Router {
+                status: 200,
+                code: "malformed_answer".into(),
+                message: "acquired without lockId, fencingToken or expiresInMs".into(),
+            });
+        };
+        let margin = validity::margin(ttl, inner.margin);
+        let valid_until =
+            validity::valid_until(sent_at, Duration::from_millis(expires_in_ms), margin);
+        let (status, _) = watch::channel(Status {
+            valid_until,
+            lost: None,
+        });
+        let shared = Arc::new(Shared {
+            key: inner.next_key.fetch_add(1, Ordering::Relaxed),
+            name: name.to_string(),
+            lock_ref: LockRef {
+                lock_id,
+                fencing_token,
+            },
+            ttl,
+            margin,
+            status,
+        });
+        // If the task is gone the lock is never renewed and is lost when its
+        // validity runs out, which `lost()` reports by the clock alone.
+        let _ = inner.commands.send(Command::Track(shared.clone()));
+        Ok(Some(Lock::new(shared, self.clone())))
+    }
+
+    /// Client-side polling: tries [`acquire`](Self::acquire) every
+    /// `every` (with jitter) until it succeeds or `wait` has passed.
+    ///
+    /// This is not the router's waiting acquire (`waitMs`, which will queue
+    /// callers in FIFO order once the router supports it): polling clients
+    /// get no ordering and each attempt is a request. Transport errors and
+    /// 503s during the wait are retried; other errors end it.
+    pub async fn acquire_polling(
+        &self,
+        name: &str,
+        ttl: Duration,
+        wait: Duration,
+        every: Duration,
+    ) -> Result<Option<Lock>, Error> {
+        let deadline = Instant::now() + wait;
+        loop {
+            let last = match self.acquire(name, ttl).await {
+                Ok(Some(lock)) => return Ok(Some(lock)),
+                Ok(None) => Ok(None),
+                Err(e) if e.is_retryable() => Err(e),
+                Err(e) => return Err(e),
+            };
+            let ms = every.as_millis().max(1) as u64;
+            let pause = Duration::from_millis(fastrand::u64(ms / 2..=ms + ms / 2));
+            if Instant::now() + pause >= deadline {
+                return last;
+            }
+            tokio::time::sleep(pause).await;
+        }
+    }
+
+    /// Runs the future `work` returns while holding `name`, and releases the
+    /// lock afterwards. If the lock is lost first, the work is cancelled
+    /// (dropped at its next `.await`) and the call returns [`Error::Lost`];
+    /// if another client holds the name, [`Error::NotAcquired`].
+    ///
+    /// Cancellation is cooperative and happens only at `.await` points, and
+    /// a write already on its way to the resource cannot be called back:
+    /// pass [`LockHandle::fencing_token`] with every write so the resource
+    /// can reject a stale one.
+    ///
+    /// ```no_run
+    /// # async fn demo(client: lockrouter_client::Client) -> Result<(), lockrouter_client::Error> {
+    /// use std::time::Duration;
+    /// let rows = client
+    ///     .with_lock("process_order:42", Duration::from_secs(30), |lock| async move {
+    ///         // write_order(42, lock.fencing_token()).await
+    ///         lock.fencing_token()
+    ///     })
+    ///     .await?;
+    /// # Ok(()) }
+    /// ```
+    pub async fn with_lock<T, F, Fut>(&self, name: &str, ttl: Duration, work: F) -> Result<T, Error>
+    where
+        F: FnOnce(LockHandle) -> Fut,
+        Fut: Future<Output = T>,
+    {
+        let lock = self
+            .acquire(name, ttl)
+            .await?
+            .ok_or_else(|| Error::NotAcquired {
+                name: name.to_string(),
+            })?;
+        let lost = lock.lost();
+        let work = work(lock.handle());
+        tokio::select! {
+            // If both are ready, losing wins: the result cannot be trusted.
+            biased;
+            reason = lost => Err(Error::Lost { name: name.to_string(), reason }),
+            out = work => {
+                if let Err(e) = lock.release().await {
+                    tracing::warn!(error = %e, name, "release after with_lock failed; the lock will expire");
+                }
+                Ok(out)
+            }
+        }
+    }
+}
+
+impl std::fmt::Debug for Client {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Client")
+            .field("client_id", &self.inner.client_id)
+            .finish()
+    }
+}
+
+/// 128 random bits from the OS: two processes sharing a client id would
+/// share locks, so a guessable or colliding id is not acceptable.
+fn random_id() -> Result<String, Error> {
+    let mut bytes = [0u8; 16];
+    getrandom::getrandom(&mut bytes)
+        .map_err(|e| Error::Config(format!("no randomness for a client id: {e}")))?;
+    Ok(bytes.iter().map(|b| format!("{b:02x}")).collect())
+}

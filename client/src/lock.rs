@@ -1,0 +1,384 @@
+//! A held lock: its identity (name, lockId, fencing token), its validity as
+//! the client's own clock judges it, and the "lost" signal.
+//!
+//! State lives in a `watch` channel shared by the [`Lock`], its
+//! [`LockHandle`]s and the client's renewal task: the task moves
+//! `valid_until` forward on each confirmed renewal and records why a lock
+//! was lost; readers also compare `valid_until` with the clock themselves,
+//! so a lock is lost on time even if the renewal task is starved or the
+//! router is unreachable.
+
+use std::future::Future;
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::sync::watch;
+use tokio::time::Instant;
+
+use crate::client::Client;
+use crate::error::{Error, LostReason};
+use crate::renewal::Command;
+use crate::transport::LockRef;
+
+/// Validity as last confirmed, and why the lock was lost once it is.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Status {
+    pub valid_until: Instant,
+    pub lost: Option<LostReason>,
+}
+
+/// What every view of one lock shares.
+pub(crate) struct Shared {
+    /// Identifies the lock within its client's renewal task.
+    pub key: u64,
+    pub name: String,
+    pub lock_ref: LockRef,
+    pub ttl: Duration,
+    pub margin: Duration,
+    pub status: watch::Sender<Status>,
+}
+
+impl Shared {
+    /// Records that the lock is lost; the first reason wins.
+    pub fn mark_lost(&self, reason: LostReason) -> bool {
+        self.status.send_if_modified(|s| {
+            if s.lost.is_some() {
+                return false;
+            }
+            s.lost = Some(reason);
+            true
+        })
+    }
+
+    /// Moves validity forward (never back) after a confirmed renewal. A lock
+    /// already lost stays lost: a late answer cannot revive it.
+    pub fn confirm(&self, valid_until: Instant) {
+        let now = Instant::now();
+        self.status.send_if_modified(|s| {
+            if s.lost.is_some() {
+                return false;
+            }
+            if now >= s.valid_until {
+                // Validity ran out before this answer arrived: the lock
+                // already counted as lost, even if nobody looked.
+                s.lost = Some(LostReason::Unconfirmed);
+                return true;
+            }
+            if valid_until <= s.valid_until {
+                return false;
+            }
+            s.valid_until = valid_until;
+            true
+        });
+    }
+
+    pub fn current(&self) -> Status {
+        *self.status.borrow()
+    }
+
+    /// Lost by a recorded reason, or by the clock.
+    pub fn lost_now(&self) -> Option<LostReason> {
+        let s = self.current();
+        match s.lost {
+            Some(r) => Some(r),
+            None if Instant::now() >= s.valid_until => {
+                self.mark_lost(LostReason::Unconfirmed);
+                self.current().lost
+            }
+            None => None,
+        }
+    }
+}
+
+/// A lock held through a [`Client`]. The client's background task renews it
+/// until it is released or lost.
+///
+/// Dropping a `Lock` releases it (best effort: the drop only hands the
+/// release to the renewal task and never blocks); call
+/// [`release`](Self::release) to know when and whether it happened.
+///
+/// ```no_run
+/// # async fn demo() -> Result<(), lockrouter_client::Error> {
+/// use std::time::Duration;
+/// let client = lockrouter_client::Client::new("http://127.0.0.1:8080", None)?;
+/// if let Some(lock) = client.acquire("process_order:42", Duration::from_secs(30)).await? {
+///     println!("holding {} with token {}", lock.name(), lock.fencing_token());
+///     // ... write to the resource, passing lock.fencing_token() ...
+///     lock.release().await?;
+/// }
+/// # Ok(()) }
+/// ```
+pub struct Lock {
+    handle: LockHandle,
+    client: Client,
+    /// Set once `release` took over, so the drop does nothing more.
+    released: bool,
+}
+
+/// A cloneable, read-only view of a [`Lock`]: identity, validity and the
+/// lost signal. Holding one does not keep the lock: the lock is released
+/// when its [`Lock`] is released or dropped.
+#[derive(Clone)]
+pub struct LockHandle {
+    shared: Arc<Shared>,
+}
+
+impl Lock {
+    pub(crate) fn new(shared: Arc<Shared>, client: Client) -> Self {
+        Self {
+            handle: LockHandle { shared },
+            client,
+            released: false,
+        }
+    }
+
+    /// The lock's name.
+    pub fn name(&self) -> &str {
+        self.handle.name()
+    }
+
+    /// The fencing token of this grant: larger than every earlier grant's
+    /// of the same name. Send it with every write to the protected resource
+    /// (see [`fencing`](crate::fencing)).
+    pub fn fencing_token(&self) -> u64 {
+        self.handle.fencing_token()
+    }
+
+    /// The router's opaque id of this grant.
+    pub fn lock_id(&self) -> &str {
+        self.handle.lock_id()
+    }
+
+    /// The TTL the lock was acquired with.
+    pub fn ttl(&self) -> Duration {
+        self.handle.ttl()
+    }
+
+    /// True while the client can prove the lock is held: not lost, and its
+    /// validity (by this process's monotonic clock) has not run out. A
+    /// process can pause right after this returns true; only the resource's
+    /// fencing check is safe against that.
+    pub fn is_held(&self) -> bool {
+        self.handle.is_held()
+    }
+
+    /// Time left before validity runs out, as of the last confirmed renewal
+    /// (zero once lost).
+    pub fn time_left(&self) -> Duration {
+        self.handle.time_left()
+    }
+
+    /// Resolves once the lock can no longer be trusted, with the reason:
+    /// the router said it expired or was taken, the client's clock passed
+    /// its validity without a confirmed renewal, or it was released. The
+    /// future owns what it needs (`'static`), so it can be spawned or
+    /// raced against work with `tokio::select!`.
+    ///
+    /// ```no_run
+    /// # async fn demo(lock: lockrouter_client::Lock) {
+    /// tokio::select! {
+    ///     reason = lock.lost() => eprintln!("stop: lock lost ({reason})"),
+    ///     _ = async { /* the work */ } => {}
+    /// }
+    /// # }
+    /// ```
+    pub fn lost(&self) -> impl Future<Output = LostReason> + Send + 'static {
+        self.handle.lost()
+    }
+
+    /// A cloneable view of this lock to hand to other tasks.
+    pub fn handle(&self) -> LockHandle {
+        self.handle.clone()
+    }
+
+    /// Stops renewing and releases the lock at the router. After an `Ok`,
+    /// the name is not held under this lock's id. An error means the router
+    /// could not confirm it; the lock then frees itself when its TTL runs
+    /// out, since it is no longer renewed.
+    pub async fn release(mut self) -> Result<(), Error> {
+        self.released = true;
+        let shared = &self.handle.shared;
+        shared.mark_lost(LostReason::Released);
+        let _ = self.client.inner.commands.send(Command::Forget {
+            key: shared.key,
+            release: false,
+        });
+        self.client
+            .inner
+            .transport
+            .release(&shared.lock_ref, self.client.inner.request_timeout)
+            .await
+    }
+}
+
+impl Drop for Lock {
+    fn drop(&mut self) {
+        if self.released {
+            return;
+        }
+        let shared = &self.handle.shared;
+        shared.mark_lost(LostReason::Released);
+        // Unbounded send never blocks; if the task is gone (runtime shutting
+        // down) the lock simply expires at the router.
+        let _ = self.client.inner.commands.send(Command::Forget {
+            key: shared.key,
+            release: true,
+        });
+    }
+}
+
+impl std::fmt::Debug for Lock {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        self.handle.fmt(f)
+    }
+}
+
+impl LockHandle {
+    /// The lock's name.
+    pub fn name(&self) -> &str {
+        &self.shared.name
+    }
+
+    /// The grant's fencing token; see [`Lock::fencing_token`].
+    pub fn fencing_token(&self) -> u64 {
+        self.shared.lock_ref.fencing_token
+    }
+
+    /// The router's opaque id of this grant.
+    pub fn lock_id(&self) -> &str {
+        &self.shared.lock_ref.lock_id
+    }
+
+    /// The TTL the lock was acquired with.
+    pub fn ttl(&self) -> Duration {
+        self.shared.ttl
+    }
+
+    /// See [`Lock::is_held`].
+    pub fn is_held(&self) -> bool {
+        self.shared.lost_now().is_none()
+    }
+
+    /// See [`Lock::time_left`].
+    pub fn time_left(&self) -> Duration {
+        match self.shared.lost_now() {
+            Some(_) => Duration::ZERO,
+            None => self
+                .shared
+                .current()
+                .valid_until
+                .saturating_duration_since(Instant::now()),
+        }
+    }
+
+    /// See [`Lock::lost`].
+    pub fn lost(&self) -> impl Future<Output = LostReason> + Send + 'static {
+        let shared = self.shared.clone();
+        let mut rx = shared.status.subscribe();
+        async move {
+            loop {
+                let status = *rx.borrow_and_update();
+                if let Some(reason) = status.lost {
+                    return reason;
+                }
+                tokio::select! {
+                    _ = tokio::time::sleep_until(status.valid_until) => {
+                        if let Some(reason) = shared.lost_now() {
+                            return reason;
+                        }
+                    }
+                    // The sender lives in `shared`, which this future owns,
+                    // so `changed` cannot fail while we wait.
+                    _ = rx.changed() => {}
+                }
+            }
+        }
+    }
+}
+
+impl std::fmt::Debug for LockHandle {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let s = self.shared.current();
+        f.debug_struct("Lock")
+            .field("name", &self.shared.name)
+            .field("fencing_token", &self.shared.lock_ref.fencing_token)
+            .field("lost", &s.lost)
+            .finish()
+    }
+}
+
+#[cfg(test)]
+pub(crate) mod tests {
+    use super::*;
+
+    pub(crate) fn shared(key: u64, ttl: Duration, valid_for: Duration) -> Arc<Shared> {
+        let (status, _) = watch::channel(Status {
+            valid_until: Instant::now() + valid_for,
+            lost: None,
+        });
+        Arc::new(Shared {
+            key,
+            name: format!("lock-{key}"),
+            lock_ref: LockRef {
+                lock_id: format!("id-{key}"),
+                fencing_token: key + 1,
+            },
+            ttl,
+            margin: Duration::from_millis(100),
+            status,
+        })
+    }
+
+    fn handle(valid_for: Duration) -> LockHandle {
+        LockHandle {
+            shared: shared(1, Duration::from_secs(30), valid_for),
+        }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn lost_fires_when_validity_runs_out_and_not_before() {
+        let h = handle(Duration::from_secs(10));
+        let start = Instant::now();
+        tokio::time::sleep(Duration::from_millis(9_999)).await;
+        assert!(h.is_held());
+        assert_eq!(h.lost().await, LostReason::Unconfirmed);
+        assert_eq!(Instant::now() - start, Duration::from_secs(10));
+        assert!(!h.is_held());
+        assert_eq!(h.time_left(), Duration::ZERO);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_confirmed_renewal_moves_validity_forward_never_back() {
+        let h = handle(Duration::from_secs(10));
+        let start = Instant::now();
+        let shared = h.shared.clone();
+        tokio::spawn(async move {
+            tokio::time::sleep(Duration::from_secs(5)).await;
+            shared.confirm(Instant::now() + Duration::from_secs(10));
+            // An older, shorter answer arriving later changes nothing.
+            shared.confirm(Instant::now() + Duration::from_secs(1));
+        });
+        assert_eq!(h.lost().await, LostReason::Unconfirmed);
+        assert_eq!(Instant::now() - start, Duration::from_secs(15));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_late_confirmation_cannot_revive_a_lost_lock() {
+        let h = handle(Duration::from_secs(10));
+        // Nobody looks while validity runs out (as in a paused process).
+        tokio::time::sleep(Duration::from_secs(11)).await;
+        h.shared.confirm(Instant::now() + Duration::from_secs(10));
+        assert!(!h.is_held());
+        assert_eq!(h.lost().await, LostReason::Unconfirmed);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_refusal_is_lost_at_once_and_the_first_reason_stays() {
+        let h = handle(Duration::from_secs(10));
+        let start = Instant::now();
+        h.shared.mark_lost(LostReason::Stolen);
+        h.shared.mark_lost(LostReason::Released);
+        assert_eq!(h.lost().await, LostReason::Stolen);
+        assert_eq!(Instant::now(), start);
+    }
+}

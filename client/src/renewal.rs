@@ -1,0 +1,400 @@
+//! The client's one background renewal task: it renews every held lock of
+//! its client with `renew-batch` calls (up to 1,000 locks each), so the
+//! number of requests grows with the number of clients, not of locks.
+//!
+//! Each lock is due a third of its TTL after its last confirmed renewal.
+//! When any lock is due, every lock due within the next half interval rides
+//! along, so locks taken at different moments fall into step and share one
+//! request per interval. A refusal (`expired`, `stolen`) marks that lock lost
+//! at once; transport errors, 5xx answers and per-item `shard_unavailable`
+//! are retried with backoff and jitter until the lock's validity runs out,
+//! and then it is lost. If the router rejects a whole batch as malformed
+//! (4xx), the locks are renewed one by one, so one bad lock cannot keep the
+//! others from being renewed.
+//!
+//! The task ends when every [`Client`](crate::Client) and
+//! [`Lock`](crate::Lock) of its client is gone (its command channel closes),
+//! after finishing the releases it was handed.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures::future::{join_all, BoxFuture};
+use futures::stream::{FuturesUnordered, StreamExt};
+use tokio::sync::mpsc;
+use tokio::time::Instant;
+
+use crate::error::LostReason;
+use crate::lock::Shared;
+use crate::transport::{LockRef, Renewed, Transport};
+use crate::validity;
+
+/// The most locks one `renew-batch` call may carry (the API's limit).
+pub const MAX_BATCH: usize = 1_000;
+
+/// Longest pause between retries of a failed renewal.
+const MAX_BACKOFF: Duration = Duration::from_secs(2);
+
+/// Messages from clients and locks to the task.
+pub(crate) enum Command {
+    /// Start renewing a lock that was just acquired.
+    Track(Arc<Shared>),
+    /// Stop renewing a lock; also release it at the router if `release`
+    /// (a dropped lock hands its release to the task).
+    Forget { key: u64, release: bool },
+}
+
+/// One tracked lock.
+struct Entry {
+    shared: Arc<Shared>,
+    interval: Duration,
+    /// When the next renewal should be sent.
+    next_due: Instant,
+    /// Consecutive failed attempts, for backoff.
+    failures: u32,
+    /// A renewal for it is on the wire; do not send another.
+    in_flight: bool,
+}
+
+/// What became of one lock's renewal attempt.
+enum Outcome {
+    Renewed { expires_in: Duration },
+    Lost(LostReason),
+    Retry,
+}
+
+/// A finished background request.
+enum Done {
+    Renewals {
+        sent_at: Instant,
+        outcomes: Vec<(u64, Outcome)>,
+    },
+    Released,
+}
+
+pub(crate) struct RenewalTask {
+    transport: Transport,
+    request_timeout: Duration,
+    commands: mpsc::UnboundedReceiver<Command>,
+    entries: HashMap<u64, Entry>,
+    in_flight: FuturesUnordered<BoxFuture<'static, Done>>,
+}
+
+impl RenewalTask {
+    pub fn new(
+        transport: Transport,
+        request_timeout: Duration,
+        commands: mpsc::UnboundedReceiver<Command>,
+    ) -> Self {
+        Self {
+            transport,
+            request_timeout,
+            commands,
+            entries: HashMap::new(),
+            in_flight: FuturesUnordered::new(),
+        }
+    }
+
+    pub async fn run(mut self) {
+        loop {
+            let wake = self.next_wake();
+            tokio::select! {
+                cmd = self.commands.recv() => match cmd {
+                    Some(cmd) => self.command(cmd),
+                    None => break,
+                },
+                Some(done) = self.in_flight.next() => self.finished(done),
+                _ = sleep_until_opt(wake) => self.tick(),
+            }
+        }
+        // Every handle is gone: finish the releases already on the wire.
+        while self.in_flight.next().await.is_some() {}
+    }
+
+    fn command(&mut self, cmd: Command) {
+        match cmd {
+            Command::Track(shared) => {
+                let interval = validity::renew_interval(shared.ttl);
+                self.entries.insert(
+                    shared.key,
+                    Entry {
+                        shared,
+                        interval,
+                        next_due: Instant::now() + interval,
+                        failures: 0,
+                        in_flight: false,
+                    },
+                );
+            }
+            Command::Forget { key, release } => {
+                let Some(entry) = self.entries.remove(&key) else {
+                    return;
+                };
+                if release {
+                    let transport = self.transport.clone();
+                    let lock = entry.shared.lock_ref.clone();
+                    let timeout = self.request_timeout;
+                    self.in_flight.push(Box::pin(async move {
+                        if let Err(e) = transport.release(&lock, timeout).await {
+                            tracing::debug!(error = %e, "release of a dropped lock failed; it will expire");
+                        }
+                        Done::Released
+                    }));
+                }
+            }
+        }
+    }
+
+    /// The earliest moment something is due: a renewal, or a validity that
+    /// runs out.
+    fn next_wake(&self) -> Option<Instant> {
+        self.entries
+            .values()
+            .map(|e| {
+                let until = e.shared.current().valid_until;
+                if e.in_flight {
+                    until
+                } else {
+                    e.next_due.min(until)
+                }
+            })
+            .min()
+    }
+
+    fn tick(&mut self) {
+        let now = Instant::now();
+        self.entries.retain(|_, e| e.shared.lost_now().is_none());
+        if !self
+            .entries
+            .values()
+            .any(|e| !e.in_flight && e.next_due <= now)
+        {
+            return;
+        }
+        // Everything due soon rides along with what is due now.
+        let mut batch: Vec<u64> = self
+            .entries
+            .iter()
+            .filter(|(_, e)| !e.in_flight && e.next_due <= now + e.interval / 2)
+            .map(|(k, _)| *k)
+            .collect();
+        batch.sort_unstable();
+        for chunk in batch.chunks(MAX_BATCH) {
+            self.send(chunk);
+        }
+    }
+
+    fn send(&mut self, keys: &[u64]) {
+        let mut locks = Vec::with_capacity(keys.len());
+        // No point waiting for an answer past the interval: a later attempt
+        // has a better chance.
+        let mut timeout = self.request_timeout;
+        for key in keys {
+            if let Some(e) = self.entries.get_mut(key) {
+                e.in_flight = true;
+                timeout = timeout.min(e.interval.max(Duration::from_millis(500)));
+                locks.push((*key, e.shared.lock_ref.clone()));
+            }
+        }
+        let transport = self.transport.clone();
+        self.in_flight.push(Box::pin(async move {
+            let sent_at = Instant::now();
+            let outcomes = renew(&transport, locks, timeout).await;
+            Done::Renewals { sent_at, outcomes }
+        }));
+    }
+
+    fn finished(&mut self, done: Done) {
+        let Done::Renewals { sent_at, outcomes } = done else {
+            return;
+        };
+        let now = Instant::now();
+        for (key, outcome) in outcomes {
+            // A lock forgotten meanwhile (released) is no longer ours.
+            let Some(e) = self.entries.get_mut(&key) else {
+                continue;
+            };
+            e.in_flight = false;
+            match outcome {
+                Outcome::Renewed { expires_in } => {
+                    e.failures = 0;
+                    e.next_due = sent_at + e.interval;
+                    e.shared.confirm(validity::valid_until(
+                        sent_at,
+                        expires_in,
+                        e.shared.margin,
+                    ));
+                }
+                Outcome::Lost(reason) => {
+                    e.shared.mark_lost(reason);
+                    self.entries.remove(&key);
+                }
+                Outcome::Retry => {
+                    e.failures += 1;
+                    let cap = MAX_BACKOFF.min(e.interval);
+                    e.next_due = now + validity::backoff(e.failures, cap);
+                }
+            }
+        }
+    }
+}
+
+async fn sleep_until_opt(at: Option<Instant>) {
+    match at {
+        Some(at) => tokio::time::sleep_until(at).await,
+        None => std::future::pending().await,
+    }
+}
+
+/// Renews `locks` with one `renew-batch` call; if the router rejects the
+/// batch itself (4xx), renews each lock on its own instead.
+async fn renew(
+    transport: &Transport,
+    locks: Vec<(u64, LockRef)>,
+    timeout: Duration,
+) -> Vec<(u64, Outcome)> {
+    let refs: Vec<LockRef> = locks.iter().map(|(_, l)| l.clone()).collect();
+    match transport.renew_batch(&refs, timeout).await {
+        Ok(results) => locks
+            .iter()
+            .zip(results)
+            .map(|((key, _), r)| (*key, outcome(&r)))
+            .collect(),
+        Err(e) if e.is_retryable() => {
+            tracing::debug!(error = %e, locks = locks.len(), "renewal failed; will retry");
+            locks.iter().map(|(k, _)| (*k, Outcome::Retry)).collect()
+        }
+        Err(e) => {
+            tracing::warn!(error = %e, "renew-batch refused; renewing one by one");
+            join_all(locks.iter().map(|(key, lock)| async move {
+                let o = match transport.renew(lock, timeout).await {
+                    Ok(r) => outcome(&r),
+                    Err(e) if e.is_retryable() => Outcome::Retry,
+                    Err(e) => {
+                        tracing::warn!(error = %e, "the router refused to renew a lock");
+                        Outcome::Lost(LostReason::Refused)
+                    }
+                };
+                (*key, o)
+            }))
+            .await
+        }
+    }
+}
+
+fn outcome(r: &Renewed) -> Outcome {
+    match (r.renewed, r.expires_in_ms, r.reason.as_deref()) {
+        (true, Some(ms), _) => Outcome::Renewed {
+            expires_in: Duration::from_millis(ms),
+        },
+        (false, _, Some("expired")) => Outcome::Lost(LostReason::Expired),
+        (false, _, Some("stolen")) => Outcome::Lost(LostReason::Stolen),
+        // shard_unavailable, or anything this client does not know yet:
+        // nothing proves the lock gone, so try again while it is valid.
+        _ => Outcome::Retry,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::lock::tests::shared;
+
+    fn task() -> RenewalTask {
+        let (_tx, rx) = mpsc::unbounded_channel();
+        // Port 9 (discard) on loopback: nothing here is ever sent.
+        let transport = Transport::new("http://127.0.0.1:9").unwrap();
+        RenewalTask::new(transport, Duration::from_secs(5), rx)
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn locks_due_close_together_share_one_batch_split_at_the_limit() {
+        let mut task = task();
+        let ttl = Duration::from_secs(30);
+        for key in 0..2_500 {
+            task.command(Command::Track(shared(key, ttl, ttl)));
+            // Acquired over 2.5 s: all within half an interval (5 s) of the first.
+            tokio::time::advance(Duration::from_millis(1)).await;
+        }
+        task.tick();
+        assert!(task.in_flight.is_empty(), "nothing is due yet");
+        tokio::time::advance(Duration::from_secs(10)).await;
+        task.tick();
+        assert_eq!(task.in_flight.len(), 3, "2,500 locks in batches of 1,000");
+        assert!(task.entries.values().all(|e| e.in_flight));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_lock_due_much_later_waits_for_its_own_turn() {
+        let mut task = task();
+        let ttl = Duration::from_secs(30);
+        task.command(Command::Track(shared(1, ttl, ttl)));
+        tokio::time::advance(Duration::from_secs(8)).await;
+        task.command(Command::Track(shared(2, ttl, ttl)));
+        tokio::time::advance(Duration::from_secs(2)).await;
+        task.tick();
+        assert_eq!(task.in_flight.len(), 1);
+        assert!(task.entries[&1].in_flight);
+        assert!(!task.entries[&2].in_flight);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn outcomes_confirm_lose_or_back_off() {
+        let mut task = task();
+        let ttl = Duration::from_secs(30);
+        for key in 0..3 {
+            task.command(Command::Track(shared(key, ttl, ttl)));
+        }
+        let handles: Vec<_> = task.entries.values().map(|e| e.shared.clone()).collect();
+        let sent_at = Instant::now();
+        task.finished(Done::Renewals {
+            sent_at,
+            outcomes: vec![
+                (
+                    0,
+                    Outcome::Renewed {
+                        expires_in: Duration::from_secs(60),
+                    },
+                ),
+                (1, Outcome::Lost(LostReason::Expired)),
+                (2, Outcome::Retry),
+            ],
+        });
+        let by_key = |k: u64| handles.iter().find(|s| s.key == k).unwrap();
+        assert_eq!(
+            by_key(0).current().valid_until,
+            sent_at + Duration::from_secs(60) - Duration::from_millis(100)
+        );
+        assert_eq!(by_key(1).current().lost, Some(LostReason::Expired));
+        assert!(!task.entries.contains_key(&1), "a lost lock is not renewed");
+        let retry = &task.entries[&2];
+        assert_eq!(retry.failures, 1);
+        assert!(retry.next_due <= sent_at + Duration::from_millis(100));
+    }
+
+    #[test]
+    fn answers_map_to_outcomes() {
+        let r = |renewed, ms: Option<u64>, reason: Option<&str>| Renewed {
+            renewed,
+            expires_in_ms: ms,
+            reason: reason.map(str::to_string),
+        };
+        assert!(matches!(
+            outcome(&r(true, Some(5), None)),
+            Outcome::Renewed { .. }
+        ));
+        assert!(matches!(
+            outcome(&r(false, None, Some("expired"))),
+            Outcome::Lost(LostReason::Expired)
+        ));
+        assert!(matches!(
+            outcome(&r(false, None, Some("stolen"))),
+            Outcome::Lost(LostReason::Stolen)
+        ));
+        assert!(matches!(
+            outcome(&r(false, None, Some("shard_unavailable"))),
+            Outcome::Retry
+        ));
+    }
+}

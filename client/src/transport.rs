@@ -1,0 +1,231 @@
+//! The v1 HTTP API on the wire: JSON bodies over hyper-util's pooled
+//! HTTP/1.1 client (keep-alive, connections reused across calls and across
+//! the renewal task), each call bounded by a timeout. Nothing here knows
+//! about validity or renewal policy.
+
+use std::time::Duration;
+
+use bytes::Bytes;
+use http::{header, Method, Request, StatusCode};
+use http_body_util::{BodyExt, Full};
+use hyper_util::client::legacy::{connect::HttpConnector, Client as HttpClient};
+use hyper_util::rt::{TokioExecutor, TokioTimer};
+use serde::{Deserialize, Serialize};
+
+use crate::error::Error;
+
+/// A handle to the router's API; cheap to clone (the pool is shared).
+#[derive(Clone)]
+pub(crate) struct Transport {
+    http: HttpClient<HttpConnector, Full<Bytes>>,
+    /// `scheme://authority[/prefix]` without a trailing slash.
+    base: String,
+}
+
+#[derive(Serialize)]
+#[serde(rename_all = "camelCase")]
+struct AcquireBody<'a> {
+    name: &'a str,
+    ttl_ms: u64,
+    client_id: &'a str,
+}
+
+/// The router's answer to an acquire.
+#[derive(Deserialize, Debug)]
+#[serde(rename_all = "camelCase")]
+pub(crate) struct Acquired {
+    pub acquired: bool,
+    pub lock_id: Option<String>,
+    pub fencing_token: Option<u64>,
+    pub expires_in_ms: Option<u64>,
+}
+
+#[derive(Serialize, Clone)]
+#[serde(rename_all = "camelCase")]
+pub(crate) struct LockRef {
+    pub lock_id: String,
+    pub fencing_token: u64,
+}
+
+#[derive(Serialize)]
+struct RenewBatchBody<'a> {
+    locks: &'a [LockRef],
+}
+
+/// One renewal result, from `renew` or one item of `renew-batch`.
+#[derive(Deserialize, Debug, Clone)]
+#[serde(rename_all = "camelCase")]
+pub(crate) struct Renewed {
+    pub renewed: bool,
+    pub expires_in_ms: Option<u64>,
+    pub reason: Option<String>,
+}
+
+#[derive(Deserialize)]
+struct RenewBatchAnswer {
+    results: Vec<Renewed>,
+}
+
+#[derive(Deserialize)]
+struct ErrorBody {
+    error: ErrorDetail,
+}
+
+#[derive(Deserialize)]
+struct ErrorDetail {
+    code: String,
+    message: String,
+}
+
+impl Transport {
+    pub fn new(base_url: &str) -> Result<Self, Error> {
+        let base = base_url.trim_end_matches('/').to_string();
+        let uri: http::Uri = base
+            .parse()
+            .map_err(|e| Error::Config(format!("router URL {base_url:?}: {e}")))?;
+        if uri.scheme_str() != Some("http") || uri.authority().is_none() {
+            return Err(Error::Config(format!(
+                "router URL {base_url:?} must look like http://host:port"
+            )));
+        }
+        let mut connector = HttpConnector::new();
+        connector.set_nodelay(true);
+        let http = HttpClient::builder(TokioExecutor::new())
+            .pool_timer(TokioTimer::new())
+            .pool_idle_timeout(Duration::from_secs(30))
+            .build(connector);
+        Ok(Self { http, base })
+    }
+
+    pub async fn acquire(
+        &self,
+        name: &str,
+        ttl_ms: u64,
+        client_id: &str,
+        timeout: Duration,
+    ) -> Result<Acquired, Error> {
+        let body = AcquireBody {
+            name,
+            ttl_ms,
+            client_id,
+        };
+        let (status, bytes) = self
+            .post("/api/v1/locks/acquire", &body, timeout)
+            .await?;
+        expect_ok(status, &bytes)?;
+        parse(status, &bytes)
+    }
+
+    /// Renews one lock: a 409 is an answer (`renewed: false`), not an error.
+    pub async fn renew(&self, lock: &LockRef, timeout: Duration) -> Result<Renewed, Error> {
+        let (status, bytes) = self.post("/api/v1/locks/renew", lock, timeout).await?;
+        if status != StatusCode::CONFLICT {
+            expect_ok(status, &bytes)?;
+        }
+        parse(status, &bytes)
+    }
+
+    /// Renews up to 1,000 locks; results come back in request order.
+    pub async fn renew_batch(
+        &self,
+        locks: &[LockRef],
+        timeout: Duration,
+    ) -> Result<Vec<Renewed>, Error> {
+        let body = RenewBatchBody { locks };
+        let (status, bytes) = self
+            .post("/api/v1/locks/renew-batch", &body, timeout)
+            .await?;
+        expect_ok(status, &bytes)?;
+        let answer: RenewBatchAnswer = parse(status, &bytes)?;
+        if answer.results.len() != locks.len() {
+            return Err(malformed(
+                status,
+                "renew-batch answered a different number of results",
+            ));
+        }
+        Ok(answer.results)
+    }
+
+    pub async fn release(&self, lock: &LockRef, timeout: Duration) -> Result<(), Error> {
+        let (status, bytes) = self.post("/api/v1/locks/release", lock, timeout).await?;
+        expect_ok(status, &bytes)
+    }
+
+    async fn post(
+        &self,
+        path: &str,
+        body: &impl Serialize,
+        timeout: Duration,
+    ) -> Result<(StatusCode, Bytes), Error> {
+        let json = serde_json::to_vec(body).map_err(|e| Error::Config(e.to_string()))?;
+        let req = Request::builder()
+            .method(Method::POST)
+            .uri(format!("{}{path}", self.base))
+            .header(header::CONTENT_TYPE, "application/json")
+            .body(Full::new(Bytes::from(json)))
+            .map_err(|e| Error::Config(e.to_string()))?;
+        let call = async {
+            let resp = self
+                .http
+                .request(req)
+                .await
+                .map_err(|e| Error::Transport(error_chain(&e)))?;
+            let status = resp.status();
+            let bytes = resp
+                .into_body()
+                .collect()
+                .await
+                .map_err(|e| Error::Transport(format!("reading the answer: {e}")))?
+                .to_bytes();
+            Ok((status, bytes))
+        };
+        tokio::time::timeout(timeout, call)
+            .await
+            .map_err(|_| Error::Transport(format!("no answer within {timeout:?}")))?
+    }
+}
+
+/// Turns any non-2xx answer into [`Error::Router`], reading the API's
+/// `{"error": {"code", "message"}}` body when there is one.
+fn expect_ok(status: StatusCode, bytes: &Bytes) -> Result<(), Error> {
+    if status.is_success() {
+        return Ok(());
+    }
+    let (code, message) = match serde_json::from_slice::<ErrorBody>(bytes) {
+        Ok(b) => (b.error.code, b.error.message),
+        Err(_) => (
+            "unexpected_answer".to_string(),
+            String::from_utf8_lossy(bytes).chars().take(200).collect(),
+        ),
+    };
+    Err(Error::Router {
+        status: status.as_u16(),
+        code,
+        message,
+    })
+}
+
+fn parse<T: serde::de::DeserializeOwned>(status: StatusCode, bytes: &Bytes) -> Result<T, Error> {
+    serde_json::from_slice(bytes).map_err(|e| malformed(status, &e.to_string()))
+}
+
+fn malformed(status: StatusCode, detail: &str) -> Error {
+    Error::Router {
+        status: status.as_u16(),
+        code: "malformed_answer".into(),
+        message: detail.to_string(),
+    }
+}
+
+/// hyper-util's errors say little at the top ("client error (Connect)");
+/// the cause chain says what happened.
+fn error_chain(e: &dyn std::error::Error) -> String {
+    let mut out = e.to_string();
+    let mut cause = e.source();
+    while let Some(c) = cause {
+        out.push_str(": ");
+        out.push_str(&c.to_string());
+        cause = c.source();
+    }
+    out
+}

@@ -1,0 +1,92 @@
+//! The validity clock: how long the client may trust a lock, judged only by
+//! its own monotonic clock.
+//!
+//! `valid_until = instant taken just before sending + expiresInMs − margin`.
+//! The router's `expiresInMs` never overstates the lease (it counts from
+//! when the router asked etcd), and the instant is taken before the request
+//! left, so network and queueing delays only make the estimate earlier. The
+//! margin absorbs clock-rate differences between machines and the time the
+//! caller needs to act on a lost lock. The wall-clock `expiresAt` is never
+//! used: wall clocks jump.
+
+use std::time::Duration;
+
+use tokio::time::Instant;
+
+/// The smallest margin ever used, whatever the TTL or configuration.
+pub const MIN_MARGIN: Duration = Duration::from_millis(100);
+
+/// The safety margin for a lock of `ttl`: the configured one, else ttl/10,
+/// never below [`MIN_MARGIN`].
+pub fn margin(ttl: Duration, configured: Option<Duration>) -> Duration {
+    configured.unwrap_or(ttl / 10).max(MIN_MARGIN)
+}
+
+/// The moment until which a lock confirmed by an answer to a request sent
+/// at `sent_at` may be trusted.
+pub fn valid_until(sent_at: Instant, expires_in: Duration, margin: Duration) -> Instant {
+    sent_at + expires_in.saturating_sub(margin)
+}
+
+/// How often held locks are renewed: a third of the TTL, so two renewals
+/// can fail before validity runs out.
+pub fn renew_interval(ttl: Duration) -> Duration {
+    (ttl / 3).max(Duration::from_millis(50))
+}
+
+/// The pause before retry number `failures` (1-based) of a failed renewal:
+/// exponential from 100 ms, capped at `cap`, with full jitter in the upper
+/// half so many clients of a recovering router do not retry in step.
+pub fn backoff(failures: u32, cap: Duration) -> Duration {
+    let exp = Duration::from_millis(100).saturating_mul(1 << failures.saturating_sub(1).min(16));
+    let top = exp.min(cap).max(Duration::from_millis(10));
+    let ms = top.as_millis() as u64;
+    Duration::from_millis(fastrand::u64(ms / 2..=ms))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn margin_defaults_to_a_tenth_of_the_ttl_and_never_below_100ms() {
+        assert_eq!(margin(Duration::from_secs(30), None), Duration::from_secs(3));
+        assert_eq!(margin(Duration::from_millis(500), None), MIN_MARGIN);
+        assert_eq!(
+            margin(Duration::from_secs(30), Some(Duration::from_secs(1))),
+            Duration::from_secs(1)
+        );
+        assert_eq!(
+            margin(Duration::from_secs(30), Some(Duration::ZERO)),
+            MIN_MARGIN
+        );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn validity_counts_from_before_sending_not_from_the_answer() {
+        let sent_at = Instant::now();
+        // The answer takes 2 s to arrive (paused time advances only here).
+        tokio::time::sleep(Duration::from_secs(2)).await;
+        let until = valid_until(sent_at, Duration::from_secs(10), Duration::from_secs(1));
+        assert_eq!(until, sent_at + Duration::from_secs(9));
+        assert_eq!(until - Instant::now(), Duration::from_secs(7));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn an_answer_shorter_than_the_margin_is_already_invalid() {
+        let sent_at = Instant::now();
+        let until = valid_until(sent_at, Duration::from_millis(50), MIN_MARGIN);
+        assert!(until <= Instant::now());
+    }
+
+    #[test]
+    fn backoff_grows_and_stays_under_its_cap() {
+        let cap = Duration::from_secs(1);
+        for failures in 1..40 {
+            let b = backoff(failures, cap);
+            assert!(b <= cap, "{b:?}");
+        }
+        assert!(backoff(1, cap) <= Duration::from_millis(100));
+        assert!(backoff(10, cap) >= Duration::from_millis(500));
+    }
+}
