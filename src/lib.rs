@@ -14,6 +14,7 @@
 //! - [`locks`]: the lock operations (acquire, renew, release, inspect).
 //! - [`http`]: the v1 HTTP API; [`app`]: building and running a router.
 //! - [`metrics`]: Prometheus metrics.
+//! - [`plan`]: `lockrouter plan`, the capacity model for sizing shards.
 
 pub mod app;
 pub mod config;
@@ -25,6 +26,7 @@ pub mod keys;
 pub mod lock_id;
 pub mod locks;
 pub mod metrics;
+pub mod plan;
 pub mod ring;
 pub mod router;
 pub mod session;

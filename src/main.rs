@@ -24,6 +24,8 @@ enum Command {
         #[arg(long, short)]
         config: PathBuf,
     },
+    /// Size a deployment: shards needed for a workload (see docs/capacity.md).
+    Plan(lockrouter::plan::PlanArgs),
 }
 
 fn main() -> ExitCode {
@@ -37,6 +39,7 @@ fn main() -> ExitCode {
         .init();
     match cli.command {
         Command::Serve { config } => serve(config),
+        Command::Plan(args) => ExitCode::from(lockrouter::plan::run(&args)),
     }
 }
 
