@@ -1,7 +1,9 @@
 //! Building and running a router: bind the listeners (port 0 works, and the
-//! real address is reported), connect the shards, serve until shutdown.
+//! real address is reported), connect the shards, serve until shutdown,
+//! reloading the config on SIGHUP or when its file changes.
 
 use std::net::SocketAddr;
+use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -10,8 +12,9 @@ use tokio_util::sync::CancellationToken;
 
 use crate::config::Settings;
 use crate::http::{self, AppState, Listener};
-use crate::locks::Locks;
-use crate::router::Router;
+use crate::locks::{Active, Locks};
+use crate::reload::Reloader;
+use crate::router::{Router, ShardPool};
 
 /// A router that is bound and connected, ready to [`run`](Self::run).
 pub struct Application {
@@ -19,26 +22,37 @@ pub struct Application {
     metrics_listener: Option<TcpListener>,
     state: Arc<AppState>,
     grace: Duration,
+    reload_poll: Duration,
     /// Stops the shard tasks (monitor, keepalive, verification) on drop.
     tasks: CancellationToken,
 }
 
 impl Application {
+    /// A router over `settings`, without a config file to reload from.
     pub async fn build(settings: Settings) -> Result<Self, String> {
+        Self::build_from(settings, None).await
+    }
+
+    /// A router over `settings`, read from `path` (reloaded on change).
+    pub async fn build_from(settings: Settings, path: Option<PathBuf>) -> Result<Self, String> {
         let listener = bind(&settings.server.listen).await?;
         let metrics_listener = match &settings.server.metrics_listen {
             Some(addr) => Some(bind(addr).await?),
             None => None,
         };
         let tasks = CancellationToken::new();
-        let router = Router::start(&settings, &tasks).await?;
-        let locks = Locks::new(
+        let pool = ShardPool::new(&settings, tasks.clone());
+        let router = Router::start(&settings, pool.clone()).await?;
+        let locks = Arc::new(Locks::new(Active {
             router,
-            settings.limits.clone(),
-            Duration::from_millis(settings.etcd.keepalive_coalesce_ms),
-        );
+            limits: settings.limits.clone(),
+            coalesce: Duration::from_millis(settings.etcd.keepalive_coalesce_ms),
+        }));
+        let reloader = Arc::new(Reloader::new(path, settings.clone(), locks.clone(), pool));
         let state = Arc::new(AppState {
             locks,
+            reloader,
+            admin_token: settings.admin.token.clone(),
             metrics: crate::metrics::install(),
         });
         Ok(Self {
@@ -46,39 +60,34 @@ impl Application {
             metrics_listener,
             state,
             grace: Duration::from_millis(settings.server.shutdown_grace_ms),
+            reload_poll: Duration::from_millis(settings.admin.reload_poll_ms),
             tasks,
         })
     }
 
     pub fn local_addr(&self) -> SocketAddr {
-        self.listener
-            .local_addr()
-            .expect("bound listener has an address")
+        self.listener.local_addr().expect("bound listener has an address")
     }
 
     pub fn metrics_addr(&self) -> Option<SocketAddr> {
-        self.metrics_listener
-            .as_ref()
-            .and_then(|l| l.local_addr().ok())
+        self.metrics_listener.as_ref().and_then(|l| l.local_addr().ok())
     }
 
     /// Serves until `shutdown` is cancelled, then drains in-flight requests.
     pub async fn run(self, shutdown: CancellationToken) {
         let grace = self.grace;
         let metrics = self.metrics_listener.map(|l| {
-            tokio::spawn(http::serve(
-                l,
-                self.state.clone(),
-                Listener::MetricsOnly,
-                shutdown.clone(),
-                grace,
-            ))
+            let state = self.state.clone();
+            tokio::spawn(http::serve(l, state, Listener::MetricsOnly, shutdown.clone(), grace))
         });
+        let poll = if self.reload_poll.is_zero() { Duration::MAX / 4 } else { self.reload_poll };
+        let watcher = tokio::spawn(self.state.reloader.clone().watch(poll, self.tasks.child_token()));
         http::serve(self.listener, self.state, Listener::Main, shutdown, grace).await;
         if let Some(task) = metrics {
             let _ = task.await;
         }
         self.tasks.cancel();
+        let _ = watcher.await;
     }
 }
 

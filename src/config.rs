@@ -25,6 +25,9 @@ pub struct Settings {
     /// Input limits of the v1 API.
     #[serde(default)]
     pub limits: Limits,
+    /// Who may call `/admin/v1/*`.
+    #[serde(default)]
+    pub admin: AdminSettings,
     /// The etcd clusters lock names are spread over.
     #[serde(default)]
     pub shards: Vec<ShardSettings>,
@@ -94,6 +97,25 @@ pub struct Limits {
 
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
+pub struct AdminSettings {
+    /// Bearer token admin calls must carry. Without one, admin routes
+    /// answer only to clients on loopback addresses.
+    #[serde(default)]
+    pub token: Option<String>,
+    /// How often the config file is checked for changes (0: never; SIGHUP
+    /// and `POST /admin/v1/reload` still reload).
+    #[serde(default = "defaults::reload_poll_ms")]
+    pub reload_poll_ms: u64,
+}
+
+impl Default for AdminSettings {
+    fn default() -> Self {
+        Self { token: None, reload_poll_ms: defaults::reload_poll_ms() }
+    }
+}
+
+#[derive(Debug, Clone, Deserialize, serde::Serialize, PartialEq, Eq)]
+#[serde(deny_unknown_fields)]
 pub struct ShardSettings {
     /// Stable name; it is part of every lockId and of the ring fingerprint.
     pub name: String,
@@ -125,6 +147,9 @@ mod defaults {
     }
     pub fn count_interval_ms() -> u64 {
         10_000
+    }
+    pub fn reload_poll_ms() -> u64 {
+        2_000
     }
     pub fn vnodes() -> u32 {
         160
@@ -241,6 +266,9 @@ impl Settings {
         }
         self.validate_etcd()?;
         self.validate_limits()?;
+        if self.admin.token.as_deref().is_some_and(|t| t.len() < 16) {
+            return Err(invalid("admin.token must be at least 16 characters"));
+        }
         self.validate_shards()
     }
 
@@ -284,6 +312,9 @@ impl Settings {
             return Err(invalid(
                 "limits.max_name_bytes, max_client_id_bytes and max_batch must be > 0",
             ));
+        }
+        if l.max_body_bytes < 1_024 {
+            return Err(invalid("limits.max_body_bytes must be at least 1024"));
         }
         Ok(())
     }

@@ -10,6 +10,7 @@
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 
+use crate::config::ShardSettings;
 use crate::ring::hex;
 
 /// The first 16 bytes of SHA-256 of a lock name.
@@ -60,16 +61,55 @@ pub struct LockValue {
     pub name: String,
 }
 
-/// Value of the ring key. Serialised deterministically, so equal metas are
-/// equal bytes and an acquire can compare them inside its txn.
+/// Value of the ring key. Acquires compare the exact bytes read from the
+/// shard, so any change to it (an epoch bump, a migration opening or
+/// closing) stops grants made against the old value.
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
 pub struct RingMeta {
+    /// Ring epoch: the high bits of every token granted under this ring.
     pub epoch: u64,
+    /// Fingerprint of the ring that places names (see `ring.rs`).
     pub ring: String,
+    /// While a migration is open: the ring names moved away from.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub previous: Option<PreviousRing>,
+}
+
+/// The ring before a migration, complete enough for any replica (even one
+/// started mid-migration) to place names on it and reach its shards.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+pub struct PreviousRing {
+    pub ring: String,
+    pub vnodes: u32,
+    pub shards: Vec<ShardSettings>,
 }
 
 impl RingMeta {
     pub fn to_bytes(&self) -> Vec<u8> {
         serde_json::to_vec(self).expect("RingMeta serialises")
+    }
+}
+
+/// A ring meta as read from a shard, with its exact bytes.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Recorded {
+    pub meta: RingMeta,
+    pub bytes: Vec<u8>,
+}
+
+impl Recorded {
+    pub fn new(meta: RingMeta) -> Self {
+        Self { bytes: meta.to_bytes(), meta }
+    }
+
+    /// Parses a ring key's value; an unreadable one is kept (epoch 0) so it
+    /// is reported, never overwritten.
+    pub fn parse(bytes: &[u8]) -> Self {
+        let meta = serde_json::from_slice(bytes).unwrap_or(RingMeta {
+            epoch: 0,
+            ring: format!("unreadable: {:?}", String::from_utf8_lossy(bytes)),
+            previous: None,
+        });
+        Self { meta, bytes: bytes.to_vec() }
     }
 }

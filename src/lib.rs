@@ -26,6 +26,8 @@ pub mod keys;
 pub mod lock_id;
 pub mod locks;
 pub mod metrics;
+pub mod monitor;
+pub mod reload;
 pub mod plan;
 pub mod ring;
 pub mod router;

@@ -20,13 +20,15 @@ use crate::config::Limits;
 use crate::etcd::EtcdError;
 use crate::fencing;
 use crate::keepalive::Renewal;
-use crate::keys::{name_hash, LockValue, RingMeta};
+use crate::keys::{name_hash, LockValue, NameHash, Recorded};
 use crate::lock_id::LockId;
 use crate::router::{NotServing, Router};
 use crate::session::SessionLease;
 use crate::shard::{AcquireTxn, Shard};
 
 use std::sync::Arc;
+
+use arc_swap::ArcSwap;
 
 /// How long clients are told to wait before retrying an unavailable shard.
 pub const RETRY_AFTER: Duration = Duration::from_secs(1);
@@ -101,29 +103,58 @@ pub struct Inspection {
     pub holder: Option<(u64, Expiry)>,
 }
 
+/// Everything a config reload replaces at once.
+pub struct Active {
+    pub router: Arc<Router>,
+    pub limits: Limits,
+    /// Renewals of one lease closer together than this share a keepalive.
+    pub coalesce: Duration,
+}
+
+/// The lock operations over the active router. Each request works on one
+/// snapshot of [`Active`], so a reload never changes the ground under it.
 pub struct Locks {
-    router: Arc<Router>,
-    limits: Limits,
-    coalesce: Duration,
+    active: ArcSwap<Active>,
 }
 
 impl Locks {
-    pub fn new(router: Arc<Router>, limits: Limits, coalesce: Duration) -> Self {
+    pub fn new(active: Active) -> Self {
         Self {
-            router,
-            limits,
-            coalesce,
+            active: ArcSwap::from_pointee(active),
         }
     }
 
-    pub fn router(&self) -> &Router {
-        &self.router
+    pub fn active(&self) -> Arc<Active> {
+        self.active.load_full()
     }
 
-    pub fn limits(&self) -> &Limits {
-        &self.limits
+    /// Installs `active`; returns what it replaced.
+    pub fn replace(&self, active: Active) -> Arc<Active> {
+        self.active.swap(Arc::new(active))
     }
 
+    pub async fn acquire(&self, req: &AcquireRequest) -> Result<Acquired, LockError> {
+        self.active().acquire(req).await
+    }
+
+    pub async fn renew(&self, lock_id: &str, token: u64, ttl_ms: Option<u64>) -> Result<Renewed, LockError> {
+        self.active().renew(lock_id, token, ttl_ms).await
+    }
+
+    pub async fn renew_batch(&self, locks: &[(String, u64)]) -> Result<Vec<Renewed>, LockError> {
+        self.active().renew_batch(locks).await
+    }
+
+    pub async fn release(&self, lock_id: &str, token: u64) -> Result<(), LockError> {
+        self.active().release(lock_id, token).await
+    }
+
+    pub async fn inspect(&self, name: &str) -> Result<Inspection, LockError> {
+        self.active().inspect(name).await
+    }
+}
+
+impl Active {
     pub async fn acquire(&self, req: &AcquireRequest) -> Result<Acquired, LockError> {
         check_text("name", &req.name, self.limits.max_name_bytes)?;
         check_text("clientId", &req.client_id, self.limits.max_client_id_bytes)?;
@@ -133,89 +164,113 @@ impl Locks {
         }
         let shard = self.router.shard_for(&req.name);
         tracing::Span::current().record("shard", shard.name.as_str());
-        let ring = self.granting_ring(shard)?;
         let hash = name_hash(&req.name);
         let key = shard.keys.lock(&hash);
-        let value = serde_json::to_vec(&LockValue {
-            client: req.client_id.clone(),
-            epoch: ring.epoch,
-            name: req.name.clone(),
-        })
-        .map_err(|e| LockError::Internal(e.to_string()))?;
-        // A session lease can expire between the cache and the txn; then a
-        // fresh one is granted and the acquire tried again.
+        let window = self.window(ttl_secs);
+        // Retried when the session lease expired between the cache and the
+        // txn, or when the shard's recorded ring moved on (a migration
+        // opened or closed) under a ring this router still serves.
         for _ in 0..3 {
+            let ring = self.granting_ring(shard)?;
+            if let Some(answer) = self.handoff(&req.name, shard, &req.client_id, &hash, window).await? {
+                return Ok(answer);
+            }
+            let epoch = u16::try_from(ring.meta.epoch)
+                .map_err(|_| LockError::Internal("ring epoch out of range".into()))?;
+            let value = serde_json::to_vec(&LockValue {
+                client: req.client_id.clone(),
+                epoch: ring.meta.epoch,
+                name: req.name.clone(),
+            })
+            .map_err(|e| LockError::Internal(e.to_string()))?;
             let session = shard
                 .sessions
                 .get_or_grant(&req.client_id, ttl_secs, || grant_session(shard, ttl_secs))
                 .await?;
-            let window = self.window(ttl_secs);
             let (txn, renewal) = tokio::join!(
-                shard.acquire_txn(&key, value.clone(), session.id, &ring),
+                shard.acquire_txn(&key, value, session.id, &ring),
                 shard.keepalive.refresh(session.id, window),
             );
             let lease_gone = matches!(txn, Err(EtcdError::LeaseNotFound))
                 || matches!(renewal, Ok(r) if !r.alive());
             if lease_gone {
                 // If the txn did create the key, it went with the lease.
-                shard
-                    .sessions
-                    .invalidate(&req.client_id, ttl_secs, session.id)
-                    .await;
+                shard.sessions.invalidate(&req.client_id, ttl_secs, session.id).await;
                 continue;
             }
-            return match txn? {
+            match txn? {
                 AcquireTxn::Granted { revision } => {
                     let lock = LockId {
                         shard: shard.name.clone(),
-                        epoch: ring.epoch as u16,
+                        epoch,
                         ttl_secs,
                         lease: session.id,
                         revision,
                         name_hash: hash,
                     };
-                    Ok(Acquired::Granted(grant(lock, renewal?)?))
+                    return Ok(Acquired::Granted(grant(lock, renewal?)?));
                 }
                 AcquireTxn::Held(holder) => {
-                    self.held(
-                        shard,
-                        &req.client_id,
-                        holder,
-                        hash,
-                        session,
-                        renewal,
-                        window,
-                    )
-                    .await
+                    let own = Some((session, renewal));
+                    return self.held(shard, &req.client_id, holder, hash, own, window).await;
                 }
-                AcquireTxn::RingChanged(found) => {
-                    self.router.ring_changed(shard, found);
-                    Err(unavailable(shard, "the shard's ring changed; retry"))
-                }
-            };
+                AcquireTxn::RingChanged(found) => self.router.ring_changed(shard, found),
+            }
         }
-        Err(unavailable(shard, "session leases keep expiring"))
+        Err(unavailable(shard, "the shard's ring or session lease kept changing; retry"))
+    }
+
+    /// During a migration a moved name may still be held on its previous
+    /// shard: that holder keeps it (and a re-acquire by it is answered from
+    /// there) until it lets go. The previous shard must already record the
+    /// new ring, so that nothing can grant the name there any more.
+    async fn handoff(
+        &self,
+        name: &str,
+        shard: &Shard,
+        client_id: &str,
+        hash: &NameHash,
+        window: Duration,
+    ) -> Result<Option<Acquired>, LockError> {
+        let Some(migration) = self.router.migration() else {
+            return Ok(None);
+        };
+        let previous = migration.previous_shard(name);
+        if previous.name == shard.name {
+            return Ok(None);
+        }
+        check_up(previous)?;
+        let (holder, recorded) = previous.read_lock_and_ring(&previous.keys.lock(hash)).await?;
+        let fenced = recorded.is_some_and(|r| {
+            r.meta.ring == self.router.ring.fingerprint() && r.meta.epoch >= migration.recorded.meta.epoch
+        });
+        if !fenced {
+            return Err(unavailable(previous, "the migration has not fenced this shard yet; retry"));
+        }
+        match holder {
+            None => Ok(None),
+            Some(kv) => self.held(previous, client_id, kv, *hash, None, window).await.map(Some),
+        }
     }
 
     /// The name is held: by the caller (idempotent re-acquire) or by another.
-    #[allow(clippy::too_many_arguments)]
+    /// `own` is the caller's session on `shard` and its renewal, if the
+    /// acquire just ran there.
     async fn held(
         &self,
         shard: &Shard,
         client_id: &str,
         holder: KeyValue,
-        hash: crate::keys::NameHash,
-        session: SessionLease,
-        session_renewal: Result<Renewal, EtcdError>,
+        hash: NameHash,
+        own: Option<(SessionLease, Result<Renewal, EtcdError>)>,
         window: Duration,
     ) -> Result<Acquired, LockError> {
         let value: Option<LockValue> = serde_json::from_slice(holder.value()).ok();
         match value {
             Some(v) if v.client == client_id => {
-                let renewal = if holder.lease() == session.id {
-                    session_renewal?
-                } else {
-                    shard.keepalive.refresh(holder.lease(), window).await?
+                let renewal = match own {
+                    Some((session, renewal)) if session.id == holder.lease() => renewal?,
+                    _ => shard.keepalive.refresh(holder.lease(), window).await?,
                 };
                 if !renewal.alive() {
                     // Its lease just ran out; etcd deletes the key momentarily.
@@ -224,7 +279,7 @@ impl Locks {
                 let lock = LockId {
                     shard: shard.name.clone(),
                     epoch: u16::try_from(v.epoch)
-                        .map_err(|_| LockError::Internal("epoch".into()))?,
+                        .map_err(|_| LockError::Internal("epoch out of range".into()))?,
                     ttl_secs: renewal.ttl_secs as u32,
                     lease: holder.lease(),
                     revision: holder.create_revision(),
@@ -235,9 +290,7 @@ impl Locks {
             _ => {
                 let sent_at = Instant::now();
                 let left = shard.time_to_live(holder.lease()).await?;
-                Ok(Acquired::Held(Expiry(
-                    sent_at + Duration::from_secs(left as u64),
-                )))
+                Ok(Acquired::Held(Expiry(sent_at + Duration::from_secs(left as u64))))
             }
         }
     }
@@ -258,9 +311,12 @@ impl Locks {
                 )));
             }
         }
-        let shard = self.shard_of(&id)?;
-        check_up(shard)?;
-        Ok(self.renew_on(shard, &id).await?)
+        // A shard no longer in any ring was drained: the lock is gone.
+        let Some(shard) = self.shard_of(&id) else {
+            return Ok(Renewed::Expired);
+        };
+        check_up(&shard)?;
+        Ok(self.renew_on(&shard, &id).await?)
     }
 
     /// Renews every lock in `locks`; malformed entries fail the whole call
@@ -275,12 +331,13 @@ impl Locks {
         let mut ids = Vec::with_capacity(locks.len());
         for (i, (lock_id, token)) in locks.iter().enumerate() {
             let id = decode(lock_id, *token).map_err(|e| invalid(format!("locks[{i}]: {e}")))?;
-            let shard = self
-                .shard_of(&id)
-                .map_err(|e| invalid(format!("locks[{i}]: {e}")))?;
+            let shard = self.shard_of(&id);
             ids.push((id, shard));
         }
         let results = join_all(ids.iter().map(|(id, shard)| async move {
+            let Some(shard) = shard else {
+                return Ok(Renewed::Expired);
+            };
             if !shard.conn.is_up() {
                 return Ok(Renewed::Unavailable);
             }
@@ -320,8 +377,10 @@ impl Locks {
     /// already gone).
     pub async fn release(&self, lock_id: &str, token: u64) -> Result<(), LockError> {
         let id = decode(lock_id, token)?;
-        let shard = self.shard_of(&id)?;
-        check_up(shard)?;
+        let Some(shard) = self.shard_of(&id) else {
+            return Ok(()); // its shard was drained: the lock is gone
+        };
+        check_up(&shard)?;
         let key = shard.keys.lock(&id.name_hash);
         shard.release_txn(&key, id.revision, id.lease).await?;
         Ok(())
@@ -331,23 +390,29 @@ impl Locks {
         check_text("name", name, self.limits.max_name_bytes)?;
         let shard = self.router.shard_for(name);
         tracing::Span::current().record("shard", shard.name.as_str());
-        check_up(shard)?;
-        let Some(kv) = shard.get(&shard.keys.lock(&name_hash(name))).await? else {
-            return Ok(Inspection {
-                shard: shard.name.clone(),
-                holder: None,
-            });
-        };
-        let value: LockValue = serde_json::from_slice(kv.value())
-            .map_err(|e| LockError::Internal(format!("unreadable lock value: {e}")))?;
-        let token = fencing::token(value.epoch, kv.create_revision())
-            .ok_or_else(|| LockError::Internal("token out of range".into()))?;
-        let sent_at = Instant::now();
-        let left = shard.time_to_live(kv.lease()).await?;
-        Ok(Inspection {
-            shard: shard.name.clone(),
-            holder: Some((token, Expiry(sent_at + Duration::from_secs(left as u64)))),
-        })
+        let hash = name_hash(name);
+        // During a migration a moved name may still be held where it was.
+        let mut places = vec![shard.clone()];
+        if let Some(m) = self.router.migration() {
+            let previous = m.previous_shard(name);
+            if previous.name != shard.name {
+                places.push(previous.clone());
+            }
+        }
+        for place in &places {
+            check_up(place)?;
+            if let Some(kv) = place.get(&place.keys.lock(&hash)).await? {
+                let value: LockValue = serde_json::from_slice(kv.value())
+                    .map_err(|e| LockError::Internal(format!("unreadable lock value: {e}")))?;
+                let token = fencing::token(value.epoch, kv.create_revision())
+                    .ok_or_else(|| LockError::Internal("token out of range".into()))?;
+                let sent_at = Instant::now();
+                let left = place.time_to_live(kv.lease()).await?;
+                let expires = Expiry(sent_at + Duration::from_secs(left as u64));
+                return Ok(Inspection { shard: place.name.clone(), holder: Some((token, expires)) });
+            }
+        }
+        Ok(Inspection { shard: shard.name.clone(), holder: None })
     }
 
     fn ttl_secs(&self, ttl_ms: u64) -> Result<u32, LockError> {
@@ -367,21 +432,18 @@ impl Locks {
             .min(Duration::from_millis(u64::from(ttl_secs) * 100))
     }
 
-    fn granting_ring(&self, shard: &Shard) -> Result<RingMeta, LockError> {
+    fn granting_ring(&self, shard: &Shard) -> Result<Recorded, LockError> {
         self.router.granting_ring(shard).map_err(|why| match why {
             NotServing::Down => unavailable(shard, "the shard does not answer"),
             NotServing::Ring(detail) => unavailable(shard, &detail),
         })
     }
 
-    fn shard_of(&self, id: &LockId) -> Result<&Arc<Shard>, LockError> {
+    /// The shard a lockId names: in this ring or, during a migration, the
+    /// previous one. `None` once a removed shard has been drained and dropped.
+    fn shard_of(&self, id: &LockId) -> Option<Arc<Shard>> {
         tracing::Span::current().record("shard", id.shard.as_str());
-        self.router.shard_named(&id.shard).ok_or_else(|| {
-            invalid(format!(
-                "lockId names shard {:?}, which this router does not know",
-                id.shard
-            ))
-        })
+        self.router.shard_named(&id.shard)
     }
 }
 

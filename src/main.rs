@@ -60,7 +60,7 @@ fn serve(path: PathBuf) -> ExitCode {
     };
     runtime.block_on(async move {
         let shards = settings.shards.len();
-        let app = match Application::build(settings).await {
+        let app = match Application::build_from(settings, Some(path)).await {
             Ok(app) => app,
             Err(e) => {
                 eprintln!("lockrouter: {e}");

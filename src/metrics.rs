@@ -81,6 +81,10 @@ fn describe() {
         "lockrouter_active_locks",
         "lock keys on the shard (all routers' locks), sampled every etcd.count_interval_ms"
     );
+    describe_gauge!(
+        "lockrouter_migration_moved_locks",
+        "during a migration: locks of moved names still held on this previous shard"
+    );
     describe_histogram!(
         "lockrouter_verify_batch_size",
         "lock keys checked per read-only verification txn"
@@ -127,6 +131,10 @@ pub fn ring_state(shard: &str, epoch: u64, ok: bool) {
     } else {
         0.0
     });
+}
+
+pub fn migration_moved_held(shard: &str, n: i64) {
+    gauge!("lockrouter_migration_moved_locks", "shard" => shard.to_string()).set(n as f64);
 }
 
 pub fn active_locks(shard: &str, n: i64) {

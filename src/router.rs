@@ -1,36 +1,131 @@
 //! The router's view of its shards: the ring that places names, the shards
-//! themselves, and the monitor that keeps each shard's health and recorded
-//! ring current.
+//! of that ring, and, while a migration is open, the previous ring and its
+//! shards (some of them draining). A `Router` is immutable but for what its
+//! monitor (`monitor.rs`) learns from etcd; a config reload builds a new one
+//! (`reload.rs`), reusing live shard connections through the [`ShardPool`].
 //!
-//! Ring safety at start-up: a shard with no ring recorded is initialised
-//! (epoch 1) only when *every* shard answers and none records a ring at all,
-//! that is, a fresh deployment. A shard that lost its data while others kept
-//! theirs, or a shard set changed by editing the config, is refused (503)
-//! with a log line saying why, never silently re-initialised: either could
-//! grant a name twice or let tokens go backwards.
+//! Ring safety: a router grants only after it has seen *every* shard of its
+//! ring record that ring (see `confirmed`). Rings recorded on shards only
+//! move forward (fenced migrations), so once seen the fact stays true; and
+//! two replicas started with different shard sets can never both grant.
 
-use std::collections::HashMap;
-use std::sync::Arc;
+use std::collections::{BTreeMap, HashMap};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, RwLock, Weak};
 use std::time::Duration;
 
-use futures::future::join_all;
 use tokio_util::sync::CancellationToken;
 
-use crate::config::Settings;
+use crate::config::{Settings, ShardSettings};
 use crate::etcd::EtcdConn;
-use crate::keys::RingMeta;
-use crate::metrics as m;
+use crate::keys::{Recorded, RingMeta};
 use crate::ring::Ring;
 use crate::shard::{RingState, Shard};
 
-pub struct Router {
-    pub ring: Ring,
-    pub shards: Vec<Arc<Shard>>,
-    by_name: HashMap<String, usize>,
-    _monitor: crate::TaskGuard,
+/// Live shard connections, shared by successive routers of one process so
+/// a reload keeps sessions, keepalive streams and connections. Holds weak
+/// references: a shard no router uses is disconnected.
+pub struct ShardPool {
+    settings: Mutex<PoolSettings>,
+    shards: Mutex<HashMap<String, (Vec<String>, Weak<Shard>)>>,
+    cancel: CancellationToken,
 }
 
-/// Why a shard may not serve a request now.
+#[derive(Clone, PartialEq)]
+struct PoolSettings {
+    prefix: String,
+    timeout: Duration,
+    connect_timeout: Duration,
+}
+
+impl ShardPool {
+    pub fn new(settings: &Settings, cancel: CancellationToken) -> Arc<Self> {
+        Arc::new(Self {
+            settings: Mutex::new(PoolSettings::of(settings)),
+            shards: Mutex::new(HashMap::new()),
+            cancel,
+        })
+    }
+
+    /// Applies connection settings; shards connected before keep theirs
+    /// until they are next reconnected.
+    pub fn configure(&self, settings: &Settings) {
+        let new = PoolSettings::of(settings);
+        let mut current = self.settings.lock().expect("pool lock");
+        if *current != new {
+            *current = new;
+            // Different deadlines or prefix: connect afresh from now on.
+            self.shards.lock().expect("pool lock").clear();
+        }
+    }
+
+    /// The live shard `name` at `endpoints`, connecting it if needed.
+    pub async fn get(&self, name: &str, endpoints: &[String]) -> Result<Arc<Shard>, String> {
+        if let Some((eps, weak)) = self.shards.lock().expect("pool lock").get(name) {
+            if eps.as_slice() == endpoints {
+                if let Some(shard) = weak.upgrade() {
+                    return Ok(shard);
+                }
+            }
+        }
+        let s = self.settings.lock().expect("pool lock").clone();
+        let conn = EtcdConn::connect(name, endpoints, s.timeout, s.connect_timeout)
+            .await
+            .map_err(|e| format!("shard {name:?}: {e}"))?;
+        let shard = Arc::new(Shard::new(conn, &s.prefix, &self.cancel));
+        self.shards
+            .lock()
+            .expect("pool lock")
+            .insert(name.to_string(), (endpoints.to_vec(), Arc::downgrade(&shard)));
+        Ok(shard)
+    }
+}
+
+impl PoolSettings {
+    fn of(s: &Settings) -> Self {
+        Self {
+            prefix: s.etcd.prefix.clone(),
+            timeout: s.request_timeout(),
+            connect_timeout: Duration::from_millis(s.etcd.connect_timeout_ms),
+        }
+    }
+}
+
+/// An open migration as recorded on the shards.
+pub struct Migration {
+    /// The recorded meta (new ring, new epoch, previous ring).
+    pub recorded: Recorded,
+    /// The previous ring, to find where a moved name was.
+    pub ring: Ring,
+    /// The previous ring's shards, by the previous ring's shard index.
+    pub shards: Vec<Arc<Shard>>,
+    /// Moved names still held on each previous shard, at the last count.
+    pub moved_held: Mutex<BTreeMap<String, i64>>,
+}
+
+impl Migration {
+    pub fn previous_shard(&self, name: &str) -> &Arc<Shard> {
+        &self.shards[self.ring.shard_index(name)]
+    }
+}
+
+pub struct Router {
+    pub ring: Ring,
+    /// The ring's shards, by shard index.
+    pub shards: Vec<Arc<Shard>>,
+    /// The shard list this ring was built from (recorded as `previous` when
+    /// a migration leaves it).
+    pub shard_settings: Vec<ShardSettings>,
+    pub vnodes: u32,
+    pub pool: Arc<ShardPool>,
+    /// Set by the monitor while the shards record an open migration.
+    migration: RwLock<Option<Arc<Migration>>>,
+    /// Every shard of the ring has been seen recording it.
+    confirmed: AtomicBool,
+    monitor: Mutex<Option<crate::TaskGuard>>,
+}
+
+/// Why a shard may not grant now.
 #[derive(Debug, Clone)]
 pub enum NotServing {
     Down,
@@ -38,76 +133,99 @@ pub enum NotServing {
 }
 
 impl Router {
-    pub async fn start(
-        settings: &Settings,
-        cancel: &CancellationToken,
-    ) -> Result<Arc<Self>, String> {
+    /// Builds a router over `settings`' shards and starts its monitor.
+    pub async fn start(settings: &Settings, pool: Arc<ShardPool>) -> Result<Arc<Self>, String> {
         let mut shards = Vec::new();
         for s in &settings.shards {
-            let conn = EtcdConn::connect(
-                &s.name,
-                &s.endpoints,
-                settings.request_timeout(),
-                Duration::from_millis(settings.etcd.connect_timeout_ms),
-            )
-            .await
-            .map_err(|e| format!("shard {:?}: {e}", s.name))?;
-            shards.push(Arc::new(Shard::new(conn, &settings.etcd.prefix, cancel)));
+            shards.push(pool.get(&s.name, &s.endpoints).await?);
         }
-        let ring = Ring::new(&settings.shards, settings.ring.vnodes);
-        let by_name = shards
-            .iter()
-            .enumerate()
-            .map(|(i, s)| (s.name.clone(), i))
-            .collect();
-        let monitor_cancel = cancel.child_token();
-        let task = tokio::spawn(monitor(
-            shards.clone(),
-            ring.fingerprint().to_string(),
-            Intervals {
-                health: Duration::from_millis(settings.etcd.health_interval_ms),
-                count: Duration::from_millis(settings.etcd.count_interval_ms),
-            },
-            monitor_cancel.clone(),
-        ));
-        Ok(Arc::new(Self {
-            ring,
+        let router = Arc::new(Self {
+            ring: Ring::new(&settings.shards, settings.ring.vnodes),
             shards,
-            by_name,
-            _monitor: crate::TaskGuard::new(task, monitor_cancel),
-        }))
+            shard_settings: settings.shards.clone(),
+            vnodes: settings.ring.vnodes,
+            pool,
+            migration: RwLock::new(None),
+            confirmed: AtomicBool::new(false),
+            monitor: Mutex::new(None),
+        });
+        let guard = crate::monitor::start(&router, settings);
+        *router.monitor.lock().expect("monitor lock") = Some(guard);
+        Ok(router)
+    }
+
+    /// Takes over what `old`, serving the same ring, has learned: that every
+    /// shard records the ring, and the open migration. Without the latter a
+    /// new router could grant a moved name without the handoff check.
+    pub fn inherit(&self, old: &Router) {
+        debug_assert_eq!(self.ring.fingerprint(), old.ring.fingerprint());
+        self.set_migration(old.migration());
+        if old.is_confirmed() {
+            self.confirmed.store(true, Ordering::Relaxed);
+        }
+    }
+
+    /// Stops the monitor (the router is being replaced).
+    pub fn retire(&self) {
+        self.monitor.lock().expect("monitor lock").take();
     }
 
     pub fn shard_for(&self, name: &str) -> &Arc<Shard> {
         &self.shards[self.ring.shard_index(name)]
     }
 
-    pub fn shard_named(&self, name: &str) -> Option<&Arc<Shard>> {
-        self.by_name.get(name).map(|&i| &self.shards[i])
+    /// A shard of this ring or of the open migration's previous ring.
+    pub fn shard_named(&self, name: &str) -> Option<Arc<Shard>> {
+        if let Some(s) = self.shards.iter().find(|s| s.name == name) {
+            return Some(s.clone());
+        }
+        let migration = self.migration();
+        migration.and_then(|m| m.shards.iter().find(|s| s.name == name).cloned())
     }
 
-    /// The ring to compare in an acquire on `shard`, if it may grant now.
-    pub fn granting_ring(&self, shard: &Shard) -> Result<RingMeta, NotServing> {
+    pub fn migration(&self) -> Option<Arc<Migration>> {
+        self.migration.read().expect("migration lock").clone()
+    }
+
+    pub fn set_migration(&self, m: Option<Arc<Migration>>) {
+        *self.migration.write().expect("migration lock") = m;
+    }
+
+    pub fn confirm(&self) {
+        if !self.confirmed.swap(true, Ordering::Relaxed) {
+            tracing::info!(ring = %self.ring.fingerprint(), "every shard records this router's ring; granting");
+        }
+    }
+
+    pub fn is_confirmed(&self) -> bool {
+        self.confirmed.load(Ordering::Relaxed)
+    }
+
+    /// The recorded ring an acquire on `shard` compares, if it may grant.
+    pub fn granting_ring(&self, shard: &Shard) -> Result<Recorded, NotServing> {
         if !shard.conn.is_up() {
             return Err(NotServing::Down);
         }
         match shard.ring_state() {
-            RingState::Ready(meta) => Ok(meta),
+            RingState::Ready(_) if !self.is_confirmed() => Err(NotServing::Ring(
+                "not every shard has been seen recording this router's ring yet".into(),
+            )),
+            RingState::Ready(recorded) => Ok(recorded),
             RingState::Unknown => Err(NotServing::Ring("ring not read yet".into())),
             RingState::Absent => Err(NotServing::Ring(
                 "no ring recorded on this shard (see the router log)".into(),
             )),
             RingState::Mismatch(found) => Err(NotServing::Ring(format!(
-                "shard records ring {} epoch {}, this router has {}",
-                found.ring,
-                found.epoch,
+                "shard records ring {} epoch {}, this router has {}: reload this router's config",
+                found.meta.ring,
+                found.meta.epoch,
                 self.ring.fingerprint()
             ))),
         }
     }
 
     /// An acquire txn found a ring other than the one it compared.
-    pub fn ring_changed(&self, shard: &Shard, found: Option<RingMeta>) {
+    pub fn ring_changed(&self, shard: &Shard, found: Option<Recorded>) {
         let state = classify(found, self.ring.fingerprint());
         log_ring_change(shard, &shard.ring_state(), &state, self.ring.fingerprint());
         shard.set_ring_state(state);
@@ -115,119 +233,72 @@ impl Router {
 
     /// Names of shards that do not answer, and of shards that refuse grants.
     pub fn readiness(&self) -> (Vec<String>, Vec<String>) {
-        let down = self
-            .shards
-            .iter()
-            .filter(|s| !s.conn.is_up())
-            .map(|s| s.name.clone())
-            .collect();
-        let refusing = self
-            .shards
-            .iter()
-            .filter(|s| s.conn.is_up() && !matches!(s.ring_state(), RingState::Ready(_)))
-            .map(|s| s.name.clone())
-            .collect();
-        (down, refusing)
+        let down = self.shards.iter().filter(|s| !s.conn.is_up());
+        let refusing = self.shards.iter().filter(|s| {
+            s.conn.is_up() && (!self.is_confirmed() || !matches!(s.ring_state(), RingState::Ready(_)))
+        });
+        (
+            down.map(|s| s.name.clone()).collect(),
+            refusing.map(|s| s.name.clone()).collect(),
+        )
+    }
+
+    /// The epoch recorded on this ring's shards, if known.
+    pub fn epoch(&self) -> Option<u64> {
+        self.shards.iter().find_map(|s| match s.ring_state() {
+            RingState::Ready(r) => Some(r.meta.epoch),
+            _ => None,
+        })
     }
 }
 
-fn classify(found: Option<RingMeta>, fingerprint: &str) -> RingState {
+pub fn classify(found: Option<Recorded>, fingerprint: &str) -> RingState {
     match found {
         None => RingState::Absent,
-        Some(meta) if meta.ring == fingerprint => RingState::Ready(meta),
-        Some(meta) => RingState::Mismatch(meta),
+        Some(r) if r.meta.ring == fingerprint => RingState::Ready(r),
+        Some(r) => RingState::Mismatch(r),
     }
 }
 
-fn log_ring_change(shard: &Shard, old: &RingState, new: &RingState, ours: &str) {
+/// The meta that opens a migration from `old` (as recorded) to `ring`.
+pub fn opening_meta(old: &RingMeta, from: &Router, to: &Ring) -> RingMeta {
+    RingMeta {
+        epoch: old.epoch + 1,
+        ring: to.fingerprint().to_string(),
+        previous: Some(crate::keys::PreviousRing {
+            ring: from.ring.fingerprint().to_string(),
+            vnodes: from.vnodes,
+            shards: from.shard_settings.clone(),
+        }),
+    }
+}
+
+pub fn log_ring_change(shard: &Shard, old: &RingState, new: &RingState, ours: &str) {
     if old == new {
         return;
     }
     match new {
-        RingState::Ready(meta) => {
-            tracing::info!(shard = %shard.name, epoch = meta.epoch, ring = %meta.ring, "shard ring matches; granting")
-        }
-        RingState::Mismatch(meta) => tracing::error!(
+        RingState::Ready(r) => tracing::info!(
             shard = %shard.name,
-            recorded_ring = %meta.ring,
-            recorded_epoch = meta.epoch,
+            epoch = r.meta.epoch,
+            ring = %r.meta.ring,
+            migrating = r.meta.previous.is_some(),
+            "shard records this router's ring"
+        ),
+        RingState::Mismatch(r) => tracing::error!(
+            shard = %shard.name,
+            recorded_ring = %r.meta.ring,
+            recorded_epoch = r.meta.epoch,
             our_ring = %ours,
-            "the shard records a different ring: the shard set changed without a rebalance; refusing to grant on this shard"
+            "the shard records a different ring: this router's shard set differs from the one \
+             the shards were rebalanced to (reload this router's config), or the shard set was \
+             changed without a rebalance; refusing to grant on this shard"
         ),
         RingState::Absent => tracing::warn!(
             shard = %shard.name,
-            "the shard records no ring; it is initialised only when every shard is reachable and none records one"
+            "the shard records no ring; it is initialised only when every shard is reachable \
+             and none records one, or by a migration"
         ),
         RingState::Unknown => {}
-    }
-}
-
-struct Intervals {
-    health: Duration,
-    count: Duration,
-}
-
-/// Probes every shard each health interval: health, recorded ring, first-use
-/// initialisation, session-cache sweeping; counts active locks each count
-/// interval.
-async fn monitor(
-    shards: Vec<Arc<Shard>>,
-    fingerprint: String,
-    every: Intervals,
-    cancel: CancellationToken,
-) {
-    let fresh = RingMeta {
-        epoch: 1,
-        ring: fingerprint.clone(),
-    };
-    let mut last_count: Option<std::time::Instant> = None;
-    loop {
-        join_all(shards.iter().map(|s| s.conn.check_members())).await;
-        let probes = join_all(shards.iter().map(|s| s.read_ring())).await;
-        let mut states = Vec::with_capacity(shards.len());
-        for (shard, probe) in shards.iter().zip(probes) {
-            match probe {
-                Ok(found) => {
-                    shard.conn.set_up(true);
-                    states.push(Some(classify(found, &fingerprint)));
-                }
-                Err(_) => states.push(None),
-            }
-        }
-        let fresh_deployment = states.iter().all(|s| matches!(s, Some(RingState::Absent)));
-        for (shard, state) in shards.iter().zip(states) {
-            let Some(mut state) = state else { continue };
-            if fresh_deployment {
-                if let Ok(found) = shard.init_ring(&fresh).await {
-                    state = classify(found, &fingerprint);
-                }
-            }
-            log_ring_change(shard, &shard.ring_state(), &state, &fingerprint);
-            if let RingState::Ready(meta) | RingState::Mismatch(meta) = &state {
-                m::ring_state(
-                    &shard.name,
-                    meta.epoch,
-                    matches!(state, RingState::Ready(_)),
-                );
-            }
-            shard.set_ring_state(state);
-        }
-        for shard in &shards {
-            m::session_leases(&shard.name, shard.sessions.sweep(Duration::from_secs(60)));
-        }
-        if last_count.is_none_or(|t| t.elapsed() >= every.count) {
-            last_count = Some(std::time::Instant::now());
-            let up = shards.iter().filter(|s| s.conn.is_up());
-            let counts = join_all(up.map(|s| async move { (s, s.count_locks().await) })).await;
-            for (shard, count) in counts {
-                if let Ok(n) = count {
-                    m::active_locks(&shard.name, n);
-                }
-            }
-        }
-        tokio::select! {
-            _ = tokio::time::sleep(every.health) => {}
-            _ = cancel.cancelled() => return,
-        }
     }
 }

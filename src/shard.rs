@@ -16,7 +16,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::etcd::{EtcdConn, EtcdError};
 use crate::keepalive::Keepalive;
-use crate::keys::{Keys, RingMeta};
+use crate::keys::{Keys, LockValue, Recorded};
 use crate::session::Sessions;
 use crate::verify::Verifier;
 
@@ -28,9 +28,9 @@ pub enum RingState {
     /// The shard has no ring recorded yet.
     Absent,
     /// The shard records this router's ring: grants allowed.
-    Ready(RingMeta),
+    Ready(Recorded),
     /// The shard records another ring: grants refused.
-    Mismatch(RingMeta),
+    Mismatch(Recorded),
 }
 
 /// Outcome of the acquire txn.
@@ -40,7 +40,7 @@ pub enum AcquireTxn {
     /// Someone (maybe the caller itself) holds the name.
     Held(KeyValue),
     /// The shard's ring is not the one the router compared against.
-    RingChanged(Option<RingMeta>),
+    RingChanged(Option<Recorded>),
 }
 
 pub struct Shard {
@@ -83,13 +83,13 @@ impl Shard {
         key: &[u8],
         value: Vec<u8>,
         lease: i64,
-        ring: &RingMeta,
+        ring: &Recorded,
     ) -> Result<AcquireTxn, EtcdError> {
         let ring_key = self.keys.ring();
         let txn = Txn::new()
             .when([
                 Compare::create_revision(key, CompareOp::Equal, 0),
-                Compare::value(ring_key.clone(), CompareOp::Equal, ring.to_bytes()),
+                Compare::value(ring_key.clone(), CompareOp::Equal, ring.bytes.clone()),
             ])
             .and_then([TxnOp::put(
                 key,
@@ -108,10 +108,7 @@ impl Shard {
             _ => None,
         });
         let holder = gets.next().flatten();
-        let recorded = gets
-            .next()
-            .flatten()
-            .and_then(|kv| serde_json::from_slice::<RingMeta>(kv.value()).ok());
+        let recorded = gets.next().flatten().map(|kv| Recorded::parse(kv.value()));
         match holder {
             Some(kv) if recorded.as_ref() == Some(ring) => Ok(AcquireTxn::Held(kv)),
             _ => Ok(AcquireTxn::RingChanged(recorded)),
@@ -164,36 +161,88 @@ impl Shard {
     }
 
     /// Reads the recorded ring (also the health probe).
-    pub async fn read_ring(&self) -> Result<Option<RingMeta>, EtcdError> {
+    pub async fn read_ring(&self) -> Result<Option<Recorded>, EtcdError> {
         let found = self.get(&self.keys.ring()).await?;
-        Ok(found.map(|kv| {
-            serde_json::from_slice(kv.value()).unwrap_or(RingMeta {
-                epoch: 0,
-                ring: format!("unreadable: {:?}", String::from_utf8_lossy(kv.value())),
-            })
-        }))
+        Ok(found.map(|kv| Recorded::parse(kv.value())))
     }
 
-    /// Records `ring` if the shard has none; returns what the shard records.
-    pub async fn init_ring(&self, ring: &RingMeta) -> Result<Option<RingMeta>, EtcdError> {
+    /// Replaces the recorded ring with `new` if it is still `expected`
+    /// (`None`: no ring recorded). Returns what the shard records after.
+    pub async fn swap_ring(
+        &self,
+        expected: Option<&[u8]>,
+        new: &Recorded,
+    ) -> Result<Option<Recorded>, EtcdError> {
         let key = self.keys.ring();
+        let guard = match expected {
+            None => Compare::create_revision(key.clone(), CompareOp::Equal, 0),
+            Some(bytes) => Compare::value(key.clone(), CompareOp::Equal, bytes.to_vec()),
+        };
         let txn = Txn::new()
-            .when([Compare::create_revision(key.clone(), CompareOp::Equal, 0)])
-            .and_then([TxnOp::put(key.clone(), ring.to_bytes(), None)])
+            .when([guard])
+            .and_then([TxnOp::put(key.clone(), new.bytes.clone(), None)])
             .or_else([TxnOp::get(key, None)]);
         let mut kv = self.conn.client().kv_client();
         let resp = self.conn.call("Txn", kv.txn(txn)).await?;
         if resp.succeeded() {
-            return Ok(Some(ring.clone()));
+            return Ok(Some(new.clone()));
         }
-        Ok(resp.op_responses().into_iter().find_map(|op| match op {
-            TxnOpResponse::Get(mut g) => g
-                .take_kvs()
-                .into_iter()
-                .next()
-                .and_then(|kv| serde_json::from_slice(kv.value()).ok()),
+        Ok(first_kv(resp.op_responses()).map(|kv| Recorded::parse(kv.value())))
+    }
+
+    /// One linearizable read of a lock key and the recorded ring (the
+    /// handoff check of a migration).
+    pub async fn read_lock_and_ring(
+        &self,
+        key: &[u8],
+    ) -> Result<(Option<KeyValue>, Option<Recorded>), EtcdError> {
+        let txn = Txn::new().and_then([TxnOp::get(key, None), TxnOp::get(self.keys.ring(), None)]);
+        let mut kv = self.conn.client().kv_client();
+        let resp = self.conn.call("Txn", kv.txn(txn)).await?;
+        let mut gets = resp.op_responses().into_iter().map(|op| match op {
+            TxnOpResponse::Get(mut g) => g.take_kvs().into_iter().next(),
             _ => None,
-        }))
+        });
+        let lock = gets.next().flatten();
+        let ring = gets.next().flatten().map(|kv| Recorded::parse(kv.value()));
+        Ok((lock, ring))
+    }
+
+    /// Counts the locks on this shard whose names satisfy `counts`, reading
+    /// every lock key at one revision, a page at a time (no raft writes).
+    pub async fn count_locks_where(
+        &self,
+        mut counts: impl FnMut(&str) -> bool,
+    ) -> Result<i64, EtcdError> {
+        let (start, end) = self.keys.locks_range();
+        let mut from = start;
+        let mut revision = 0;
+        let mut total = 0;
+        loop {
+            let mut opts = GetOptions::new().with_range(end.clone()).with_limit(1_000);
+            if revision > 0 {
+                opts = opts.with_revision(revision);
+            }
+            let mut kv = self.conn.client().kv_client();
+            let mut resp = self.conn.call("Range", kv.get(from.clone(), Some(opts))).await?;
+            if revision == 0 {
+                revision = resp.header().map(|h| h.revision()).unwrap_or(0);
+            }
+            let more = resp.more();
+            let kvs = resp.take_kvs();
+            for kv in &kvs {
+                if let Ok(v) = serde_json::from_slice::<LockValue>(kv.value()) {
+                    total += i64::from(counts(&v.name));
+                }
+            }
+            match kvs.last() {
+                Some(last) if more => {
+                    from = last.key().to_vec();
+                    from.push(0);
+                }
+                _ => return Ok(total),
+            }
+        }
     }
 
     /// Number of lock keys on the shard (a count-only range: no values read).
@@ -207,4 +256,11 @@ impl Shard {
             .await?
             .count())
     }
+}
+
+fn first_kv(ops: Vec<TxnOpResponse>) -> Option<KeyValue> {
+    ops.into_iter().find_map(|op| match op {
+        TxnOpResponse::Get(mut g) => g.take_kvs().into_iter().next(),
+        _ => None,
+    })
 }

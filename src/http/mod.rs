@@ -2,10 +2,12 @@
 //! on one port, routing, body limits, JSON parsing, and graceful shutdown.
 //! Handlers live in `api.rs`; error mapping in `error.rs`.
 
+pub mod admin;
 pub mod api;
 pub mod error;
 
 use std::convert::Infallible;
+use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -23,6 +25,7 @@ use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
 
 use crate::locks::Locks;
+use crate::reload::Reloader;
 use crate::metrics as m;
 use error::ApiError;
 
@@ -37,13 +40,18 @@ pub const ROUTES: &[(&str, &str)] = &[
     ("GET", "/healthz"),
     ("GET", "/readyz"),
     ("GET", "/metrics"),
+    ("POST", "/admin/v1/reload"),
+    ("GET", "/admin/v1/ring"),
 ];
 
 const LOCKS_PREFIX: &str = "/api/v1/locks/";
 
 /// What every request handler shares.
 pub struct AppState {
-    pub locks: Locks,
+    pub locks: Arc<Locks>,
+    pub reloader: Arc<Reloader>,
+    /// Bearer token for `/admin/v1/*`; without one, loopback clients only.
+    pub admin_token: Option<String>,
     pub metrics: PrometheusHandle,
 }
 
@@ -66,7 +74,7 @@ pub async fn serve(
     let builder = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new());
     let graceful = GracefulShutdown::new();
     loop {
-        let (stream, _) = tokio::select! {
+        let (stream, peer) = tokio::select! {
             accepted = listener.accept() => match accepted {
                 Ok(conn) => conn,
                 Err(e) => {
@@ -80,7 +88,7 @@ pub async fn serve(
         };
         let _ = stream.set_nodelay(true);
         let state = state.clone();
-        let svc = service_fn(move |req| handle(state.clone(), kind, req));
+        let svc = service_fn(move |req| handle(state.clone(), kind, peer, req));
         let builder = builder.clone();
         let watcher = graceful.watcher();
         tokio::spawn(async move {
@@ -100,6 +108,7 @@ pub async fn serve(
 async fn handle(
     state: Arc<AppState>,
     kind: Listener,
+    peer: SocketAddr,
     req: Request<Incoming>,
 ) -> Result<Response<Full<Bytes>>, Infallible> {
     let started = Instant::now();
@@ -110,7 +119,7 @@ async fn handle(
         shard = tracing::field::Empty,
         outcome = tracing::field::Empty
     );
-    let result = route(&state, op, req).instrument(span.clone()).await;
+    let result = route(&state, op, peer, req).instrument(span.clone()).await;
     let (resp, outcome) = match result {
         Ok(ok) => ok,
         Err(e) => {
@@ -145,13 +154,20 @@ fn op_of(method: &Method, path: &str, kind: Listener) -> &'static str {
         (_, "/api/v1/locks/release") => "release",
         (_, "/healthz") => "healthz",
         (_, "/readyz") => "readyz",
+        (_, "/admin/v1/reload") => "admin_reload",
+        (_, "/admin/v1/ring") => "admin_ring",
         (_, p) if p.starts_with(LOCKS_PREFIX) => "inspect",
         _ => "unknown",
     }
 }
 
-async fn route(state: &AppState, op: &'static str, req: Request<Incoming>) -> api::Answer {
-    let max = state.locks.limits().max_body_bytes;
+async fn route(
+    state: &AppState,
+    op: &'static str,
+    peer: SocketAddr,
+    req: Request<Incoming>,
+) -> api::Answer {
+    let max = state.locks.active().limits.max_body_bytes;
     let locks = &state.locks;
     match op {
         "acquire" => api::acquire(locks, parse(req, max).await?).await,
@@ -179,6 +195,16 @@ async fn route(state: &AppState, op: &'static str, req: Request<Incoming>) -> ap
             only(&req, Method::GET, "GET")?;
             Ok(readyz(locks))
         }
+        "admin_reload" => {
+            only(&req, Method::POST, "POST")?;
+            admin::authorize(state, peer, &req)?;
+            admin::reload(state).await
+        }
+        "admin_ring" => {
+            only(&req, Method::GET, "GET")?;
+            admin::authorize(state, peer, &req)?;
+            Ok(admin::ring(state))
+        }
         "metrics" => {
             only(&req, Method::GET, "GET")?;
             state.metrics.run_upkeep();
@@ -193,17 +219,18 @@ async fn route(state: &AppState, op: &'static str, req: Request<Incoming>) -> ap
 }
 
 fn readyz(locks: &Locks) -> (Response<Full<Bytes>>, &'static str) {
-    let (down, refusing) = locks.router().readiness();
+    let router = locks.active().router.clone();
+    let (down, refusing) = router.readiness();
+    let migration = admin::migration_json(&router);
     if down.is_empty() && refusing.is_empty() {
-        return (
-            json(StatusCode::OK, &serde_json::json!({"ready": true})),
-            "ready",
-        );
+        let body = serde_json::json!({"ready": true, "migration": migration});
+        return (json(StatusCode::OK, &body), "ready");
     }
     let body = serde_json::json!({
         "ready": false,
         "unreachableShards": down,
         "refusingShards": refusing,
+        "migration": migration,
     });
     (json(StatusCode::SERVICE_UNAVAILABLE, &body), "not_ready")
 }

@@ -1,0 +1,100 @@
+//! Admin routes (`/admin/v1/*`): reload the config, show the ring and any
+//! open migration. Guarded by a bearer token when one is configured, else
+//! open to loopback clients only.
+
+use std::net::SocketAddr;
+
+use bytes::Bytes;
+use http::{header, Request, Response, StatusCode};
+use http_body_util::Full;
+use hyper::body::Incoming;
+use serde_json::{json, Value};
+
+use super::error::ApiError;
+use super::{api, json, AppState};
+use crate::reload::ReloadError;
+use crate::router::Router;
+use crate::shard::RingState;
+
+pub fn authorize(state: &AppState, peer: SocketAddr, req: &Request<Incoming>) -> Result<(), ApiError> {
+    let Some(token) = &state.admin_token else {
+        if peer.ip().is_loopback() {
+            return Ok(());
+        }
+        return Err(ApiError::new(
+            StatusCode::FORBIDDEN,
+            "permission_denied",
+            "admin routes answer only to loopback clients unless admin.token is set",
+        ));
+    };
+    let given = req
+        .headers()
+        .get(header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.strip_prefix("Bearer "));
+    match given {
+        None => Err(ApiError::new(StatusCode::UNAUTHORIZED, "unauthenticated", "send Authorization: Bearer <admin token>")),
+        Some(t) if constant_time_eq(t.as_bytes(), token.as_bytes()) => Ok(()),
+        Some(_) => Err(ApiError::new(StatusCode::FORBIDDEN, "permission_denied", "wrong admin token")),
+    }
+}
+
+fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
+    a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
+}
+
+pub async fn reload(state: &AppState) -> api::Answer {
+    match state.reloader.reload().await {
+        Ok(done) => Ok((json(StatusCode::OK, &json!(done)), "reloaded")),
+        Err(ReloadError::Refused(msg)) => Err(ApiError::new(StatusCode::CONFLICT, "failed_precondition", msg)),
+        Err(e) => Err(ApiError::invalid(e.to_string())),
+    }
+}
+
+pub fn ring(state: &AppState) -> (Response<Full<Bytes>>, &'static str) {
+    let router = state.locks.active().router.clone();
+    let mut shards: Vec<Value> = router
+        .shards
+        .iter()
+        .zip(&router.shard_settings)
+        .map(|(s, conf)| {
+            let mut v = shard_json(s, "active");
+            v["weight"] = json!(conf.weight);
+            v
+        })
+        .collect();
+    if let Some(m) = router.migration() {
+        for s in m.shards.iter().filter(|s| !router.shards.iter().any(|c| c.name == s.name)) {
+            shards.push(shard_json(s, "draining"));
+        }
+    }
+    let body = json!({
+        "ring": router.ring.fingerprint(),
+        "epoch": router.epoch(),
+        "granting": router.is_confirmed(),
+        "shards": shards,
+        "migration": migration_json(&router),
+    });
+    (json(StatusCode::OK, &body), "ok")
+}
+
+fn shard_json(s: &crate::shard::Shard, state: &str) -> Value {
+    let (ring, epoch) = match s.ring_state() {
+        RingState::Ready(r) | RingState::Mismatch(r) => (Some(r.meta.ring), Some(r.meta.epoch)),
+        _ => (None, None),
+    };
+    json!({"name": s.name, "state": state, "up": s.conn.is_up(), "recordedRing": ring, "recordedEpoch": epoch})
+}
+
+/// The open migration, or null.
+pub fn migration_json(router: &Router) -> Value {
+    match router.migration() {
+        None => Value::Null,
+        Some(m) => json!({
+            "fromRing": m.recorded.meta.previous.as_ref().map(|p| p.ring.clone()),
+            "toRing": m.recorded.meta.ring,
+            "epoch": m.recorded.meta.epoch,
+            "movedLocksHeld": *m.moved_held.lock().expect("moved lock"),
+        }),
+    }
+}
