@@ -13,12 +13,15 @@
 //! - [`router`]: the shards, their health and recorded ring.
 //! - [`locks`]: the lock operations (acquire, renew, release, inspect).
 //! - [`http`]: the v1 HTTP API; [`app`]: building and running a router.
+//! - [`exec`]: `lockrouter exec`, running a command while holding a lock
+//!   (through the `lockrouter-client` crate).
 //! - [`metrics`]: Prometheus metrics.
 //! - [`plan`]: `lockrouter plan`, the capacity model for sizing shards.
 
 pub mod app;
 pub mod config;
 pub mod etcd;
+pub mod exec;
 pub mod fencing;
 pub mod http;
 pub mod keepalive;

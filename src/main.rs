@@ -24,6 +24,8 @@ enum Command {
         #[arg(long, short)]
         config: PathBuf,
     },
+    /// Run a command while holding a lock (see docs/client.md).
+    Exec(lockrouter::exec::ExecArgs),
     /// Size a deployment: shards needed for a workload (see docs/capacity.md).
     Plan(lockrouter::plan::PlanArgs),
 }
@@ -39,6 +41,7 @@ fn main() -> ExitCode {
         .init();
     match cli.command {
         Command::Serve { config } => serve(config),
+        Command::Exec(args) => ExitCode::from(lockrouter::exec::main(args)),
         Command::Plan(args) => ExitCode::from(lockrouter::plan::run(&args)),
     }
 }

@@ -4,10 +4,14 @@
 
 mod support {
     pub mod etcd;
+    pub mod procs;
     pub mod router;
 }
 
+mod client;
 mod contract;
+mod exec;
+mod fencing;
 mod locks;
 mod process;
 mod shards;

@@ -220,11 +220,8 @@ impl RenewalTask {
                 Outcome::Renewed { expires_in } => {
                     e.failures = 0;
                     e.next_due = sent_at + e.interval;
-                    e.shared.confirm(validity::valid_until(
-                        sent_at,
-                        expires_in,
-                        e.shared.margin,
-                    ));
+                    e.shared
+                        .confirm(validity::valid_until(sent_at, expires_in, e.shared.margin));
                 }
                 Outcome::Lost(reason) => {
                     e.shared.mark_lost(reason);

@@ -109,9 +109,7 @@ impl Transport {
             ttl_ms,
             client_id,
         };
-        let (status, bytes) = self
-            .post("/api/v1/locks/acquire", &body, timeout)
-            .await?;
+        let (status, bytes) = self.post("/api/v1/locks/acquire", &body, timeout).await?;
         expect_ok(status, &bytes)?;
         parse(status, &bytes)
     }

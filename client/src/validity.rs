@@ -50,7 +50,10 @@ mod tests {
 
     #[test]
     fn margin_defaults_to_a_tenth_of_the_ttl_and_never_below_100ms() {
-        assert_eq!(margin(Duration::from_secs(30), None), Duration::from_secs(3));
+        assert_eq!(
+            margin(Duration::from_secs(30), None),
+            Duration::from_secs(3)
+        );
         assert_eq!(margin(Duration::from_millis(500), None), MIN_MARGIN);
         assert_eq!(
             margin(Duration::from_secs(30), Some(Duration::from_secs(1))),

@@ -1,0 +1,221 @@
+//! `lockrouter exec`: run a command while holding a lock, for cron jobs and
+//! scripts ("only one worker runs tonight's batch").
+//!
+//! It acquires the lock through the client SDK (which renews it in the
+//! background), starts the command with the lock's name, id and fencing
+//! token in its environment, and waits. If the lock is lost, the command
+//! gets SIGTERM, then SIGKILL after a grace period. SIGINT and SIGTERM sent
+//! to `exec` are passed on to the command. When the command exits the lock
+//! is released. Exit codes are listed in [`codes`].
+
+use std::os::unix::process::ExitStatusExt;
+use std::process::{ExitStatus, Stdio};
+use std::time::Duration;
+
+use lockrouter_client::{Client, Lock};
+use nix::sys::signal::{kill, Signal};
+use nix::unistd::Pid;
+use tokio::process::{Child, Command};
+use tokio::signal::unix::{signal, SignalKind};
+
+/// Exit codes of `lockrouter exec` besides the command's own.
+pub mod codes {
+    /// The command could not be started, or `exec` itself failed (EX_SOFTWARE).
+    pub const INTERNAL: u8 = 70;
+    /// The router could not be reached or refused the acquire (EX_UNAVAILABLE).
+    pub const UNAVAILABLE: u8 = 69;
+    /// Someone else holds the lock (after `--wait`, if given) (EX_TEMPFAIL).
+    pub const NOT_ACQUIRED: u8 = 75;
+    /// The lock was lost while the command ran; the command was stopped.
+    pub const LOST: u8 = 79;
+    /// The command was not found (as in shells).
+    pub const NOT_FOUND: u8 = 127;
+    /// The command could not be executed (as in shells).
+    pub const NOT_EXECUTABLE: u8 = 126;
+}
+
+/// Arguments of `lockrouter exec`.
+#[derive(clap::Args, Debug, Clone)]
+pub struct ExecArgs {
+    /// The router's base URL, e.g. http://127.0.0.1:8080.
+    #[arg(long)]
+    pub router: String,
+    /// The lock's name.
+    #[arg(long)]
+    pub name: String,
+    /// The lock's TTL (e.g. 30s, 2m); renewed every third of it.
+    #[arg(long, value_parser = humantime::parse_duration)]
+    pub ttl: Duration,
+    /// Keep trying for this long if the lock is held (client-side polling,
+    /// not a queue). Default: try once.
+    #[arg(long, value_parser = humantime::parse_duration, default_value = "0s")]
+    pub wait: Duration,
+    /// The client id to acquire under. Default: a random one.
+    #[arg(long)]
+    pub client_id: Option<String>,
+    /// After SIGTERM to the command on a lost lock, wait this long before
+    /// SIGKILL.
+    #[arg(long, value_parser = humantime::parse_duration, default_value = "10s")]
+    pub grace: Duration,
+    /// The command and its arguments (after `--`).
+    #[arg(required = true, last = true)]
+    pub command: Vec<String>,
+}
+
+/// Runs `lockrouter exec` to completion and returns its exit code.
+pub fn main(args: ExecArgs) -> u8 {
+    let runtime = match tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("lockrouter exec: cannot start the runtime: {e}");
+            return codes::INTERNAL;
+        }
+    };
+    runtime.block_on(run(args))
+}
+
+/// How often `--wait` polls.
+const POLL_EVERY: Duration = Duration::from_millis(500);
+
+async fn run(args: ExecArgs) -> u8 {
+    let client = match Client::new(&args.router, args.client_id.as_deref()) {
+        Ok(c) => c,
+        Err(e) => {
+            eprintln!("lockrouter exec: {e}");
+            return codes::UNAVAILABLE;
+        }
+    };
+    let acquired = if args.wait.is_zero() {
+        client.acquire(&args.name, args.ttl).await
+    } else {
+        client
+            .acquire_polling(&args.name, args.ttl, args.wait, POLL_EVERY)
+            .await
+    };
+    let lock = match acquired {
+        Ok(Some(lock)) => lock,
+        Ok(None) => {
+            eprintln!(
+                "lockrouter exec: lock {:?} is held by another client",
+                args.name
+            );
+            return codes::NOT_ACQUIRED;
+        }
+        Err(e) => {
+            eprintln!("lockrouter exec: cannot acquire {:?}: {e}", args.name);
+            return codes::UNAVAILABLE;
+        }
+    };
+    let child = match spawn(&args.command, &lock) {
+        Ok(child) => child,
+        Err((code, msg)) => {
+            eprintln!("lockrouter exec: {msg}");
+            release(lock).await;
+            return code;
+        }
+    };
+    supervise(child, lock, args.grace).await
+}
+
+fn spawn(command: &[String], lock: &Lock) -> Result<Child, (u8, String)> {
+    let (program, rest) = command
+        .split_first()
+        .ok_or((codes::INTERNAL, "no command given".to_string()))?;
+    Command::new(program)
+        .args(rest)
+        .env("LOCKROUTER_FENCING_TOKEN", lock.fencing_token().to_string())
+        .env("LOCKROUTER_LOCK_NAME", lock.name())
+        .env("LOCKROUTER_LOCK_ID", lock.lock_id())
+        .stdin(Stdio::inherit())
+        .kill_on_drop(true)
+        .spawn()
+        .map_err(|e| {
+            let code = match e.kind() {
+                std::io::ErrorKind::NotFound => codes::NOT_FOUND,
+                std::io::ErrorKind::PermissionDenied => codes::NOT_EXECUTABLE,
+                _ => codes::INTERNAL,
+            };
+            (code, format!("cannot run {program:?}: {e}"))
+        })
+}
+
+/// Waits for the command, stopping it if the lock is lost and passing
+/// SIGINT/SIGTERM on to it; returns the exit code.
+async fn supervise(mut child: Child, lock: Lock, grace: Duration) -> u8 {
+    let (Ok(mut term), Ok(mut int)) = (
+        signal(SignalKind::terminate()),
+        signal(SignalKind::interrupt()),
+    ) else {
+        eprintln!("lockrouter exec: cannot handle signals; stopping the command");
+        stop(&mut child, grace).await;
+        release(lock).await;
+        return codes::INTERNAL;
+    };
+    let lost = lock.lost();
+    tokio::pin!(lost);
+    let status = loop {
+        tokio::select! {
+            status = child.wait() => break status,
+            reason = &mut lost => {
+                eprintln!(
+                    "lockrouter exec: lock {:?} lost ({reason}); stopping the command",
+                    lock.name()
+                );
+                stop(&mut child, grace).await;
+                release(lock).await;
+                return codes::LOST;
+            }
+            _ = term.recv() => forward(&child, Signal::SIGTERM),
+            _ = int.recv() => forward(&child, Signal::SIGINT),
+        }
+    };
+    release(lock).await;
+    match status {
+        Ok(status) => exit_code(status),
+        Err(e) => {
+            eprintln!("lockrouter exec: lost track of the command: {e}");
+            codes::INTERNAL
+        }
+    }
+}
+
+fn forward(child: &Child, sig: Signal) {
+    if let Some(pid) = child.id().and_then(|p| i32::try_from(p).ok()) {
+        let _ = kill(Pid::from_raw(pid), sig);
+    }
+}
+
+/// SIGTERM, then SIGKILL if the command is still running after `grace`.
+async fn stop(child: &mut Child, grace: Duration) {
+    forward(child, Signal::SIGTERM);
+    if tokio::time::timeout(grace, child.wait()).await.is_err() {
+        let _ = child.kill().await;
+    }
+}
+
+/// Releases the lock, bounded: the command is done either way, and an
+/// unreleased lock expires with its TTL.
+async fn release(lock: Lock) {
+    let name = lock.name().to_string();
+    match tokio::time::timeout(Duration::from_secs(10), lock.release()).await {
+        Ok(Ok(())) => {}
+        Ok(Err(e)) => {
+            eprintln!("lockrouter exec: release of {name:?} failed ({e}); it expires with its TTL")
+        }
+        Err(_) => {
+            eprintln!("lockrouter exec: release of {name:?} timed out; it expires with its TTL")
+        }
+    }
+}
+
+/// The command's exit code, or 128 + signal number if a signal ended it.
+fn exit_code(status: ExitStatus) -> u8 {
+    match (status.code(), status.signal()) {
+        (Some(code), _) => code as u8,
+        (None, Some(sig)) => 128u8.saturating_add(sig as u8),
+        _ => codes::INTERNAL,
+    }
+}

@@ -1,0 +1,243 @@
+//! The client SDK (`lockrouter-client`) against real routers and etcd:
+//! background renewal (one batched request per interval for many locks),
+//! release and release on drop, losing locks by the client's own clock when
+//! the router or a shard is gone, losing them at once when the router says
+//! so, and `with_lock`.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures::FutureExt;
+use lockrouter_client::{Client, Error, LostReason};
+
+use crate::support::etcd::EtcdCluster;
+use crate::support::router::{sleep_ms, RouterProcess, TestRouter};
+
+fn secs(n: u64) -> Duration {
+    Duration::from_secs(n)
+}
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+/// Sum of one counter's series whose labels contain `labels`, from a
+/// router's `/metrics`.
+async fn metric(base: &str, name: &str, labels: &str) -> f64 {
+    let text = reqwest::get(format!("{base}/metrics"))
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    text.lines()
+        .filter(|l| l.starts_with(name) && l.contains(labels))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lock_is_renewed_past_its_ttl_and_released_for_the_next_holder() {
+    let etcd = EtcdCluster::single();
+    let router = TestRouter::start(&[&etcd]).await;
+    let a = Client::new(&router.api.base, Some("sdk-A")).unwrap();
+    let b = Client::new(&router.api.base, Some("sdk-B")).unwrap();
+
+    let lock = a.acquire("sdk:basic", secs(2)).await.unwrap().unwrap();
+    assert_eq!(lock.name(), "sdk:basic");
+    assert!(lock.is_held());
+    assert!(b.acquire("sdk:basic", secs(2)).await.unwrap().is_none());
+
+    // Three TTLs later it is still held, by the router's account too.
+    sleep_ms(6_000).await;
+    assert!(lock.is_held());
+    assert!(lock.lost().now_or_never().is_none());
+    let seen = router.api.inspect("sdk:basic").await;
+    assert_eq!(seen.body["held"], true);
+    assert_eq!(seen.body["fencingToken"], lock.fencing_token());
+
+    let first = lock.fencing_token();
+    let lost = lock.lost();
+    lock.release().await.unwrap();
+    assert_eq!(lost.await, LostReason::Released);
+    let next = b.acquire("sdk:basic", secs(2)).await.unwrap().unwrap();
+    assert!(next.fencing_token() > first);
+    next.release().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_dropped_lock_is_released_without_waiting_for_its_ttl() {
+    let etcd = EtcdCluster::single();
+    let router = TestRouter::start(&[&etcd]).await;
+    let a = Client::new(&router.api.base, None).unwrap();
+    let b = Client::new(&router.api.base, None).unwrap();
+    assert_ne!(a.client_id(), b.client_id(), "random ids differ");
+
+    let lock = a.acquire("sdk:drop", secs(60)).await.unwrap().unwrap();
+    drop(lock);
+    // Far less than the 60 s TTL: the drop handed the release to the task.
+    let next = b
+        .acquire_polling("sdk:drop", secs(60), secs(15), Duration::from_millis(100))
+        .await
+        .unwrap();
+    assert!(next.is_some(), "the dropped lock was not released");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn many_locks_are_renewed_with_one_request_per_interval() {
+    let shards = [EtcdCluster::single(), EtcdCluster::single()];
+    // A router of its own (a separate process), so its metrics count only
+    // this client's requests.
+    let router = RouterProcess::start(&[&shards[0], &shards[1]], free_port()).await;
+    let base = router.api.base.clone();
+    let client = Client::new(&base, Some("batcher")).unwrap();
+    let mut locks = Vec::new();
+    for i in 0..40 {
+        let name = format!("sdk:batch-{i}");
+        locks.push(client.acquire(&name, secs(3)).await.unwrap().unwrap());
+    }
+    let batches = || metric(&base, "lockrouter_requests_total", "op=\"renew_batch\"");
+    let singles = || metric(&base, "lockrouter_requests_total", "op=\"renew\"");
+    let (b0, s0) = (batches().await, singles().await);
+    // Six 1 s intervals.
+    sleep_ms(6_000).await;
+    let (b1, s1) = (batches().await, singles().await);
+    let sent = b1 - b0;
+    // One per interval is 6; renewing each lock alone would be 240.
+    assert!(
+        (3.0..=12.0).contains(&sent),
+        "{sent} renew-batch requests for 40 locks over 6 intervals"
+    );
+    assert_eq!(s1 - s0, 0.0, "no single renewals");
+    assert!(locks.iter().all(|l| l.is_held()));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn without_a_router_a_lock_is_lost_by_the_client_clock_before_its_lease_ends() {
+    let etcd = EtcdCluster::single();
+    let mut doomed = RouterProcess::start(&[&etcd], free_port()).await;
+    let witness = TestRouter::start(&[&etcd]).await;
+    let client = Client::builder(&doomed.api.base)
+        .safety_margin(secs(2))
+        .build()
+        .unwrap();
+    let lock = client
+        .acquire("sdk:orphan", secs(6))
+        .await
+        .unwrap()
+        .unwrap();
+    sleep_ms(2_500).await; // at least one renewal confirmed
+
+    doomed.child.kill().unwrap();
+    doomed.child.wait().unwrap();
+    // Renewals now fail; the lock stays valid until its validity runs out.
+    assert!(lock.is_held());
+    let reason = tokio::time::timeout(secs(20), lock.lost())
+        .await
+        .expect("lost fires once validity runs out");
+    assert_eq!(reason, LostReason::Unconfirmed);
+    // The client gave up while the lease still stood (the 2 s margin): it
+    // never trusts a lock longer than the router could vouch for.
+    let seen = witness.api.inspect("sdk:orphan").await;
+    assert_eq!(seen.body["held"], true, "{seen:?}");
+    assert_eq!(seen.body["fencingToken"], lock.fencing_token());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_shard_outage_loses_only_the_locks_on_that_shard() {
+    let mut shards = [EtcdCluster::single(), EtcdCluster::single()];
+    let router = TestRouter::start(&[&shards[0], &shards[1]]).await;
+    let mut on_shard = [None, None];
+    for i in 0..100 {
+        let name = format!("sdk:shard-{i}");
+        let shard = router.api.inspect(&name).await.body["shard"].clone();
+        let idx = usize::from(shard != "a");
+        on_shard[idx].get_or_insert(name);
+        if on_shard.iter().all(Option::is_some) {
+            break;
+        }
+    }
+    let [Some(name_a), Some(name_b)] = on_shard else {
+        panic!("no names on both shards");
+    };
+    let client = Client::new(&router.api.base, None).unwrap();
+    let lock_a = client.acquire(&name_a, secs(3)).await.unwrap().unwrap();
+    let lock_b = client.acquire(&name_b, secs(3)).await.unwrap().unwrap();
+
+    shards[1].kill();
+    let reason = tokio::time::timeout(secs(20), lock_b.lost())
+        .await
+        .expect("the lock on the dead shard is lost");
+    assert_eq!(reason, LostReason::Unconfirmed, "retried, never refused");
+    assert!(lock_a.is_held());
+    // Well past lock_b's loss, lock_a is still renewed.
+    sleep_ms(4_000).await;
+    assert!(lock_a.is_held());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_lock_runs_the_work_and_cuts_it_short_when_the_lock_is_taken() {
+    let etcd = EtcdCluster::single();
+    let router = TestRouter::start(&[&etcd]).await;
+    let a = Client::new(&router.api.base, Some("wl-A")).unwrap();
+    let b = Client::new(&router.api.base, Some("wl-B")).unwrap();
+
+    let token = a
+        .with_lock("sdk:with", secs(6), |lock| async move {
+            assert!(lock.is_held());
+            lock.fencing_token()
+        })
+        .await
+        .unwrap();
+    assert!(token > 0);
+    // Released on the way out: B gets it at once.
+    let held = b.acquire("sdk:with", secs(6)).await.unwrap().unwrap();
+    let busy = a.with_lock("sdk:with", secs(6), |_| async {}).await;
+    assert_eq!(
+        busy,
+        Err(Error::NotAcquired {
+            name: "sdk:with".into()
+        })
+    );
+    held.release().await.unwrap();
+
+    // The work never finishes on its own; the lock is released behind the
+    // client's back and taken by B, and the next renewal reports it.
+    let dropped = Arc::new(AtomicBool::new(false));
+    let (tx, rx) = tokio::sync::oneshot::channel();
+    let work = {
+        let dropped = dropped.clone();
+        a.with_lock("sdk:with", secs(6), move |lock| async move {
+            let _guard = SetOnDrop(dropped);
+            let _ = tx.send((lock.lock_id().to_string(), lock.fencing_token()));
+            std::future::pending::<()>().await
+        })
+    };
+    let thief = async {
+        let stolen = rx.await.unwrap();
+        assert_eq!(router.api.release(&stolen).await.status, 204);
+        b.acquire("sdk:with", secs(6)).await.unwrap().unwrap()
+    };
+    let (outcome, _b_lock) = tokio::join!(tokio::time::timeout(secs(20), work), thief);
+    match outcome.expect("with_lock returns once the lock is lost") {
+        Err(Error::Lost { reason, .. }) => assert!(
+            matches!(reason, LostReason::Stolen | LostReason::Expired),
+            "the router's answer, not the clock, ended it: {reason:?}"
+        ),
+        other => panic!("expected Lost, got {other:?}"),
+    }
+    assert!(dropped.load(Ordering::SeqCst), "the work was cancelled");
+}
+
+struct SetOnDrop(Arc<AtomicBool>);
+
+impl Drop for SetOnDrop {
+    fn drop(&mut self) {
+        self.0.store(true, Ordering::SeqCst);
+    }
+}
