@@ -1,0 +1,210 @@
+//! The router's v1 API as goose users call it: every call goes through
+//! goose (so it is throttled when the scenario is, and shows in goose's
+//! report) and is also counted in the scenario's [`Stats`].
+
+use std::time::{Duration, Instant};
+
+use goose::prelude::*;
+use serde_json::{json, Value};
+
+use crate::stats::Stats;
+
+/// A lock the load generator holds.
+#[derive(Debug, Clone)]
+pub struct Held {
+    pub lock_id: String,
+    pub token: u64,
+}
+
+/// What an acquire call came to.
+pub enum Acquire {
+    Granted(Held),
+    /// Someone else holds the name.
+    Held,
+    Failed,
+}
+
+/// Takes a token from goose's throttle, as a goose request would; false
+/// once the attack has ended and the throttle is closed.
+pub async fn throttle(user: &GooseUser) -> bool {
+    match (&user.throttle, user.is_throttled) {
+        (Some(t), true) => t.send_async(true).await.is_ok(),
+        _ => true,
+    }
+}
+
+/// POSTs `body` to `path`; returns the status, the JSON body (Null when
+/// empty) and how long the call took, or None after counting a transport
+/// error or an unreadable body. The throttle token is taken first, so the
+/// time is the request's own, not its wait for a slot.
+pub async fn post(
+    user: &mut GooseUser,
+    stats: &Stats,
+    path: &str,
+    body: &Value,
+) -> Option<(u16, Value, Duration)> {
+    if !throttle(user).await {
+        // The attack ended while this user waited: nothing was sent.
+        return None;
+    }
+    let throttled = std::mem::replace(&mut user.is_throttled, false);
+    let started = Instant::now();
+    let sent = user.post_json(path, body).await;
+    user.is_throttled = throttled;
+    stats.request();
+    let Ok(goose) = sent else {
+        stats.error();
+        return None;
+    };
+    let resp = match goose.response {
+        Ok(r) => r,
+        Err(_) => {
+            stats.error();
+            return None;
+        }
+    };
+    let status = resp.status().as_u16();
+    stats.status(status);
+    let text = match resp.text().await {
+        Ok(t) => t,
+        Err(_) => {
+            stats.error();
+            return None;
+        }
+    };
+    let took = started.elapsed();
+    if text.is_empty() {
+        return Some((status, Value::Null, took));
+    }
+    match serde_json::from_str(&text) {
+        Ok(v) => Some((status, v, took)),
+        Err(_) => {
+            stats.error();
+            None
+        }
+    }
+}
+
+/// Acquires `name` for `client`, recording the acquire's latency.
+pub async fn acquire(
+    user: &mut GooseUser,
+    stats: &Stats,
+    name: &str,
+    client: &str,
+    ttl_ms: u64,
+) -> Acquire {
+    let body = json!({"name": name, "ttlMs": ttl_ms, "clientId": client});
+    let Some((status, v, took)) = post(user, stats, "/api/v1/locks/acquire", &body).await else {
+        return Acquire::Failed;
+    };
+    if status != 200 {
+        stats.error();
+        return Acquire::Failed;
+    }
+    if v["acquired"] == true {
+        match (v["lockId"].as_str(), v["fencingToken"].as_u64()) {
+            (Some(id), Some(token)) => {
+                stats.granted(user.weighted_users_index, took);
+                Acquire::Granted(Held {
+                    lock_id: id.to_string(),
+                    token,
+                })
+            }
+            _ => {
+                stats.error();
+                Acquire::Failed
+            }
+        }
+    } else if v["acquired"] == false {
+        stats.refused(took);
+        Acquire::Held
+    } else {
+        stats.error();
+        Acquire::Failed
+    }
+}
+
+/// Releases `lock`; a 204 is the only success.
+pub async fn release(user: &mut GooseUser, stats: &Stats, lock: &Held) {
+    let body = json!({"lockId": lock.lock_id, "fencingToken": lock.token});
+    match post(user, stats, "/api/v1/locks/release", &body).await {
+        Some((204, _, _)) => stats.released_one(),
+        Some(_) => stats.error(),
+        None => {}
+    }
+}
+
+/// Renews one lock with its own call; false if it is gone.
+pub async fn renew(user: &mut GooseUser, stats: &Stats, lock: &Held) -> bool {
+    let body = json!({"lockId": lock.lock_id, "fencingToken": lock.token});
+    match post(user, stats, "/api/v1/locks/renew", &body).await {
+        Some((200, v, _)) if v["renewed"] == true => {
+            stats
+                .renewed
+                .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            true
+        }
+        Some((409, _, _)) => {
+            stats
+                .lost
+                .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            stats.error();
+            false
+        }
+        Some(_) => {
+            stats.error();
+            false
+        }
+        None => false,
+    }
+}
+
+/// Renews `locks` in calls of at most `max_batch`; returns how many were
+/// not renewed.
+pub async fn renew_batch(
+    user: &mut GooseUser,
+    stats: &Stats,
+    locks: &[Held],
+    max_batch: usize,
+) -> usize {
+    let mut failed = 0;
+    for chunk in locks.chunks(max_batch.max(1)) {
+        let items: Vec<Value> = chunk
+            .iter()
+            .map(|l| json!({"lockId": l.lock_id, "fencingToken": l.token}))
+            .collect();
+        let body = json!({ "locks": items });
+        let Some((status, v, _)) = post(user, stats, "/api/v1/locks/renew-batch", &body).await
+        else {
+            failed += chunk.len();
+            continue;
+        };
+        let results = v["results"].as_array();
+        if status != 200 || results.map(Vec::len) != Some(chunk.len()) {
+            stats.error();
+            failed += chunk.len();
+            continue;
+        }
+        for r in results.into_iter().flatten() {
+            if r["renewed"] == true {
+                stats
+                    .renewed
+                    .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            } else {
+                stats
+                    .lost
+                    .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                stats.error();
+                failed += 1;
+            }
+        }
+    }
+    failed
+}
+
+/// Sleeps without holding the goose user's place in the throttle.
+pub async fn pause(d: Duration) {
+    if !d.is_zero() {
+        tokio::time::sleep(d).await;
+    }
+}

@@ -1,0 +1,60 @@
+//! `lockrouter-loadtest`: load tests and benchmarks lockrouter on this
+//! machine. It starts its own etcd shards and router on loopback, runs goose
+//! scenarios against the router and the same work straight against etcd,
+//! accounts for every run from the servers' own metrics, and writes
+//! `summary.json`, `summary.md` and goose's HTML reports.
+//!
+//! # Layout
+//! - `options`: command line and the smoke/full sizes.
+//! - `procs`: etcd and router processes, RSS and CPU time from `/proc`.
+//! - `scrape`: the servers' metrics before and after each scenario.
+//! - `stats`: what the load generator counts, HDR latency histograms.
+//! - `api`: the router's v1 API as goose users call it.
+//! - `attack`: running one goose attack.
+//! - `scenarios`: uncontested, contended, churn, hold, per-lock-renew and
+//!   the direct and naive baselines.
+//! - `bench`: the run; `report`: records, targets, checks, files.
+
+mod api;
+mod attack;
+mod bench;
+mod options;
+mod procs;
+mod report;
+mod scenarios;
+mod scrape;
+mod stats;
+
+use std::process::ExitCode;
+
+use clap::Parser;
+
+fn main() -> ExitCode {
+    let cfg = match options::Cli::parse().config() {
+        Ok(c) => c,
+        Err(e) => {
+            eprintln!("lockrouter-loadtest: {e:#}");
+            return ExitCode::from(2);
+        }
+    };
+    let runtime = match tokio::runtime::Runtime::new() {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("lockrouter-loadtest: cannot start the runtime: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    match runtime.block_on(bench::run_all(&cfg)) {
+        Ok(problems) if problems.is_empty() => ExitCode::SUCCESS,
+        Ok(problems) => {
+            for p in problems {
+                eprintln!("check failed: {p}");
+            }
+            ExitCode::FAILURE
+        }
+        Err(e) => {
+            eprintln!("lockrouter-loadtest: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}

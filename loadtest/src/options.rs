@@ -1,0 +1,197 @@
+//! Command line and sizes. A profile (`smoke` for CI, `full` for the
+//! benchmark report) sets every size; any flag overrides its value.
+
+use std::path::PathBuf;
+
+use clap::{Parser, ValueEnum};
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum Profile {
+    /// Small and quick: every scenario and baseline in about a minute.
+    Smoke,
+    /// As large as a 2-core machine allows in about 20 minutes.
+    Full,
+}
+
+/// Every scenario, in the order a run executes them.
+pub const SCENARIOS: &[&str] = &[
+    "direct",
+    "naive",
+    "uncontested",
+    "latency",
+    "contended",
+    "churn",
+    "hold",
+    "per-lock-renew",
+    "naive-hold",
+];
+
+#[derive(Debug, Parser)]
+#[command(
+    name = "lockrouter-loadtest",
+    about = "Load tests lockrouter against local etcd shards it starts itself, beside direct-to-etcd and naive baselines"
+)]
+pub struct Cli {
+    #[arg(long, value_enum, default_value = "full")]
+    pub profile: Profile,
+    /// Comma-separated scenarios to run (default: all). Known: direct, naive,
+    /// uncontested, latency, contended, churn, hold, per-lock-renew, naive-hold.
+    #[arg(long, value_delimiter = ',')]
+    pub scenarios: Vec<String>,
+    /// Where summary.json, summary.md and goose's HTML reports go.
+    #[arg(long, default_value = "target/bench")]
+    pub out: PathBuf,
+    /// The `lockrouter` binary (default: next to this one).
+    #[arg(long)]
+    pub router_bin: Option<PathBuf>,
+    /// Exit non-zero on any request error, 5xx, or accounting that does not add up.
+    #[arg(long)]
+    pub check: bool,
+    #[arg(long)]
+    pub shards: Option<usize>,
+    /// Concurrent users of the throughput scenarios and baselines.
+    #[arg(long)]
+    pub users: Option<usize>,
+    /// Seconds each throughput scenario runs.
+    #[arg(long)]
+    pub duration_s: Option<usize>,
+    /// Acquires/s at which router and direct latency are compared.
+    #[arg(long)]
+    pub fixed_rate: Option<usize>,
+    /// Lock TTL in ms for every scenario (hold renews every TTL/3).
+    #[arg(long)]
+    pub ttl_ms: Option<u64>,
+    /// `hold`: active leases L.
+    #[arg(long)]
+    pub locks: Option<u64>,
+    /// `hold`: clients C sharing them.
+    #[arg(long)]
+    pub clients: Option<usize>,
+    /// `hold`: goose users simulating the clients.
+    #[arg(long)]
+    pub hold_users: Option<usize>,
+    /// `hold`: seconds the steady hold window lasts.
+    #[arg(long)]
+    pub hold_s: Option<u64>,
+    /// `hold`: give up ramping after this many seconds and hold what was reached.
+    #[arg(long)]
+    pub ramp_limit_s: Option<u64>,
+    /// `churn`: target acquires/s A.
+    #[arg(long)]
+    pub churn_rate: Option<usize>,
+    /// `churn`: seconds it runs, alone and again on top of `hold`.
+    #[arg(long)]
+    pub churn_s: Option<usize>,
+    /// `per-lock-renew`: active leases and clients.
+    #[arg(long)]
+    pub per_lock_locks: Option<u64>,
+    #[arg(long)]
+    pub per_lock_clients: Option<usize>,
+    /// `naive-hold`: leases held the naive way.
+    #[arg(long)]
+    pub naive_hold_leases: Option<u64>,
+}
+
+/// Resolved sizes of one run.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct Config {
+    pub profile: String,
+    pub scenarios: Vec<String>,
+    pub out: PathBuf,
+    pub router_bin: PathBuf,
+    pub check: bool,
+    pub shards: usize,
+    pub users: usize,
+    pub duration_s: usize,
+    pub fixed_rate: usize,
+    pub ttl_ms: u64,
+    pub locks: u64,
+    pub clients: usize,
+    pub hold_users: usize,
+    pub hold_s: u64,
+    pub ramp_limit_s: u64,
+    pub settle_s: u64,
+    pub churn_rate: usize,
+    pub churn_s: usize,
+    pub churn_users: usize,
+    pub per_lock_locks: u64,
+    pub per_lock_clients: usize,
+    pub naive_hold_leases: u64,
+    pub contended_users: usize,
+    pub contended_names: usize,
+    pub contended_hold_ms: u64,
+}
+
+impl Cli {
+    pub fn config(self) -> anyhow::Result<Config> {
+        let smoke = self.profile == Profile::Smoke;
+        let scenarios = if self.scenarios.is_empty() {
+            SCENARIOS.iter().map(|s| s.to_string()).collect()
+        } else {
+            for s in &self.scenarios {
+                anyhow::ensure!(
+                    SCENARIOS.contains(&s.as_str()),
+                    "unknown scenario {s:?}; known: {}",
+                    SCENARIOS.join(", ")
+                );
+            }
+            self.scenarios
+        };
+        let router_bin = match self.router_bin {
+            Some(p) => p,
+            None => std::env::current_exe()?
+                .parent()
+                .map(|d| d.join("lockrouter"))
+                .ok_or_else(|| {
+                    anyhow::anyhow!("cannot locate the lockrouter binary; pass --router-bin")
+                })?,
+        };
+        anyhow::ensure!(
+            router_bin.exists(),
+            "{} does not exist; build it or pass --router-bin",
+            router_bin.display()
+        );
+        Ok(Config {
+            profile: format!("{:?}", self.profile).to_lowercase(),
+            scenarios,
+            out: self.out,
+            router_bin,
+            check: self.check,
+            shards: self.shards.unwrap_or(3),
+            users: self.users.unwrap_or(pick(smoke, 8, 64)),
+            duration_s: self.duration_s.unwrap_or(pick(smoke, 4, 30)),
+            fixed_rate: self.fixed_rate.unwrap_or(pick(smoke, 100, 1000)),
+            ttl_ms: self.ttl_ms.unwrap_or(pick(smoke, 6_000, 30_000)),
+            locks: self.locks.unwrap_or(pick(smoke, 2_000, 1_000_000)),
+            clients: self.clients.unwrap_or(pick(smoke, 20, 10_000)),
+            hold_users: self.hold_users.unwrap_or(pick(smoke, 10, 100)),
+            hold_s: self.hold_s.unwrap_or(pick(smoke, 4, 30)),
+            ramp_limit_s: self.ramp_limit_s.unwrap_or(pick(smoke, 120, 660)),
+            settle_s: pick(smoke, 1, 3),
+            churn_rate: self.churn_rate.unwrap_or(pick(smoke, 200, 10_000)),
+            churn_s: self.churn_s.unwrap_or(pick(smoke, 4, 30)),
+            churn_users: pick(smoke, 8, 64),
+            per_lock_locks: self.per_lock_locks.unwrap_or(pick(smoke, 200, 20_000)),
+            per_lock_clients: self.per_lock_clients.unwrap_or(pick(smoke, 10, 200)),
+            naive_hold_leases: self.naive_hold_leases.unwrap_or(pick(smoke, 200, 20_000)),
+            contended_users: pick(smoke, 8, 32),
+            contended_names: 4,
+            contended_hold_ms: 2,
+        })
+    }
+}
+
+/// The smoke or the full size of a setting.
+fn pick<T>(smoke: bool, smoke_value: T, full_value: T) -> T {
+    if smoke {
+        smoke_value
+    } else {
+        full_value
+    }
+}
+
+impl Config {
+    pub fn wants(&self, scenario: &str) -> bool {
+        self.scenarios.iter().any(|s| s == scenario)
+    }
+}

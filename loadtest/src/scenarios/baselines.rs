@@ -1,0 +1,341 @@
+//! The baselines, sent straight to the same etcd shards with etcd-client:
+//!
+//! - `direct`: the router's own acquire txn — `If(create_revision(key) == 0
+//!   and the ring key matches) Then(Put key with lease) Else(Get key, Get
+//!   ring)` on a lease granted once per shard — and its release txn. No
+//!   HTTP, no router: the physical limit of this machine.
+//! - `naive`: one lease per lock, the design lockrouter replaces: grant, then
+//!   the txn on that lease; release revokes the lease (which deletes the key).
+//!   [`naive_hold`] holds leases the naive way, one keepalive per lock every
+//!   TTL/3, to count what that costs etcd.
+//!
+//! `direct` and `naive` run as goose scenarios with custom requests, so they
+//! share the router scenarios' users, throttle and reports.
+
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering::Relaxed};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result};
+use etcd_client::{Client, Compare, CompareOp, PutOptions, Txn, TxnOp};
+use goose::prelude::*;
+use serde::Serialize;
+
+use crate::api::throttle;
+use crate::attack::transaction;
+use crate::procs::Stack;
+use crate::scrape::{Delta, Snapshot};
+use crate::stats::Stats;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Kind {
+    Direct,
+    Naive,
+}
+
+pub struct EtcdBaseline {
+    pub stats: Stats,
+    pub kind: Kind,
+    clients: Vec<Client>,
+    /// `direct`: one long lease per shard, as a router session would be.
+    leases: Vec<i64>,
+    ttl_secs: i64,
+    prefix: String,
+    seq: AtomicU64,
+}
+
+const RING_VALUE: &[u8] = br#"{"epoch":1,"ring":"bench"}"#;
+
+fn ring_key(prefix: &str) -> String {
+    format!("{prefix}/ring")
+}
+
+impl EtcdBaseline {
+    pub async fn connect(
+        endpoints: &[String],
+        kind: Kind,
+        ttl_secs: i64,
+        tag: &str,
+        stats: Stats,
+    ) -> Result<Self> {
+        let prefix = format!("/bench/{tag}");
+        let mut clients = Vec::new();
+        let mut leases = Vec::new();
+        for ep in endpoints {
+            let mut c = Client::connect([ep.as_str()], None)
+                .await
+                .with_context(|| format!("connect to etcd at {ep}"))?;
+            c.put(ring_key(&prefix), RING_VALUE, None).await?;
+            if kind == Kind::Direct {
+                // Outlives any one attack; revoked in `finish`.
+                leases.push(c.lease_grant(3600, None).await?.id());
+            }
+            clients.push(c);
+        }
+        Ok(Self {
+            stats,
+            kind,
+            clients,
+            leases,
+            ttl_secs,
+            prefix,
+            seq: AtomicU64::new(0),
+        })
+    }
+
+    /// Revokes the shared leases (and so any key left on them).
+    pub async fn finish(&self) {
+        for (c, l) in self.clients.iter().zip(&self.leases) {
+            let _ = c.clone().lease_revoke(*l).await;
+        }
+    }
+}
+
+/// The router's acquire txn, on `lease`. Returns the create revision.
+async fn acquire_txn(c: &mut Client, prefix: &str, key: &str, lease: i64) -> Result<Option<i64>> {
+    let ring = ring_key(prefix);
+    let value = format!(r#"{{"client":"bench","epoch":1,"name":"{key}"}}"#);
+    let txn = Txn::new()
+        .when([
+            Compare::create_revision(key, CompareOp::Equal, 0),
+            Compare::value(ring.clone(), CompareOp::Equal, RING_VALUE),
+        ])
+        .and_then([TxnOp::put(
+            key,
+            value,
+            Some(PutOptions::new().with_lease(lease)),
+        )])
+        .or_else([TxnOp::get(key, None), TxnOp::get(ring, None)]);
+    let resp = c.txn(txn).await?;
+    Ok(resp
+        .succeeded()
+        .then(|| resp.header().map(|h| h.revision()).unwrap_or(0)))
+}
+
+/// The router's release txn: delete only if still this grant.
+async fn release_txn(c: &mut Client, key: &str, revision: i64, lease: i64) -> Result<bool> {
+    let txn = Txn::new()
+        .when([
+            Compare::create_revision(key, CompareOp::Equal, revision),
+            Compare::lease(key, CompareOp::Equal, lease),
+        ])
+        .and_then([TxnOp::delete(key, None)]);
+    Ok(c.txn(txn).await?.succeeded())
+}
+
+async fn record(user: &mut GooseUser, name: &str, took: Duration, ok: bool) {
+    let _ = user
+        .record_custom_request_duration(
+            "ETCD",
+            name,
+            took,
+            ok,
+            None,
+            (!ok).then_some("etcd call failed"),
+        )
+        .await;
+}
+
+pub fn scenario(name: &str, ctx: &Arc<EtcdBaseline>) -> Scenario {
+    scenario!(name).register_transaction(transaction("acquire-release", ctx, |user, ctx| {
+        Box::pin(async move {
+            lifecycle(user, &ctx).await;
+            Ok(())
+        })
+    }))
+}
+
+async fn lifecycle(user: &mut GooseUser, ctx: &EtcdBaseline) {
+    let n = ctx.seq.fetch_add(1, Relaxed);
+    let shard = (n % ctx.clients.len() as u64) as usize;
+    let key = format!("{}/locks/{n}", ctx.prefix);
+    let mut c = ctx.clients[shard].clone();
+    let stats = &ctx.stats;
+
+    if !throttle(user).await {
+        return;
+    }
+    let started = Instant::now();
+    let acquired: Result<(i64, Option<i64>)> = async {
+        let lease = match ctx.kind {
+            Kind::Direct => ctx.leases[shard],
+            Kind::Naive => {
+                stats.request();
+                c.lease_grant(ctx.ttl_secs, None).await?.id()
+            }
+        };
+        stats.request();
+        Ok((lease, acquire_txn(&mut c, &ctx.prefix, &key, lease).await?))
+    }
+    .await;
+    let took = started.elapsed();
+    let (lease, revision) = match acquired {
+        Ok((lease, Some(rev))) => {
+            stats.granted(user.weighted_users_index, took);
+            record(user, "acquire", took, true).await;
+            (lease, rev)
+        }
+        _ => {
+            stats.error();
+            record(user, "acquire", took, false).await;
+            return;
+        }
+    };
+
+    // Release even when the throttle has closed: the key must not linger.
+    throttle(user).await;
+    let started = Instant::now();
+    stats.request();
+    let released = match ctx.kind {
+        Kind::Direct => release_txn(&mut c, &key, revision, lease)
+            .await
+            .unwrap_or(false),
+        Kind::Naive => c.lease_revoke(lease).await.is_ok(),
+    };
+    record(user, "release", started.elapsed(), released).await;
+    if released {
+        stats.released_one();
+    } else {
+        stats.error();
+    }
+}
+
+/// What holding leases the naive way cost etcd.
+#[derive(Debug, Clone, Serialize)]
+pub struct NaiveHoldOutcome {
+    pub leases: u64,
+    pub ttl_secs: i64,
+    pub ramp_s: f64,
+    /// Over the keepalive window.
+    pub window: Delta,
+    pub keepalives_per_s: f64,
+    /// What one keepalive per lock every TTL/3 should come to.
+    pub expected_keepalives_per_s: f64,
+    pub errors: u64,
+}
+
+/// Grants `leases` leases with a lock key each (grant + txn, 64 at a time),
+/// keeps every one alive every TTL/3 for `window`, then revokes them all.
+/// Keepalives share one stream per shard: what etcd pays per keepalive is
+/// the same, and the load generator stays cheap.
+pub async fn naive_hold(
+    stack: &Stack,
+    leases: u64,
+    ttl_secs: i64,
+    window: Duration,
+) -> Result<NaiveHoldOutcome> {
+    let base = EtcdBaseline::connect(
+        &stack.endpoints(),
+        Kind::Naive,
+        ttl_secs,
+        "naive-hold",
+        Stats::new(None),
+    )
+    .await?;
+    let base = Arc::new(base);
+    let held: Arc<Mutex<Vec<(usize, i64)>>> = Arc::new(Mutex::new(Vec::new()));
+    let next = Arc::new(AtomicU64::new(0));
+    let errors = Arc::new(AtomicUsize::new(0));
+    let started = Instant::now();
+    let workers: Vec<_> = (0..64)
+        .map(|_| {
+            let (base, held, next, errors) =
+                (base.clone(), held.clone(), next.clone(), errors.clone());
+            tokio::spawn(async move {
+                loop {
+                    let n = next.fetch_add(1, Relaxed);
+                    if n >= leases {
+                        return;
+                    }
+                    let shard = (n % base.clients.len() as u64) as usize;
+                    let mut c = base.clients[shard].clone();
+                    let key = format!("{}/locks/{n}", base.prefix);
+                    let got = async {
+                        let lease = c.lease_grant(base.ttl_secs, None).await?.id();
+                        acquire_txn(&mut c, &base.prefix, &key, lease).await?;
+                        anyhow::Ok(lease)
+                    }
+                    .await;
+                    match got {
+                        Ok(lease) => held.lock().expect("held").push((shard, lease)),
+                        Err(_) => {
+                            errors.fetch_add(1, Relaxed);
+                        }
+                    }
+                }
+            })
+        })
+        .collect();
+    for w in workers {
+        w.await?;
+    }
+    let ramp_s = started.elapsed().as_secs_f64();
+    let all = std::mem::take(&mut *held.lock().expect("held"));
+
+    // One keepalive per lease every TTL/3, spread evenly over the period.
+    let period = Duration::from_millis(ttl_secs as u64 * 1000 / 3);
+    let mut keepers = Vec::new();
+    let mut readers = Vec::new();
+    for (i, c) in base.clients.iter().enumerate() {
+        let Some(&(_, first)) = all.iter().find(|(s, _)| *s == i) else {
+            keepers.push(None);
+            continue;
+        };
+        let (keeper, mut stream) = c.clone().lease_keep_alive(first).await?;
+        readers.push(tokio::spawn(async move {
+            while let Ok(Some(_)) = stream.message().await {}
+        }));
+        keepers.push(Some(keeper));
+    }
+    let s0 = Snapshot::take(stack)?;
+    let deadline = Instant::now() + window;
+    let slices = 50u32;
+    'rounds: while Instant::now() < deadline {
+        let round = Instant::now();
+        for (k, chunk) in all
+            .chunks(all.len().div_ceil(slices as usize).max(1))
+            .enumerate()
+        {
+            for &(shard, lease) in chunk {
+                if let Some(keeper) = keepers[shard].as_mut() {
+                    keeper.id = lease;
+                    if keeper.keep_alive().await.is_err() {
+                        errors.fetch_add(1, Relaxed);
+                    }
+                }
+            }
+            tokio::time::sleep_until((round + period * (k as u32 + 1) / slices).into()).await;
+            if Instant::now() >= deadline {
+                break 'rounds;
+            }
+        }
+    }
+    let s1 = Snapshot::take(stack)?;
+    for r in readers {
+        r.abort();
+    }
+    let revokers: Vec<_> = all
+        .chunks(all.len().div_ceil(64).max(1))
+        .map(|chunk| {
+            let (base, chunk) = (base.clone(), chunk.to_vec());
+            tokio::spawn(async move {
+                for (shard, lease) in chunk {
+                    let _ = base.clients[shard].clone().lease_revoke(lease).await;
+                }
+            })
+        })
+        .collect();
+    for r in revokers {
+        r.await?;
+    }
+    let delta = s1.since(&s0);
+    Ok(NaiveHoldOutcome {
+        leases: all.len() as u64,
+        ttl_secs,
+        ramp_s,
+        keepalives_per_s: delta.etcd.lease_renewals / delta.seconds.max(1e-9),
+        expected_keepalives_per_s: all.len() as f64 / period.as_secs_f64(),
+        window: delta,
+        errors: errors.load(Relaxed) as u64,
+    })
+}
