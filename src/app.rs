@@ -66,11 +66,15 @@ impl Application {
     }
 
     pub fn local_addr(&self) -> SocketAddr {
-        self.listener.local_addr().expect("bound listener has an address")
+        self.listener
+            .local_addr()
+            .expect("bound listener has an address")
     }
 
     pub fn metrics_addr(&self) -> Option<SocketAddr> {
-        self.metrics_listener.as_ref().and_then(|l| l.local_addr().ok())
+        self.metrics_listener
+            .as_ref()
+            .and_then(|l| l.local_addr().ok())
     }
 
     /// Serves until `shutdown` is cancelled, then drains in-flight requests.
@@ -78,10 +82,25 @@ impl Application {
         let grace = self.grace;
         let metrics = self.metrics_listener.map(|l| {
             let state = self.state.clone();
-            tokio::spawn(http::serve(l, state, Listener::MetricsOnly, shutdown.clone(), grace))
+            tokio::spawn(http::serve(
+                l,
+                state,
+                Listener::MetricsOnly,
+                shutdown.clone(),
+                grace,
+            ))
         });
-        let poll = if self.reload_poll.is_zero() { Duration::MAX / 4 } else { self.reload_poll };
-        let watcher = tokio::spawn(self.state.reloader.clone().watch(poll, self.tasks.child_token()));
+        let poll = if self.reload_poll.is_zero() {
+            Duration::MAX / 4
+        } else {
+            self.reload_poll
+        };
+        let watcher = tokio::spawn(
+            self.state
+                .reloader
+                .clone()
+                .watch(poll, self.tasks.child_token()),
+        );
         http::serve(self.listener, self.state, Listener::Main, shutdown, grace).await;
         if let Some(task) = metrics {
             let _ = task.await;

@@ -110,7 +110,10 @@ pub struct AdminSettings {
 
 impl Default for AdminSettings {
     fn default() -> Self {
-        Self { token: None, reload_poll_ms: defaults::reload_poll_ms() }
+        Self {
+            token: None,
+            reload_poll_ms: defaults::reload_poll_ms(),
+        }
     }
 }
 

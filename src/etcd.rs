@@ -173,9 +173,13 @@ impl EtcdConn {
             Err(EtcdError::Other { .. }) => "error",
         };
         m::etcd_rpc(&self.inner.shard, rpc, outcome, started.elapsed());
-        if let Err(EtcdError::Unavailable { detail, .. }) = &result {
-            tracing::debug!(shard = %self.inner.shard, rpc, %detail, "etcd call failed");
-            self.set_up(false);
+        match &result {
+            Err(EtcdError::Unavailable { detail, .. }) => {
+                tracing::debug!(shard = %self.inner.shard, rpc, %detail, "etcd call failed");
+                self.set_up(false);
+            }
+            // An answer proves the shard reachable.
+            _ => self.set_up(true),
         }
         result
     }

@@ -4,10 +4,13 @@
 //! It acquires the lock through the client SDK (which renews it in the
 //! background), starts the command with the lock's name, id and fencing
 //! token in its environment, and waits. If the lock is lost, the command
-//! gets SIGTERM, then SIGKILL after a grace period. SIGINT and SIGTERM sent
-//! to `exec` are passed on to the command. When the command exits the lock
+//! gets SIGTERM, then SIGKILL after a grace period. SIGTERM sent to `exec`
+//! is passed on to the command, and so is SIGINT unless `exec` runs at a
+//! terminal (there Ctrl-C already reaches the command, which stays in
+//! `exec`'s process group for job control). When the command exits the lock
 //! is released. Exit codes are listed in [`codes`].
 
+use std::io::IsTerminal;
 use std::os::unix::process::ExitStatusExt;
 use std::process::{ExitStatus, Stdio};
 use std::time::Duration;
@@ -16,7 +19,7 @@ use lockrouter_client::{Client, Lock};
 use nix::sys::signal::{kill, Signal};
 use nix::unistd::Pid;
 use tokio::process::{Child, Command};
-use tokio::signal::unix::{signal, SignalKind};
+use tokio::signal::unix::{signal, Signal as UnixSignal, SignalKind};
 
 /// Exit codes of `lockrouter exec` besides the command's own.
 pub mod codes {
@@ -109,6 +112,19 @@ async fn run(args: ExecArgs) -> u8 {
             return codes::UNAVAILABLE;
         }
     };
+    // Handlers first, so a signal arriving right after the command starts
+    // is forwarded rather than killing exec and orphaning the command.
+    let signals = match (
+        signal(SignalKind::terminate()),
+        signal(SignalKind::interrupt()),
+    ) {
+        (Ok(term), Ok(int)) => Signals { term, int },
+        (Err(e), _) | (_, Err(e)) => {
+            eprintln!("lockrouter exec: cannot handle signals: {e}");
+            release(lock).await;
+            return codes::INTERNAL;
+        }
+    };
     let child = match spawn(&args.command, &lock) {
         Ok(child) => child,
         Err((code, msg)) => {
@@ -117,7 +133,13 @@ async fn run(args: ExecArgs) -> u8 {
             return code;
         }
     };
-    supervise(child, lock, args.grace).await
+    supervise(child, lock, args.grace, signals).await
+}
+
+/// The signals exec passes on to the command.
+struct Signals {
+    term: UnixSignal,
+    int: UnixSignal,
 }
 
 fn spawn(command: &[String], lock: &Lock) -> Result<Child, (u8, String)> {
@@ -144,16 +166,10 @@ fn spawn(command: &[String], lock: &Lock) -> Result<Child, (u8, String)> {
 
 /// Waits for the command, stopping it if the lock is lost and passing
 /// SIGINT/SIGTERM on to it; returns the exit code.
-async fn supervise(mut child: Child, lock: Lock, grace: Duration) -> u8 {
-    let (Ok(mut term), Ok(mut int)) = (
-        signal(SignalKind::terminate()),
-        signal(SignalKind::interrupt()),
-    ) else {
-        eprintln!("lockrouter exec: cannot handle signals; stopping the command");
-        stop(&mut child, grace).await;
-        release(lock).await;
-        return codes::INTERNAL;
-    };
+async fn supervise(mut child: Child, lock: Lock, grace: Duration, mut sig: Signals) -> u8 {
+    // The command shares exec's process group, so a Ctrl-C at a terminal
+    // already reaches it; forwarding that SIGINT too would deliver it twice.
+    let interactive = std::io::stdin().is_terminal();
     let lost = lock.lost();
     tokio::pin!(lost);
     let status = loop {
@@ -168,8 +184,10 @@ async fn supervise(mut child: Child, lock: Lock, grace: Duration) -> u8 {
                 release(lock).await;
                 return codes::LOST;
             }
-            _ = term.recv() => forward(&child, Signal::SIGTERM),
-            _ = int.recv() => forward(&child, Signal::SIGINT),
+            _ = sig.term.recv() => forward(&child, Signal::SIGTERM),
+            _ = sig.int.recv() => if !interactive {
+                forward(&child, Signal::SIGINT)
+            },
         }
     };
     release(lock).await;

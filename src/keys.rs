@@ -99,7 +99,10 @@ pub struct Recorded {
 
 impl Recorded {
     pub fn new(meta: RingMeta) -> Self {
-        Self { bytes: meta.to_bytes(), meta }
+        Self {
+            bytes: meta.to_bytes(),
+            meta,
+        }
     }
 
     /// Parses a ring key's value; an unreadable one is kept (epoch 0) so it
@@ -110,6 +113,9 @@ impl Recorded {
             ring: format!("unreadable: {:?}", String::from_utf8_lossy(bytes)),
             previous: None,
         });
-        Self { meta, bytes: bytes.to_vec() }
+        Self {
+            meta,
+            bytes: bytes.to_vec(),
+        }
     }
 }

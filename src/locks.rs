@@ -137,7 +137,12 @@ impl Locks {
         self.active().acquire(req).await
     }
 
-    pub async fn renew(&self, lock_id: &str, token: u64, ttl_ms: Option<u64>) -> Result<Renewed, LockError> {
+    pub async fn renew(
+        &self,
+        lock_id: &str,
+        token: u64,
+        ttl_ms: Option<u64>,
+    ) -> Result<Renewed, LockError> {
         self.active().renew(lock_id, token, ttl_ms).await
     }
 
@@ -172,7 +177,10 @@ impl Active {
         // opened or closed) under a ring this router still serves.
         for _ in 0..3 {
             let ring = self.granting_ring(shard)?;
-            if let Some(answer) = self.handoff(&req.name, shard, &req.client_id, &hash, window).await? {
+            if let Some(answer) = self
+                .handoff(&req.name, shard, &req.client_id, &hash, window)
+                .await?
+            {
                 return Ok(answer);
             }
             let epoch = u16::try_from(ring.meta.epoch)
@@ -195,7 +203,10 @@ impl Active {
                 || matches!(renewal, Ok(r) if !r.alive());
             if lease_gone {
                 // If the txn did create the key, it went with the lease.
-                shard.sessions.invalidate(&req.client_id, ttl_secs, session.id).await;
+                shard
+                    .sessions
+                    .invalidate(&req.client_id, ttl_secs, session.id)
+                    .await;
                 continue;
             }
             match txn? {
@@ -212,12 +223,17 @@ impl Active {
                 }
                 AcquireTxn::Held(holder) => {
                     let own = Some((session, renewal));
-                    return self.held(shard, &req.client_id, holder, hash, own, window).await;
+                    return self
+                        .held(shard, &req.client_id, holder, hash, own, window)
+                        .await;
                 }
                 AcquireTxn::RingChanged(found) => self.router.ring_changed(shard, found),
             }
         }
-        Err(unavailable(shard, "the shard's ring or session lease kept changing; retry"))
+        Err(unavailable(
+            shard,
+            "the shard's ring or session lease kept changing; retry",
+        ))
     }
 
     /// During a migration a moved name may still be held on its previous
@@ -240,16 +256,25 @@ impl Active {
             return Ok(None);
         }
         check_up(previous)?;
-        let (holder, recorded) = previous.read_lock_and_ring(&previous.keys.lock(hash)).await?;
+        let (holder, recorded) = previous
+            .read_lock_and_ring(&previous.keys.lock(hash))
+            .await?;
         let fenced = recorded.is_some_and(|r| {
-            r.meta.ring == self.router.ring.fingerprint() && r.meta.epoch >= migration.recorded.meta.epoch
+            r.meta.ring == self.router.ring.fingerprint()
+                && r.meta.epoch >= migration.recorded.meta.epoch
         });
         if !fenced {
-            return Err(unavailable(previous, "the migration has not fenced this shard yet; retry"));
+            return Err(unavailable(
+                previous,
+                "the migration has not fenced this shard yet; retry",
+            ));
         }
         match holder {
             None => Ok(None),
-            Some(kv) => self.held(previous, client_id, kv, *hash, None, window).await.map(Some),
+            Some(kv) => self
+                .held(previous, client_id, kv, *hash, None, window)
+                .await
+                .map(Some),
         }
     }
 
@@ -290,7 +315,9 @@ impl Active {
             _ => {
                 let sent_at = Instant::now();
                 let left = shard.time_to_live(holder.lease()).await?;
-                Ok(Acquired::Held(Expiry(sent_at + Duration::from_secs(left as u64))))
+                Ok(Acquired::Held(Expiry(
+                    sent_at + Duration::from_secs(left as u64),
+                )))
             }
         }
     }
@@ -409,10 +436,16 @@ impl Active {
                 let sent_at = Instant::now();
                 let left = place.time_to_live(kv.lease()).await?;
                 let expires = Expiry(sent_at + Duration::from_secs(left as u64));
-                return Ok(Inspection { shard: place.name.clone(), holder: Some((token, expires)) });
+                return Ok(Inspection {
+                    shard: place.name.clone(),
+                    holder: Some((token, expires)),
+                });
             }
         }
-        Ok(Inspection { shard: shard.name.clone(), holder: None })
+        Ok(Inspection {
+            shard: shard.name.clone(),
+            holder: None,
+        })
     }
 
     fn ttl_secs(&self, ttl_ms: u64) -> Result<u32, LockError> {

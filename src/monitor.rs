@@ -62,7 +62,7 @@ async fn run(router: Weak<Router>, every: Intervals, cancel: CancellationToken) 
 async fn tick(router: &Router, count_due: bool) {
     let fp = router.ring.fingerprint().to_string();
     let shards = &router.shards;
-    join_all(shards.iter().map(|s| s.conn.check_members())).await;
+    join_all(all_shards(router).iter().map(|s| s.conn.check_members())).await;
     let probes = join_all(shards.iter().map(|s| s.read_ring())).await;
     let mut states = Vec::with_capacity(shards.len());
     for (shard, probe) in shards.iter().zip(probes) {
@@ -75,7 +75,11 @@ async fn tick(router: &Router, count_due: bool) {
         }
     }
     if states.iter().all(|s| matches!(s, Some(RingState::Absent))) {
-        let fresh = Recorded::new(RingMeta { epoch: 1, ring: fp.clone(), previous: None });
+        let fresh = Recorded::new(RingMeta {
+            epoch: 1,
+            ring: fp.clone(),
+            previous: None,
+        });
         for (shard, state) in shards.iter().zip(states.iter_mut()) {
             if let Ok(found) = shard.swap_ring(None, &fresh).await {
                 *state = Some(classify(found, &fp));
@@ -91,7 +95,9 @@ async fn tick(router: &Router, count_due: bool) {
         })
         .max_by_key(|r| (r.meta.epoch, r.meta.previous.is_none()));
     match &newest {
-        Some(open) if open.meta.previous.is_some() => follow_migration(router, open, &mut states).await,
+        Some(open) if open.meta.previous.is_some() => {
+            follow_migration(router, open, &mut states).await
+        }
         Some(closed) => {
             router.set_migration(None);
             finish_close(router, closed, &mut states).await;
@@ -102,17 +108,28 @@ async fn tick(router: &Router, count_due: bool) {
         let Some(state) = state else { continue };
         log_ring_change(shard, &shard.ring_state(), state, &fp);
         if let RingState::Ready(r) | RingState::Mismatch(r) = state {
-            m::ring_state(&shard.name, r.meta.epoch, matches!(state, RingState::Ready(_)));
+            m::ring_state(
+                &shard.name,
+                r.meta.epoch,
+                matches!(state, RingState::Ready(_)),
+            );
         }
         shard.set_ring_state(state.clone());
     }
     // Confirm only after the migration (if any) is attached: a router that
     // grants must know where moved names were.
-    if states.iter().all(|s| matches!(s, Some(RingState::Ready(_)))) {
+    if states
+        .iter()
+        .all(|s| matches!(s, Some(RingState::Ready(_))))
+    {
         router.confirm();
     }
     if let Some(migration) = router.migration() {
-        if count_due && states.iter().all(|s| matches!(s, Some(RingState::Ready(_)))) {
+        if count_due
+            && states
+                .iter()
+                .all(|s| matches!(s, Some(RingState::Ready(_))))
+        {
             maybe_close(router, &migration).await;
         }
     }
@@ -127,10 +144,17 @@ async fn tick(router: &Router, count_due: bool) {
 /// Attaches the open migration `open` to the router and finishes its fence
 /// on any shard still recording the previous ring.
 async fn follow_migration(router: &Router, open: &Recorded, states: &mut [Option<RingState>]) {
-    let Some(prev) = open.meta.previous.as_ref() else { return };
+    let Some(prev) = open.meta.previous.as_ref() else {
+        return;
+    };
     let current = router.migration();
     let migration = match current {
-        Some(m) if m.recorded.meta.epoch == open.meta.epoch && m.recorded.meta.previous == open.meta.previous => m,
+        Some(m)
+            if m.recorded.meta.epoch == open.meta.epoch
+                && m.recorded.meta.previous == open.meta.previous =>
+        {
+            m
+        }
         _ => {
             let ring = Ring::new(&prev.shards, prev.vnodes);
             if ring.fingerprint() != prev.ring {
@@ -148,7 +172,12 @@ async fn follow_migration(router: &Router, open: &Recorded, states: &mut [Option
                 }
             }
             tracing::info!(from = %prev.ring, to = %open.meta.ring, epoch = open.meta.epoch, "following an open migration");
-            let m = Arc::new(Migration { recorded: open.clone(), ring, shards, moved_held: Mutex::new(BTreeMap::new()) });
+            let m = Arc::new(Migration {
+                recorded: open.clone(),
+                ring,
+                shards,
+                moved_held: Mutex::new(BTreeMap::new()),
+            });
             router.set_migration(Some(m.clone()));
             m
         }
@@ -157,14 +186,20 @@ async fn follow_migration(router: &Router, open: &Recorded, states: &mut [Option
     for (shard, state) in router.shards.iter().zip(states.iter_mut()) {
         let expected = match state {
             Some(RingState::Absent) => None,
-            Some(RingState::Mismatch(r)) if is_previous(&r.meta, &open.meta) => Some(r.bytes.clone()),
+            Some(RingState::Mismatch(r)) if is_previous(&r.meta, &open.meta) => {
+                Some(r.bytes.clone())
+            }
             _ => continue,
         };
         if let Ok(found) = shard.swap_ring(expected.as_deref(), open).await {
             *state = Some(classify(found, &open.meta.ring));
         }
     }
-    for shard in migration.shards.iter().filter(|s| !router.shards.iter().any(|c| c.name == s.name)) {
+    for shard in migration
+        .shards
+        .iter()
+        .filter(|s| !router.shards.iter().any(|c| c.name == s.name))
+    {
         if let Ok(Some(r)) = shard.read_ring().await {
             if is_previous(&r.meta, &open.meta) {
                 let _ = shard.swap_ring(Some(&r.bytes), open).await;
@@ -202,10 +237,16 @@ async fn maybe_close(router: &Router, migration: &Migration) {
     if total > 0 {
         return;
     }
-    let closed = Recorded::new(RingMeta { previous: None, ..migration.recorded.meta.clone() });
+    let closed = Recorded::new(RingMeta {
+        previous: None,
+        ..migration.recorded.meta.clone()
+    });
     let mut everywhere = true;
     for shard in all_shards(router) {
-        match shard.swap_ring(Some(&migration.recorded.bytes), &closed).await {
+        match shard
+            .swap_ring(Some(&migration.recorded.bytes), &closed)
+            .await
+        {
             Ok(Some(r)) if r == closed => {}
             _ => everywhere = false,
         }

@@ -52,28 +52,48 @@ pub struct Reloader {
 }
 
 impl Reloader {
-    pub fn new(path: Option<PathBuf>, settings: Settings, locks: Arc<Locks>, pool: Arc<ShardPool>) -> Self {
-        Self { path, locks, pool, current: tokio::sync::Mutex::new(settings) }
+    pub fn new(
+        path: Option<PathBuf>,
+        settings: Settings,
+        locks: Arc<Locks>,
+        pool: Arc<ShardPool>,
+    ) -> Self {
+        Self {
+            path,
+            locks,
+            pool,
+            current: tokio::sync::Mutex::new(settings),
+        }
     }
 
-    /// Re-reads the config file and applies it.
+    /// Re-reads the config file and applies it; logs the outcome.
     pub async fn reload(&self) -> Result<Reloaded, ReloadError> {
-        let path = self.path.as_ref().ok_or(ReloadError::NoFile)?;
-        let new = Settings::load(path)?;
-        let mut current = self.current.lock().await;
-        let result = self.apply(&current, &new).await;
+        let result = self.reload_file().await;
         match &result {
-            Ok(r) => {
-                tracing::info!(placement_changed = r.placement_changed, migration_opened = r.migration_opened, ring = %r.ring, "config reloaded");
-                *current = new;
-            }
-            Err(e) => tracing::warn!(error = %e, "config reload refused"),
+            Ok(r) => tracing::info!(
+                placement_changed = r.placement_changed,
+                migration_opened = r.migration_opened,
+                ring = %r.ring,
+                "config reloaded"
+            ),
+            Err(e) => tracing::warn!(error = %e, "config reload refused; nothing changed"),
         }
         result
     }
 
+    async fn reload_file(&self) -> Result<Reloaded, ReloadError> {
+        let path = self.path.as_ref().ok_or(ReloadError::NoFile)?;
+        let new = Settings::load(path)?;
+        let mut current = self.current.lock().await;
+        let done = self.apply(&current, &new).await?;
+        *current = new;
+        Ok(done)
+    }
+
     async fn apply(&self, old: &Settings, new: &Settings) -> Result<Reloaded, ReloadError> {
-        if old.server.listen != new.server.listen || old.server.metrics_listen != new.server.metrics_listen {
+        if old.server.listen != new.server.listen
+            || old.server.metrics_listen != new.server.metrics_listen
+        {
             tracing::warn!("listen addresses change only when the router restarts");
         }
         let active = self.locks.active();
@@ -83,7 +103,9 @@ impl Reloader {
         let placement_changed = ring.fingerprint() != old_router.ring.fingerprint();
         let mut migration_opened = false;
         let router = if !placement_changed {
-            let router = Router::start(new, self.pool.clone()).await.map_err(ReloadError::Refused)?;
+            let router = Router::start(new, self.pool.clone())
+                .await
+                .map_err(ReloadError::Refused)?;
             router.inherit(old_router);
             router
         } else if let Some(m) = old_router.migration() {
@@ -95,11 +117,15 @@ impl Reloader {
             )));
         } else if self.already_moved(new, &ring).await? {
             // Another replica opened this migration: follow it.
-            Router::start(new, self.pool.clone()).await.map_err(ReloadError::Refused)?
+            Router::start(new, self.pool.clone())
+                .await
+                .map_err(ReloadError::Refused)?
         } else {
             self.open_migration(old_router, new, &ring).await?;
             migration_opened = true;
-            Router::start(new, self.pool.clone()).await.map_err(ReloadError::Refused)?
+            Router::start(new, self.pool.clone())
+                .await
+                .map_err(ReloadError::Refused)?
         };
         let replaced = self.locks.replace(Active {
             router,
@@ -107,14 +133,25 @@ impl Reloader {
             coalesce: Duration::from_millis(new.etcd.keepalive_coalesce_ms),
         });
         replaced.router.retire();
-        Ok(Reloaded { placement_changed, migration_opened, ring: ring.fingerprint().to_string() })
+        Ok(Reloaded {
+            placement_changed,
+            migration_opened,
+            ring: ring.fingerprint().to_string(),
+        })
     }
 
     /// Whether some shard of the new ring already records it.
     async fn already_moved(&self, new: &Settings, ring: &Ring) -> Result<bool, ReloadError> {
         for s in &new.shards {
-            let shard = self.pool.get(&s.name, &s.endpoints).await.map_err(ReloadError::Refused)?;
-            let recorded = shard.read_ring().await.map_err(|e| ReloadError::Refused(e.to_string()))?;
+            let shard = self
+                .pool
+                .get(&s.name, &s.endpoints)
+                .await
+                .map_err(ReloadError::Refused)?;
+            let recorded = shard
+                .read_ring()
+                .await
+                .map_err(|e| ReloadError::Refused(e.to_string()))?;
             if recorded.is_some_and(|r| r.meta.ring == ring.fingerprint()) {
                 return Ok(true);
             }
@@ -125,10 +162,18 @@ impl Reloader {
     /// Fences every shard, old and new: each records the new ring, a higher
     /// epoch and the previous ring. Old shards first, so that routers on the
     /// old ring stop granting before anything grants under the new one.
-    async fn open_migration(&self, old: &Router, new: &Settings, ring: &Ring) -> Result<(), ReloadError> {
+    async fn open_migration(
+        &self,
+        old: &Router,
+        new: &Settings,
+        ring: &Ring,
+    ) -> Result<(), ReloadError> {
         let refuse = |msg: String| Err(ReloadError::Refused(msg));
         if !old.is_confirmed() {
-            return refuse("this router does not serve its ring yet; a migration starts from a serving ring".into());
+            return refuse(
+                "this router does not serve its ring yet; a migration starts from a serving ring"
+                    .into(),
+            );
         }
         let mut recorded: Option<Recorded> = None;
         for shard in &old.shards {
@@ -149,13 +194,23 @@ impl Reloader {
                 Err(e) => return refuse(format!("a migration needs every shard reachable: {e}")),
             }
         }
-        let Some(recorded) = recorded else { return refuse("no shards".into()) };
+        let Some(recorded) = recorded else {
+            return refuse("no shards".into());
+        };
         if recorded.meta.epoch >= MAX_EPOCH {
             return refuse(format!("the ring epoch is at its maximum ({MAX_EPOCH})"));
         }
         let mut joining = Vec::new();
-        for s in new.shards.iter().filter(|s| !old.shards.iter().any(|o| o.name == s.name)) {
-            let shard = self.pool.get(&s.name, &s.endpoints).await.map_err(ReloadError::Refused)?;
+        for s in new
+            .shards
+            .iter()
+            .filter(|s| !old.shards.iter().any(|o| o.name == s.name))
+        {
+            let shard = self
+                .pool
+                .get(&s.name, &s.endpoints)
+                .await
+                .map_err(ReloadError::Refused)?;
             match shard.read_ring().await {
                 Ok(None) => joining.push(shard),
                 Ok(Some(r)) => {
@@ -183,7 +238,10 @@ impl Reloader {
         if !failures.is_empty() {
             // Safe as it stands (unfenced shards refuse the new ring); the
             // new router's monitor finishes the fence when they answer.
-            tracing::warn!(?failures, "migration fence incomplete; it is finished when these shards answer");
+            tracing::warn!(
+                ?failures,
+                "migration fence incomplete; it is finished when these shards answer"
+            );
         }
         Ok(())
     }

@@ -27,9 +27,12 @@ use crate::shard::{RingState, Shard};
 /// references: a shard no router uses is disconnected.
 pub struct ShardPool {
     settings: Mutex<PoolSettings>,
-    shards: Mutex<HashMap<String, (Vec<String>, Weak<Shard>)>>,
+    /// By shard name: the endpoints it was connected to, and the shard.
+    shards: Mutex<HashMap<String, Pooled>>,
     cancel: CancellationToken,
 }
+
+type Pooled = (Vec<String>, Weak<Shard>);
 
 #[derive(Clone, PartialEq)]
 struct PoolSettings {
@@ -73,10 +76,10 @@ impl ShardPool {
             .await
             .map_err(|e| format!("shard {name:?}: {e}"))?;
         let shard = Arc::new(Shard::new(conn, &s.prefix, &self.cancel));
-        self.shards
-            .lock()
-            .expect("pool lock")
-            .insert(name.to_string(), (endpoints.to_vec(), Arc::downgrade(&shard)));
+        self.shards.lock().expect("pool lock").insert(
+            name.to_string(),
+            (endpoints.to_vec(), Arc::downgrade(&shard)),
+        );
         Ok(shard)
     }
 }
@@ -235,7 +238,8 @@ impl Router {
     pub fn readiness(&self) -> (Vec<String>, Vec<String>) {
         let down = self.shards.iter().filter(|s| !s.conn.is_up());
         let refusing = self.shards.iter().filter(|s| {
-            s.conn.is_up() && (!self.is_confirmed() || !matches!(s.ring_state(), RingState::Ready(_)))
+            s.conn.is_up()
+                && (!self.is_confirmed() || !matches!(s.ring_state(), RingState::Ready(_)))
         });
         (
             down.map(|s| s.name.clone()).collect(),

@@ -224,7 +224,10 @@ impl Shard {
                 opts = opts.with_revision(revision);
             }
             let mut kv = self.conn.client().kv_client();
-            let mut resp = self.conn.call("Range", kv.get(from.clone(), Some(opts))).await?;
+            let mut resp = self
+                .conn
+                .call("Range", kv.get(from.clone(), Some(opts)))
+                .await?;
             if revision == 0 {
                 revision = resp.header().map(|h| h.revision()).unwrap_or(0);
             }

@@ -129,3 +129,71 @@ fn bad_configs_exit_nonzero_naming_the_problem() {
     assert!(!out.status.success());
     assert!(String::from_utf8_lossy(&out.stderr).contains("min_ttl_ms"));
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sighup_reloads_the_config_and_bad_reloads_change_nothing() {
+    let etcd = EtcdCluster::single();
+    let no_poll = "\n[admin]\nreload_poll_ms = 0\n";
+    let router = RouterProcess::start_with(&[&etcd], free_port(), no_poll).await;
+    let lock = router.api.must_acquire("h", 5_000, "A").await;
+    let batch = |n: usize| {
+        let item = serde_json::json!({"lockId": lock.0, "fencingToken": lock.1});
+        serde_json::json!({ "locks": vec![item; n] })
+    };
+    assert_eq!(
+        router
+            .api
+            .post("/api/v1/locks/renew-batch", batch(3))
+            .await
+            .status,
+        200
+    );
+    let text = std::fs::read_to_string(&router.config).unwrap();
+    let hup = || {
+        let pid = router.child.id().to_string();
+        assert!(Command::new("kill")
+            .args(["-HUP", &pid])
+            .status()
+            .unwrap()
+            .success());
+    };
+    // A broken file is refused and the router goes on as it was.
+    std::fs::write(&router.config, "[server\n").unwrap();
+    hup();
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert_eq!(
+        router
+            .api
+            .post("/api/v1/locks/renew-batch", batch(3))
+            .await
+            .status,
+        200
+    );
+    assert!(
+        router.log_text().contains("config reload refused"),
+        "{}",
+        router.log_text()
+    );
+    // A non-placement change applies at once.
+    std::fs::write(
+        &router.config,
+        text.replace("[admin]", "[limits]\nmax_batch = 2\n\n[admin]"),
+    )
+    .unwrap();
+    hup();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let r = router.api.post("/api/v1/locks/renew-batch", batch(3)).await;
+        if r.status == 400 {
+            assert!(r.body["error"]["message"]
+                .as_str()
+                .unwrap()
+                .contains("1 to 2"));
+            break;
+        }
+        assert!(Instant::now() < deadline, "the reload never applied: {r:?}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert_eq!(router.api.renew(&lock).await.status, 200);
+    assert_eq!(router.api.get("/admin/v1/ring").await.body["epoch"], 1);
+}

@@ -4,6 +4,7 @@
 
 mod support {
     pub mod etcd;
+    pub mod history;
     pub mod procs;
     pub mod router;
 }
@@ -14,4 +15,5 @@ mod exec;
 mod fencing;
 mod locks;
 mod process;
+mod rebalance;
 mod shards;

@@ -16,7 +16,11 @@ use crate::reload::ReloadError;
 use crate::router::Router;
 use crate::shard::RingState;
 
-pub fn authorize(state: &AppState, peer: SocketAddr, req: &Request<Incoming>) -> Result<(), ApiError> {
+pub fn authorize(
+    state: &AppState,
+    peer: SocketAddr,
+    req: &Request<Incoming>,
+) -> Result<(), ApiError> {
     let Some(token) = &state.admin_token else {
         if peer.ip().is_loopback() {
             return Ok(());
@@ -33,9 +37,17 @@ pub fn authorize(state: &AppState, peer: SocketAddr, req: &Request<Incoming>) ->
         .and_then(|v| v.to_str().ok())
         .and_then(|v| v.strip_prefix("Bearer "));
     match given {
-        None => Err(ApiError::new(StatusCode::UNAUTHORIZED, "unauthenticated", "send Authorization: Bearer <admin token>")),
+        None => Err(ApiError::new(
+            StatusCode::UNAUTHORIZED,
+            "unauthenticated",
+            "send Authorization: Bearer <admin token>",
+        )),
         Some(t) if constant_time_eq(t.as_bytes(), token.as_bytes()) => Ok(()),
-        Some(_) => Err(ApiError::new(StatusCode::FORBIDDEN, "permission_denied", "wrong admin token")),
+        Some(_) => Err(ApiError::new(
+            StatusCode::FORBIDDEN,
+            "permission_denied",
+            "wrong admin token",
+        )),
     }
 }
 
@@ -46,7 +58,11 @@ fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
 pub async fn reload(state: &AppState) -> api::Answer {
     match state.reloader.reload().await {
         Ok(done) => Ok((json(StatusCode::OK, &json!(done)), "reloaded")),
-        Err(ReloadError::Refused(msg)) => Err(ApiError::new(StatusCode::CONFLICT, "failed_precondition", msg)),
+        Err(ReloadError::Refused(msg)) => Err(ApiError::new(
+            StatusCode::CONFLICT,
+            "failed_precondition",
+            msg,
+        )),
         Err(e) => Err(ApiError::invalid(e.to_string())),
     }
 }
@@ -64,7 +80,11 @@ pub fn ring(state: &AppState) -> (Response<Full<Bytes>>, &'static str) {
         })
         .collect();
     if let Some(m) = router.migration() {
-        for s in m.shards.iter().filter(|s| !router.shards.iter().any(|c| c.name == s.name)) {
+        for s in m
+            .shards
+            .iter()
+            .filter(|s| !router.shards.iter().any(|c| c.name == s.name))
+        {
             shards.push(shard_json(s, "draining"));
         }
     }

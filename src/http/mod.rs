@@ -25,8 +25,8 @@ use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
 
 use crate::locks::Locks;
-use crate::reload::Reloader;
 use crate::metrics as m;
+use crate::reload::Reloader;
 use error::ApiError;
 
 /// Every route the server answers, as `(method, path template)`. The

@@ -63,6 +63,68 @@ impl TestRouter {
     }
 }
 
+/// A router in-process reading its config from a file it can be told to
+/// reload (`POST /admin/v1/reload`) or that it polls for changes.
+pub struct FileRouter {
+    pub api: Api,
+    pub path: std::path::PathBuf,
+    shutdown: CancellationToken,
+    _dir: tempfile::TempDir,
+}
+
+impl FileRouter {
+    pub async fn start(toml: &str) -> Self {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("router.toml");
+        std::fs::write(&path, toml).unwrap();
+        let settings = Settings::load(&path).expect("test config is valid");
+        let app = Application::build_from(settings, Some(path.clone()))
+            .await
+            .expect("router builds");
+        let api = Api::new(app.local_addr());
+        let shutdown = CancellationToken::new();
+        tokio::spawn(app.run(shutdown.clone()));
+        api.wait_ready().await;
+        Self {
+            api,
+            path,
+            shutdown,
+            _dir: dir,
+        }
+    }
+
+    /// Writes a new config and reloads it through the admin route.
+    pub async fn reload(&self, toml: &str) -> Reply {
+        std::fs::write(&self.path, toml).unwrap();
+        self.api
+            .post("/admin/v1/reload", serde_json::json!({}))
+            .await
+    }
+
+    pub async fn ring(&self) -> Value {
+        self.api.get("/admin/v1/ring").await.body
+    }
+
+    /// Waits until the router sees no open migration and grants.
+    pub async fn wait_migration_closed(&self, within: Duration) {
+        let deadline = Instant::now() + within;
+        loop {
+            let ring = self.ring().await;
+            if ring["migration"].is_null() && ring["granting"] == true {
+                return;
+            }
+            assert!(Instant::now() < deadline, "migration still open: {ring}");
+            sleep_ms(100).await;
+        }
+    }
+}
+
+impl Drop for FileRouter {
+    fn drop(&mut self) {
+        self.shutdown.cancel();
+    }
+}
+
 impl Drop for TestRouter {
     fn drop(&mut self) {
         self.shutdown.cancel();
@@ -74,15 +136,21 @@ pub struct RouterProcess {
     pub child: Child,
     pub api: Api,
     pub log: PathBuf,
+    pub config: PathBuf,
     _dir: tempfile::TempDir,
 }
 
 impl RouterProcess {
     pub async fn start(shards: &[&EtcdCluster], port: u16) -> Self {
+        Self::start_with(shards, port, "").await
+    }
+
+    /// Like `start`, with `extra` TOML after the `[etcd]` keys.
+    pub async fn start_with(shards: &[&EtcdCluster], port: u16, extra: &str) -> Self {
         let dir = tempfile::tempdir().unwrap();
         let config = dir.path().join("router.toml");
         let listen = format!("127.0.0.1:{port}");
-        std::fs::write(&config, config_toml(shards, &listen, "")).unwrap();
+        std::fs::write(&config, config_toml(shards, &listen, extra)).unwrap();
         let log = dir.path().join("router.log");
         let child = Command::new(env!("CARGO_BIN_EXE_lockrouter"))
             .arg("serve")
@@ -97,6 +165,7 @@ impl RouterProcess {
             child,
             api,
             log,
+            config,
             _dir: dir,
         };
         p.api.wait_ready().await;

@@ -1,0 +1,308 @@
+//! Rebalancing by config reload on real etcd, with several router replicas:
+//! no double grant, monotonic tokens, holders on a moved name's previous
+//! shard keep it until they let go, removed shards drain, replicas that
+//! reload late or restart mid-migration stay safe.
+
+use std::time::{Duration, Instant};
+
+use futures::future::join_all;
+use lockrouter::config::ShardSettings;
+use lockrouter::ring::Ring;
+use serde_json::json;
+
+use crate::support::etcd::EtcdCluster;
+use crate::support::history::{Grant, History};
+use crate::support::router::{sleep_ms, Api, FileRouter};
+
+/// A router config over `(name, cluster, weight)` shards.
+fn toml(shards: &[(&str, &EtcdCluster, u32)]) -> String {
+    let mut t = String::from(
+        "[server]\nlisten = \"127.0.0.1:0\"\n\n[etcd]\nrequest_timeout_ms = 1000\n\
+         connect_timeout_ms = 500\nhealth_interval_ms = 100\ncount_interval_ms = 200\n\n\
+         [admin]\nreload_poll_ms = 200\n",
+    );
+    for (name, cluster, weight) in shards {
+        let eps: Vec<String> = cluster
+            .endpoints()
+            .iter()
+            .map(|e| format!("\"{e}\""))
+            .collect();
+        t.push_str(&format!(
+            "\n[[shards]]\nname = \"{name}\"\nendpoints = [{}]\nweight = {weight}\n",
+            eps.join(", ")
+        ));
+    }
+    t
+}
+
+fn ring(shards: &[(&str, &EtcdCluster, u32)]) -> Ring {
+    let settings: Vec<ShardSettings> = shards
+        .iter()
+        .map(|(name, c, weight)| ShardSettings {
+            name: name.to_string(),
+            endpoints: c.endpoints(),
+            weight: *weight,
+        })
+        .collect();
+    Ring::new(&settings, 160)
+}
+
+/// The first name `from` places on shard `a` and `to` on shard `b`.
+fn moving_name(from: &Ring, a: &str, to: &Ring, b: &str) -> String {
+    (0..)
+        .map(|i| format!("mover-{i}"))
+        .find(|n| from.shard_name(n) == a && to.shard_name(n) == b)
+        .unwrap()
+}
+
+async fn wait_granting(r: &FileRouter) {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while r.ring().await["granting"] != true {
+        assert!(
+            Instant::now() < deadline,
+            "router never grants: {}",
+            r.ring().await
+        );
+        sleep_ms(50).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_held_name_moves_only_when_its_holder_lets_go() {
+    let (ca, cb, cc) = (
+        EtcdCluster::single(),
+        EtcdCluster::single(),
+        EtcdCluster::single(),
+    );
+    let before = [("a", &ca, 1), ("b", &cb, 1)];
+    let after = [("a", &ca, 1), ("b", &cb, 1), ("c", &cc, 1)];
+    let name = moving_name(&ring(&before), "a", &ring(&after), "c");
+    let r1 = FileRouter::start(&toml(&before)).await;
+    let held = r1.api.must_acquire(&name, 10_000, "holder").await;
+
+    let r = r1.reload(&toml(&after)).await;
+    assert_eq!(r.status, 200, "{r:?}");
+    assert_eq!(
+        (
+            r.body["placementChanged"].as_bool(),
+            r.body["migrationOpened"].as_bool()
+        ),
+        (Some(true), Some(true))
+    );
+    wait_granting(&r1).await;
+    let state = r1.ring().await;
+    assert_eq!(state["epoch"], 2, "{state}");
+    assert!(state["migration"].is_object(), "{state}");
+
+    // Not granted on its new shard while held on its previous one.
+    let other = r1.api.acquire(&name, 5_000, "other").await;
+    assert_eq!(other.body["acquired"], false, "{other:?}");
+    assert_eq!(r1.api.renew(&held).await.status, 200);
+    let seen = r1.api.inspect(&name).await;
+    assert_eq!(
+        (
+            seen.body["shard"].as_str(),
+            seen.body["fencingToken"].as_u64()
+        ),
+        (Some("a"), Some(held.1))
+    );
+    // The holder's re-acquire is answered from where it holds.
+    assert_eq!(r1.api.must_acquire(&name, 10_000, "holder").await, held);
+
+    // Another placement change waits for this migration to close.
+    let refused = r1
+        .reload(&toml(&[("a", &ca, 1), ("b", &cb, 2), ("c", &cc, 1)]))
+        .await;
+    assert_eq!(refused.status, 409, "{refused:?}");
+    assert_eq!(refused.body["error"]["code"], "failed_precondition");
+    assert!(refused.body["error"]["message"]
+        .as_str()
+        .unwrap()
+        .contains("still open"));
+    std::fs::write(&r1.path, toml(&after)).unwrap();
+
+    // A replica started mid-migration picks the migration up from etcd.
+    let r2 = FileRouter::start(&toml(&after)).await;
+    wait_granting(&r2).await;
+    assert_eq!(
+        r2.api.acquire(&name, 5_000, "other").await.body["acquired"],
+        false
+    );
+    let ring_after = ring(&after);
+    let stays = (0..)
+        .map(|i| format!("stay-{i}"))
+        .find(|n| ring_after.shard_name(n) == "b")
+        .unwrap();
+    r2.api.must_acquire(&stays, 5_000, "other").await;
+
+    // Released: granted on the new shard, with a larger token.
+    assert_eq!(r2.api.release(&held).await.status, 204);
+    let moved = r2.api.must_acquire(&name, 5_000, "other").await;
+    assert!(moved.1 > held.1, "{} after {}", moved.1, held.1);
+    assert_eq!(r1.api.inspect(&name).await.body["shard"], "c");
+    r1.wait_migration_closed(Duration::from_secs(15)).await;
+    r2.wait_migration_closed(Duration::from_secs(15)).await;
+    assert_eq!(r1.api.renew(&moved).await.status, 200);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_removed_shard_drains_and_is_dropped() {
+    let (ca, cb) = (EtcdCluster::single(), EtcdCluster::single());
+    let before = [("a", &ca, 1), ("b", &cb, 1)];
+    let r = FileRouter::start(&toml(&before)).await;
+    let on_a = (0..)
+        .map(|i| format!("n-{i}"))
+        .find(|n| ring(&before).shard_name(n) == "a")
+        .unwrap();
+    let lock = r.api.must_acquire(&on_a, 10_000, "holder").await;
+    assert_eq!(r.reload(&toml(&[("b", &cb, 1)])).await.status, 200);
+    wait_granting(&r).await;
+    let state = r.ring().await;
+    let draining: Vec<_> = state["shards"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|s| s["state"] == "draining")
+        .collect();
+    assert_eq!(draining.len(), 1, "{state}");
+    assert_eq!(draining[0]["name"], "a");
+    assert_eq!(state["migration"]["movedLocksHeld"]["a"], 1, "{state}");
+    assert_eq!(
+        r.api.renew(&lock).await.status,
+        200,
+        "the holder keeps renewing on the draining shard"
+    );
+    assert_eq!(
+        r.api.acquire(&on_a, 5_000, "other").await.body["acquired"],
+        false
+    );
+    assert_eq!(r.api.release(&lock).await.status, 204);
+    r.wait_migration_closed(Duration::from_secs(15)).await;
+    let state = r.ring().await;
+    assert_eq!(state["shards"].as_array().unwrap().len(), 1, "{state}");
+    let renew = r.api.renew(&lock).await;
+    assert_eq!(
+        (renew.status, renew.body["reason"].as_str()),
+        (409, Some("expired"))
+    );
+    let again = r.api.must_acquire(&on_a, 5_000, "other").await;
+    assert!(again.1 > lock.1);
+    assert_eq!(r.api.inspect(&on_a).await.body["shard"], "b");
+}
+
+/// One worker: acquire a random hot name through a random replica, hold it
+/// briefly, release; record everything.
+async fn worker(id: usize, apis: Vec<Api>, history: History, stop: Instant) {
+    let mut x = 0x9e37_79b9_7f4a_7c15_u64 ^ (id as u64 + 1);
+    let mut next = move || {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        x
+    };
+    let client = format!("worker-{id}");
+    while Instant::now() < stop {
+        let api = &apis[(next() % apis.len() as u64) as usize];
+        let name = format!("hot-{}", next() % 6);
+        history.attempt();
+        let sent = Instant::now();
+        let r = api.acquire(&name, 2_000, &client).await;
+        let received = Instant::now();
+        if r.status != 200 {
+            history.refused(
+                r.status,
+                r.body["error"]["code"].as_str().unwrap_or(""),
+                received,
+            );
+            sleep_ms(20).await;
+            continue;
+        }
+        if r.body["acquired"] != true {
+            sleep_ms(next() % 10).await;
+            continue;
+        }
+        let lock = (
+            r.body["lockId"].as_str().unwrap().to_string(),
+            r.body["fencingToken"].as_u64().unwrap(),
+        );
+        let index = history.granted(Grant {
+            name,
+            lock_id: lock.0.clone(),
+            token: lock.1,
+            sent,
+            received,
+            expires_in: Duration::from_millis(r.body["expiresInMs"].as_u64().unwrap()),
+            released: None,
+        });
+        sleep_ms(5 + next() % 25).await;
+        let api = &apis[(next() % apis.len() as u64) as usize];
+        history.released(index, Instant::now());
+        let r = api.release(&lock).await;
+        if r.status != 204 {
+            history.refused(
+                r.status,
+                r.body["error"]["code"].as_str().unwrap_or(""),
+                Instant::now(),
+            );
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn no_double_grant_while_shards_are_added_removed_and_reweighted() {
+    let (ca, cb, cc) = (
+        EtcdCluster::single(),
+        EtcdCluster::single(),
+        EtcdCluster::single(),
+    );
+    let steps = [
+        vec![("a", &ca, 1), ("b", &cb, 1), ("c", &cc, 1)],
+        vec![("b", &cb, 1), ("c", &cc, 1)],
+        vec![("b", &cb, 2), ("c", &cc, 1)],
+    ];
+    let first = toml(&[("a", &ca, 1), ("b", &cb, 1)]);
+    let (r1, r2) = (
+        FileRouter::start(&first).await,
+        FileRouter::start(&first).await,
+    );
+    let history = History::default();
+    let stop = Instant::now() + Duration::from_secs(120);
+    let stop_flag = tokio_util::sync::CancellationToken::new();
+    let apis = vec![r1.api.clone(), r2.api.clone()];
+    let workers: Vec<_> = (0..6)
+        .map(|i| {
+            let (apis, history, stop_flag) = (apis.clone(), history.clone(), stop_flag.clone());
+            tokio::spawn(async move {
+                tokio::select! {
+                    _ = worker(i, apis, history, stop) => {}
+                    _ = stop_flag.cancelled() => {}
+                }
+            })
+        })
+        .collect();
+    sleep_ms(500).await;
+    for step in &steps {
+        let text = toml(step);
+        let fence_start = Instant::now();
+        let r = r1.reload(&text).await;
+        assert_eq!(r.status, 200, "{r:?}");
+        // The second replica is late: it sees the new file only when it
+        // polls it, after serving a while on the old ring.
+        sleep_ms(700).await;
+        std::fs::write(&r2.path, &text).unwrap();
+        r1.wait_migration_closed(Duration::from_secs(30)).await;
+        r2.wait_migration_closed(Duration::from_secs(30)).await;
+        history.allow_unavailable(fence_start, Instant::now() + Duration::from_millis(500));
+        sleep_ms(500).await;
+    }
+    stop_flag.cancel();
+    join_all(workers).await;
+    let (grants, attempts, refused) = history.check();
+    assert!(grants >= 50, "only {grants} grants in {attempts} attempts");
+    // The late replica refused while on the old ring (it did not grant).
+    assert!(refused > 0, "no acquire was refused by the late replica");
+    let state = r2.ring().await;
+    assert_eq!(state["epoch"], 4, "{state}");
+    assert_eq!(r1.ring().await["ring"], state["ring"]);
+    assert_eq!(r1.api.post("/admin/v1/reload", json!({})).await.status, 200);
+}

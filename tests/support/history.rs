@@ -1,0 +1,202 @@
+//! A recorded history of lock operations and a checker for the safety
+//! invariants, reusable by any test that drives locks under faults:
+//! - no two grants of one name are valid at the same moment, each grant
+//!   being valid (as the SDK judges it, with the same monotonic clock) from
+//!   when its answer arrived until `sent + expiresInMs`, or until its holder
+//!   sent the release;
+//! - fencing tokens of one name strictly increase in grant order;
+//! - no answer was a 5xx other than 503 `shard_unavailable`, and each 503
+//!   fell inside a window the test declared (e.g. a migration's fence).
+
+use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+#[derive(Debug, Clone)]
+pub struct Grant {
+    pub name: String,
+    pub lock_id: String,
+    pub token: u64,
+    pub sent: Instant,
+    pub received: Instant,
+    pub expires_in: Duration,
+    /// When the holder sent its release, if it did.
+    pub released: Option<Instant>,
+}
+
+impl Grant {
+    fn valid_until(&self) -> Instant {
+        let lease_end = self.sent + self.expires_in;
+        self.released.map_or(lease_end, |r| r.min(lease_end))
+    }
+}
+
+#[derive(Debug, Clone)]
+pub struct Refusal {
+    pub status: u16,
+    pub code: String,
+    pub at: Instant,
+}
+
+#[derive(Default)]
+struct Inner {
+    grants: Vec<Grant>,
+    refusals: Vec<Refusal>,
+    windows: Vec<(Instant, Instant)>,
+    attempts: usize,
+}
+
+/// Shared by every worker of a test.
+#[derive(Clone, Default)]
+pub struct History(Arc<Mutex<Inner>>);
+
+impl History {
+    pub fn attempt(&self) {
+        self.0.lock().unwrap().attempts += 1;
+    }
+
+    /// Records a grant; returns its index for [`released`](Self::released).
+    pub fn granted(&self, g: Grant) -> usize {
+        let mut h = self.0.lock().unwrap();
+        h.grants.push(g);
+        h.grants.len() - 1
+    }
+
+    pub fn released(&self, index: usize, at: Instant) {
+        self.0.lock().unwrap().grants[index].released = Some(at);
+    }
+
+    pub fn refused(&self, status: u16, code: &str, at: Instant) {
+        let code = code.to_string();
+        self.0
+            .lock()
+            .unwrap()
+            .refusals
+            .push(Refusal { status, code, at });
+    }
+
+    /// Declares a window in which 503s are expected (a fence).
+    pub fn allow_unavailable(&self, from: Instant, to: Instant) {
+        self.0.lock().unwrap().windows.push((from, to));
+    }
+
+    /// Checks every invariant; panics with the first violations found.
+    /// Returns (grants, attempts, refusals) so a test can assert it did
+    /// real work.
+    pub fn check(&self) -> (usize, usize, usize) {
+        // Taken out of the mutex, so a failed check poisons nothing.
+        let h = std::mem::take(&mut *self.0.lock().unwrap());
+        let mut problems = Vec::new();
+        // One grant may be answered twice (an idempotent re-acquire): merge.
+        let mut by_lock: BTreeMap<&str, Grant> = BTreeMap::new();
+        for g in &h.grants {
+            by_lock
+                .entry(g.lock_id.as_str())
+                .and_modify(|m| {
+                    m.received = m.received.min(g.received);
+                    if g.valid_until() > m.valid_until() {
+                        m.sent = g.sent;
+                        m.expires_in = g.expires_in;
+                        m.released = g.released;
+                    }
+                })
+                .or_insert_with(|| g.clone());
+        }
+        let mut by_name: BTreeMap<&str, Vec<&Grant>> = BTreeMap::new();
+        for g in by_lock.values() {
+            by_name.entry(g.name.as_str()).or_default().push(g);
+        }
+        for (name, mut grants) in by_name {
+            grants.sort_by_key(|g| g.received);
+            for pair in grants.windows(2) {
+                let (a, b) = (pair[0], pair[1]);
+                if b.received < a.valid_until() {
+                    problems.push(format!(
+                        "{name}: token {} granted while token {} was still valid ({:?} before it ended)",
+                        b.token,
+                        a.token,
+                        a.valid_until() - b.received
+                    ));
+                }
+                if b.token <= a.token {
+                    problems.push(format!("{name}: token {} after {}", b.token, a.token));
+                }
+            }
+        }
+        for r in &h.refusals {
+            let allowed = r.status == 503
+                && r.code == "shard_unavailable"
+                && h.windows
+                    .iter()
+                    .any(|(from, to)| *from <= r.at && r.at <= *to);
+            if !allowed {
+                problems.push(format!(
+                    "answer {} {} outside any fence window",
+                    r.status, r.code
+                ));
+            }
+        }
+        assert!(
+            problems.is_empty(),
+            "{} violations:\n{}",
+            problems.len(),
+            problems.join("\n")
+        );
+        (by_lock.len(), h.attempts, h.refusals.len())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn grant(name: &str, id: &str, token: u64, at: Instant, ms: u64) -> Grant {
+        Grant {
+            name: name.into(),
+            lock_id: id.into(),
+            token,
+            sent: at,
+            received: at + Duration::from_millis(1),
+            expires_in: Duration::from_millis(ms),
+            released: None,
+        }
+    }
+
+    fn fails(h: &History, needle: &str) {
+        let caught = std::panic::catch_unwind(|| h.check()).unwrap_err();
+        let msg = caught.downcast_ref::<String>().unwrap();
+        assert!(msg.contains(needle), "{msg}");
+    }
+
+    #[test]
+    fn the_checker_catches_overlap_and_token_regressions() {
+        let t0 = Instant::now();
+        let ms = Duration::from_millis;
+        let h = History::default();
+        h.granted(grant("n", "1", 10, t0, 1_000));
+        h.granted(grant("n", "2", 11, t0 + ms(500), 1_000));
+        fails(&h, "still valid");
+        // Released before the next grant: no overlap.
+        let h = History::default();
+        let i = h.granted(grant("n", "1", 10, t0, 1_000));
+        h.released(i, t0 + ms(100));
+        h.granted(grant("n", "2", 11, t0 + ms(200), 1_000));
+        h.check();
+        let h = History::default();
+        let i = h.granted(grant("n", "1", 10, t0, 1_000));
+        h.released(i, t0 + ms(100));
+        h.granted(grant("n", "2", 9, t0 + ms(200), 1_000));
+        fails(&h, "token 9 after 10");
+        let h = History::default();
+        h.refused(503, "shard_unavailable", t0);
+        fails(&h, "outside any fence window");
+        let h = History::default();
+        h.refused(503, "shard_unavailable", t0);
+        h.allow_unavailable(t0, t0 + ms(1_000));
+        h.check();
+        let h = History::default();
+        h.refused(500, "internal", t0);
+        h.allow_unavailable(t0, t0 + ms(1_000));
+        fails(&h, "500 internal");
+    }
+}
