@@ -11,6 +11,7 @@ mod support {
 
 mod client;
 mod contract;
+mod dashboards;
 mod exec;
 mod fencing;
 mod locks;
