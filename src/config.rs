@@ -288,6 +288,14 @@ impl Settings {
             ("etcd.connect_timeout_ms", e.connect_timeout_ms),
             ("etcd.health_interval_ms", e.health_interval_ms),
             ("etcd.count_interval_ms", e.count_interval_ms),
+            (
+                "etcd.keepalive_coalesce_ms",
+                e.keepalive_coalesce_ms.max(10),
+            ),
+            (
+                "server.shutdown_grace_ms",
+                self.server.shutdown_grace_ms.max(10),
+            ),
         ] {
             if !(10..=600_000).contains(&v) {
                 return Err(invalid(format!("{key} = {v} must be 10..=600000")));

@@ -61,15 +61,22 @@ enum Event {
 /// Handle to the shard's keepalive task; dropping it stops the task.
 pub struct Keepalive {
     tx: mpsc::Sender<Msg>,
+    /// Longest a caller waits for an answer (a fail-over may send twice).
+    deadline: Duration,
+    shard: String,
     _task: crate::TaskGuard,
 }
 
 impl Keepalive {
     pub fn start(conn: EtcdConn, cancel: CancellationToken) -> Self {
         let (tx, rx) = mpsc::channel(4096);
-        let task = tokio::spawn(Task::new(conn).run(rx, cancel.clone()));
+        let deadline = conn.timeout() * 2;
+        let shard = conn.shard().to_string();
+        let task = tokio::spawn(Task::new(conn.clone()).run(rx, cancel.clone()));
         Self {
             tx,
+            deadline,
+            shard,
             _task: crate::TaskGuard::new(task, cancel),
         }
     }
@@ -90,7 +97,13 @@ impl Keepalive {
             })
             .await
             .map_err(|_| gone())?;
-        rx.await.map_err(|_| gone())?
+        match tokio::time::timeout(self.deadline, rx).await {
+            Ok(answer) => answer.map_err(|_| gone())?,
+            Err(_) => Err(EtcdError::Unavailable {
+                shard: self.shard.clone(),
+                detail: "no keepalive answer in time".into(),
+            }),
+        }
     }
 
     pub async fn seed(&self, lease: i64, renewal: Renewal) {

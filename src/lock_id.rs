@@ -1,7 +1,7 @@
 //! lockIds: self-describing, so any router replica can renew or release a
 //! lock with no local state.
 //!
-//! Layout (then base64url without padding, at most ~140 characters):
+//! Layout (then base64url without padding, at most 144 characters):
 //! `version u8 | epoch u16 | ttl_secs u32 | lease i64 | revision i64 |
 //! name hash [16] | shard len u8 | shard | checksum [4]` (integers big-endian;
 //! the checksum is the first 4 bytes of SHA-256 of everything before it).

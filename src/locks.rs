@@ -435,6 +435,9 @@ impl Active {
                     .ok_or_else(|| LockError::Internal("token out of range".into()))?;
                 let sent_at = Instant::now();
                 let left = place.time_to_live(kv.lease()).await?;
+                if left == 0 {
+                    continue; // its lease ran out; etcd deletes it momentarily
+                }
                 let expires = Expiry(sent_at + Duration::from_secs(left as u64));
                 return Ok(Inspection {
                     shard: place.name.clone(),

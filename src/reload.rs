@@ -21,6 +21,7 @@ use crate::keys::Recorded;
 use crate::locks::{Active, Locks};
 use crate::ring::Ring;
 use crate::router::{opening_meta, Router, ShardPool};
+use crate::shard::RingState;
 
 /// Why a reload was refused. Nothing changed.
 #[derive(Debug, thiserror::Error)]
@@ -138,6 +139,68 @@ impl Reloader {
             migration_opened,
             ring: ring.fingerprint().to_string(),
         })
+    }
+
+    /// Records the next epoch, same ring, on every shard: for a shard
+    /// restored from a snapshot or one that lost its data (its revisions
+    /// went back; it may record no ring at all). Every grant from then on
+    /// carries a token above every earlier one. Needs every shard reachable
+    /// and no open migration; a partial bump is safe and may be repeated.
+    pub async fn bump_epoch(&self) -> Result<u64, ReloadError> {
+        let refuse = |msg: String| Err(ReloadError::Refused(msg));
+        let _serialised = self.current.lock().await;
+        let router = self.locks.active().router.clone();
+        if router.migration().is_some() {
+            return refuse("a migration is open; bump the epoch once it closes".into());
+        }
+        let fp = router.ring.fingerprint();
+        let mut found = Vec::new();
+        for shard in &router.shards {
+            match shard.read_ring().await {
+                Ok(None) => found.push(None),
+                Ok(Some(r)) if r.meta.ring == fp && r.meta.previous.is_none() => {
+                    found.push(Some(r))
+                }
+                Ok(Some(r)) => {
+                    return refuse(format!(
+                        "shard {} records ring {} (epoch {}), not this router's",
+                        shard.name, r.meta.ring, r.meta.epoch
+                    ))
+                }
+                Err(e) => {
+                    return refuse(format!(
+                        "bumping the epoch needs every shard reachable: {e}"
+                    ))
+                }
+            }
+        }
+        let Some(top) = found.iter().flatten().map(|r| r.meta.epoch).max() else {
+            return refuse(
+                "no shard records a ring yet; a fresh deployment is initialised by itself".into(),
+            );
+        };
+        if top >= MAX_EPOCH {
+            return refuse(format!("the ring epoch is at its maximum ({MAX_EPOCH})"));
+        }
+        let next = Recorded::new(crate::keys::RingMeta {
+            epoch: top + 1,
+            ring: fp.to_string(),
+            previous: None,
+        });
+        for (shard, was) in router.shards.iter().zip(&found) {
+            let expected = was.as_ref().map(|r| r.bytes.as_slice());
+            match shard.swap_ring(expected, &next).await {
+                Ok(Some(r)) if r == next => shard.set_ring_state(RingState::Ready(r)),
+                other => {
+                    return refuse(format!(
+                        "shard {} changed under the bump ({other:?}); the bump is partial, which is safe: repeat it",
+                        shard.name
+                    ))
+                }
+            }
+        }
+        tracing::info!(epoch = top + 1, ring = %fp, "ring epoch bumped on every shard");
+        Ok(top + 1)
     }
 
     /// Whether some shard of the new ring already records it.

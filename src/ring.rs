@@ -65,12 +65,15 @@ pub struct Ring {
 impl Ring {
     pub fn new(shards: &[ShardSettings], vnodes: u32) -> Self {
         let mut ring = HashRing::with_hasher(PlacementHash);
+        let mut nodes = Vec::new();
         for (idx, s) in shards.iter().enumerate() {
             for i in 0..vnodes * s.weight {
                 let label = format!("{}#{i}", s.name).into_bytes();
-                ring.add(VNode { shard: idx, label });
+                nodes.push(VNode { shard: idx, label });
             }
         }
+        // One sort for all nodes (adding them one by one sorts each time).
+        ring.batch_add(nodes);
         Self {
             ring,
             shards: shards.iter().map(|s| s.name.clone()).collect(),

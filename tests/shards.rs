@@ -243,3 +243,86 @@ async fn a_three_member_shard_survives_losing_a_member() {
         sleep_ms(200).await;
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_shard_that_lost_its_data_refuses_until_the_epoch_is_bumped() {
+    let mut shards = [EtcdCluster::single(), EtcdCluster::single()];
+    let router = TestRouter::start(&[&shards[0], &shards[1]]).await;
+    let api = &router.api;
+    let ring = lockrouter::ring::Ring::new(&router.settings.shards, router.settings.ring.vnodes);
+    let on_b = |i: usize| {
+        (0..)
+            .map(|j| format!("w{i}-{j}"))
+            .find(|n| ring.shard_index(n) == 1)
+            .unwrap()
+    };
+    let mut last = 0;
+    for i in 0..20 {
+        last = last.max(api.must_acquire(&on_b(i), 5_000, "A").await.1);
+    }
+    // Shard b comes back empty: its revisions restart, so granting there at
+    // the same epoch could hand out smaller tokens. It must refuse.
+    shards[1].wipe();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let ready = api.get("/readyz").await;
+        if ready.body["refusingShards"] == json!(["b"]) {
+            break;
+        }
+        assert!(Instant::now() < deadline, "{ready:?}");
+        sleep_ms(100).await;
+    }
+    assert_eq!(api.acquire(&on_b(100), 5_000, "A").await.status, 503);
+    let bumped = api.post("/admin/v1/bump-epoch", json!({})).await;
+    assert_eq!(
+        (bumped.status, bumped.body["epoch"].as_u64()),
+        (200, Some(2)),
+        "{bumped:?}"
+    );
+    for i in 200..205 {
+        let lock = api.must_acquire(&on_b(i), 5_000, "A").await;
+        assert!(lock.1 > last, "token {} after {last}", lock.1);
+    }
+    let on_a = (0..)
+        .map(|j| format!("a{j}"))
+        .find(|n| ring.shard_index(n) == 0)
+        .unwrap();
+    assert!(api.must_acquire(&on_a, 5_000, "A").await.1 > last);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn replicas_started_with_different_shard_sets_never_both_grant() {
+    for _ in 0..3 {
+        let shards = three();
+        let two = config_toml(&[&shards[0], &shards[1]], "127.0.0.1:0", "");
+        let all = config_toml(&[&shards[0], &shards[1], &shards[2]], "127.0.0.1:0", "");
+        let build = |toml: String| async move {
+            let settings = lockrouter::Settings::from_toml(&toml).unwrap();
+            let app = lockrouter::Application::build(settings).await.unwrap();
+            let api = crate::support::router::Api::new(app.local_addr());
+            let stop = tokio_util::sync::CancellationToken::new();
+            tokio::spawn(app.run(stop.clone()));
+            (api, stop)
+        };
+        // Both start at once on empty shards, racing to initialise them.
+        let ((a, stop_a), (b, stop_b)) = tokio::join!(build(two), build(all));
+        sleep_ms(1_500).await;
+        let mut granted = [0, 0];
+        for i in 0..30 {
+            for (k, api) in [&a, &b].into_iter().enumerate() {
+                let r = api
+                    .acquire(&format!("race-{i}"), 5_000, &format!("c{k}"))
+                    .await;
+                assert!(r.status == 200 || r.status == 503, "{r:?}");
+                granted[k] += usize::from(r.body["acquired"] == true);
+            }
+        }
+        assert!(
+            granted[0] == 0 || granted[1] == 0,
+            "both replicas granted: {granted:?}"
+        );
+        assert!(granted[0] + granted[1] > 0, "neither granted");
+        stop_a.cancel();
+        stop_b.cancel();
+    }
+}

@@ -67,6 +67,17 @@ pub async fn reload(state: &AppState) -> api::Answer {
     }
 }
 
+pub async fn bump_epoch(state: &AppState) -> api::Answer {
+    match state.reloader.bump_epoch().await {
+        Ok(epoch) => Ok((json(StatusCode::OK, &json!({ "epoch": epoch })), "bumped")),
+        Err(e) => Err(ApiError::new(
+            StatusCode::CONFLICT,
+            "failed_precondition",
+            e.to_string(),
+        )),
+    }
+}
+
 pub fn ring(state: &AppState) -> (Response<Full<Bytes>>, &'static str) {
     let router = state.locks.active().router.clone();
     let mut shards: Vec<Value> = router

@@ -41,6 +41,7 @@ pub const ROUTES: &[(&str, &str)] = &[
     ("GET", "/readyz"),
     ("GET", "/metrics"),
     ("POST", "/admin/v1/reload"),
+    ("POST", "/admin/v1/bump-epoch"),
     ("GET", "/admin/v1/ring"),
 ];
 
@@ -155,6 +156,7 @@ fn op_of(method: &Method, path: &str, kind: Listener) -> &'static str {
         (_, "/healthz") => "healthz",
         (_, "/readyz") => "readyz",
         (_, "/admin/v1/reload") => "admin_reload",
+        (_, "/admin/v1/bump-epoch") => "admin_bump_epoch",
         (_, "/admin/v1/ring") => "admin_ring",
         (_, p) if p.starts_with(LOCKS_PREFIX) => "inspect",
         _ => "unknown",
@@ -199,6 +201,11 @@ async fn route(
             only(&req, Method::POST, "POST")?;
             admin::authorize(state, peer, &req)?;
             admin::reload(state).await
+        }
+        "admin_bump_epoch" => {
+            only(&req, Method::POST, "POST")?;
+            admin::authorize(state, peer, &req)?;
+            admin::bump_epoch(state).await
         }
         "admin_ring" => {
             only(&req, Method::GET, "GET")?;

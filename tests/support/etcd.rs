@@ -163,6 +163,21 @@ impl EtcdCluster {
         }
     }
 
+    /// Kills every member and deletes its data, then starts it empty on the
+    /// same ports (a shard that lost its data, or a fresh replacement).
+    pub fn wipe(&mut self) {
+        self.kill();
+        for m in &self.members {
+            let _ = std::fs::remove_dir_all(m.dir.join("data"));
+        }
+        for i in 0..self.members.len() {
+            self.spawn(i);
+        }
+        for i in 0..self.members.len() {
+            self.wait_healthy(i);
+        }
+    }
+
     /// Starts every member again on the same ports and data.
     pub fn restart(&mut self) {
         self.kill();
