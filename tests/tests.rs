@@ -15,6 +15,7 @@ mod dashboards;
 mod exec;
 mod fencing;
 mod locks;
+mod plan;
 mod process;
 mod rebalance;
 mod shards;

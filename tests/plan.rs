@@ -1,0 +1,119 @@
+//! `lockrouter plan` as users run it: every example in `docs/capacity.md`
+//! is the binary's real output (so the document cannot drift from the
+//! model), `--json` carries the same numbers for machines, and inputs the
+//! model refuses exit 2 naming the flag.
+
+use std::process::{Command, Output};
+
+use serde_json::Value;
+
+fn plan(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_lockrouter"))
+        .arg("plan")
+        .args(args)
+        .output()
+        .expect("run lockrouter plan")
+}
+
+/// `(arguments, printed output)` of each "$ lockrouter plan ..." example
+/// in a ```text block of the document.
+fn examples(doc: &str) -> Vec<(Vec<String>, String)> {
+    let mut out = Vec::new();
+    let mut lines = doc.lines();
+    while let Some(line) = lines.next() {
+        let Some(args) = line.strip_prefix("$ lockrouter plan ") else {
+            continue;
+        };
+        let mut printed = String::new();
+        for l in lines.by_ref() {
+            if l.starts_with("```") {
+                break;
+            }
+            printed.push_str(l);
+            printed.push('\n');
+        }
+        let args = args.split_whitespace().map(str::to_string).collect();
+        out.push((args, printed));
+    }
+    out
+}
+
+#[test]
+fn capacity_doc_examples_are_real_output() {
+    let doc = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/docs/capacity.md"))
+        .expect("docs/capacity.md");
+    let examples = examples(&doc);
+    assert!(!examples.is_empty(), "no `$ lockrouter plan` example found");
+    for (args, printed) in examples {
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        let out = plan(&args);
+        assert!(out.status.success(), "{args:?}: {out:?}");
+        let got = String::from_utf8(out.stdout).unwrap();
+        assert_eq!(
+            got,
+            printed,
+            "docs/capacity.md shows other output for `lockrouter plan {}`; paste the new output",
+            args.join(" ")
+        );
+    }
+}
+
+#[test]
+fn json_output_matches_the_worked_example() {
+    let args = [
+        "--locks",
+        "1000000",
+        "--clients",
+        "10000",
+        "--acquires-per-sec",
+        "10000",
+        "--json",
+    ];
+    let out = plan(&args);
+    assert!(out.status.success(), "{out:?}");
+    let p: Value = serde_json::from_slice(&out.stdout).expect("JSON");
+    let shards = p["recommendedShards"].as_u64().unwrap();
+    assert_eq!(p["lockrouter"]["shards"].as_u64(), Some(shards));
+    let busiest = &p["lockrouter"]["busiestShard"];
+    assert!(busiest["utilisation"].as_f64().unwrap() <= 0.6);
+    let all = &p["lockrouter"]["allShards"];
+    // Renewal keepalives alone are one per session per 10 s.
+    let sessions = all["leases"].as_f64().unwrap();
+    let keepalives = all["keepalivesPerSec"].as_f64().unwrap();
+    assert!(
+        keepalives >= sessions / 10.0,
+        "{keepalives} < {sessions} / 10"
+    );
+    // One lease per lock: a keepalive per lock every 10 s, three writes per lock.
+    let naive = &p["oneLeasePerLock"]["allShards"];
+    assert_eq!(naive["keepalivesPerSec"].as_f64(), Some(100_000.0));
+    assert_eq!(naive["raftWritesPerSec"].as_f64(), Some(30_000.0));
+    assert!(p["oneLeasePerLock"]["shards"].as_u64().unwrap() > shards);
+    assert_eq!(p["workload"]["renewEverySecs"].as_f64(), Some(10.0));
+
+    // Asking for fewer shards than recommended shows less headroom.
+    let fewer = (shards - 1).to_string();
+    let mut args = args.to_vec();
+    args.extend(["--shards", &fewer]);
+    let p: Value = serde_json::from_slice(&plan(&args).stdout).unwrap();
+    assert!(p["lockrouter"]["growthToTarget"].as_f64().unwrap() < 1.0);
+    assert_eq!(p["recommendedShards"].as_u64(), Some(shards));
+}
+
+#[test]
+fn refused_inputs_exit_2_naming_the_flag() {
+    let base = ["--locks", "10", "--clients", "1", "--acquires-per-sec", "1"];
+    for (extra, flag) in [
+        (["--ttl-secs", "1"], "--ttl-secs"),
+        (["--renew-every-secs", "60"], "--renew-every-secs"),
+        (["--target-utilisation", "1.5"], "--target-utilisation"),
+        (["--shards", "0"], "--shards"),
+    ] {
+        let mut args = base.to_vec();
+        args.extend(extra);
+        let out = plan(&args);
+        assert_eq!(out.status.code(), Some(2), "{args:?}");
+        let err = String::from_utf8(out.stderr).unwrap();
+        assert!(err.contains(flag), "{err:?} should name {flag}");
+    }
+}
