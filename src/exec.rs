@@ -31,6 +31,8 @@ pub mod codes {
     pub const NOT_ACQUIRED: u8 = 75;
     /// The lock was lost while the command ran; the command was stopped.
     pub const LOST: u8 = 79;
+    /// Bad arguments, such as a malformed router URL (as clap's own errors).
+    pub const USAGE: u8 = 2;
     /// The command was not found (as in shells).
     pub const NOT_FOUND: u8 = 127;
     /// The command could not be executed (as in shells).
@@ -88,7 +90,7 @@ async fn run(args: ExecArgs) -> u8 {
         Ok(c) => c,
         Err(e) => {
             eprintln!("lockrouter exec: {e}");
-            return codes::UNAVAILABLE;
+            return codes::USAGE;
         }
     };
     let acquired = if args.wait.is_zero() {

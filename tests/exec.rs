@@ -2,7 +2,8 @@
 //! environment and exec passes its exit code on; a held lock means exit 75
 //! and nothing run; `--wait` polls; SIGTERM is forwarded; a lost lock stops
 //! the command (SIGKILL after the grace period) with exit 79; the lock is
-//! released whenever exec ends.
+//! released whenever exec ends; a missing command, an unreachable router
+//! and a malformed URL each have their own exit code.
 
 use std::process::Command;
 use std::time::Duration;
@@ -145,7 +146,7 @@ async fn a_lost_lock_stops_the_command_with_sigkill_after_the_grace_period() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_missing_command_exits_127_and_an_unreachable_router_69() {
+async fn a_missing_command_exits_127_an_unreachable_router_69_a_bad_url_2() {
     let etcd = EtcdCluster::single();
     let router = TestRouter::start(&[&etcd]).await;
     let mut cmd = Command::new(lockrouter());
@@ -172,4 +173,11 @@ async fn a_missing_command_exits_127_and_an_unreachable_router_69() {
     let (code, _, stderr) = output(cmd).await;
     assert_eq!(code, Some(69), "{stderr}");
     assert!(stderr.contains("cannot reach the router"), "{stderr}");
+
+    let mut cmd = Command::new(lockrouter());
+    cmd.args(["exec", "--router", "127.0.0.1:8080", "--name", "x"])
+        .args(["--ttl", "5s", "--", "true"]);
+    let (code, _, stderr) = output(cmd).await;
+    assert_eq!(code, Some(2), "{stderr}");
+    assert!(stderr.contains("http://host:port"), "{stderr}");
 }

@@ -156,7 +156,9 @@ impl Client {
     /// The returned [`Lock`] is renewed in the background until released or
     /// dropped. An acquire is idempotent for the same client id, so after a
     /// [`Error::Transport`] it is safe to call again: if the first attempt
-    /// did get the lock, the retry returns that same grant.
+    /// did get the lock, the retry returns that same grant. Two `Lock`s for
+    /// one grant are one lock: releasing or dropping either releases it, and
+    /// the other then reports [`LostReason::Expired`](crate::LostReason).
     pub async fn acquire(&self, name: &str, ttl: Duration) -> Result<Option<Lock>, Error> {
         let ttl_ms = u64::try_from(ttl.as_millis())
             .ok()

@@ -201,7 +201,7 @@ impl Lock {
         shared.mark_lost(LostReason::Released);
         let _ = self.client.inner.commands.send(Command::Forget {
             key: shared.key,
-            release: false,
+            release: None,
         });
         self.client
             .inner
@@ -222,7 +222,7 @@ impl Drop for Lock {
         // down) the lock simply expires at the router.
         let _ = self.client.inner.commands.send(Command::Forget {
             key: shared.key,
-            release: true,
+            release: Some(shared.lock_ref.clone()),
         });
     }
 }

@@ -41,8 +41,10 @@ pub(crate) enum Command {
     /// Start renewing a lock that was just acquired.
     Track(Arc<Shared>),
     /// Stop renewing a lock; also release it at the router if `release`
-    /// (a dropped lock hands its release to the task).
-    Forget { key: u64, release: bool },
+    /// is given (a dropped lock hands its release to the task). The release
+    /// is sent even if the lock already counts as lost: when it was lost by
+    /// the clock alone, its lease may still stand and block others.
+    Forget { key: u64, release: Option<LockRef> },
 }
 
 /// One tracked lock.
@@ -128,12 +130,9 @@ impl RenewalTask {
                 );
             }
             Command::Forget { key, release } => {
-                let Some(entry) = self.entries.remove(&key) else {
-                    return;
-                };
-                if release {
+                self.entries.remove(&key);
+                if let Some(lock) = release {
                     let transport = self.transport.clone();
-                    let lock = entry.shared.lock_ref.clone();
                     let timeout = self.request_timeout;
                     self.in_flight.push(Box::pin(async move {
                         if let Err(e) = transport.release(&lock, timeout).await {
