@@ -92,7 +92,7 @@ fn config_files(dir: &Path, out: &mut Vec<PathBuf>) {
 fn every_deploy_file_parses() {
     let mut files = Vec::new();
     config_files(&repo("deploy"), &mut files);
-    assert!(files.len() >= 9, "{files:?}");
+    assert!(files.len() >= 20, "{files:?}");
     for path in files {
         let text = std::fs::read_to_string(&path).unwrap();
         if path.extension().is_some_and(|e| e == "json") {
@@ -104,6 +104,31 @@ fn every_deploy_file_parses() {
             assert!(!docs.is_empty(), "{} is empty", path.display());
         }
     }
+}
+
+#[test]
+fn deploy_router_configs_are_valid_and_match_their_etcd_targets() {
+    for path in [
+        "deploy/compose/router.toml",
+        "deploy/k8s/router/router.toml",
+    ] {
+        let text = std::fs::read_to_string(repo(path)).unwrap();
+        let settings = lockrouter::Settings::from_toml(&text)
+            .unwrap_or_else(|e| panic!("{path} is refused by the router: {e}"));
+        let names: Vec<&str> = settings.shards.iter().map(|s| s.name.as_str()).collect();
+        assert_eq!(names, ["a", "b", "c"], "{path}");
+    }
+    // Prometheus in deploy/compose labels each etcd member with its shard.
+    let targets =
+        std::fs::read_to_string(repo("deploy/compose/prometheus-targets/etcd.yml")).unwrap();
+    let docs = yaml_rust2::YamlLoader::load_from_str(&targets).unwrap();
+    let labelled: Vec<&str> = docs[0]
+        .as_vec()
+        .unwrap()
+        .iter()
+        .map(|group| group["labels"]["shard"].as_str().unwrap())
+        .collect();
+    assert_eq!(labelled, ["a", "b", "c"]);
 }
 
 fn dashboard(name: &str) -> Value {
