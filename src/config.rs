@@ -93,6 +93,12 @@ pub struct Limits {
     pub max_batch: usize,
     #[serde(default = "defaults::max_body_bytes")]
     pub max_body_bytes: usize,
+    /// Longest `waitMs` an acquire may ask for.
+    #[serde(default = "defaults::max_wait_ms")]
+    pub max_wait_ms: u64,
+    /// Waiting acquires a router holds at once; beyond it, 429 (read at start).
+    #[serde(default = "defaults::max_waiters")]
+    pub max_waiters: usize,
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -175,6 +181,12 @@ mod defaults {
     pub fn max_body_bytes() -> usize {
         1 << 20
     }
+    pub fn max_wait_ms() -> u64 {
+        60_000
+    }
+    pub fn max_waiters() -> usize {
+        10_000
+    }
     pub fn weight() -> u32 {
         1
     }
@@ -210,6 +222,8 @@ impl Default for Limits {
             max_client_id_bytes: defaults::max_client_id_bytes(),
             max_batch: defaults::max_batch(),
             max_body_bytes: defaults::max_body_bytes(),
+            max_wait_ms: defaults::max_wait_ms(),
+            max_waiters: defaults::max_waiters(),
         }
     }
 }

@@ -6,6 +6,9 @@
 //!   attached to its session lease, with a [`LockValue`] naming the holder.
 //!   Hashing bounds key size and keeps lockIds short; a collision could only
 //!   make two names exclude each other (safe), never grant one name twice.
+//! - `P/waiters/<hash>/<lease>-<nonce>` is a caller waiting for the name
+//!   (`waitMs`), attached to its session lease; the queue is ordered by the
+//!   keys' create revisions.
 
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
@@ -42,6 +45,18 @@ impl Keys {
 
     pub fn lock(&self, hash: &NameHash) -> Vec<u8> {
         format!("{}/locks/{}", self.prefix, hex(hash)).into_bytes()
+    }
+
+    /// Prefix of the queue of waiters for a name (`P/waiters/<hash>/`).
+    pub fn waiters(&self, hash: &NameHash) -> Vec<u8> {
+        format!("{}/waiters/{}/", self.prefix, hex(hash)).into_bytes()
+    }
+
+    /// One waiter's key: unique per wait, ordered by its create revision.
+    pub fn waiter(&self, hash: &NameHash, lease: i64, nonce: u64) -> Vec<u8> {
+        let mut key = self.waiters(hash);
+        key.extend_from_slice(format!("{lease:016x}-{nonce:016x}").as_bytes());
+        key
     }
 
     /// Start and end (exclusive) of the range holding every lock key.

@@ -37,6 +37,7 @@ pub mod router;
 pub mod session;
 pub mod shard;
 pub mod verify;
+pub mod wait;
 
 pub use app::Application;
 pub use config::Settings;

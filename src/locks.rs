@@ -25,6 +25,7 @@ use crate::lock_id::LockId;
 use crate::router::{NotServing, Router};
 use crate::session::SessionLease;
 use crate::shard::{AcquireTxn, Shard};
+use crate::wait::WaitSlots;
 
 use std::sync::Arc;
 
@@ -40,6 +41,8 @@ pub enum LockError {
     InvalidArgument(String),
     #[error("shard {shard} is unavailable: {detail}")]
     ShardUnavailable { shard: String, detail: String },
+    #[error("too many callers are waiting; retry later")]
+    RateLimited,
     #[error("internal error: {0}")]
     Internal(String),
 }
@@ -55,7 +58,7 @@ impl From<EtcdError> for LockError {
     }
 }
 
-fn invalid(msg: impl Into<String>) -> LockError {
+pub(crate) fn invalid(msg: impl Into<String>) -> LockError {
     LockError::InvalidArgument(msg.into())
 }
 
@@ -115,11 +118,14 @@ pub struct Active {
 /// snapshot of [`Active`], so a reload never changes the ground under it.
 pub struct Locks {
     active: ArcSwap<Active>,
+    /// Caps concurrent waiting acquires (kept across reloads).
+    waiting: WaitSlots,
 }
 
 impl Locks {
     pub fn new(active: Active) -> Self {
         Self {
+            waiting: WaitSlots::new(active.limits.max_waiters),
             active: ArcSwap::from_pointee(active),
         }
     }
@@ -134,7 +140,12 @@ impl Locks {
     }
 
     pub async fn acquire(&self, req: &AcquireRequest) -> Result<Acquired, LockError> {
-        self.active().acquire(req).await
+        let active = self.active();
+        if req.wait_ms == 0 {
+            active.acquire_now(req).await
+        } else {
+            active.acquire_waiting(req, &self.waiting).await
+        }
     }
 
     pub async fn renew(
@@ -160,17 +171,16 @@ impl Locks {
 }
 
 impl Active {
-    pub async fn acquire(&self, req: &AcquireRequest) -> Result<Acquired, LockError> {
+    /// Acquire without waiting (`waitMs` is not looked at).
+    pub async fn acquire_now(&self, req: &AcquireRequest) -> Result<Acquired, LockError> {
         check_text("name", &req.name, self.limits.max_name_bytes)?;
         check_text("clientId", &req.client_id, self.limits.max_client_id_bytes)?;
         let ttl_secs = self.ttl_secs(req.ttl_ms)?;
-        if req.wait_ms != 0 {
-            return Err(invalid("waitMs is not supported yet"));
-        }
         let shard = self.router.shard_for(&req.name);
         tracing::Span::current().record("shard", shard.name.as_str());
         let hash = name_hash(&req.name);
         let key = shard.keys.lock(&hash);
+        let waiters = shard.keys.waiters(&hash);
         let window = self.window(ttl_secs);
         // Retried when the session lease expired between the cache and the
         // txn, or when the shard's recorded ring moved on (a migration
@@ -196,7 +206,7 @@ impl Active {
                 .get_or_grant(&req.client_id, ttl_secs, || grant_session(shard, ttl_secs))
                 .await?;
             let (txn, renewal) = tokio::join!(
-                shard.acquire_txn(&key, value, session.id, &ring),
+                shard.acquire_txn(&key, value, session.id, &ring, &waiters),
                 shard.keepalive.refresh(session.id, window),
             );
             let lease_gone = matches!(txn, Err(EtcdError::LeaseNotFound))
@@ -227,6 +237,8 @@ impl Active {
                         .held(shard, &req.client_id, holder, hash, own, window)
                         .await;
                 }
+                // Free, but others wait for it: they come first.
+                AcquireTxn::Queued => return Ok(Acquired::Held(Expiry(Instant::now()))),
                 AcquireTxn::RingChanged(found) => self.router.ring_changed(shard, found),
             }
         }
@@ -451,7 +463,7 @@ impl Active {
         })
     }
 
-    fn ttl_secs(&self, ttl_ms: u64) -> Result<u32, LockError> {
+    pub(crate) fn ttl_secs(&self, ttl_ms: u64) -> Result<u32, LockError> {
         let (min, max) = (self.limits.min_ttl_ms, self.limits.max_ttl_ms);
         if !(min..=max).contains(&ttl_ms) {
             return Err(invalid(format!(
@@ -463,12 +475,12 @@ impl Active {
     }
 
     /// Renewals of one lease closer together than this share a keepalive.
-    fn window(&self, ttl_secs: u32) -> Duration {
+    pub(crate) fn window(&self, ttl_secs: u32) -> Duration {
         self.coalesce
             .min(Duration::from_millis(u64::from(ttl_secs) * 100))
     }
 
-    fn granting_ring(&self, shard: &Shard) -> Result<Recorded, LockError> {
+    pub(crate) fn granting_ring(&self, shard: &Shard) -> Result<Recorded, LockError> {
         self.router.granting_ring(shard).map_err(|why| match why {
             NotServing::Down => unavailable(shard, "the shard does not answer"),
             NotServing::Ring(detail) => unavailable(shard, &detail),
@@ -483,7 +495,7 @@ impl Active {
     }
 }
 
-async fn grant_session(shard: &Shard, ttl_secs: u32) -> Result<SessionLease, EtcdError> {
+pub(crate) async fn grant_session(shard: &Shard, ttl_secs: u32) -> Result<SessionLease, EtcdError> {
     let sent_at = Instant::now();
     let id = shard.grant(ttl_secs).await?;
     crate::metrics::session_granted(&shard.name);
@@ -500,7 +512,7 @@ async fn grant_session(shard: &Shard, ttl_secs: u32) -> Result<SessionLease, Etc
     Ok(SessionLease { id, ttl_secs })
 }
 
-fn grant(lock: LockId, renewal: Renewal) -> Result<Grant, LockError> {
+pub(crate) fn grant(lock: LockId, renewal: Renewal) -> Result<Grant, LockError> {
     let fencing_token = lock
         .token()
         .ok_or_else(|| LockError::Internal("fencing token out of range".into()))?;
@@ -519,7 +531,7 @@ fn decode(lock_id: &str, token: u64) -> Result<LockId, LockError> {
     Ok(id)
 }
 
-fn check_up(shard: &Shard) -> Result<(), LockError> {
+pub(crate) fn check_up(shard: &Shard) -> Result<(), LockError> {
     if shard.conn.is_up() {
         Ok(())
     } else {
@@ -527,7 +539,7 @@ fn check_up(shard: &Shard) -> Result<(), LockError> {
     }
 }
 
-fn unavailable(shard: &Shard, detail: &str) -> LockError {
+pub(crate) fn unavailable(shard: &Shard, detail: &str) -> LockError {
     LockError::ShardUnavailable {
         shard: shard.name.clone(),
         detail: detail.to_string(),
@@ -535,7 +547,7 @@ fn unavailable(shard: &Shard, detail: &str) -> LockError {
 }
 
 /// 1 to `max` bytes of UTF-8 without control characters.
-fn check_text(field: &str, value: &str, max: usize) -> Result<(), LockError> {
+pub(crate) fn check_text(field: &str, value: &str, max: usize) -> Result<(), LockError> {
     if value.is_empty() || value.len() > max {
         return Err(invalid(format!(
             "{field} must be 1 to {max} bytes, got {}",

@@ -39,6 +39,8 @@ pub enum AcquireTxn {
     Granted { revision: i64 },
     /// Someone (maybe the caller itself) holds the name.
     Held(KeyValue),
+    /// Nobody holds it, but callers are queued for it (no barging).
+    Queued,
     /// The shard's ring is not the one the router compared against.
     RingChanged(Option<Recorded>),
 }
@@ -84,12 +86,15 @@ impl Shard {
         value: Vec<u8>,
         lease: i64,
         ring: &Recorded,
+        waiters: &[u8],
     ) -> Result<AcquireTxn, EtcdError> {
         let ring_key = self.keys.ring();
         let txn = Txn::new()
             .when([
                 Compare::create_revision(key, CompareOp::Equal, 0),
                 Compare::value(ring_key.clone(), CompareOp::Equal, ring.bytes.clone()),
+                // No queued waiter: an empty range compares as revision 0.
+                Compare::create_revision(waiters, CompareOp::Equal, 0).with_prefix(),
             ])
             .and_then([TxnOp::put(
                 key,
@@ -110,8 +115,9 @@ impl Shard {
         let holder = gets.next().flatten();
         let recorded = gets.next().flatten().map(|kv| Recorded::parse(kv.value()));
         match holder {
-            Some(kv) if recorded.as_ref() == Some(ring) => Ok(AcquireTxn::Held(kv)),
-            _ => Ok(AcquireTxn::RingChanged(recorded)),
+            _ if recorded.as_ref() != Some(ring) => Ok(AcquireTxn::RingChanged(recorded)),
+            Some(kv) => Ok(AcquireTxn::Held(kv)),
+            None => Ok(AcquireTxn::Queued),
         }
     }
 

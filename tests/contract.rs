@@ -50,8 +50,8 @@ async fn bad_input_gets_a_clear_4xx() {
         ),
         (json!({"name": "n", "clientId": "A"}), "ttlMs"),
         (
-            json!({"name": "n", "ttlMs": 5000, "clientId": "A", "waitMs": 100}),
-            "waitMs is not supported yet",
+            json!({"name": "n", "ttlMs": 5000, "clientId": "A", "waitMs": 60_001}),
+            "waitMs must be at most 60000",
         ),
         (
             json!({"name": "n", "ttlMs": 5000, "clientId": "A", "tllMs": 1}),

@@ -19,3 +19,4 @@ mod plan;
 mod process;
 mod rebalance;
 mod shards;
+mod wait;

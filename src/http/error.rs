@@ -84,6 +84,10 @@ impl From<LockError> for ApiError {
                     )
                 }
             }
+            LockError::RateLimited => ApiError {
+                retry_after: Some(RETRY_AFTER),
+                ..ApiError::new(StatusCode::TOO_MANY_REQUESTS, "rate_limited", e.to_string())
+            },
             LockError::Internal(detail) => {
                 tracing::error!(%detail, "internal error");
                 ApiError::new(

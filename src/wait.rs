@@ -1,0 +1,357 @@
+//! Waiting acquire (`waitMs > 0`): a FIFO queue per name, kept in etcd so
+//! that it holds across router replicas.
+//!
+//! A waiter puts `P/waiters/<hash>/<lease>-<nonce>` on its session lease;
+//! the queue's order is the keys' create revisions. The waiter at the head
+//! is granted by one txn that creates the lock key on its session lease and
+//! deletes its waiter key, only if the name is free, the ring unchanged, its
+//! key still there (so its session is alive: a key goes with its lease) and
+//! no key older than its own remains. Others watch their predecessor's key;
+//! the head watches the lock key, so a release or an expiry hands over at
+//! once, with no polling. A non-waiting acquire fails while anyone is
+//! queued (no barging, see `shard.rs`). A waiter that gives up (deadline,
+//! dropped request) deletes its key; if its client dies, the key goes with
+//! the session lease.
+//!
+//! During an open migration a moved name may still be held on its previous
+//! shard, where no queue exists: such waits retry every few milliseconds
+//! instead of queueing.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use etcd_client::{
+    Compare, CompareOp, EventType, GetOptions, KeyValue, PutOptions, SortOrder, SortTarget, Txn,
+    TxnOp, TxnOpResponse, WatchOptions,
+};
+use tokio::sync::Semaphore;
+
+use crate::etcd::EtcdError;
+use crate::keys::{name_hash, LockValue, Recorded};
+use crate::lock_id::LockId;
+use crate::locks::{
+    check_text, grant, grant_session, invalid, unavailable, AcquireRequest, Acquired, Active,
+    Expiry, LockError,
+};
+use crate::shard::Shard;
+
+/// Concurrent waiters a router accepts; beyond it, 429.
+pub struct WaitSlots(Arc<Semaphore>);
+
+impl WaitSlots {
+    pub fn new(max: usize) -> Self {
+        Self(Arc::new(Semaphore::new(max)))
+    }
+}
+
+/// One step of the head-of-queue grant txn.
+enum Step {
+    Granted {
+        revision: i64,
+    },
+    /// Wait for this key to be deleted (watching from `after` + 1).
+    WaitFor {
+        key: Vec<u8>,
+        after: i64,
+        holder: Option<KeyValue>,
+    },
+    /// Our waiter key is gone: our session lease expired.
+    Gone,
+    RingChanged(Option<Recorded>),
+}
+
+/// Deletes the waiter key when the wait ends in any way, including the
+/// request being dropped, unless the grant consumed it.
+struct QueueEntry {
+    shard: Arc<Shard>,
+    key: Option<Vec<u8>>,
+}
+
+impl Drop for QueueEntry {
+    fn drop(&mut self) {
+        if let Some(key) = self.key.take() {
+            let shard = self.shard.clone();
+            tokio::spawn(async move {
+                let mut kv = shard.conn.client().kv_client();
+                let _ = shard.conn.call("DeleteRange", kv.delete(key, None)).await;
+            });
+        }
+    }
+}
+
+static NONCE: AtomicU64 = AtomicU64::new(0);
+
+impl Active {
+    /// Acquire that waits up to `req.wait_ms`, first come first served.
+    pub async fn acquire_waiting(
+        &self,
+        req: &AcquireRequest,
+        slots: &WaitSlots,
+    ) -> Result<Acquired, LockError> {
+        check_text("name", &req.name, self.limits.max_name_bytes)?;
+        check_text("clientId", &req.client_id, self.limits.max_client_id_bytes)?;
+        let ttl_secs = self.ttl_secs(req.ttl_ms)?;
+        if req.wait_ms > self.limits.max_wait_ms {
+            return Err(invalid(format!(
+                "waitMs must be at most {}",
+                self.limits.max_wait_ms
+            )));
+        }
+        let _slot = slots
+            .0
+            .clone()
+            .try_acquire_owned()
+            .map_err(|_| LockError::RateLimited)?;
+        let deadline = Instant::now() + Duration::from_millis(req.wait_ms);
+        let mut answer = self.acquire_now(req).await?;
+        let shard = self.router.shard_for(&req.name).clone();
+        let moved = self
+            .router
+            .migration()
+            .is_some_and(|m| m.previous_shard(&req.name).name != shard.name);
+        if moved {
+            // No queue where the holder is: retry until the deadline.
+            while matches!(answer, Acquired::Held(_)) && Instant::now() < deadline {
+                tokio::time::sleep(Duration::from_millis(20)).await;
+                answer = self.acquire_now(req).await?;
+            }
+            return Ok(answer);
+        }
+        if !matches!(answer, Acquired::Held(_)) {
+            return Ok(answer);
+        }
+        self.queue(req, ttl_secs, &shard, deadline).await
+    }
+
+    async fn queue(
+        &self,
+        req: &AcquireRequest,
+        ttl_secs: u32,
+        shard: &Arc<Shard>,
+        deadline: Instant,
+    ) -> Result<Acquired, LockError> {
+        let hash = name_hash(&req.name);
+        let key = shard.keys.lock(&hash);
+        let waiters = shard.keys.waiters(&hash);
+        let session = shard
+            .sessions
+            .get_or_grant(&req.client_id, ttl_secs, || grant_session(shard, ttl_secs))
+            .await?;
+        let nonce = NONCE.fetch_add(1, Ordering::Relaxed) ^ process_salt();
+        let mine = shard.keys.waiter(&hash, session.id, nonce);
+        let mut kv = shard.conn.client().kv_client();
+        let put = kv.put(
+            mine.clone(),
+            req.client_id.clone(),
+            Some(PutOptions::new().with_lease(session.id)),
+        );
+        let my_rev = match shard.conn.call("Put", put).await {
+            Ok(resp) => resp.header().map(|h| h.revision()).unwrap_or(0),
+            Err(EtcdError::LeaseNotFound) => {
+                shard
+                    .sessions
+                    .invalidate(&req.client_id, ttl_secs, session.id)
+                    .await;
+                return Err(unavailable(shard, "the session lease expired; retry"));
+            }
+            Err(e) => return Err(e.into()),
+        };
+        let mut entry = QueueEntry {
+            shard: shard.clone(),
+            key: Some(mine.clone()),
+        };
+        let window = self.window(ttl_secs);
+        let keep_alive_every = Duration::from_millis(u64::from(ttl_secs) * 1000 / 3);
+        let mut last_holder = None;
+        loop {
+            let ring = self.granting_ring(shard)?;
+            let epoch = u16::try_from(ring.meta.epoch)
+                .map_err(|_| LockError::Internal("epoch out of range".into()))?;
+            let value = serde_json::to_vec(&LockValue {
+                client: req.client_id.clone(),
+                epoch: ring.meta.epoch,
+                name: req.name.clone(),
+            })
+            .map_err(|e| LockError::Internal(e.to_string()))?;
+            match head_grant(
+                shard, &key, value, session.id, &ring, &waiters, &mine, my_rev,
+            )
+            .await?
+            {
+                Step::Granted { revision } => {
+                    entry.key = None; // the txn deleted it
+                    let renewal = shard.keepalive.refresh(session.id, window).await?;
+                    let lock = LockId {
+                        shard: shard.name.clone(),
+                        epoch,
+                        ttl_secs,
+                        lease: session.id,
+                        revision,
+                        name_hash: hash,
+                    };
+                    return Ok(Acquired::Granted(grant(lock, renewal)?));
+                }
+                Step::Gone => {
+                    entry.key = None;
+                    return Ok(Acquired::Held(Expiry(Instant::now())));
+                }
+                Step::RingChanged(found) => {
+                    self.router.ring_changed(shard, found);
+                    continue; // granting_ring answers 503 if it must
+                }
+                Step::WaitFor {
+                    key: watched,
+                    after,
+                    holder,
+                } => {
+                    if holder.is_some() {
+                        last_holder = holder;
+                    }
+                    let now = Instant::now();
+                    if now >= deadline {
+                        break;
+                    }
+                    // Wake for the deletion, the deadline, or to keep the
+                    // session (and so the queue entry) alive meanwhile.
+                    let until = deadline.min(now + keep_alive_every);
+                    watch_delete(shard, [watched, mine.clone()], after, until).await?;
+                    shard.keepalive.refresh(session.id, window).await?;
+                }
+            }
+        }
+        drop(entry);
+        match last_holder {
+            Some(h) => {
+                let sent_at = Instant::now();
+                let left = shard.time_to_live(h.lease()).await?;
+                Ok(Acquired::Held(Expiry(
+                    sent_at + Duration::from_secs(left as u64),
+                )))
+            }
+            None => Ok(Acquired::Held(Expiry(Instant::now()))),
+        }
+    }
+}
+
+/// Grants the name to the head of its queue if that is `mine`.
+#[allow(clippy::too_many_arguments)]
+async fn head_grant(
+    shard: &Shard,
+    key: &[u8],
+    value: Vec<u8>,
+    lease: i64,
+    ring: &Recorded,
+    waiters: &[u8],
+    mine: &[u8],
+    my_rev: i64,
+) -> Result<Step, EtcdError> {
+    let ring_key = shard.keys.ring();
+    let predecessor = GetOptions::new()
+        .with_prefix()
+        .with_max_create_revision(my_rev - 1)
+        .with_sort(SortTarget::Create, SortOrder::Descend)
+        .with_limit(1);
+    let txn = Txn::new()
+        .when([
+            Compare::create_revision(key, CompareOp::Equal, 0),
+            Compare::value(ring_key.clone(), CompareOp::Equal, ring.bytes.clone()),
+            Compare::create_revision(mine, CompareOp::Equal, my_rev),
+            // Every queued key is as young as ours or younger: we are first.
+            Compare::create_revision(waiters, CompareOp::Greater, my_rev - 1).with_prefix(),
+        ])
+        .and_then([
+            TxnOp::put(key, value, Some(PutOptions::new().with_lease(lease))),
+            TxnOp::delete(mine, None),
+        ])
+        .or_else([
+            TxnOp::get(key, None),
+            TxnOp::get(ring_key, None),
+            TxnOp::get(mine, None),
+            TxnOp::get(waiters, Some(predecessor)),
+        ]);
+    let mut kv = shard.conn.client().kv_client();
+    let resp = shard.conn.call("Txn", kv.txn(txn)).await?;
+    let revision = resp.header().map(|h| h.revision()).unwrap_or(0);
+    if resp.succeeded() {
+        return Ok(Step::Granted { revision });
+    }
+    let mut gets = resp.op_responses().into_iter().map(|op| match op {
+        TxnOpResponse::Get(mut g) => g.take_kvs().into_iter().next(),
+        _ => None,
+    });
+    let (holder, recorded, me, before) = (
+        gets.next().flatten(),
+        gets.next().flatten(),
+        gets.next().flatten(),
+        gets.next().flatten(),
+    );
+    let recorded = recorded.map(|kv| Recorded::parse(kv.value()));
+    if recorded.as_ref() != Some(ring) {
+        return Ok(Step::RingChanged(recorded));
+    }
+    if me.is_none() {
+        return Ok(Step::Gone);
+    }
+    Ok(match (before, holder) {
+        (Some(p), holder) => Step::WaitFor {
+            key: p.key().to_vec(),
+            after: revision,
+            holder,
+        },
+        (None, Some(h)) => Step::WaitFor {
+            key: key.to_vec(),
+            after: revision,
+            holder: Some(h),
+        },
+        // Free and first, yet the txn failed: something changed; look again.
+        (None, None) => Step::WaitFor {
+            key: Vec::new(),
+            after: revision,
+            holder: None,
+        },
+    })
+}
+
+/// Waits until one of `keys` is deleted after revision `after` (the one
+/// ahead of us, or our own entry when our session dies), or until `until`.
+async fn watch_delete(
+    shard: &Shard,
+    keys: [Vec<u8>; 2],
+    after: i64,
+    until: Instant,
+) -> Result<(), EtcdError> {
+    let [ahead, ours] = keys;
+    if ahead.is_empty() {
+        tokio::time::sleep(Duration::from_millis(5)).await;
+        return Ok(());
+    }
+    let from = || Some(WatchOptions::new().with_start_revision(after + 1));
+    let mut watch = shard.conn.client().watch_client();
+    let mut stream = shard.conn.call("Watch", watch.watch(ahead, from())).await?;
+    stream
+        .watch(ours, from())
+        .await
+        .map_err(|e| shard.conn.classify(e))?;
+    let wait = async {
+        while let Ok(Some(resp)) = stream.message().await {
+            if resp
+                .events()
+                .iter()
+                .any(|e| e.event_type() == EventType::Delete)
+                || resp.canceled()
+            {
+                return;
+            }
+        }
+    };
+    let _ = tokio::time::timeout_at(until.into(), wait).await;
+    Ok(())
+}
+
+/// Differs between processes, so two replicas' waiter keys never collide.
+fn process_salt() -> u64 {
+    use std::hash::{BuildHasher, RandomState};
+    static SALT: std::sync::OnceLock<u64> = std::sync::OnceLock::new();
+    *SALT.get_or_init(|| RandomState::new().hash_one(std::process::id()))
+}

@@ -1,0 +1,199 @@
+//! Waiting acquire on real etcd: FIFO across replicas, no barging, clean
+//! queues after timeouts, disconnects and dead sessions, handover on a
+//! holder's death, and the waiter cap.
+
+use std::time::{Duration, Instant};
+
+use serde_json::{json, Value};
+
+use crate::support::etcd::EtcdCluster;
+use crate::support::router::{config_toml, sleep_ms, Api, Reply, TestRouter};
+
+fn waiting(api: &Api, name: &str, client: &str, wait_ms: u64) -> tokio::task::JoinHandle<Reply> {
+    let (api, name, client) = (api.clone(), name.to_string(), client.to_string());
+    tokio::spawn(async move {
+        let body = json!({"name": name, "ttlMs": 10_000, "clientId": client, "waitMs": wait_ms});
+        api.post("/api/v1/locks/acquire", body).await
+    })
+}
+
+/// Keys queued for any name on `etcd`.
+async fn queued(etcd: &EtcdCluster) -> i64 {
+    let mut c = etcd.client().await;
+    let opts = etcd_client::GetOptions::new()
+        .with_prefix()
+        .with_count_only();
+    c.get("/lockrouter/waiters/", Some(opts))
+        .await
+        .unwrap()
+        .count()
+}
+
+async fn wait_queued(etcd: &EtcdCluster, n: i64) {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while queued(etcd).await != n {
+        assert!(
+            Instant::now() < deadline,
+            "queue never reached {n}: {}",
+            queued(etcd).await
+        );
+        sleep_ms(20).await;
+    }
+}
+
+fn lock_of(r: &Reply) -> (String, u64) {
+    assert_eq!(r.body["acquired"], true, "{r:?}");
+    (
+        r.body["lockId"].as_str().unwrap().to_string(),
+        r.body["fencingToken"].as_u64().unwrap(),
+    )
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn waiters_are_granted_in_arrival_order_across_replicas() {
+    let etcd = EtcdCluster::single();
+    let (r1, r2) = (
+        TestRouter::start(&[&etcd]).await,
+        TestRouter::start(&[&etcd]).await,
+    );
+    let mut held = r1.api.must_acquire("fifo", 10_000, "holder").await;
+    let mut waiters = Vec::new();
+    for i in 0..10 {
+        let api = if i % 2 == 0 { &r1.api } else { &r2.api };
+        waiters.push(waiting(api, "fifo", &format!("w{i}"), 30_000));
+        wait_queued(&etcd, i + 1).await; // a known arrival order
+    }
+    // No barging while they wait.
+    let barger = r2.api.acquire("fifo", 10_000, "barger").await;
+    assert_eq!(barger.body["acquired"], false, "{barger:?}");
+    for (i, w) in waiters.into_iter().enumerate() {
+        let api = if i % 2 == 0 { &r2.api } else { &r1.api };
+        assert_eq!(api.release(&held).await.status, 204);
+        let started = Instant::now();
+        let got = w.await.unwrap();
+        let lock = lock_of(&got);
+        assert!(lock.1 > held.1, "token {} after {}", lock.1, held.1);
+        assert!(started.elapsed() < Duration::from_secs(5));
+        assert_eq!(
+            r1.api.inspect("fifo").await.body["fencingToken"].as_u64(),
+            Some(lock.1),
+            "waiter {i}"
+        );
+        held = lock;
+    }
+    assert_eq!(queued(&etcd).await, 0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn waiters_that_give_up_leave_no_trace() {
+    let etcd = EtcdCluster::single();
+    let router = TestRouter::start(&[&etcd]).await;
+    let api = &router.api;
+    let held = api.must_acquire("gone", 10_000, "holder").await;
+    // One times out (waitMs), one disconnects (its HTTP client gives up).
+    let timing_out = waiting(api, "gone", "short", 300);
+    wait_queued(&etcd, 1).await;
+    let impatient = reqwest::Client::builder()
+        .timeout(Duration::from_millis(300))
+        .build()
+        .unwrap();
+    let dropped = impatient
+        .post(format!("{}/api/v1/locks/acquire", api.base))
+        .json(&json!({"name": "gone", "ttlMs": 10_000, "clientId": "dropper", "waitMs": 30_000}))
+        .send();
+    let last = waiting(api, "gone", "last", 30_000);
+    let (short, dropped) = (timing_out.await.unwrap(), dropped.await);
+    assert_eq!(short.body["acquired"], false, "{short:?}");
+    assert!(short.body["expiresAt"].is_string());
+    assert!(
+        dropped.is_err(),
+        "the impatient client should have given up"
+    );
+    wait_queued(&etcd, 1).await; // only "last" is left
+    assert_eq!(api.release(&held).await.status, 204);
+    let got = last.await.unwrap();
+    lock_of(&got);
+    assert_eq!(
+        api.inspect("gone").await.body["fencingToken"],
+        got.body["fencingToken"]
+    );
+    assert_eq!(queued(&etcd).await, 0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_dead_holder_hands_over_to_the_first_waiter_within_its_ttl() {
+    let etcd = EtcdCluster::single();
+    let router = TestRouter::start(&[&etcd]).await;
+    let api = &router.api;
+    let held = api.must_acquire("dies", 2_000, "holder").await;
+    let started = Instant::now();
+    let first = waiting(api, "dies", "first", 20_000);
+    wait_queued(&etcd, 1).await;
+    let second = waiting(api, "dies", "second", 20_000);
+    wait_queued(&etcd, 2).await;
+    let got = first.await.unwrap();
+    let lock = lock_of(&got);
+    assert!(lock.1 > held.1);
+    let took = started.elapsed();
+    assert!(
+        took >= Duration::from_millis(1_500) && took < Duration::from_secs(8),
+        "handover after {took:?}"
+    );
+    assert!(!second.is_finished());
+    second.abort();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_waiter_whose_session_died_is_never_granted() {
+    let etcd = EtcdCluster::single();
+    let router = TestRouter::start(&[&etcd]).await;
+    let api = &router.api;
+    let held = api.must_acquire("sess", 10_000, "holder").await;
+    let doomed = waiting(api, "sess", "doomed", 30_000);
+    wait_queued(&etcd, 1).await;
+    let next = waiting(api, "sess", "next", 30_000);
+    wait_queued(&etcd, 2).await;
+    // The doomed waiter's session lease dies (as if its client vanished).
+    let mut c = etcd.client().await;
+    let opts = etcd_client::GetOptions::new().with_prefix();
+    let entries = c.get("/lockrouter/waiters/", Some(opts)).await.unwrap();
+    let doomed_lease = entries
+        .kvs()
+        .iter()
+        .find(|kv| kv.value() == b"doomed")
+        .map(|kv| kv.lease())
+        .unwrap();
+    c.lease_revoke(doomed_lease).await.unwrap();
+    let revoked = Instant::now();
+    let answer = doomed.await.unwrap();
+    // It watches its own entry: it learns at once, not at its next keepalive.
+    assert!(revoked.elapsed() < Duration::from_secs(3), "{:?}", revoked.elapsed());
+    assert_eq!(answer.body["acquired"], false, "{answer:?}");
+    assert_eq!(api.release(&held).await.status, 204);
+    let got = next.await.unwrap();
+    lock_of(&got);
+    let holder: Value = api.inspect("sess").await.body;
+    assert_eq!(holder["fencingToken"], got.body["fencingToken"]);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn waiters_beyond_the_cap_get_429() {
+    let etcd = EtcdCluster::single();
+    let toml = config_toml(&[&etcd], "127.0.0.1:0", "\n[limits]\nmax_waiters = 2\n");
+    let router = TestRouter::with_toml(&toml).await;
+    let api = &router.api;
+    api.must_acquire("cap", 10_000, "holder").await;
+    let a = waiting(api, "cap", "a", 5_000);
+    let b = waiting(api, "cap", "b", 5_000);
+    wait_queued(&etcd, 2).await;
+    let body = json!({"name": "cap", "ttlMs": 10_000, "clientId": "c", "waitMs": 5_000});
+    let r = api.post("/api/v1/locks/acquire", body).await;
+    assert_eq!(
+        (r.status, r.body["error"]["code"].as_str()),
+        (429, Some("rate_limited")),
+        "{r:?}"
+    );
+    assert!(r.retry_after.is_some());
+    a.abort();
+    b.abort();
+}
