@@ -2,7 +2,8 @@
 //! background renewal (one batched request per interval for many locks),
 //! release and release on drop, losing locks by the client's own clock when
 //! the router or a shard is gone, losing them at once when the router says
-//! so, and `with_lock`.
+//! so, renewing lock by lock when the router refuses a whole batch, and
+//! `with_lock`.
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -10,9 +11,10 @@ use std::time::Duration;
 
 use futures::FutureExt;
 use lockrouter_client::{Client, Error, LostReason};
+use serde_json::json;
 
 use crate::support::etcd::EtcdCluster;
-use crate::support::router::{sleep_ms, RouterProcess, TestRouter};
+use crate::support::router::{config_toml, sleep_ms, RouterProcess, TestRouter};
 
 fn secs(n: u64) -> Duration {
     Duration::from_secs(n)
@@ -232,6 +234,41 @@ async fn with_lock_runs_the_work_and_cuts_it_short_when_the_lock_is_taken() {
         other => panic!("expected Lost, got {other:?}"),
     }
     assert!(dropped.load(Ordering::SeqCst), "the work was cancelled");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_refused_batch_falls_back_to_renewing_lock_by_lock() {
+    let etcd = EtcdCluster::single();
+    // A router that takes at most two locks per renew-batch: the client's
+    // batch of three is refused (400) as a whole.
+    let toml = config_toml(&[&etcd], "127.0.0.1:0", "")
+        .replace("\n[[shards]]", "\n[limits]\nmax_batch = 2\n\n[[shards]]");
+    let router = TestRouter::with_toml(&toml).await;
+    let client = Client::new(&router.api.base, None).unwrap();
+    let mut locks = Vec::new();
+    for i in 0..3 {
+        let name = format!("sdk:refused-{i}");
+        locks.push(client.acquire(&name, secs(2)).await.unwrap().unwrap());
+    }
+    let all: Vec<_> = locks
+        .iter()
+        .map(|l| json!({"lockId": l.lock_id(), "fencingToken": l.fencing_token()}))
+        .collect();
+    let refused = router
+        .api
+        .post("/api/v1/locks/renew-batch", json!({ "locks": all }))
+        .await;
+    assert_eq!(
+        refused.status, 400,
+        "the batch itself is refused: {refused:?}"
+    );
+    // Three TTLs: without the fallback every lock would be lost by now.
+    sleep_ms(6_000).await;
+    for lock in &locks {
+        assert!(lock.is_held(), "{lock:?}");
+        let seen = router.api.inspect(lock.name()).await;
+        assert_eq!(seen.body["fencingToken"], lock.fencing_token());
+    }
 }
 
 struct SetOnDrop(Arc<AtomicBool>);

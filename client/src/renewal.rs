@@ -8,9 +8,9 @@
 //! request per interval. A refusal (`expired`, `stolen`) marks that lock lost
 //! at once; transport errors, 5xx answers and per-item `shard_unavailable`
 //! are retried with backoff and jitter until the lock's validity runs out,
-//! and then it is lost. If the router rejects a whole batch as malformed
-//! (4xx), the locks are renewed one by one, so one bad lock cannot keep the
-//! others from being renewed.
+//! and then it is lost. If the router rejects a whole batch (4xx: a lower
+//! batch limit, or one entry it cannot read), the locks are renewed one by
+//! one, so the batch's refusal never costs the other locks.
 //!
 //! The task ends when every [`Client`](crate::Client) and
 //! [`Lock`](crate::Lock) of its client is gone (its command channel closes),

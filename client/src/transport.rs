@@ -227,3 +227,46 @@ fn error_chain(e: &dyn std::error::Error) -> String {
     }
     out
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn error_answers_keep_the_api_code_and_message() {
+        let body = Bytes::from_static(
+            br#"{"error":{"code":"shard_unavailable","message":"shard b is unavailable"}}"#,
+        );
+        let e = expect_ok(StatusCode::SERVICE_UNAVAILABLE, &body).unwrap_err();
+        assert_eq!(
+            e,
+            Error::Router {
+                status: 503,
+                code: "shard_unavailable".into(),
+                message: "shard b is unavailable".into(),
+            }
+        );
+        assert!(e.is_retryable());
+        let e = expect_ok(StatusCode::BAD_GATEWAY, &Bytes::from_static(b"<html>")).unwrap_err();
+        assert!(
+            matches!(e, Error::Router { status: 502, ref code, .. } if code == "unexpected_answer")
+        );
+        assert!(expect_ok(StatusCode::NO_CONTENT, &Bytes::new()).is_ok());
+    }
+
+    #[tokio::test]
+    async fn only_plain_http_urls_are_accepted() {
+        assert!(Transport::new("http://127.0.0.1:8080/").is_ok());
+        for bad in [
+            "127.0.0.1:8080",
+            "https://router:8443",
+            "http://",
+            "not a url",
+        ] {
+            assert!(
+                matches!(Transport::new(bad), Err(Error::Config(_))),
+                "{bad:?} should be refused"
+            );
+        }
+    }
+}
