@@ -51,8 +51,9 @@ pub struct ExecArgs {
     /// The lock's TTL (e.g. 30s, 2m); renewed every third of it.
     #[arg(long, value_parser = humantime::parse_duration)]
     pub ttl: Duration,
-    /// Keep trying for this long if the lock is held (client-side polling,
-    /// not a queue). Default: try once.
+    /// Wait this long for the lock if it is held, queued first come, first
+    /// served at the router (at most its limits.max_wait_ms, 60 s by
+    /// default). Default: do not wait.
     #[arg(long, value_parser = humantime::parse_duration, default_value = "0s")]
     pub wait: Duration,
     /// The client id to acquire under. Default: a random one.
@@ -82,9 +83,6 @@ pub fn main(args: ExecArgs) -> u8 {
     runtime.block_on(run(args))
 }
 
-/// How often `--wait` polls.
-const POLL_EVERY: Duration = Duration::from_millis(500);
-
 async fn run(args: ExecArgs) -> u8 {
     let client = match Client::new(&args.router, args.client_id.as_deref()) {
         Ok(c) => c,
@@ -93,13 +91,7 @@ async fn run(args: ExecArgs) -> u8 {
             return codes::USAGE;
         }
     };
-    let acquired = if args.wait.is_zero() {
-        client.acquire(&args.name, args.ttl).await
-    } else {
-        client
-            .acquire_polling(&args.name, args.ttl, args.wait, POLL_EVERY)
-            .await
-    };
+    let acquired = client.acquire_wait(&args.name, args.ttl, args.wait).await;
     let lock = match acquired {
         Ok(Some(lock)) => lock,
         Ok(None) => {

@@ -84,10 +84,41 @@ async fn a_dropped_lock_is_released_without_waiting_for_its_ttl() {
     drop(lock);
     // Far less than the 60 s TTL: the drop handed the release to the task.
     let next = b
-        .acquire_polling("sdk:drop", secs(60), secs(15), Duration::from_millis(100))
+        .acquire_wait("sdk:drop", secs(60), secs(15))
         .await
         .unwrap();
     assert!(next.is_some(), "the dropped lock was not released");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn acquire_wait_queues_first_come_first_served_and_confirms_a_late_grant() {
+    let etcd = EtcdCluster::single();
+    let router = TestRouter::start(&[&etcd]).await;
+    let holder = router.api.must_acquire("sdk:queue", 30_000, "holder").await;
+    let b = Client::new(&router.api.base, Some("queue-B")).unwrap();
+    let c = Client::new(&router.api.base, Some("queue-C")).unwrap();
+    let b_waits = tokio::spawn(async move { b.acquire_wait("sdk:queue", secs(2), secs(30)).await });
+    sleep_ms(1_000).await; // B is queued before C
+    let c_waits = tokio::spawn(async move { c.acquire_wait("sdk:queue", secs(2), secs(30)).await });
+    // Longer than B's 2 s TTL: validity counted from B's request would be
+    // gone by the grant; the client confirms the grant instead.
+    sleep_ms(3_000).await;
+    assert_eq!(router.api.release(&holder).await.status, 204);
+    let lock_b = b_waits.await.unwrap().unwrap().expect("B is first in line");
+    assert!(lock_b.is_held(), "a grant after a long wait is confirmed");
+    assert!(lock_b.fencing_token() > holder.1);
+    // B keeps it past its TTL while C waits behind it.
+    sleep_ms(3_000).await;
+    assert!(lock_b.is_held());
+    assert!(
+        !c_waits.is_finished(),
+        "C must not be granted while B holds"
+    );
+    let token_b = lock_b.fencing_token();
+    lock_b.release().await.unwrap();
+    let lock_c = c_waits.await.unwrap().unwrap().expect("C is next");
+    assert!(lock_c.fencing_token() > token_b);
+    assert!(lock_c.is_held());
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

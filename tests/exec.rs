@@ -1,6 +1,6 @@
 //! `lockrouter exec` as a user runs it: the command gets the lock in its
 //! environment and exec passes its exit code on; a held lock means exit 75
-//! and nothing run; `--wait` polls; SIGTERM is forwarded; a lost lock stops
+//! and nothing run; `--wait` queues for the lock; SIGTERM is forwarded; a lost lock stops
 //! the command (SIGKILL after the grace period) with exit 79; the lock is
 //! released whenever exec ends; a missing command, an unreachable router
 //! and a malformed URL each have their own exit code.
@@ -64,7 +64,7 @@ async fn the_command_runs_with_the_lock_in_its_environment_and_its_exit_code_pas
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_held_lock_exits_75_without_running_the_command_and_wait_polls() {
+async fn a_held_lock_exits_75_without_running_the_command_and_wait_queues_for_it() {
     let etcd = EtcdCluster::single();
     let router = TestRouter::start(&[&etcd]).await;
     let holder = router.api.must_acquire("exec:busy", 30_000, "other").await;
@@ -82,7 +82,7 @@ async fn a_held_lock_exits_75_without_running_the_command_and_wait_polls() {
         &script,
     ))
     .await;
-    assert_eq!(code, Some(75), "still held after polling for 1 s");
+    assert_eq!(code, Some(75), "still held after waiting 1 s");
     assert!(
         !marker.exists(),
         "the command must not run without the lock"

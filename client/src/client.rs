@@ -9,7 +9,7 @@ use std::time::Duration;
 use tokio::sync::{mpsc, watch};
 use tokio::time::Instant;
 
-use crate::error::Error;
+use crate::error::{Error, LostReason};
 use crate::lock::{Lock, LockHandle, Shared, Status};
 use crate::renewal::{Command, RenewalTask};
 use crate::transport::{LockRef, Transport};
@@ -151,7 +151,9 @@ impl Client {
     }
 
     /// Tries once to acquire `name` for `ttl` (at least 2 s; etcd rounds
-    /// up to whole seconds). `Ok(None)` means another client holds it.
+    /// up to whole seconds). `Ok(None)` means another client holds it, or
+    /// that others are queued for it with [`acquire_wait`](Self::acquire_wait)
+    /// (the router lets no one jump the queue).
     ///
     /// The returned [`Lock`] is renewed in the background until released or
     /// dropped. An acquire is idempotent for the same client id, so after a
@@ -160,15 +162,65 @@ impl Client {
     /// one grant are one lock: releasing or dropping either releases it, and
     /// the other then reports [`LostReason::Expired`](crate::LostReason).
     pub async fn acquire(&self, name: &str, ttl: Duration) -> Result<Option<Lock>, Error> {
+        self.acquire_inner(name, ttl, Duration::ZERO).await
+    }
+
+    /// Acquires `name`, waiting up to `wait` for it if it is held: the
+    /// router queues waiters for a name first come, first served (across
+    /// router replicas) and hands the lock to the head of the queue as soon
+    /// as it is released or expires. `Ok(None)` if `wait` ran out first.
+    ///
+    /// The router caps `wait` (`limits.max_wait_ms`, 60 s by default; a
+    /// longer wait is an [`Error::Router`] with code `invalid_argument`) and
+    /// the number of waiters it holds (429 `rate_limited` beyond, which
+    /// [`Error::is_retryable`] accepts).
+    ///
+    /// Validity counts from before the request was sent, so a long wait
+    /// eats into it; when it did, the client confirms the fresh grant with
+    /// one renewal before returning it.
+    ///
+    /// ```no_run
+    /// # async fn demo(client: lockrouter_client::Client) -> Result<(), lockrouter_client::Error> {
+    /// use std::time::Duration;
+    /// let ttl = Duration::from_secs(30);
+    /// match client.acquire_wait("nightly-report", ttl, Duration::from_secs(20)).await? {
+    ///     Some(lock) => { /* our turn */ lock.release().await? }
+    ///     None => println!("still held after 20 s"),
+    /// }
+    /// # Ok(()) }
+    /// ```
+    pub async fn acquire_wait(
+        &self,
+        name: &str,
+        ttl: Duration,
+        wait: Duration,
+    ) -> Result<Option<Lock>, Error> {
+        self.acquire_inner(name, ttl, wait).await
+    }
+
+    async fn acquire_inner(
+        &self,
+        name: &str,
+        ttl: Duration,
+        wait: Duration,
+    ) -> Result<Option<Lock>, Error> {
         let ttl_ms = u64::try_from(ttl.as_millis())
             .ok()
             .filter(|ms| *ms > 0)
             .ok_or_else(|| Error::Config(format!("ttl {ttl:?} out of range")))?;
+        let wait_ms = u64::try_from(wait.as_millis())
+            .map_err(|_| Error::Config(format!("wait {wait:?} out of range")))?;
         let inner = &self.inner;
         let sent_at = Instant::now();
         let answer = inner
             .transport
-            .acquire(name, ttl_ms, &inner.client_id, inner.request_timeout)
+            .acquire(
+                name,
+                ttl_ms,
+                &inner.client_id,
+                wait_ms,
+                inner.request_timeout.saturating_add(wait),
+            )
             .await?;
         if !answer.acquired {
             return Ok(None);
@@ -183,8 +235,32 @@ impl Client {
             });
         };
         let margin = validity::margin(ttl, inner.margin);
-        let valid_until =
+        let mut valid_until =
             validity::valid_until(sent_at, Duration::from_millis(expires_in_ms), margin);
+        let lock_ref = LockRef {
+            lock_id,
+            fencing_token,
+        };
+        if sent_at.elapsed() > margin {
+            // The grant came somewhere within a long request (a wait): we
+            // cannot tell when, so validity counts from the start. A renewal
+            // sent now confirms the grant still stands and measures afresh.
+            match self.confirm(&lock_ref, margin).await {
+                Ok(Ok(fresh)) => valid_until = valid_until.max(fresh),
+                Ok(Err(reason)) => {
+                    return Err(Error::Lost {
+                        name: name.to_string(),
+                        reason,
+                    })
+                }
+                Err(e) if valid_until <= Instant::now() => {
+                    self.release_in_background(lock_ref);
+                    return Err(e);
+                }
+                // Still valid: the renewal task will confirm it shortly.
+                Err(_) => {}
+            }
+        }
         let (status, _) = watch::channel(Status {
             valid_until,
             lost: None,
@@ -192,10 +268,7 @@ impl Client {
         let shared = Arc::new(Shared {
             key: inner.next_key.fetch_add(1, Ordering::Relaxed),
             name: name.to_string(),
-            lock_ref: LockRef {
-                lock_id,
-                fencing_token,
-            },
+            lock_ref,
             ttl,
             margin,
             status,
@@ -206,35 +279,36 @@ impl Client {
         Ok(Some(Lock::new(shared, self.clone())))
     }
 
-    /// Client-side polling: tries [`acquire`](Self::acquire) every
-    /// `every` (with jitter) until it succeeds or `wait` has passed.
-    ///
-    /// This is not the router's waiting acquire (`waitMs`, which will queue
-    /// callers in FIFO order once the router supports it): polling clients
-    /// get no ordering and each attempt is a request. Transport errors and
-    /// 503s during the wait are retried; other errors end it.
-    pub async fn acquire_polling(
+    /// One renewal of a fresh grant: its new validity if it still stands,
+    /// or why the router says it is gone.
+    async fn confirm(
         &self,
-        name: &str,
-        ttl: Duration,
-        wait: Duration,
-        every: Duration,
-    ) -> Result<Option<Lock>, Error> {
-        let deadline = Instant::now() + wait;
-        loop {
-            let last = match self.acquire(name, ttl).await {
-                Ok(Some(lock)) => return Ok(Some(lock)),
-                Ok(None) => Ok(None),
-                Err(e) if e.is_retryable() => Err(e),
-                Err(e) => return Err(e),
-            };
-            let ms = every.as_millis().max(1) as u64;
-            let pause = Duration::from_millis(fastrand::u64(ms / 2..=ms + ms / 2));
-            if Instant::now() + pause >= deadline {
-                return last;
-            }
-            tokio::time::sleep(pause).await;
-        }
+        lock: &LockRef,
+        margin: Duration,
+    ) -> Result<Result<Instant, LostReason>, Error> {
+        let sent_at = Instant::now();
+        let answer = self
+            .inner
+            .transport
+            .renew(lock, self.inner.request_timeout)
+            .await?;
+        Ok(match (answer.renewed, answer.expires_in_ms) {
+            (true, Some(ms)) => Ok(validity::valid_until(
+                sent_at,
+                Duration::from_millis(ms),
+                margin,
+            )),
+            _ if answer.reason.as_deref() == Some("stolen") => Err(LostReason::Stolen),
+            _ => Err(LostReason::Expired),
+        })
+    }
+
+    /// Hands a release to the renewal task (which owns background requests).
+    fn release_in_background(&self, lock: LockRef) {
+        let _ = self.inner.commands.send(Command::Forget {
+            key: u64::MAX,
+            release: Some(lock),
+        });
     }
 
     /// Runs the future `work` returns while holding `name`, and releases the

@@ -31,7 +31,8 @@
 //! ```
 //!
 //! # Layout
-//! - [`client`](Client): the client id, acquiring, [`Client::with_lock`].
+//! - [`client`](Client): the client id, acquiring (at once or waiting),
+//!   [`Client::with_lock`].
 //! - [`Lock`], [`LockHandle`]: a held lock, its validity and lost signal.
 //! - `renewal`: the one background task per client that renews all locks.
 //! - `validity`: the client-side clock rules (margin, renewal interval,
@@ -40,9 +41,8 @@
 //! - [`fencing`]: what the protected resource must do, with helpers.
 //! - [`Error`], [`LostReason`]: typed failures.
 //!
-//! Waiting acquire (the API's `waitMs`, FIFO queueing at the router) is not
-//! offered yet because the router does not implement it;
-//! [`Client::acquire_polling`] is plain client-side polling.
+//! [`Client::acquire_wait`] queues for a held lock at the router (the API's
+//! `waitMs`: first come, first served across router replicas).
 
 mod client;
 mod error;

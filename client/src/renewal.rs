@@ -118,12 +118,14 @@ impl RenewalTask {
         match cmd {
             Command::Track(shared) => {
                 let interval = validity::renew_interval(shared.ttl);
+                let next_due =
+                    validity::next_renewal(Instant::now(), shared.current().valid_until, interval);
                 self.entries.insert(
                     shared.key,
                     Entry {
                         shared,
                         interval,
-                        next_due: Instant::now() + interval,
+                        next_due,
                         failures: 0,
                         in_flight: false,
                     },
@@ -218,9 +220,10 @@ impl RenewalTask {
             match outcome {
                 Outcome::Renewed { expires_in } => {
                     e.failures = 0;
-                    e.next_due = sent_at + e.interval;
                     e.shared
                         .confirm(validity::valid_until(sent_at, expires_in, e.shared.margin));
+                    e.next_due =
+                        validity::next_renewal(sent_at, e.shared.current().valid_until, e.interval);
                 }
                 Outcome::Lost(reason) => {
                     e.shared.mark_lost(reason);

@@ -28,6 +28,12 @@ struct AcquireBody<'a> {
     name: &'a str,
     ttl_ms: u64,
     client_id: &'a str,
+    #[serde(skip_serializing_if = "is_zero")]
+    wait_ms: u64,
+}
+
+fn is_zero(n: &u64) -> bool {
+    *n == 0
 }
 
 /// The router's answer to an acquire.
@@ -102,12 +108,14 @@ impl Transport {
         name: &str,
         ttl_ms: u64,
         client_id: &str,
+        wait_ms: u64,
         timeout: Duration,
     ) -> Result<Acquired, Error> {
         let body = AcquireBody {
             name,
             ttl_ms,
             client_id,
+            wait_ms,
         };
         let (status, bytes) = self.post("/api/v1/locks/acquire", &body, timeout).await?;
         expect_ok(status, &bytes)?;

@@ -34,6 +34,17 @@ pub fn renew_interval(ttl: Duration) -> Duration {
     (ttl / 3).max(Duration::from_millis(50))
 }
 
+/// When to renew a lock confirmed at `confirmed_at`: an interval later, or
+/// earlier if less than an interval of validity would be left by then (a
+/// grant after a long wait, or a router reporting a short lease).
+pub fn next_renewal(confirmed_at: Instant, valid_until: Instant, interval: Duration) -> Instant {
+    let regular = confirmed_at + interval;
+    match valid_until.checked_sub(interval) {
+        Some(early) => regular.min(early.max(confirmed_at)),
+        None => confirmed_at,
+    }
+}
+
 /// The pause before retry number `failures` (1-based) of a failed renewal:
 /// exponential from 100 ms, capped at `cap`, with full jitter in the upper
 /// half so many clients of a recovering router do not retry in step.
@@ -80,6 +91,21 @@ mod tests {
         let sent_at = Instant::now();
         let until = valid_until(sent_at, Duration::from_millis(50), MIN_MARGIN);
         assert!(until <= Instant::now());
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn renewals_come_every_interval_or_sooner_when_validity_is_short() {
+        let now = Instant::now();
+        let interval = Duration::from_secs(10);
+        // A fresh 30 s lock (27 s valid): the regular third of the TTL.
+        let fresh = next_renewal(now, now + Duration::from_secs(27), interval);
+        assert_eq!(fresh, now + interval);
+        // 12 s left (a long wait ate the rest): renew 2 s from now.
+        let short = next_renewal(now, now + Duration::from_secs(12), interval);
+        assert_eq!(short, now + Duration::from_secs(2));
+        // Less than an interval left: renew at once.
+        let urgent = next_renewal(now, now + Duration::from_secs(3), interval);
+        assert_eq!(urgent, now);
     }
 
     #[test]

@@ -51,7 +51,7 @@ enum Mode {
         ttl: Duration,
         #[arg(long)]
         client_id: Option<String>,
-        /// Poll for the lock this long if it is held.
+        /// Wait (queued at the router) this long for the lock if it is held.
         #[arg(long, value_parser = humantime::parse_duration, default_value = "0s")]
         wait: Duration,
         #[arg(long, value_parser = humantime::parse_duration, default_value = "200ms")]
@@ -130,10 +130,7 @@ async fn hold(
 ) -> Res<u8> {
     let store = Arc::new(Mutex::new(FencedStore::open(db)?));
     let client = Client::new(router, client_id)?;
-    let Some(lock) = client
-        .acquire_polling(name, ttl, wait, Duration::from_millis(100))
-        .await?
-    else {
+    let Some(lock) = client.acquire_wait(name, ttl, wait).await? else {
         emit(json!({"event": "not_acquired"}));
         return Ok(75);
     };

@@ -4,7 +4,7 @@
 //! while the process runs.
 
 use std::io::{BufRead, BufReader};
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus, Stdio};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
@@ -13,9 +13,9 @@ use nix::sys::signal::{kill, Signal};
 use nix::unistd::Pid;
 use serde_json::Value;
 
-/// The path of an example binary of this package, built now if `cargo test`
-/// was asked for the integration tests alone (it builds examples only when
-/// it builds every target).
+/// The path of an example binary of this package, built now if it is
+/// missing or older than its sources: `cargo test` builds examples only
+/// when it builds every target, not for `--test tests` alone.
 pub fn example(name: &str) -> PathBuf {
     let exe = std::env::current_exe().expect("test binary path");
     // target/<profile>/deps/tests-<hash> -> target/<profile>/examples/<name>
@@ -24,7 +24,7 @@ pub fn example(name: &str) -> PathBuf {
         .and_then(|deps| deps.parent())
         .expect("test binary lives in target/<profile>/deps");
     let path = profile_dir.join("examples").join(name);
-    if !path.exists() {
+    if is_stale(&path, name) {
         let mut cargo = Command::new(env!("CARGO"));
         cargo
             .args(["build", "--example", name, "--manifest-path"])
@@ -37,6 +37,21 @@ pub fn example(name: &str) -> PathBuf {
     }
     assert!(path.exists(), "example {name} not found at {path:?}");
     path
+}
+
+/// Missing, or older than a source it is built from (its own folder and
+/// the client crate).
+fn is_stale(binary: &Path, name: &str) -> bool {
+    let Ok(built) = binary.metadata().and_then(|m| m.modified()) else {
+        return true;
+    };
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let dirs = [root.join("examples").join(name), root.join("client/src")];
+    dirs.iter()
+        .filter_map(|d| std::fs::read_dir(d).ok())
+        .flatten()
+        .filter_map(|e| e.ok()?.metadata().ok()?.modified().ok())
+        .any(|changed| changed > built)
 }
 
 /// The `lockrouter` binary.
