@@ -140,21 +140,14 @@ impl Proc {
         self.receive_until(within, pred)
     }
 
-    /// Stops the process with SIGSTOP and waits until the kernel reports it
-    /// stopped (the signal is delivered asynchronously).
+    /// Stops the process with SIGSTOP and waits until the kernel reports
+    /// every one of its threads stopped (the signal is delivered
+    /// asynchronously, thread by thread).
     pub fn pause(&self) {
         self.signal(Signal::SIGSTOP);
-        let stat = format!("/proc/{}/stat", self.child.id());
+        let tasks = format!("/proc/{}/task", self.child.id());
         let deadline = Instant::now() + Duration::from_secs(10);
-        loop {
-            let text = std::fs::read_to_string(&stat).unwrap_or_default();
-            // The state follows the parenthesised command name.
-            let state = text
-                .rsplit_once(") ")
-                .and_then(|(_, rest)| rest.chars().next());
-            if state == Some('T') {
-                return;
-            }
+        while !all_stopped(Path::new(&tasks)) {
             assert!(Instant::now() < deadline, "{} did not stop", self.label);
             std::thread::sleep(Duration::from_millis(5));
         }
@@ -196,6 +189,21 @@ impl Drop for Proc {
         let _ = self.child.kill();
         let _ = self.child.wait();
     }
+}
+
+/// True if every thread under `/proc/<pid>/task` is in state `T`.
+fn all_stopped(tasks: &Path) -> bool {
+    let Ok(entries) = std::fs::read_dir(tasks) else {
+        return false;
+    };
+    entries.filter_map(Result::ok).all(|task| {
+        let stat = std::fs::read_to_string(task.path().join("stat")).unwrap_or_default();
+        // The state follows the parenthesised command name.
+        let state = stat
+            .rsplit_once(") ")
+            .and_then(|(_, rest)| rest.chars().next());
+        state == Some('T')
+    })
 }
 
 /// Predicate: an event named `name`.
