@@ -171,11 +171,16 @@ impl Locks {
 }
 
 impl Active {
-    /// Acquire without waiting (`waitMs` is not looked at).
-    pub async fn acquire_now(&self, req: &AcquireRequest) -> Result<Acquired, LockError> {
+    /// Checks an acquire's name, clientId and TTL; returns the lease TTL.
+    pub(crate) fn check_acquire(&self, req: &AcquireRequest) -> Result<u32, LockError> {
         check_text("name", &req.name, self.limits.max_name_bytes)?;
         check_text("clientId", &req.client_id, self.limits.max_client_id_bytes)?;
-        let ttl_secs = self.ttl_secs(req.ttl_ms)?;
+        self.ttl_secs(req.ttl_ms)
+    }
+
+    /// Acquire without waiting (`waitMs` is not looked at).
+    pub async fn acquire_now(&self, req: &AcquireRequest) -> Result<Acquired, LockError> {
+        let ttl_secs = self.check_acquire(req)?;
         let shard = self.router.shard_for(&req.name);
         tracing::Span::current().record("shard", shard.name.as_str());
         let hash = name_hash(&req.name);
@@ -193,14 +198,7 @@ impl Active {
             {
                 return Ok(answer);
             }
-            let epoch = u16::try_from(ring.meta.epoch)
-                .map_err(|_| LockError::Internal("ring epoch out of range".into()))?;
-            let value = serde_json::to_vec(&LockValue {
-                client: req.client_id.clone(),
-                epoch: ring.meta.epoch,
-                name: req.name.clone(),
-            })
-            .map_err(|e| LockError::Internal(e.to_string()))?;
+            let (epoch, value) = lock_value(req, &ring)?;
             let session = shard
                 .sessions
                 .get_or_grant(&req.client_id, ttl_secs, || grant_session(shard, ttl_secs))
@@ -351,9 +349,7 @@ impl Active {
             }
         }
         // A shard no longer in any ring was drained: the lock is gone.
-        let Some(shard) = self.shard_of(&id) else {
-            return Ok(Renewed::Expired);
-        };
+        let shard = self.shard_of(&id)?;
         check_up(&shard)?;
         Ok(self.renew_on(&shard, &id).await?)
     }
@@ -370,12 +366,12 @@ impl Active {
         let mut ids = Vec::with_capacity(locks.len());
         for (i, (lock_id, token)) in locks.iter().enumerate() {
             let id = decode(lock_id, *token).map_err(|e| invalid(format!("locks[{i}]: {e}")))?;
-            let shard = self.shard_of(&id);
+            let shard = self.shard_of(&id).ok();
             ids.push((id, shard));
         }
         let results = join_all(ids.iter().map(|(id, shard)| async move {
             let Some(shard) = shard else {
-                return Ok(Renewed::Expired);
+                return Ok(Renewed::Unavailable);
             };
             if !shard.conn.is_up() {
                 return Ok(Renewed::Unavailable);
@@ -416,9 +412,7 @@ impl Active {
     /// already gone).
     pub async fn release(&self, lock_id: &str, token: u64) -> Result<(), LockError> {
         let id = decode(lock_id, token)?;
-        let Some(shard) = self.shard_of(&id) else {
-            return Ok(()); // its shard was drained: the lock is gone
-        };
+        let shard = self.shard_of(&id)?;
         check_up(&shard)?;
         let key = shard.keys.lock(&id.name_hash);
         shard.release_txn(&key, id.revision, id.lease).await?;
@@ -488,11 +482,32 @@ impl Active {
     }
 
     /// The shard a lockId names: in this ring or, during a migration, the
-    /// previous one. `None` once a removed shard has been drained and dropped.
-    fn shard_of(&self, id: &LockId) -> Option<Arc<Shard>> {
+    /// previous one. A shard this router does not know is unavailable, not
+    /// gone: the router may not have reloaded yet, and a drained shard is
+    /// indistinguishable from one still to be learned of.
+    fn shard_of(&self, id: &LockId) -> Result<Arc<Shard>, LockError> {
         tracing::Span::current().record("shard", id.shard.as_str());
-        self.router.shard_named(&id.shard)
+        self.router.shard_named(&id.shard).ok_or_else(|| LockError::ShardUnavailable {
+            shard: id.shard.clone(),
+            detail: "this router does not know the shard (not reloaded yet, or the shard was removed)".into(),
+        })
     }
+}
+
+/// The epoch a grant under `ring` carries, and the lock key's value.
+pub(crate) fn lock_value(
+    req: &AcquireRequest,
+    ring: &Recorded,
+) -> Result<(u16, Vec<u8>), LockError> {
+    let epoch = u16::try_from(ring.meta.epoch)
+        .map_err(|_| LockError::Internal("ring epoch out of range".into()))?;
+    let value = LockValue {
+        client: req.client_id.clone(),
+        epoch: ring.meta.epoch,
+        name: req.name.clone(),
+    };
+    let bytes = serde_json::to_vec(&value).map_err(|e| LockError::Internal(e.to_string()))?;
+    Ok((epoch, bytes))
 }
 
 pub(crate) async fn grant_session(shard: &Shard, ttl_secs: u32) -> Result<SessionLease, EtcdError> {

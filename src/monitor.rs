@@ -94,16 +94,15 @@ async fn tick(router: &Router, count_due: bool) {
             _ => None,
         })
         .max_by_key(|r| (r.meta.epoch, r.meta.previous.is_none()));
-    match &newest {
-        Some(open) if open.meta.previous.is_some() => {
-            follow_migration(router, open, &mut states).await
-        }
+    let attached = match &newest {
+        Some(open) if open.meta.previous.is_some() => follow_migration(router, open).await,
         Some(closed) => {
             router.set_migration(None);
             finish_close(router, closed, &mut states).await;
+            true
         }
-        None => {}
-    }
+        None => true,
+    };
     for (shard, state) in shards.iter().zip(states.iter()) {
         let Some(state) = state else { continue };
         log_ring_change(shard, &shard.ring_state(), state, &fp);
@@ -118,9 +117,10 @@ async fn tick(router: &Router, count_due: bool) {
     }
     // Confirm only after the migration (if any) is attached: a router that
     // grants must know where moved names were.
-    if states
-        .iter()
-        .all(|s| matches!(s, Some(RingState::Ready(_))))
+    if attached
+        && states
+            .iter()
+            .all(|s| matches!(s, Some(RingState::Ready(_))))
     {
         router.confirm();
     }
@@ -141,11 +141,10 @@ async fn tick(router: &Router, count_due: bool) {
     }
 }
 
-/// Attaches the open migration `open` to the router and finishes its fence
-/// on any shard still recording the previous ring.
-async fn follow_migration(router: &Router, open: &Recorded, states: &mut [Option<RingState>]) {
+/// Attaches the open migration `open` to the router; false if it cannot.
+async fn follow_migration(router: &Router, open: &Recorded) -> bool {
     let Some(prev) = open.meta.previous.as_ref() else {
-        return;
+        return false;
     };
     let current = router.migration();
     let migration = match current {
@@ -159,7 +158,7 @@ async fn follow_migration(router: &Router, open: &Recorded, states: &mut [Option
             let ring = Ring::new(&prev.shards, prev.vnodes);
             if ring.fingerprint() != prev.ring {
                 tracing::error!(recorded = %prev.ring, rebuilt = %ring.fingerprint(), "cannot rebuild the previous ring of the open migration");
-                return;
+                return false;
             }
             let mut shards = Vec::new();
             for s in &prev.shards {
@@ -167,7 +166,7 @@ async fn follow_migration(router: &Router, open: &Recorded, states: &mut [Option
                     Ok(shard) => shards.push(shard),
                     Err(e) => {
                         tracing::error!(shard = %s.name, error = %e, "cannot connect a shard of the previous ring");
-                        return;
+                        return false;
                     }
                 }
             }
@@ -182,35 +181,18 @@ async fn follow_migration(router: &Router, open: &Recorded, states: &mut [Option
             m
         }
     };
-    // Finish the fence: every shard, old and new, must record the new ring.
-    for (shard, state) in router.shards.iter().zip(states.iter_mut()) {
-        let expected = match state {
-            Some(RingState::Absent) => None,
-            Some(RingState::Mismatch(r)) if is_previous(&r.meta, &open.meta) => {
-                Some(r.bytes.clone())
-            }
-            _ => continue,
-        };
-        if let Ok(found) = shard.swap_ring(expected.as_deref(), open).await {
-            *state = Some(classify(found, &open.meta.ring));
-        }
-    }
+    // Draining shards are probed here, which keeps their up flag current.
+    // Nothing is written: a fence left incomplete is completed by the
+    // opener's retry or by an epoch bump, never guessed at here (a shard
+    // that records nothing may have lost its data).
     for shard in migration
         .shards
         .iter()
         .filter(|s| !router.shards.iter().any(|c| c.name == s.name))
     {
-        if let Ok(Some(r)) = shard.read_ring().await {
-            if is_previous(&r.meta, &open.meta) {
-                let _ = shard.swap_ring(Some(&r.bytes), open).await;
-            }
-        }
+        let _ = shard.read_ring().await;
     }
-}
-
-/// `old` is the ring the migration `new` moves away from.
-fn is_previous(old: &RingMeta, new: &RingMeta) -> bool {
-    new.previous.as_ref().is_some_and(|p| p.ring == old.ring) && old.epoch < new.epoch
+    true
 }
 
 /// Counts moved names still held on their previous shards; closes the

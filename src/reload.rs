@@ -17,7 +17,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::config::{ConfigError, Settings};
 use crate::fencing::MAX_EPOCH;
-use crate::keys::Recorded;
+use crate::keys::{Recorded, RingMeta};
 use crate::locks::{Active, Locks};
 use crate::ring::Ring;
 use crate::router::{opening_meta, Router, ShardPool};
@@ -97,6 +97,11 @@ impl Reloader {
         {
             tracing::warn!("listen addresses change only when the router restarts");
         }
+        if old.etcd.prefix != new.etcd.prefix {
+            return Err(ReloadError::Refused(
+                "etcd.prefix changes only when the router restarts (and moves every lock: see docs/design.md)".into(),
+            ));
+        }
         let active = self.locks.active();
         let old_router = &active.router;
         let ring = Ring::new(&new.shards, new.ring.vnodes);
@@ -150,28 +155,36 @@ impl Reloader {
         let refuse = |msg: String| Err(ReloadError::Refused(msg));
         let _serialised = self.current.lock().await;
         let router = self.locks.active().router.clone();
-        if router.migration().is_some() {
-            return refuse("a migration is open; bump the epoch once it closes".into());
-        }
         let fp = router.ring.fingerprint();
+        // During a migration the bump keeps it open (same previous ring) and
+        // also completes its fence on shards that missed it.
+        let migration = router.migration();
+        let previous = migration
+            .as_ref()
+            .and_then(|m| m.recorded.meta.previous.clone());
+        let mut shards = router.shards.clone();
+        if let Some(m) = &migration {
+            shards.extend(
+                m.shards
+                    .iter()
+                    .filter(|s| !router.shards.iter().any(|c| c.name == s.name))
+                    .cloned(),
+            );
+        }
         let mut found = Vec::new();
-        for shard in &router.shards {
+        for shard in &shards {
             match shard.read_ring().await {
-                Ok(None) => found.push(None),
-                Ok(Some(r)) if r.meta.ring == fp && r.meta.previous.is_none() => {
-                    found.push(Some(r))
-                }
+                Ok(r) if r.as_ref().is_none_or(|r| {
+                    r.meta.ring == fp || previous.as_ref().is_some_and(|p| p.ring == r.meta.ring)
+                }) => found.push(r),
                 Ok(Some(r)) => {
                     return refuse(format!(
-                        "shard {} records ring {} (epoch {}), not this router's",
+                        "shard {} records ring {} (epoch {}), neither this router's ring nor the one it migrates from",
                         shard.name, r.meta.ring, r.meta.epoch
                     ))
                 }
-                Err(e) => {
-                    return refuse(format!(
-                        "bumping the epoch needs every shard reachable: {e}"
-                    ))
-                }
+                Ok(None) => unreachable!("matched above"),
+                Err(e) => return refuse(format!("bumping the epoch needs every shard reachable: {e}")),
             }
         }
         let Some(top) = found.iter().flatten().map(|r| r.meta.epoch).max() else {
@@ -182,12 +195,12 @@ impl Reloader {
         if top >= MAX_EPOCH {
             return refuse(format!("the ring epoch is at its maximum ({MAX_EPOCH})"));
         }
-        let next = Recorded::new(crate::keys::RingMeta {
+        let next = Recorded::new(RingMeta {
             epoch: top + 1,
             ring: fp.to_string(),
-            previous: None,
+            previous,
         });
-        for (shard, was) in router.shards.iter().zip(&found) {
+        for (shard, was) in shards.iter().zip(&found) {
             let expected = was.as_ref().map(|r| r.bytes.as_slice());
             match shard.swap_ring(expected, &next).await {
                 Ok(Some(r)) if r == next => shard.set_ring_state(RingState::Ready(r)),
@@ -203,7 +216,8 @@ impl Reloader {
         Ok(top + 1)
     }
 
-    /// Whether some shard of the new ring already records it.
+    /// Whether every shard of the new ring already records it (another
+    /// replica opened this migration, maybe closed it too).
     async fn already_moved(&self, new: &Settings, ring: &Ring) -> Result<bool, ReloadError> {
         for s in &new.shards {
             let shard = self
@@ -215,16 +229,18 @@ impl Reloader {
                 .read_ring()
                 .await
                 .map_err(|e| ReloadError::Refused(e.to_string()))?;
-            if recorded.is_some_and(|r| r.meta.ring == ring.fingerprint()) {
-                return Ok(true);
+            if recorded.is_none_or(|r| r.meta.ring != ring.fingerprint()) {
+                return Ok(false);
             }
         }
-        Ok(false)
+        Ok(true)
     }
 
-    /// Fences every shard, old and new: each records the new ring, a higher
-    /// epoch and the previous ring. Old shards first, so that routers on the
-    /// old ring stop granting before anything grants under the new one.
+    /// Opens the migration from `old`'s ring to `ring`, or resumes an
+    /// opening left incomplete (by this or another replica): every shard,
+    /// old and joining, must end up recording the opening meta (new ring,
+    /// next epoch, previous ring). Old shards are fenced first, so routers
+    /// on the old ring stop granting before anything grants under the new.
     async fn open_migration(
         &self,
         old: &Router,
@@ -232,80 +248,90 @@ impl Reloader {
         ring: &Ring,
     ) -> Result<(), ReloadError> {
         let refuse = |msg: String| Err(ReloadError::Refused(msg));
-        if !old.is_confirmed() {
-            return refuse(
-                "this router does not serve its ring yet; a migration starts from a serving ring"
-                    .into(),
-            );
-        }
-        let mut recorded: Option<Recorded> = None;
-        for shard in &old.shards {
-            match shard.read_ring().await {
-                Ok(Some(r)) if r.meta.ring == old.ring.fingerprint() && r.meta.previous.is_none() => {
-                    if recorded.as_ref().is_some_and(|first| first.meta.epoch != r.meta.epoch) {
-                        return refuse(format!("shard {} records another epoch than its peers", shard.name));
-                    }
-                    recorded = Some(r);
-                }
-                Ok(other) => {
-                    return refuse(format!(
-                        "shard {} does not record this router's ring ({:?}); a migration needs every shard serving it",
-                        shard.name,
-                        other.map(|r| r.meta.ring)
-                    ))
-                }
-                Err(e) => return refuse(format!("a migration needs every shard reachable: {e}")),
-            }
-        }
-        let Some(recorded) = recorded else {
-            return refuse("no shards".into());
+        let (from, to) = (old.ring.fingerprint(), ring.fingerprint());
+        let is_opening = |r: &Recorded| {
+            r.meta.ring == to && r.meta.previous.as_ref().is_some_and(|p| p.ring == from)
         };
-        if recorded.meta.epoch >= MAX_EPOCH {
-            return refuse(format!("the ring epoch is at its maximum ({MAX_EPOCH})"));
-        }
-        let mut joining = Vec::new();
+        let mut shards = old.shards.clone();
         for s in new
             .shards
             .iter()
             .filter(|s| !old.shards.iter().any(|o| o.name == s.name))
         {
-            let shard = self
-                .pool
-                .get(&s.name, &s.endpoints)
-                .await
-                .map_err(ReloadError::Refused)?;
-            match shard.read_ring().await {
-                Ok(None) => joining.push(shard),
-                Ok(Some(r)) => {
-                    return refuse(format!(
-                        "new shard {} already records ring {} (epoch {}): a joining shard must be empty",
-                        s.name, r.meta.ring, r.meta.epoch
-                    ))
-                }
-                Err(e) => return refuse(format!("a migration needs every shard reachable: {e}")),
-            }
-        }
-        let opening = Recorded::new(opening_meta(&recorded.meta, old, ring));
-        let mut failures = Vec::new();
-        for shard in &old.shards {
-            if let Err(e) = shard.swap_ring(Some(&recorded.bytes), &opening).await {
-                failures.push(format!("{}: {e}", shard.name));
-            }
-        }
-        for shard in &joining {
-            if let Err(e) = shard.swap_ring(None, &opening).await {
-                failures.push(format!("{}: {e}", shard.name));
-            }
-        }
-        tracing::info!(from = %old.ring.fingerprint(), to = %ring.fingerprint(), epoch = opening.meta.epoch, "migration opened");
-        if !failures.is_empty() {
-            // Safe as it stands (unfenced shards refuse the new ring); the
-            // new router's monitor finishes the fence when they answer.
-            tracing::warn!(
-                ?failures,
-                "migration fence incomplete; it is finished when these shards answer"
+            shards.push(
+                self.pool
+                    .get(&s.name, &s.endpoints)
+                    .await
+                    .map_err(ReloadError::Refused)?,
             );
         }
+        let (mut to_fence, mut base, mut opened) = (Vec::new(), None::<Recorded>, None::<Recorded>);
+        for shard in &shards {
+            let joining = !old.shards.iter().any(|o| o.name == shard.name);
+            match shard.read_ring().await {
+                Err(e) => return refuse(format!("a migration needs every shard reachable: {e}")),
+                Ok(Some(r)) if is_opening(&r) => opened = Some(r),
+                Ok(Some(r)) if !joining && r.meta.ring == from && r.meta.previous.is_none() => {
+                    if base.as_ref().is_some_and(|b| b.meta.epoch != r.meta.epoch) {
+                        return refuse(format!(
+                            "shard {} records another epoch than its peers",
+                            shard.name
+                        ));
+                    }
+                    base = Some(r.clone());
+                    to_fence.push((shard.clone(), Some(r)));
+                }
+                Ok(None) if joining => to_fence.push((shard.clone(), None)),
+                Ok(other) => {
+                    let what =
+                        other.map(|r| format!("ring {} epoch {}", r.meta.ring, r.meta.epoch));
+                    let role = if joining {
+                        "joining shard (must be empty)"
+                    } else {
+                        "shard"
+                    };
+                    return refuse(format!("{role} {} records {what:?}, which a migration from {from} cannot start from", shard.name));
+                }
+            }
+        }
+        let opening = match (opened, base) {
+            (Some(o), _) => o,
+            (None, Some(b)) if !old.is_confirmed() => {
+                let _ = b;
+                return refuse("this router does not serve its ring yet; a migration starts from a serving ring".into());
+            }
+            (None, Some(b)) if b.meta.epoch >= MAX_EPOCH => {
+                return refuse(format!("the ring epoch is at its maximum ({MAX_EPOCH})"));
+            }
+            (None, Some(b)) => Recorded::new(opening_meta(&b.meta, old, ring)),
+            (None, None) => return refuse("no shard records this router's ring".into()),
+        };
+        to_fence.sort_by_key(|(_, was)| was.is_none()); // old shards first
+        let mut failures = Vec::new();
+        for (shard, was) in &to_fence {
+            match shard
+                .swap_ring(was.as_ref().map(|r| r.bytes.as_slice()), &opening)
+                .await
+            {
+                Ok(Some(r)) if r.meta.ring == to && r.meta.epoch == opening.meta.epoch => {}
+                Ok(other) => failures.push(format!(
+                    "{} now records {:?}",
+                    shard.name,
+                    other.map(|r| r.meta)
+                )),
+                Err(e) => failures.push(format!("{}: {e}", shard.name)),
+            }
+        }
+        if !failures.is_empty() {
+            // Safe as it stands: a fenced shard refuses the old ring, and
+            // the new ring is not served until every shard records it.
+            return refuse(format!(
+                "the migration to ring {to} is only partly open ({}); the reload is retried at the next poll, \
+                 or send SIGHUP / POST /admin/v1/reload",
+                failures.join("; ")
+            ));
+        }
+        tracing::info!(from = %from, to = %to, epoch = opening.meta.epoch, "migration open on every shard");
         Ok(())
     }
 
@@ -327,15 +353,21 @@ impl Reloader {
                 _ = stop.cancelled() => return,
                 Some(()) = async { match hup.as_mut() { Some(h) => h.recv().await, None => std::future::pending().await } } => {
                     tracing::info!("SIGHUP: reloading the config");
-                    let _ = self.reload().await;
-                    seen = self.file_digest();
+                    let now = self.file_digest();
+                    if !matches!(self.reload().await, Err(ReloadError::Refused(_))) {
+                        seen = now;
+                    }
                 }
                 _ = tokio::time::sleep(poll) => {
                     let now = self.file_digest();
                     if now.is_some() && now != seen {
                         tracing::info!("config file changed: reloading");
-                        seen = now;
-                        let _ = self.reload().await;
+                        // Refused for now (a migration still open, a shard
+                        // down): tried again at the next poll. An invalid
+                        // file is not retried until it changes.
+                        if !matches!(self.reload().await, Err(ReloadError::Refused(_))) {
+                            seen = now;
+                        }
                     }
                 }
             }

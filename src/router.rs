@@ -213,6 +213,9 @@ impl Router {
             RingState::Ready(_) if !self.is_confirmed() => Err(NotServing::Ring(
                 "not every shard has been seen recording this router's ring yet".into(),
             )),
+            RingState::Ready(recorded) if !self.follows(&recorded) => Err(NotServing::Ring(
+                "the shard records a migration this router has not attached yet; retry".into(),
+            )),
             RingState::Ready(recorded) => Ok(recorded),
             RingState::Unknown => Err(NotServing::Ring("ring not read yet".into())),
             RingState::Absent => Err(NotServing::Ring(
@@ -225,6 +228,32 @@ impl Router {
                 self.ring.fingerprint()
             ))),
         }
+    }
+
+    /// Whether this router knows the migration `recorded` is part of (if
+    /// any): a moved name may be granted only with the handoff check, which
+    /// needs the previous ring.
+    pub fn follows(&self, recorded: &Recorded) -> bool {
+        match &recorded.meta.previous {
+            None => true,
+            Some(prev) => self.migration().is_some_and(|m| {
+                m.recorded.meta.epoch == recorded.meta.epoch
+                    && m.recorded
+                        .meta
+                        .previous
+                        .as_ref()
+                        .is_some_and(|p| p.ring == prev.ring)
+            }),
+        }
+    }
+
+    /// Grants allowed on every shard of the ring right now.
+    pub fn granting(&self) -> bool {
+        self.is_confirmed()
+            && self
+                .shards
+                .iter()
+                .all(|s| matches!(s.ring_state(), RingState::Ready(r) if self.follows(&r)))
     }
 
     /// An acquire txn found a ring other than the one it compared.

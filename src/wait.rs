@@ -28,10 +28,10 @@ use etcd_client::{
 use tokio::sync::Semaphore;
 
 use crate::etcd::EtcdError;
-use crate::keys::{name_hash, LockValue, Recorded};
+use crate::keys::{name_hash, Recorded};
 use crate::lock_id::LockId;
 use crate::locks::{
-    check_text, grant, grant_session, invalid, unavailable, AcquireRequest, Acquired, Active,
+    grant, grant_session, invalid, lock_value, unavailable, AcquireRequest, Acquired, Active,
     Expiry, LockError,
 };
 use crate::shard::Shard;
@@ -89,9 +89,7 @@ impl Active {
         req: &AcquireRequest,
         slots: &WaitSlots,
     ) -> Result<Acquired, LockError> {
-        check_text("name", &req.name, self.limits.max_name_bytes)?;
-        check_text("clientId", &req.client_id, self.limits.max_client_id_bytes)?;
-        let ttl_secs = self.ttl_secs(req.ttl_ms)?;
+        let ttl_secs = self.check_acquire(req)?;
         if req.wait_ms > self.limits.max_wait_ms {
             return Err(invalid(format!(
                 "waitMs must be at most {}",
@@ -166,14 +164,7 @@ impl Active {
         let mut last_holder = None;
         loop {
             let ring = self.granting_ring(shard)?;
-            let epoch = u16::try_from(ring.meta.epoch)
-                .map_err(|_| LockError::Internal("epoch out of range".into()))?;
-            let value = serde_json::to_vec(&LockValue {
-                client: req.client_id.clone(),
-                epoch: ring.meta.epoch,
-                name: req.name.clone(),
-            })
-            .map_err(|e| LockError::Internal(e.to_string()))?;
+            let (epoch, value) = lock_value(req, &ring)?;
             match head_grant(
                 shard, &key, value, session.id, &ring, &waiters, &mine, my_rev,
             )

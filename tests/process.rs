@@ -4,16 +4,8 @@
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use crate::support::etcd::EtcdCluster;
+use crate::support::etcd::{free_port, EtcdCluster};
 use crate::support::router::RouterProcess;
-
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn killed_router_loses_no_lock_and_replicas_share_locks() {

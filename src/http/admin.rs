@@ -22,7 +22,7 @@ pub fn authorize(
     req: &Request<Incoming>,
 ) -> Result<(), ApiError> {
     let Some(token) = &state.admin_token else {
-        if peer.ip().is_loopback() {
+        if peer.ip().to_canonical().is_loopback() {
             return Ok(());
         }
         return Err(ApiError::new(
@@ -102,7 +102,7 @@ pub fn ring(state: &AppState) -> (Response<Full<Bytes>>, &'static str) {
     let body = json!({
         "ring": router.ring.fingerprint(),
         "epoch": router.epoch(),
-        "granting": router.is_confirmed(),
+        "granting": router.granting(),
         "shards": shards,
         "migration": migration_json(&router),
     });

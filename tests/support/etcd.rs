@@ -24,7 +24,8 @@ pub struct EtcdCluster {
     _dir: TempDir,
 }
 
-fn free_port() -> u16 {
+/// A loopback port that was free a moment ago.
+pub fn free_port() -> u16 {
     TcpListener::bind("127.0.0.1:0")
         .unwrap()
         .local_addr()
