@@ -167,7 +167,11 @@ async fn a_waiter_whose_session_died_is_never_granted() {
     let revoked = Instant::now();
     let answer = doomed.await.unwrap();
     // It watches its own entry: it learns at once, not at its next keepalive.
-    assert!(revoked.elapsed() < Duration::from_secs(3), "{:?}", revoked.elapsed());
+    assert!(
+        revoked.elapsed() < Duration::from_secs(3),
+        "{:?}",
+        revoked.elapsed()
+    );
     assert_eq!(answer.body["acquired"], false, "{answer:?}");
     assert_eq!(api.release(&held).await.status, 204);
     let got = next.await.unwrap();
