@@ -80,9 +80,23 @@ async fn tick(router: &Router, count_due: bool) {
             ring: fp.clone(),
             previous: None,
         });
-        for (shard, state) in shards.iter().zip(states.iter_mut()) {
-            if let Ok(found) = shard.swap_ring(None, &fresh).await {
-                *state = Some(classify(found, &fp));
+        // In shard-name order, stopping at the first shard some other ring
+        // got to first: replicas racing with different shard sets then
+        // cannot split the shards between them (lock ordering), so one of
+        // them ends up with all of its shards and serves.
+        let mut order: Vec<usize> = (0..shards.len()).collect();
+        order.sort_by(|&a, &b| shards[a].name.cmp(&shards[b].name));
+        for i in order {
+            match shards[i].swap_ring(None, &fresh).await {
+                Ok(found) => {
+                    let state = classify(found, &fp);
+                    let lost = !matches!(state, RingState::Ready(_));
+                    states[i] = Some(state);
+                    if lost {
+                        break;
+                    }
+                }
+                Err(_) => break,
             }
         }
     }

@@ -166,7 +166,12 @@ async fn a_removed_shard_drains_and_is_dropped() {
         .collect();
     assert_eq!(draining.len(), 1, "{state}");
     assert_eq!(draining[0]["name"], "a");
-    assert_eq!(state["migration"]["movedLocksHeld"]["a"], 1, "{state}");
+    // Counted at the monitor's next count (every 200 ms here).
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while r.ring().await["migration"]["movedLocksHeld"]["a"] != 1 {
+        assert!(Instant::now() < deadline, "{}", r.ring().await);
+        sleep_ms(50).await;
+    }
     assert_eq!(
         r.api.renew(&lock).await.status,
         200,
