@@ -41,41 +41,56 @@ impl<'a> Bench<'a> {
     pub async fn run(mut self) -> Result<(Vec<Record>, serde_json::Map<String, Value>)> {
         let c = self.cfg;
         let secs = c.duration_s;
-        if c.wants("direct") {
-            self.baseline("direct", Kind::Direct, None).await?;
+        // Router and baselines take turns, round after round, so anything
+        // else this machine does weighs on all of them alike; each keeps
+        // its median round.
+        let mut rounds: Vec<Vec<Record>> = Vec::new();
+        for _ in 0..c.rounds {
+            let mut round = Vec::new();
+            if c.wants("direct") {
+                round.push(self.baseline("direct", Kind::Direct, None).await?);
+            }
+            if c.wants("naive") {
+                round.push(self.baseline("naive", Kind::Naive, None).await?);
+            }
+            if c.wants("uncontested") {
+                round.push(
+                    self.lifecycle("uncontested", c.users, secs, None, Duration::ZERO)
+                        .await?,
+                );
+            }
+            if c.wants("latency") {
+                let rate = c.fixed_rate;
+                let name = format!("uncontested@{rate}/s");
+                round.push(
+                    self.lifecycle(&name, c.users, secs, Some(rate), Duration::ZERO)
+                        .await?,
+                );
+                let name = format!("direct@{rate}/s");
+                round.push(self.baseline(&name, Kind::Direct, Some(rate)).await?);
+            }
+            rounds.push(round);
         }
-        if c.wants("naive") {
-            self.baseline("naive", Kind::Naive, None).await?;
-        }
-        if c.wants("uncontested") {
-            self.lifecycle("uncontested", c.users, secs, None, Duration::ZERO)
-                .await?;
-        }
-        if c.wants("latency") {
-            let rate = c.fixed_rate;
-            self.lifecycle(
-                &format!("uncontested@{rate}/s"),
-                c.users,
-                secs,
-                Some(rate),
-                Duration::ZERO,
-            )
-            .await?;
-            self.baseline(&format!("direct@{rate}/s"), Kind::Direct, Some(rate))
-                .await?;
+        for i in 0..rounds.first().map_or(0, Vec::len) {
+            let all: Vec<Record> = rounds.iter().map(|r| r[i].clone()).collect();
+            let m = median(all);
+            eprintln!("== {}: median of {} rounds", m.scenario, c.rounds);
+            self.records.push(m);
         }
         if c.wants("contended") {
             self.contended().await?;
         }
         if c.wants("churn") {
-            self.lifecycle(
-                "churn",
-                c.churn_users,
-                c.churn_s,
-                Some(c.churn_rate),
-                Duration::ZERO,
-            )
-            .await?;
+            let r = self
+                .lifecycle(
+                    "churn",
+                    c.churn_users,
+                    c.churn_s,
+                    Some(c.churn_rate),
+                    Duration::ZERO,
+                )
+                .await?;
+            self.records.push(r);
         }
         if c.wants("hold") {
             self.hold(
@@ -129,7 +144,7 @@ impl<'a> Bench<'a> {
         secs: usize,
         rate: Option<usize>,
         hold: Duration,
-    ) -> Result<()> {
+    ) -> Result<Record> {
         eprintln!(
             "== {name}: {users} users, {secs} s{}",
             rate.map(|r| format!(", {r} acquires/s"))
@@ -147,11 +162,11 @@ impl<'a> Bench<'a> {
         r.throttle_rps = plan.throttle;
         r.clients = users;
         r.goose_failures_total = attack::goose_failures(&metrics);
-        self.push(r);
-        Ok(())
+        report_line(&r);
+        Ok(r)
     }
 
-    async fn baseline(&mut self, name: &str, kind: Kind, rate: Option<usize>) -> Result<()> {
+    async fn baseline(&mut self, name: &str, kind: Kind, rate: Option<usize>) -> Result<Record> {
         let users = self.cfg.users;
         let secs = self.cfg.duration_s;
         eprintln!("== {name}: {users} users, {secs} s, straight to etcd");
@@ -171,8 +186,8 @@ impl<'a> Bench<'a> {
         r.users = users;
         r.throttle_rps = plan.throttle;
         r.goose_failures_total = attack::goose_failures(&metrics);
-        self.push(r);
-        Ok(())
+        report_line(&r);
+        Ok(r)
     }
 
     async fn contended(&mut self) -> Result<()> {
@@ -282,7 +297,8 @@ impl<'a> Bench<'a> {
         let (metrics, outcome) = (metrics?, outcome?);
 
         let w = &outcome.window;
-        let mut r = Record::new(name, &ctx.stats, &delta, outcome.ramp_s);
+        // Per-acquire costs over the ramp, where the acquires happened.
+        let mut r = Record::new(name, &ctx.stats, &outcome.ramp, outcome.ramp_s);
         // Rates of renewal traffic are over the steady window only.
         r.duration_s = report::round(w.seconds, 2);
         r.etcd_keepalives_per_s = report::round(w.etcd.lease_renewals / w.seconds, 1);
@@ -293,7 +309,9 @@ impl<'a> Bench<'a> {
         r.users = users;
         r.clients = clients;
         r.router_rss_peak_bytes = Some(outcome.rss_peak_bytes);
-        r.router_bytes_per_lock = Some(report::round(outcome.bytes_per_lock, 1));
+        r.router_bytes_per_lock = outcome.bytes_per_lock.map(|b| report::round(b, 1));
+        // Requests of the whole attack, to compare with what the users sent.
+        r.router_requests_total = delta.router.requests;
         r.goose_failures_total = attack::goose_failures(&metrics);
         r.detail = serde_json::to_value(&outcome)?;
         if let Some(map) = r.detail.as_object_mut() {
@@ -301,6 +319,8 @@ impl<'a> Bench<'a> {
                 "renew_lag_max_ms".into(),
                 json!(Stats::get(&ctx.stats.renew_lag_max_ms)),
             );
+            // The whole attack: ramp, hold, churn, and the leases running out.
+            map.insert("attack".into(), serde_json::to_value(&delta)?);
             map.insert("ramp_acquire_p99_ms".into(), json!(r.acquire_p99_ms));
         }
         self.push(r);
@@ -344,11 +364,7 @@ impl<'a> Bench<'a> {
     }
 
     fn push(&mut self, r: Record) {
-        eprintln!(
-            "   {:.0} acquires/s, p50 {:.2} ms, p99 {:.2} ms, {} errors, {} 5xx, {:.2} proposals/acquire, {:.0} keepalives/s, cores loadgen {:.2} router {:.2} etcd {:.2}",
-            r.acquires_per_s, r.acquire_p50_ms, r.acquire_p99_ms, r.errors_total, r.server_errors_total,
-            r.etcd_proposals_per_acquire, r.etcd_keepalives_per_s, r.cores.loadgen, r.cores.router, r.cores.etcd
-        );
+        report_line(&r);
         self.records.push(r);
     }
 
@@ -363,6 +379,32 @@ impl<'a> Bench<'a> {
                 naive.as_ref().map(|n| n.etcd_proposals_per_acquire);
         }
     }
+}
+
+/// One line per record on stderr, to follow a run.
+fn report_line(r: &Record) {
+    eprintln!(
+            "   {:.0} acquires/s, p50 {:.2} ms, p99 {:.2} ms, {} errors, {} 5xx, {:.2} proposals/acquire, {:.0} keepalives/s, cores loadgen {:.2} router {:.2} etcd {:.2} machine {:.2}",
+            r.acquires_per_s, r.acquire_p50_ms, r.acquire_p99_ms, r.errors_total, r.server_errors_total,
+            r.etcd_proposals_per_acquire, r.etcd_keepalives_per_s, r.cores.loadgen, r.cores.router, r.cores.etcd, r.cores.machine
+        );
+}
+
+/// The round with the median rate (latency pairs: the median p99).
+fn median(mut rounds: Vec<Record>) -> Record {
+    let fixed_rate = rounds[0].throttle_rps.is_some();
+    let key = |r: &Record| {
+        if fixed_rate {
+            r.acquire_p99_ms
+        } else {
+            r.acquires_per_s
+        }
+    };
+    rounds.sort_by(|a, b| key(a).total_cmp(&key(b)));
+    let values: Vec<f64> = rounds.iter().map(key).collect();
+    let mut m = rounds.swap_remove(rounds.len() / 2);
+    m.detail = json!({ "rounds": values.len(), "round_values": values, "median_of": if fixed_rate { "acquire_p99_ms" } else { "acquires_per_s" } });
+    m
 }
 
 /// A name prefix unique to this scenario run, so no two runs share locks.

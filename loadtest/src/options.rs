@@ -52,9 +52,13 @@ pub struct Cli {
     /// Concurrent users of the throughput scenarios and baselines.
     #[arg(long)]
     pub users: Option<usize>,
-    /// Seconds each throughput scenario runs.
+    /// Seconds each round of a throughput scenario runs.
     #[arg(long)]
     pub duration_s: Option<usize>,
+    /// Rounds of the throughput and latency comparisons; router and
+    /// baselines take turns and each keeps its median round.
+    #[arg(long)]
+    pub rounds: Option<usize>,
     /// Acquires/s at which router and direct latency are compared.
     #[arg(long)]
     pub fixed_rate: Option<usize>,
@@ -103,6 +107,8 @@ pub struct Config {
     pub shards: usize,
     pub users: usize,
     pub duration_s: usize,
+    /// Rounds of the throughput and latency comparisons (median kept).
+    pub rounds: usize,
     pub fixed_rate: usize,
     pub ttl_ms: u64,
     pub locks: u64,
@@ -159,12 +165,13 @@ impl Cli {
             check: self.check,
             shards: self.shards.unwrap_or(3),
             users: self.users.unwrap_or(pick(smoke, 8, 64)),
-            duration_s: self.duration_s.unwrap_or(pick(smoke, 4, 30)),
+            duration_s: self.duration_s.unwrap_or(pick(smoke, 4, 10)),
+            rounds: self.rounds.unwrap_or(pick(smoke, 1, 3)),
             fixed_rate: self.fixed_rate.unwrap_or(pick(smoke, 100, 1000)),
             ttl_ms: self.ttl_ms.unwrap_or(pick(smoke, 6_000, 30_000)),
             locks: self.locks.unwrap_or(pick(smoke, 2_000, 1_000_000)),
             clients: self.clients.unwrap_or(pick(smoke, 20, 10_000)),
-            hold_users: self.hold_users.unwrap_or(pick(smoke, 10, 100)),
+            hold_users: self.hold_users.unwrap_or(pick(smoke, 10, 200)),
             hold_s: self.hold_s.unwrap_or(pick(smoke, 4, 30)),
             ramp_limit_s: self.ramp_limit_s.unwrap_or(pick(smoke, 120, 660)),
             settle_s: pick(smoke, 1, 3),

@@ -104,6 +104,7 @@ impl Record {
                 loadgen: round(delta.cores.loadgen, 2),
                 router: round(delta.cores.router, 2),
                 etcd: round(delta.cores.etcd, 2),
+                machine: round(delta.cores.machine, 2),
             },
             detail: Value::Null,
             ..Default::default()
@@ -332,14 +333,14 @@ pub fn write(out: &Path, summary: &Value, records: &[Record], targets: &[Target]
 
 fn markdown(records: &[Record], targets: &[Target]) -> String {
     let mut s = String::from(
-        "| scenario | s | users | acquires/s | p50 ms | p99 ms | errors | 5xx | etcd proposals/acquire | etcd keepalives/s | cores loadgen/router/etcd |\n|---|---|---|---|---|---|---|---|---|---|---|\n",
+        "| scenario | s | users | acquires/s | p50 ms | p99 ms | errors | 5xx | etcd proposals/acquire | etcd keepalives/s | cores loadgen/router/etcd/machine |\n|---|---|---|---|---|---|---|---|---|---|---|\n",
     );
     for r in records {
         s.push_str(&format!(
-            "| {} | {:.0} | {} | {:.0} | {:.2} | {:.2} | {} | {} | {:.2} | {:.0} | {:.2} / {:.2} / {:.2} |\n",
+            "| {} | {:.0} | {} | {:.0} | {:.2} | {:.2} | {} | {} | {:.2} | {:.0} | {:.2} / {:.2} / {:.2} / {:.2} |\n",
             r.scenario, r.duration_s, r.users, r.acquires_per_s, r.acquire_p50_ms, r.acquire_p99_ms,
             r.errors_total, r.server_errors_total, r.etcd_proposals_per_acquire, r.etcd_keepalives_per_s,
-            r.cores.loadgen, r.cores.router, r.cores.etcd
+            r.cores.loadgen, r.cores.router, r.cores.etcd, r.cores.machine
         ));
     }
     s.push_str("\n| target | measured | rule | met | note |\n|---|---|---|---|---|\n");

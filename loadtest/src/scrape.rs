@@ -95,12 +95,41 @@ impl RouterCounters {
     }
 }
 
-/// CPU seconds used so far by each process of the run.
+/// CPU seconds used so far by each process of the run, and by the whole
+/// machine (anything else running shows as the difference).
 #[derive(Debug, Clone, Copy, Default, Serialize)]
 pub struct Cpu {
     pub loadgen: f64,
     pub router: f64,
     pub etcd: f64,
+    pub machine: f64,
+}
+
+/// Busy CPU seconds of the whole machine, from the first line of /proc/stat.
+fn machine_busy_seconds() -> f64 {
+    let Ok(stat) = std::fs::read_to_string("/proc/stat") else {
+        return 0.0;
+    };
+    let Some(cpu) = stat.lines().next() else {
+        return 0.0;
+    };
+    let ticks: Vec<f64> = cpu
+        .split_whitespace()
+        .skip(1)
+        .filter_map(|t| t.parse().ok())
+        .collect();
+    // user nice system idle iowait irq softirq steal ...: idle and iowait
+    // are not busy; guest time is already inside user.
+    let busy: f64 = ticks
+        .iter()
+        .take(8)
+        .enumerate()
+        .filter(|(i, _)| *i != 3 && *i != 4)
+        .map(|(_, t)| t)
+        .sum();
+    // SAFETY: sysconf has no preconditions.
+    let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) } as f64;
+    busy / hz.max(1.0)
 }
 
 /// Everything read at one moment.
@@ -128,6 +157,7 @@ impl Snapshot {
                 .iter()
                 .filter_map(|s| cpu_seconds(s.pid()))
                 .sum(),
+            machine: machine_busy_seconds(),
         };
         Ok(Self {
             at: Instant::now(),
@@ -163,6 +193,7 @@ impl Snapshot {
                 loadgen: (self.cpu.loadgen - before.cpu.loadgen) / seconds.max(1e-9),
                 router: (self.cpu.router - before.cpu.router) / seconds.max(1e-9),
                 etcd: (self.cpu.etcd - before.cpu.etcd) / seconds.max(1e-9),
+                machine: (self.cpu.machine - before.cpu.machine) / seconds.max(1e-9),
             },
         }
     }

@@ -4,11 +4,15 @@
 //! locks every TTL/3 — with one `renew-batch` per client (`hold`), or one
 //! `renew` per lock (`per-lock-renew`, the v1 per-lock API).
 //!
-//! A [`Controller`] running beside the attack drives the phases: ramp to
-//! half the locks, let memory settle and sample it, ramp to all, sample
-//! again (the slope between the two is the router's memory per held lock),
-//! hold for a window in which etcd's keepalives are counted, optionally let
-//! `churn` run on top, then stop the users through goose's killswitch.
+//! A [`Controller`] running beside the attack drives the phases: every
+//! client ramps in step to its full count of locks while the router's RSS
+//! is sampled against the locks held (all sessions exist after the first
+//! C × shards acquires, so the slope after that is the router's memory per
+//! held lock). The ramp stops
+//! early when renewals fall behind by more than a sixth of the TTL: past
+//! that this machine cannot hold more, and the hold goes on with what was
+//! reached. Then a window in which etcd's keepalives are counted, optionally
+//! `churn` on top, and the users stop through goose's killswitch.
 
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering::Relaxed};
 use std::sync::Arc;
@@ -42,6 +46,8 @@ pub struct Hold {
     pub tag: String,
     /// Locks each client should hold now; the controller raises it.
     target_per_client: AtomicU64,
+    /// Worst renewal lateness since the controller last looked, in ms.
+    recent_lag_ms: AtomicU64,
     /// Set by the controller: users stop renewing and return.
     stop: AtomicBool,
     next_user: AtomicUsize,
@@ -65,6 +71,7 @@ impl Hold {
             max_batch: 1000,
             tag: tag.to_string(),
             target_per_client: AtomicU64::new(0),
+            recent_lag_ms: AtomicU64::new(0),
             stop: AtomicBool::new(false),
             next_user: AtomicUsize::new(0),
         }
@@ -130,13 +137,18 @@ async fn run_user(user: &mut GooseUser, ctx: &Hold) {
             .min();
         if let Some((at, i)) = due.filter(|(at, _)| *at <= now) {
             ctx.stats.renew_lag(now - at);
+            ctx.recent_lag_ms
+                .fetch_max((now - at).as_millis() as u64, Relaxed);
             renew(user, ctx, &mut clients[i]).await;
-            // Keep the cadence; after a long stall, start again from now.
-            clients[i].next_renew = Some((at + period).max(now));
+            // Keep the cadence; more than a period late, count it from now.
+            let next = at + period;
+            clients[i].next_renew = Some(if next > now { next } else { now + period });
             continue;
         }
         let target = ctx.target_per_client.load(Relaxed) as usize;
         let n = clients.len();
+        // Round-robin: every client ramps in step, so none sits without
+        // an acquire for long (the router forgets idle sessions).
         if let Some(i) = (0..n)
             .map(|k| (cursor + k) % n)
             .find(|&i| clients[i].locks.len() < target)
@@ -150,7 +162,10 @@ async fn run_user(user: &mut GooseUser, ctx: &Hold) {
             {
                 let c = &mut clients[i];
                 c.locks.push(lock);
-                c.next_renew.get_or_insert(sent + period);
+                // Real clients are not in step: the first renewal falls
+                // anywhere in the period, so renewals spread evenly.
+                c.next_renew
+                    .get_or_insert_with(|| sent + period.mul_f64(rand::random_range(0.2..1.0)));
             } else {
                 // A unique name can't be held by another; back off so a
                 // failing router is not hammered.
@@ -194,16 +209,23 @@ pub struct HoldOutcome {
     pub ramp_s: f64,
     pub ramp_acquires_per_s: f64,
     pub rss_before_bytes: u64,
-    pub rss_half_bytes: u64,
-    pub locks_half: u64,
+    /// What the ramp stopped on: "target", "renewals behind", "ramp limit"
+    /// or "no progress".
+    pub ramp_stopped_by: String,
+    /// `(locks held, router RSS)` sampled during the ramp.
+    pub rss_samples: Vec<(u64, u64)>,
     pub rss_full_bytes: u64,
     pub rss_peak_bytes: u64,
     pub rss_after_bytes: u64,
-    /// Router memory per held lock: the RSS slope between half and all locks.
-    pub bytes_per_lock: f64,
-    /// Router memory per session lease (client × shard) beyond the locks.
-    pub bytes_per_session: f64,
+    /// Router memory per held lock: least-squares slope of RSS over locks
+    /// held, once every session exists (None if too few samples).
+    pub bytes_per_lock: Option<f64>,
+    /// Router memory per session lease (client × shard): the fit's
+    /// intercept above the RSS before the hold, per session.
+    pub bytes_per_session: Option<f64>,
     pub sessions: f64,
+    /// Counters over the ramp (acquires, session grants).
+    pub ramp: Delta,
     /// Counters over the steady hold window (no acquires, only renewals).
     pub window: Delta,
     /// Counters over the window with churn on top, if it ran.
@@ -245,20 +267,20 @@ impl Controller<'_> {
         let sampler = PeakSampler::start(pid);
         let started = Instant::now();
 
-        let half = (per_client / 2).max(1);
-        ctx.target_per_client.store(half, Relaxed);
-        self.wait_held(half * ctx.clients as u64, started).await;
-        tokio::time::sleep(self.phases.settle).await;
-        let locks_half = ctx.stats.active.load(Relaxed);
-        let rss_half = settled_rss(pid, Duration::from_secs(1)).await;
-
+        let ramp_start = Snapshot::take(self.stack)?;
         ctx.target_per_client.store(per_client, Relaxed);
-        self.wait_held(per_client * ctx.clients as u64, started)
+        let (stopped_by, mut rss_samples) = self
+            .ramp(per_client * ctx.clients as u64, started, pid)
             .await;
+        // Hold what was reached: no more acquires.
+        ctx.target_per_client.store(0, Relaxed);
+        tokio::time::sleep(Duration::from_millis(500)).await;
         let ramp_s = started.elapsed().as_secs_f64();
         let locks_reached = ctx.stats.active.load(Relaxed);
+        let ramp = Snapshot::take(self.stack)?.since(&ramp_start);
         tokio::time::sleep(self.phases.settle).await;
         let rss_full = settled_rss(pid, Duration::from_secs(1)).await;
+        rss_samples.push((locks_reached, rss_full));
 
         let s0 = Snapshot::take(self.stack)?;
         tokio::time::sleep(self.phases.hold).await;
@@ -283,54 +305,89 @@ impl Controller<'_> {
         let rss_after = settled_rss(pid, Duration::from_secs(1)).await;
 
         let sessions = window.router.session_leases;
-        let added = locks_reached.saturating_sub(locks_half) as f64;
-        let bytes_per_lock = if added > 0.0 {
-            (rss_full as f64 - rss_half as f64) / added
-        } else {
-            0.0
-        };
-        let bytes_per_session = if sessions > 0.0 {
-            (rss_half as f64 - rss_before as f64 - bytes_per_lock * locks_half as f64) / sessions
-        } else {
-            0.0
-        };
+        // Fit only where every session exists and locks alone grow.
+        let from = (3 * ctx.clients as u64).max(locks_reached / 10);
+        let fit = fit_line(rss_samples.iter().filter(|(l, _)| *l >= from));
+        let bytes_per_lock = fit.map(|(slope, _)| slope);
+        let bytes_per_session = fit
+            .filter(|_| sessions > 0.0)
+            .map(|(_, intercept)| (intercept - rss_before as f64) / sessions);
         Ok(HoldOutcome {
             locks_target: per_client * ctx.clients as u64,
             locks_reached,
             clients: ctx.clients,
             ramp_s,
             ramp_acquires_per_s: locks_reached as f64 / ramp_s.max(1e-9),
+            ramp_stopped_by: stopped_by.to_string(),
             rss_before_bytes: rss_before,
-            rss_half_bytes: rss_half,
-            locks_half,
+            rss_samples,
             rss_full_bytes: rss_full,
             rss_peak_bytes: rss_peak,
             rss_after_bytes: rss_after,
             bytes_per_lock,
             bytes_per_session,
             sessions,
+            ramp,
             window,
             churn_window,
         })
     }
 
-    /// Waits until `locks` are held, the ramp limit passes, or acquires stop
-    /// making progress for a while (the router or etcd gave out).
-    async fn wait_held(&self, locks: u64, started: Instant) {
+    /// Waits until `locks` are held (returns "target"), renewals fall
+    /// behind, the ramp limit passes, or acquires stop making progress;
+    /// samples the router's RSS against locks held every two seconds.
+    async fn ramp(
+        &self,
+        locks: u64,
+        started: Instant,
+        pid: u32,
+    ) -> (&'static str, Vec<(u64, u64)>) {
+        let mut samples = Vec::new();
         let mut last = (0, Instant::now());
-        loop {
+        let behind = Duration::from_millis(self.ctx.ttl_ms / 6);
+        for tick in 0u64.. {
             let held = self.ctx.stats.active.load(Relaxed);
-            if held >= locks || started.elapsed() > self.phases.ramp_limit {
-                return;
+            if tick % 4 == 0 {
+                samples.extend(rss_bytes(pid).map(|r| (held, r)));
+            }
+            if held >= locks {
+                return ("target", samples);
+            }
+            if started.elapsed() > self.phases.ramp_limit {
+                return ("ramp limit", samples);
+            }
+            let lag = self.ctx.recent_lag_ms.swap(0, Relaxed);
+            if Duration::from_millis(lag) > behind {
+                return ("renewals behind", samples);
             }
             if held != last.0 {
                 last = (held, Instant::now());
             } else if last.1.elapsed() > Duration::from_secs(30) {
-                return;
+                return ("no progress", samples);
             }
-            tokio::time::sleep(Duration::from_millis(100)).await;
+            tokio::time::sleep(Duration::from_millis(500)).await;
         }
+        unreachable!("the loop above only returns")
     }
+}
+
+/// Least-squares line through `(x, y)` points: `(slope, intercept)`, or
+/// None with fewer than 3 points or no spread in x.
+fn fit_line<'a>(points: impl Iterator<Item = &'a (u64, u64)>) -> Option<(f64, f64)> {
+    let pts: Vec<(f64, f64)> = points.map(|&(x, y)| (x as f64, y as f64)).collect();
+    let n = pts.len() as f64;
+    if pts.len() < 3 {
+        return None;
+    }
+    let (sx, sy) = pts.iter().fold((0.0, 0.0), |(a, b), (x, y)| (a + x, b + y));
+    let (mx, my) = (sx / n, sy / n);
+    let sxx: f64 = pts.iter().map(|(x, _)| (x - mx).powi(2)).sum();
+    if sxx == 0.0 {
+        return None;
+    }
+    let sxy: f64 = pts.iter().map(|(x, y)| (x - mx) * (y - my)).sum();
+    let slope = sxy / sxx;
+    Some((slope, my - slope * mx))
 }
 
 /// The median of a few RSS samples over `over`: one sample can catch a
@@ -376,5 +433,16 @@ impl PeakSampler {
 impl Drop for PeakSampler {
     fn drop(&mut self) {
         self.task.abort();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn fits_a_line() {
+        let pts = [(0, 100), (10, 120), (20, 140), (30, 160)];
+        let (slope, intercept) = super::fit_line(pts.iter()).unwrap();
+        assert!((slope - 2.0).abs() < 1e-9 && (intercept - 100.0).abs() < 1e-9);
+        assert!(super::fit_line(pts[..2].iter()).is_none());
     }
 }
