@@ -141,11 +141,21 @@ impl Locks {
 
     pub async fn acquire(&self, req: &AcquireRequest) -> Result<Acquired, LockError> {
         let active = self.active();
-        if req.wait_ms == 0 {
+        let result = if req.wait_ms == 0 {
             active.acquire_now(req).await
         } else {
             active.acquire_waiting(req, &self.waiting).await
-        }
+        };
+        let outcome = match &result {
+            Ok(Acquired::Granted(_)) => "acquired",
+            Ok(Acquired::Held(_)) => "not_acquired",
+            Err(LockError::ShardUnavailable { .. }) => "shard_unavailable",
+            Err(LockError::RateLimited) => "rate_limited",
+            Err(LockError::Internal(_)) => "error",
+            Err(LockError::InvalidArgument(_)) => return result, // no shard to speak of
+        };
+        crate::metrics::acquire(&active.router.shard_for(&req.name).name, outcome);
+        result
     }
 
     pub async fn renew(

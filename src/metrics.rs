@@ -15,6 +15,19 @@ const LATENCY_BUCKETS: &[f64] = &[
 const BATCH_BUCKETS: &[f64] = &[1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0, 128.0];
 
 static HANDLE: OnceLock<PrometheusHandle> = OnceLock::new();
+/// `process_*` series (resident memory, CPU seconds, open fds, ...).
+static PROCESS: OnceLock<metrics_process::Collector> = OnceLock::new();
+
+/// Samples the process series; called just before each scrape renders.
+pub fn collect_process() {
+    PROCESS
+        .get_or_init(|| {
+            let c = metrics_process::Collector::default();
+            c.describe();
+            c
+        })
+        .collect();
+}
 
 /// Installs the process-wide recorder once and returns its handle. Several
 /// routers in one process (as in tests) share it.
@@ -62,6 +75,15 @@ fn describe() {
         "lockrouter_keepalives_sent_total",
         "lease keepalives sent to etcd"
     );
+    describe_counter!("lockrouter_acquires_total", "acquires by shard and outcome");
+    describe_counter!(
+        "lockrouter_config_reloads_total",
+        "config reloads by outcome"
+    );
+    describe_gauge!(
+        "lockrouter_migration_open",
+        "1 while this router follows an open migration"
+    );
     describe_counter!(
         "lockrouter_lease_renewals_total",
         "lease renewals asked for by acquires and lock renewals (before coalescing)"
@@ -94,6 +116,23 @@ fn describe() {
 pub fn request(op: &'static str, outcome: &'static str, elapsed: Duration) {
     counter!("lockrouter_requests_total", "op" => op, "outcome" => outcome).increment(1);
     histogram!("lockrouter_request_duration_seconds", "op" => op).record(elapsed.as_secs_f64());
+}
+
+/// An acquire's outcome on its shard: acquired, not_acquired (held or
+/// queued), shard_unavailable, rate_limited or error.
+pub fn acquire(shard: &str, outcome: &'static str) {
+    counter!("lockrouter_acquires_total", "shard" => shard.to_string(), "outcome" => outcome)
+        .increment(1);
+}
+
+/// A config reload: reloaded, refused (try again later) or invalid.
+pub fn config_reload(outcome: &'static str) {
+    counter!("lockrouter_config_reloads_total", "outcome" => outcome).increment(1);
+}
+
+/// 1 while this router follows an open migration.
+pub fn migration_open(open: bool) {
+    gauge!("lockrouter_migration_open").set(if open { 1.0 } else { 0.0 });
 }
 
 pub fn etcd_rpc(shard: &str, rpc: &'static str, outcome: &'static str, elapsed: Duration) {

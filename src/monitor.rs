@@ -147,6 +147,13 @@ async fn tick(router: &Router, count_due: bool) {
             maybe_close(router, &migration).await;
         }
     }
+    let migration = router.migration();
+    m::migration_open(migration.is_some());
+    if migration.is_none() {
+        for shard in &router.shards {
+            m::migration_moved_held(&shard.name, 0);
+        }
+    }
     for shard in all_shards(router) {
         m::session_leases(&shard.name, shard.sessions.sweep(Duration::from_secs(60)));
     }

@@ -70,6 +70,11 @@ impl Reloader {
     /// Re-reads the config file and applies it; logs the outcome.
     pub async fn reload(&self) -> Result<Reloaded, ReloadError> {
         let result = self.reload_file().await;
+        crate::metrics::config_reload(match &result {
+            Ok(_) => "reloaded",
+            Err(ReloadError::Refused(_)) => "refused",
+            Err(_) => "invalid",
+        });
         match &result {
             Ok(r) => tracing::info!(
                 placement_changed = r.placement_changed,

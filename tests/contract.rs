@@ -177,7 +177,15 @@ async fn bad_input_gets_a_clear_4xx() {
         .text()
         .await
         .unwrap();
-    assert!(metrics.contains("lockrouter_requests_total"));
+    for series in [
+        "lockrouter_requests_total",
+        "lockrouter_acquires_total{shard=\"a\",outcome=\"acquired\"}",
+        "lockrouter_shard_up{shard=\"a\"} 1",
+        "lockrouter_migration_open 0",
+        "process_resident_memory_bytes",
+    ] {
+        assert!(metrics.contains(series), "no {series} in\n{metrics}");
+    }
     assert!(
         !metrics.contains("outcome=\"internal\""),
         "a bad input caused a 500"

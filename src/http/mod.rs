@@ -214,6 +214,7 @@ async fn route(
         }
         "metrics" => {
             only(&req, Method::GET, "GET")?;
+            crate::metrics::collect_process();
             state.metrics.run_upkeep();
             let resp = Response::builder()
                 .header(header::CONTENT_TYPE, "text/plain; version=0.0.4")
