@@ -18,8 +18,11 @@ lint: prereqs
 	cargo fmt --all -- --check
 	cargo clippy --workspace --all-targets -- -D warnings
 
+# The dashboard tests run Prometheus, etcd and a router under load and check
+# every panel within a deadline: they get the machine to themselves.
 test: lint
-	cargo test --workspace -- --test-threads=3
+	cargo test --workspace -- --test-threads=3 --skip dashboards::
+	cargo test -p lockrouter --test tests -- --test-threads=1 dashboards::
 
 # Benchmarks (loadtest/, docs/benchmarks.md). Both start their own etcd
 # shards and router on loopback and stop them when done, even on failure.
