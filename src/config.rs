@@ -338,6 +338,11 @@ impl Settings {
                 "limits.max_name_bytes, max_client_id_bytes and max_batch must be > 0",
             ));
         }
+        if !(1..=600_000).contains(&l.max_wait_ms) || !(1..=1_000_000).contains(&l.max_waiters) {
+            return Err(invalid(
+                "limits.max_wait_ms must be 1..=600000 and limits.max_waiters 1..=1000000",
+            ));
+        }
         if l.max_body_bytes < 1_024 {
             return Err(invalid("limits.max_body_bytes must be at least 1024"));
         }

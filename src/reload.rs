@@ -30,9 +30,13 @@ pub enum ReloadError {
     NoFile,
     #[error(transparent)]
     Config(#[from] ConfigError),
-    /// The reload cannot happen now (an open migration, a shard down).
+    /// The reload cannot happen now (an open migration, a shard down);
+    /// a later try may succeed.
     #[error("{0}")]
     Refused(String),
+    /// The change needs a restart (it is never applied by a reload).
+    #[error("{0}")]
+    NeedsRestart(String),
 }
 
 /// What a reload did.
@@ -82,7 +86,7 @@ impl Reloader {
                 ring = %r.ring,
                 "config reloaded"
             ),
-            Err(e) => tracing::warn!(error = %e, "config reload refused; nothing changed"),
+            Err(e) => tracing::warn!(error = %e, "config reload refused"),
         }
         result
     }
@@ -103,7 +107,7 @@ impl Reloader {
             tracing::warn!("listen addresses change only when the router restarts");
         }
         if old.etcd.prefix != new.etcd.prefix {
-            return Err(ReloadError::Refused(
+            return Err(ReloadError::NeedsRestart(
                 "etcd.prefix changes only when the router restarts (and moves every lock: see docs/design.md)".into(),
             ));
         }
@@ -126,7 +130,7 @@ impl Reloader {
                  reload again once it closes",
                 m.recorded.meta.ring, m.recorded.meta.epoch
             )));
-        } else if self.already_moved(new, &ring).await? {
+        } else if self.already_moved(old_router, new, &ring).await? {
             // Another replica opened this migration: follow it.
             Router::start(new, self.pool.clone())
                 .await
@@ -179,6 +183,14 @@ impl Reloader {
         let mut found = Vec::new();
         for shard in &shards {
             match shard.read_ring().await {
+                // A migration this router has not attached: bumping would
+                // drop its `previous` and close it without the closing scan.
+                Ok(Some(r)) if r.meta.ring == fp && !router.follows(&r) => {
+                    return refuse(format!(
+                        "shard {} records a migration this router has not attached yet; retry in a moment",
+                        shard.name
+                    ))
+                }
                 Ok(r) if r.as_ref().is_none_or(|r| {
                     r.meta.ring == fp || previous.as_ref().is_some_and(|p| p.ring == r.meta.ring)
                 }) => found.push(r),
@@ -223,7 +235,25 @@ impl Reloader {
 
     /// Whether every shard of the new ring already records it (another
     /// replica opened this migration, maybe closed it too).
-    async fn already_moved(&self, new: &Settings, ring: &Ring) -> Result<bool, ReloadError> {
+    async fn already_moved(
+        &self,
+        old: &Router,
+        new: &Settings,
+        ring: &Ring,
+    ) -> Result<bool, ReloadError> {
+        // A removed shard must be fenced too, or the opening is resumed; one
+        // that no longer answers (retired after the migration) is skipped.
+        for shard in old
+            .shards
+            .iter()
+            .filter(|o| !new.shards.iter().any(|s| s.name == o.name))
+        {
+            if let Ok(recorded) = shard.read_ring().await {
+                if recorded.is_none_or(|r| r.meta.ring != ring.fingerprint()) {
+                    return Ok(false);
+                }
+            }
+        }
         for s in &new.shards {
             let shard = self
                 .pool

@@ -268,7 +268,8 @@ impl Router {
         let down = self.shards.iter().filter(|s| !s.conn.is_up());
         let refusing = self.shards.iter().filter(|s| {
             s.conn.is_up()
-                && (!self.is_confirmed() || !matches!(s.ring_state(), RingState::Ready(_)))
+                && (!self.is_confirmed()
+                    || !matches!(s.ring_state(), RingState::Ready(r) if self.follows(&r)))
         });
         (
             down.map(|s| s.name.clone()).collect(),

@@ -102,33 +102,40 @@ impl Active {
             .try_acquire_owned()
             .map_err(|_| LockError::RateLimited)?;
         let deadline = Instant::now() + Duration::from_millis(req.wait_ms);
-        let mut answer = self.acquire_now(req).await?;
         let shard = self.router.shard_for(&req.name).clone();
-        let moved = self
-            .router
-            .migration()
-            .is_some_and(|m| m.previous_shard(&req.name).name != shard.name);
-        if moved {
-            // No queue where the holder is: retry until the deadline.
-            while matches!(answer, Acquired::Held(_)) && Instant::now() < deadline {
-                tokio::time::sleep(Duration::from_millis(20)).await;
-                answer = self.acquire_now(req).await?;
+        loop {
+            let answer = self.acquire_now(req).await?;
+            if !matches!(answer, Acquired::Held(_)) || Instant::now() >= deadline {
+                return Ok(answer);
             }
-            return Ok(answer);
+            if self.moved(&req.name, &shard) {
+                // Held where no queue exists (its previous shard): retry.
+                tokio::time::sleep(Duration::from_millis(20)).await;
+                continue;
+            }
+            if let Some(answer) = self.queue(req, ttl_secs, &shard, deadline).await? {
+                return Ok(answer);
+            }
+            // The name turned out to be moved while queued: retry as above.
         }
-        if !matches!(answer, Acquired::Held(_)) {
-            return Ok(answer);
-        }
-        self.queue(req, ttl_secs, &shard, deadline).await
     }
 
+    /// Whether an open migration moved `name` here from another shard.
+    fn moved(&self, name: &str, shard: &Shard) -> bool {
+        self.router
+            .migration()
+            .is_some_and(|m| m.previous_shard(name).name != shard.name)
+    }
+
+    /// Waits in the name's queue on `shard`; `None` if a migration moved the
+    /// name meanwhile (then the queue no longer decides who gets it).
     async fn queue(
         &self,
         req: &AcquireRequest,
         ttl_secs: u32,
         shard: &Arc<Shard>,
         deadline: Instant,
-    ) -> Result<Acquired, LockError> {
+    ) -> Result<Option<Acquired>, LockError> {
         let hash = name_hash(&req.name);
         let key = shard.keys.lock(&hash);
         let waiters = shard.keys.waiters(&hash);
@@ -164,6 +171,9 @@ impl Active {
         let mut last_holder = None;
         loop {
             let ring = self.granting_ring(shard)?;
+            if self.moved(&req.name, shard) {
+                return Ok(None); // dropping the entry leaves the queue
+            }
             let (epoch, value) = lock_value(req, &ring)?;
             match head_grant(
                 shard, &key, value, session.id, &ring, &waiters, &mine, my_rev,
@@ -173,6 +183,14 @@ impl Active {
                 Step::Granted { revision } => {
                     entry.key = None; // the txn deleted it
                     let renewal = shard.keepalive.refresh(session.id, window).await?;
+                    if !renewal.alive() {
+                        // The session ran out right after: the lock went with it.
+                        shard
+                            .sessions
+                            .invalidate(&req.client_id, ttl_secs, session.id)
+                            .await;
+                        return Ok(Some(Acquired::Held(Expiry(Instant::now()))));
+                    }
                     let lock = LockId {
                         shard: shard.name.clone(),
                         epoch,
@@ -181,11 +199,15 @@ impl Active {
                         revision,
                         name_hash: hash,
                     };
-                    return Ok(Acquired::Granted(grant(lock, renewal)?));
+                    return Ok(Some(Acquired::Granted(grant(lock, renewal)?)));
                 }
                 Step::Gone => {
                     entry.key = None;
-                    return Ok(Acquired::Held(Expiry(Instant::now())));
+                    shard
+                        .sessions
+                        .invalidate(&req.client_id, ttl_secs, session.id)
+                        .await;
+                    return Ok(Some(Acquired::Held(Expiry(Instant::now()))));
                 }
                 Step::RingChanged(found) => {
                     self.router.ring_changed(shard, found);
@@ -216,11 +238,10 @@ impl Active {
             Some(h) => {
                 let sent_at = Instant::now();
                 let left = shard.time_to_live(h.lease()).await?;
-                Ok(Acquired::Held(Expiry(
-                    sent_at + Duration::from_secs(left as u64),
-                )))
+                let expires = Expiry(sent_at + Duration::from_secs(left as u64));
+                Ok(Some(Acquired::Held(expires)))
             }
-            None => Ok(Acquired::Held(Expiry(Instant::now()))),
+            None => Ok(Some(Acquired::Held(Expiry(Instant::now())))),
         }
     }
 }

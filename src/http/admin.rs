@@ -58,7 +58,7 @@ fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
 pub async fn reload(state: &AppState) -> api::Answer {
     match state.reloader.reload().await {
         Ok(done) => Ok((json(StatusCode::OK, &json!(done)), "reloaded")),
-        Err(ReloadError::Refused(msg)) => Err(ApiError::new(
+        Err(ReloadError::Refused(msg) | ReloadError::NeedsRestart(msg)) => Err(ApiError::new(
             StatusCode::CONFLICT,
             "failed_precondition",
             msg,
