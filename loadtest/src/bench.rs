@@ -25,7 +25,8 @@ pub struct Bench<'a> {
     cfg: &'a Config,
     stack: &'a Stack,
     records: Vec<Record>,
-    extra: serde_json::Map<String, Value>,
+    /// Reports written per scenario name, so later rounds get their own file.
+    reports: std::collections::HashMap<String, usize>,
 }
 
 impl<'a> Bench<'a> {
@@ -34,11 +35,11 @@ impl<'a> Bench<'a> {
             cfg,
             stack,
             records: Vec::new(),
-            extra: serde_json::Map::new(),
+            reports: std::collections::HashMap::new(),
         }
     }
 
-    pub async fn run(mut self) -> Result<(Vec<Record>, serde_json::Map<String, Value>)> {
+    pub async fn run(mut self) -> Result<Vec<Record>> {
         let c = self.cfg;
         let secs = c.duration_s;
         // Router and baselines take turns, round after round, so anything
@@ -119,16 +120,28 @@ impl<'a> Bench<'a> {
             self.naive_hold().await?;
         }
         self.fill_baselines();
-        Ok((self.records, self.extra))
+        Ok(self.records)
     }
 
-    fn plan(&self, name: &str, users: usize, run_time_s: usize, throttle: Option<usize>) -> Plan {
+    fn plan(
+        &mut self,
+        name: &str,
+        users: usize,
+        run_time_s: usize,
+        throttle: Option<usize>,
+    ) -> Plan {
+        let n = self.reports.entry(name.to_string()).or_default();
+        *n += 1;
+        let file = match *n {
+            1 => format!("{}.html", file_name(name)),
+            n => format!("{}-{n}.html", file_name(name)),
+        };
         Plan {
             host: self.stack.router.base_url(),
             users,
             run_time_s,
             throttle,
-            report: self.cfg.out.join(format!("{}.html", file_name(name))),
+            report: self.cfg.out.join(file),
         }
     }
 
@@ -439,7 +452,7 @@ pub async fn run_all(cfg: &Config) -> Result<Vec<String>> {
         stack.router.base_url()
     );
     let outcome = Bench::new(cfg, &stack).run().await;
-    let (records, extra) = match outcome {
+    let records = match outcome {
         Ok(x) => x,
         Err(e) => {
             eprintln!("the router's log ends:\n{}", stack.router.log_tail());
@@ -458,7 +471,6 @@ pub async fn run_all(cfg: &Config) -> Result<Vec<String>> {
         "scenarios": records,
         "targets": targets,
         "check_problems": problems,
-        "extra": extra,
     });
     report::write(&cfg.out, &summary, &records, &targets)?;
     for t in &targets {
