@@ -44,7 +44,15 @@ fn main() -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
-    match runtime.block_on(bench::run_all(&cfg)) {
+    // Every scenario is bounded in time; this bounds the whole run too.
+    let limit = std::time::Duration::from_secs(cfg.max_minutes * 60);
+    let run = async {
+        match tokio::time::timeout(limit, bench::run_all(&cfg)).await {
+            Ok(result) => result,
+            Err(_) => Err(anyhow::anyhow!("gave up after {} minutes", cfg.max_minutes)),
+        }
+    };
+    match runtime.block_on(run) {
         Ok(problems) if problems.is_empty() => ExitCode::SUCCESS,
         Ok(problems) => {
             for p in problems {

@@ -47,6 +47,9 @@ pub struct Cli {
     /// Exit non-zero on any request error, 5xx, or accounting that does not add up.
     #[arg(long)]
     pub check: bool,
+    /// Give up (and stop everything) after this many minutes in all.
+    #[arg(long)]
+    pub max_minutes: Option<u64>,
     #[arg(long)]
     pub shards: Option<usize>,
     /// Concurrent users of the throughput scenarios and baselines.
@@ -104,6 +107,7 @@ pub struct Config {
     pub out: PathBuf,
     pub router_bin: PathBuf,
     pub check: bool,
+    pub max_minutes: u64,
     pub shards: usize,
     pub users: usize,
     pub duration_s: usize,
@@ -163,6 +167,7 @@ impl Cli {
             out: self.out,
             router_bin,
             check: self.check,
+            max_minutes: self.max_minutes.unwrap_or(pick(smoke, 10, 60)),
             shards: self.shards.unwrap_or(3),
             users: self.users.unwrap_or(pick(smoke, 8, 64)),
             duration_s: self.duration_s.unwrap_or(pick(smoke, 4, 10)),

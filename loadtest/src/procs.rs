@@ -35,7 +35,7 @@ impl EtcdShard {
         let log = dir.join(format!("etcd-{name}.log"));
         let client = format!("http://127.0.0.1:{client_port}");
         let peer = format!("http://127.0.0.1:{peer_port}");
-        let child = Command::new(etcd_binary()?)
+        let child = orphan_proof(Command::new(etcd_binary()?))
             .args(["--name", name])
             .arg("--data-dir")
             .arg(data.join("data"))
@@ -98,6 +98,23 @@ impl Drop for EtcdShard {
     }
 }
 
+/// Makes the child die with this process even when this process is killed
+/// outright (no destructor runs then): the kernel sends it SIGKILL.
+fn orphan_proof(mut cmd: Command) -> Command {
+    use std::os::unix::process::CommandExt;
+    // SAFETY: prctl is async-signal-safe and touches only the child.
+    unsafe {
+        cmd.pre_exec(|| {
+            if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL) == 0 {
+                Ok(())
+            } else {
+                Err(std::io::Error::last_os_error())
+            }
+        });
+    }
+    cmd
+}
+
 fn etcd_binary() -> Result<PathBuf> {
     for p in ["/usr/bin/etcd", "/usr/local/bin/etcd"] {
         if Path::new(p).exists() {
@@ -130,7 +147,7 @@ impl RouterProcess {
         let config = dir.join("router.toml");
         std::fs::write(&config, toml)?;
         let log = dir.join("router.log");
-        let child = Command::new(binary)
+        let child = orphan_proof(Command::new(binary))
             .arg("serve")
             .arg("--config")
             .arg(&config)
