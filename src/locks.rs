@@ -409,6 +409,7 @@ impl Active {
             Some(kv) if kv.create_revision() == id.revision && kv.lease() == id.lease => {
                 let renewal = renewal?;
                 if renewal.alive() {
+                    shard.sessions.touch(id.lease);
                     Renewed::Renewed(Expiry(renewal.deadline()))
                 } else {
                     Renewed::Expired

@@ -31,6 +31,10 @@ pub struct Sessions {
     /// std `Mutex`: held only to look up or insert a slot, never across an
     /// await, so the async mutex would only add cost.
     slots: Mutex<HashMap<(String, u32), Arc<Slot>>>,
+    /// Last lock renewal seen per session lease: a client that only renews
+    /// keeps its slot, so its next acquire reuses the lease (else it would
+    /// get a second session, and pay a second keepalive, on the shard).
+    renewed: Mutex<HashMap<i64, Instant>>,
 }
 
 impl Sessions {
@@ -77,14 +81,34 @@ impl Sessions {
         }
     }
 
-    /// Drops slots unused for two TTLs plus `grace`; returns how many remain.
+    /// Notes that a lock on `lease` was renewed through this router.
+    pub fn touch(&self, lease: i64) {
+        self.renewed
+            .lock()
+            .expect("renewed lock")
+            .insert(lease, Instant::now());
+    }
+
+    /// Drops slots neither acquired through nor renewed for two TTLs plus
+    /// `grace`; returns how many remain.
     pub fn sweep(&self, grace: Duration) -> usize {
         let mut slots = self.slots.lock().expect("sessions lock");
+        let mut renewed = self.renewed.lock().expect("renewed lock");
         slots.retain(|(_, ttl), slot| {
-            let last = *slot.last_used.lock().expect("slot lock");
             let idle_limit = Duration::from_secs(2 * u64::from(*ttl)) + grace;
-            last.is_some_and(|t| t.elapsed() < idle_limit) || slot.lease.try_lock().is_err()
+            let recent = |t: &Option<Instant>| t.is_some_and(|t| t.elapsed() < idle_limit);
+            let Ok(lease) = slot.lease.try_lock() else {
+                return true; // being granted right now
+            };
+            let last_renewal = lease.and_then(|l| renewed.get(&l.id).copied());
+            recent(&slot.last_used.lock().expect("slot lock")) || recent(&last_renewal)
         });
+        // Keep renewal times only for leases still cached.
+        let live: std::collections::HashSet<i64> = slots
+            .values()
+            .filter_map(|slot| slot.lease.try_lock().ok().and_then(|l| l.map(|l| l.id)))
+            .collect();
+        renewed.retain(|lease, _| live.contains(lease));
         slots.len()
     }
 
@@ -94,5 +118,35 @@ impl Sessions {
 
     pub fn is_empty(&self) -> bool {
         self.len() == 0
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn lease(id: i64) -> impl Future<Output = Result<SessionLease, ()>> {
+        std::future::ready(Ok(SessionLease { id, ttl_secs: 0 }))
+    }
+
+    #[tokio::test]
+    async fn sessions_only_renewed_are_kept_and_idle_ones_swept() {
+        let sessions = Sessions::default();
+        let renewed = sessions
+            .get_or_grant("renews", 0, || lease(7))
+            .await
+            .unwrap();
+        sessions.get_or_grant("idle", 0, || lease(8)).await.unwrap();
+        tokio::time::sleep(Duration::from_millis(60)).await;
+        sessions.touch(renewed.id);
+        assert_eq!(sessions.sweep(Duration::from_millis(40)), 1);
+        // The kept slot is reused: no second grant.
+        let again = sessions
+            .get_or_grant("renews", 0, || {
+                std::future::ready(Err::<SessionLease, ()>(()))
+            })
+            .await
+            .unwrap();
+        assert_eq!(again, renewed);
     }
 }
