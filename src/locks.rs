@@ -229,15 +229,14 @@ impl Active {
             }
             match txn? {
                 AcquireTxn::Granted { revision } => {
-                    let lock = LockId {
-                        shard: shard.name.clone(),
+                    let made = NewGrant {
                         epoch,
                         ttl_secs,
                         lease: session.id,
                         revision,
-                        name_hash: hash,
+                        hash,
                     };
-                    return Ok(Acquired::Granted(grant(lock, renewal?)?));
+                    return Ok(Acquired::Granted(made.grant(shard, renewal?)?));
                 }
                 AcquireTxn::Held(holder) => {
                     let own = Some((session, renewal));
@@ -502,6 +501,30 @@ impl Active {
             shard: id.shard.clone(),
             detail: "this router does not know the shard (not reloaded yet, or the shard was removed)".into(),
         })
+    }
+}
+
+/// A lock key just created on a session lease.
+pub(crate) struct NewGrant {
+    pub epoch: u16,
+    pub ttl_secs: u32,
+    pub lease: i64,
+    pub revision: i64,
+    pub hash: NameHash,
+}
+
+impl NewGrant {
+    /// The grant's answer; `renewal` is the session's latest renewal.
+    pub(crate) fn grant(self, shard: &Shard, renewal: Renewal) -> Result<Grant, LockError> {
+        let lock = LockId {
+            shard: shard.name.clone(),
+            epoch: self.epoch,
+            ttl_secs: self.ttl_secs,
+            lease: self.lease,
+            revision: self.revision,
+            name_hash: self.hash,
+        };
+        grant(lock, renewal)
     }
 }
 

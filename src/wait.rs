@@ -29,10 +29,9 @@ use tokio::sync::Semaphore;
 
 use crate::etcd::EtcdError;
 use crate::keys::{name_hash, Recorded};
-use crate::lock_id::LockId;
 use crate::locks::{
-    grant, grant_session, invalid, lock_value, unavailable, AcquireRequest, Acquired, Active,
-    Expiry, LockError,
+    grant_session, invalid, lock_value, unavailable, AcquireRequest, Acquired, Active, Expiry,
+    LockError, NewGrant,
 };
 use crate::shard::Shard;
 
@@ -191,15 +190,14 @@ impl Active {
                             .await;
                         return Ok(Some(Acquired::Held(Expiry(Instant::now()))));
                     }
-                    let lock = LockId {
-                        shard: shard.name.clone(),
+                    let made = NewGrant {
                         epoch,
                         ttl_secs,
                         lease: session.id,
                         revision,
-                        name_hash: hash,
+                        hash,
                     };
-                    return Ok(Some(Acquired::Granted(grant(lock, renewal)?)));
+                    return Ok(Some(Acquired::Granted(made.grant(shard, renewal)?)));
                 }
                 Step::Gone => {
                     entry.key = None;

@@ -13,19 +13,11 @@ use futures::FutureExt;
 use lockrouter_client::{Client, Error, LostReason};
 use serde_json::json;
 
-use crate::support::etcd::EtcdCluster;
+use crate::support::etcd::{free_port, EtcdCluster};
 use crate::support::router::{config_toml, sleep_ms, RouterProcess, TestRouter};
 
 fn secs(n: u64) -> Duration {
     Duration::from_secs(n)
-}
-
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
 }
 
 /// Sum of one counter's series whose labels contain `labels`, from a

@@ -169,14 +169,7 @@ async fn bad_input_gets_a_clear_4xx() {
     // Still serving, and the good lock is untouched.
     assert_eq!(api.get("/healthz").await.status, 200);
     assert_eq!(api.renew(&good).await.status, 200);
-    let metrics = http
-        .get(format!("{base}/metrics"))
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let metrics = api.metrics().await;
     for series in [
         "lockrouter_requests_total",
         "lockrouter_acquires_total{shard=\"a\",outcome=\"acquired\"}",

@@ -18,21 +18,13 @@ use std::time::{Duration, Instant};
 
 use serde_json::{json, Value};
 
-use crate::support::etcd::EtcdCluster;
+use crate::support::etcd::{free_port, EtcdCluster};
 use crate::support::router::{shard_name, sleep_ms, Api, RouterProcess};
 
 const DASHBOARDS: [&str; 2] = ["lockrouter-capacity.json", "lockrouter-operations.json"];
 
 fn repo(rel: &str) -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join(rel)
-}
-
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
 }
 
 /// Debian installs both tools in /usr/bin; `make test` installs them.

@@ -221,15 +221,7 @@ async fn a_three_member_shard_survives_losing_a_member() {
     // The active-lock gauge counts what etcd holds: 4 + 5.
     let deadline = Instant::now() + Duration::from_secs(10);
     loop {
-        let text = api
-            .http
-            .get(format!("{}/metrics", api.base))
-            .send()
-            .await
-            .unwrap()
-            .text()
-            .await
-            .unwrap();
+        let text = api.metrics().await;
         if text
             .lines()
             .any(|l| l.starts_with("lockrouter_active_locks{shard=\"a\"} 9"))

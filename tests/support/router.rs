@@ -290,6 +290,17 @@ impl Api {
         .await
     }
 
+    /// The router's Prometheus text.
+    pub async fn metrics(&self) -> String {
+        let resp = self
+            .http
+            .get(format!("{}/metrics", self.base))
+            .send()
+            .await
+            .unwrap();
+        resp.text().await.unwrap()
+    }
+
     pub async fn inspect(&self, name: &str) -> Reply {
         let enc = percent_encoding::utf8_percent_encode(name, percent_encoding::NON_ALPHANUMERIC);
         self.get(&format!("/api/v1/locks/{enc}")).await
