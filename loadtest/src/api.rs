@@ -93,7 +93,23 @@ pub async fn acquire(
     client: &str,
     ttl_ms: u64,
 ) -> Acquire {
-    let body = json!({"name": name, "ttlMs": ttl_ms, "clientId": client});
+    acquire_waiting(user, stats, name, client, ttl_ms, 0).await
+}
+
+/// [`acquire`] that waits up to `wait_ms` in the name's queue (0: does not
+/// wait); the latency recorded includes the wait.
+pub async fn acquire_waiting(
+    user: &mut GooseUser,
+    stats: &Stats,
+    name: &str,
+    client: &str,
+    ttl_ms: u64,
+    wait_ms: u64,
+) -> Acquire {
+    let mut body = json!({"name": name, "ttlMs": ttl_ms, "clientId": client});
+    if wait_ms > 0 {
+        body["waitMs"] = json!(wait_ms);
+    }
     let Some((status, v, took)) = post(user, stats, "/api/v1/locks/acquire", &body).await else {
         return Acquire::Failed;
     };

@@ -16,8 +16,10 @@ use crate::procs::Stack;
 use crate::report::{self, Record};
 use crate::scenarios::baselines::{self, EtcdBaseline, Kind};
 use crate::scenarios::contended::{self, Contended};
+use crate::scenarios::contended_wait::{self, ContendedWait};
 use crate::scenarios::hold::{self, Controller, Hold, Phases, Renewal};
 use crate::scenarios::lifecycle::{self, Lifecycle};
+use crate::scenarios::rebalance::{self, Rebalance};
 use crate::scrape::Snapshot;
 use crate::stats::Stats;
 
@@ -81,6 +83,9 @@ impl<'a> Bench<'a> {
         if c.wants("contended") {
             self.contended().await?;
         }
+        if c.wants("contended-wait") {
+            self.contended_wait().await?;
+        }
         if c.wants("churn") {
             let r = self
                 .lifecycle(
@@ -118,6 +123,9 @@ impl<'a> Bench<'a> {
         }
         if c.wants("naive-hold") {
             self.naive_hold().await?;
+        }
+        if c.wants("rebalance") {
+            self.rebalance().await?;
         }
         self.fill_baselines();
         Ok(self.records)
@@ -239,6 +247,119 @@ impl<'a> Bench<'a> {
             "grants_per_user_min": min,
             "grants_per_user_max": max,
         });
+        self.push(r);
+        Ok(())
+    }
+
+    async fn contended_wait(&mut self) -> Result<()> {
+        let c = self.cfg;
+        let name = "contended-wait";
+        eprintln!(
+            "== {name}: {} users on {} names, waitMs {}, {} s",
+            c.contended_users, c.contended_names, c.wait_ms, c.wait_s
+        );
+        let t = tag(name);
+        let ctx = Arc::new(ContendedWait::new(
+            Stats::new(None),
+            c.ttl_ms,
+            c.wait_ms,
+            (0..c.contended_names)
+                .map(|i| format!("{t}:hot{i}"))
+                .collect(),
+            Duration::from_millis(c.contended_hold_ms),
+            t,
+        ));
+        let plan = self.plan(name, c.contended_users, c.wait_s, None);
+        let before = Snapshot::take(self.stack)?;
+        let metrics = attack::run(&plan, vec![contended_wait::scenario(&ctx)]).await?;
+        let delta = Snapshot::take(self.stack)?.since(&before);
+        let mut r = Record::new(name, &ctx.stats, &delta, ctx.stats.seconds());
+        r.users = c.contended_users;
+        r.clients = c.contended_users;
+        r.goose_failures_total = attack::goose_failures(&metrics);
+        let h = ctx.handover.raw();
+        let (jain, min, max) = ctx.stats.fairness(c.contended_users);
+        r.detail = json!({
+            "names": c.contended_names,
+            "hold_ms": c.contended_hold_ms,
+            "wait_ms": c.wait_ms,
+            "waits_timed_out": r.not_acquired_total,
+            "handover": h,
+            "handover_p50_ms": h.p50_ms,
+            "handover_p99_ms": h.p99_ms,
+            "handover_target_p99_ms": 20.0,
+            "grants_not_handovers": ctx.cold_grants.load(std::sync::atomic::Ordering::Relaxed),
+            "fairness_jain": report::round(jain, 3),
+            "grants_per_user_min": min,
+            "grants_per_user_max": max,
+        });
+        eprintln!(
+            "   handover p50 {:.2} ms, p99 {:.2} ms, max {:.2} ms over {} handovers",
+            h.p50_ms, h.p99_ms, h.max_ms, h.count
+        );
+        self.push(r);
+        Ok(())
+    }
+
+    /// Runs on its own shards and router: the router starts with only the
+    /// first shard in its config, and the run adds the others.
+    async fn rebalance(&mut self) -> Result<()> {
+        let c = self.cfg;
+        let name = "rebalance";
+        if c.shards < 2 {
+            eprintln!("== {name}: skipped, it needs at least 2 shards");
+            return Ok(());
+        }
+        let stack = Stack::start_partial(&c.router_bin, c.shards, 1)?;
+        eprintln!(
+            "== {name}: router on 1 of {} shards, {} users, {} acquires/s; reload to all after {} s",
+            c.shards, c.rebalance_users, c.rebalance_rate, c.rebalance_before_s
+        );
+        let users = c.rebalance_users;
+        let rate = c.rebalance_rate;
+        let ctx = Arc::new(Rebalance::new(
+            Stats::new(Self::interval(users, Some(rate))),
+            c.ttl_ms,
+            &tag(name),
+        ));
+        let phases = rebalance::Phases {
+            before: Duration::from_secs(c.rebalance_before_s),
+            close_limit: Duration::from_secs(c.rebalance_close_limit_s),
+            after: Duration::from_secs(c.rebalance_after_s),
+        };
+        // An upper bound only: the controller ends the attack.
+        let bound = c.rebalance_before_s + c.rebalance_close_limit_s + c.rebalance_after_s + 60;
+        let mut plan = self.plan(name, users, bound as usize, Some(2 * rate));
+        plan.host = stack.router.base_url();
+        let before = Snapshot::take(&stack)?;
+        let (metrics, timeline) = tokio::join!(
+            attack::run(&plan, vec![rebalance::scenario(&ctx)]),
+            rebalance::control(&stack, &phases)
+        );
+        let delta = Snapshot::take(&stack)?.since(&before);
+        let (metrics, timeline) = match (metrics, timeline) {
+            (Ok(m), Ok(t)) => (m, t),
+            (m, t) => {
+                eprintln!("the router's log ends:\n{}", stack.router.log_tail());
+                m?;
+                t?;
+                unreachable!("one of them failed");
+            }
+        };
+        let mut r = Record::new(name, &ctx.stats, &delta, ctx.stats.seconds());
+        r.users = users;
+        r.clients = users;
+        r.throttle_rps = plan.throttle;
+        r.goose_failures_total = attack::goose_failures(&metrics);
+        r.detail = rebalance::windows(&ctx, &timeline, Duration::from_secs(5));
+        let d = &r.detail;
+        eprintln!(
+            "   reload {} ({} ms), fence {} ms, migration open {} ms; {} errors ({} 503), {} 5xx outside the fence; p99 before {} / fence {} / migration {} / after {} ms",
+            d["reload_status"], d["reload_call_ms"], d["fence_window_ms"], d["migration_open_ms"],
+            d["errors"], d["status_503"], d["server_errors_outside_fence"],
+            d["before"]["ok_p99_ms"], d["fence"]["ok_p99_ms"],
+            d["migration_after_fence"]["ok_p99_ms"], d["after_close"]["ok_p99_ms"]
+        );
         self.push(r);
         Ok(())
     }

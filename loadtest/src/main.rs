@@ -11,8 +11,8 @@
 //! - `stats`: what the load generator counts, HDR latency histograms.
 //! - `api`: the router's v1 API as goose users call it.
 //! - `attack`: running one goose attack.
-//! - `scenarios`: uncontested, contended, churn, hold, per-lock-renew and
-//!   the direct and naive baselines.
+//! - `scenarios`: uncontested, contended, contended-wait, churn, hold,
+//!   per-lock-renew, rebalance and the direct and naive baselines.
 //! - `bench`: the run; `report`: records, targets, checks, files.
 
 mod api;

@@ -20,10 +20,12 @@ pub const SCENARIOS: &[&str] = &[
     "uncontested",
     "latency",
     "contended",
+    "contended-wait",
     "churn",
     "hold",
     "per-lock-renew",
     "naive-hold",
+    "rebalance",
 ];
 
 #[derive(Debug, Parser)]
@@ -35,7 +37,8 @@ pub struct Cli {
     #[arg(long, value_enum, default_value = "full")]
     pub profile: Profile,
     /// Comma-separated scenarios to run (default: all). Known: direct, naive,
-    /// uncontested, latency, contended, churn, hold, per-lock-renew, naive-hold.
+    /// uncontested, latency, contended, contended-wait, churn, hold,
+    /// per-lock-renew, naive-hold, rebalance.
     #[arg(long, value_delimiter = ',')]
     pub scenarios: Vec<String>,
     /// Where summary.json, summary.md and goose's HTML reports go.
@@ -97,6 +100,15 @@ pub struct Cli {
     /// `naive-hold`: leases held the naive way.
     #[arg(long)]
     pub naive_hold_leases: Option<u64>,
+    /// `contended-wait`: seconds it runs.
+    #[arg(long)]
+    pub wait_s: Option<usize>,
+    /// `rebalance`: churn acquires/s while the shard set changes.
+    #[arg(long)]
+    pub rebalance_rate: Option<usize>,
+    /// `rebalance`: seconds of churn before the reload.
+    #[arg(long)]
+    pub rebalance_before_s: Option<u64>,
 }
 
 /// Resolved sizes of one run.
@@ -130,6 +142,14 @@ pub struct Config {
     pub contended_users: usize,
     pub contended_names: usize,
     pub contended_hold_ms: u64,
+    pub wait_s: usize,
+    /// `waitMs` of every acquire in `contended-wait`.
+    pub wait_ms: u64,
+    pub rebalance_rate: usize,
+    pub rebalance_users: usize,
+    pub rebalance_before_s: u64,
+    pub rebalance_after_s: u64,
+    pub rebalance_close_limit_s: u64,
 }
 
 impl Cli {
@@ -189,6 +209,13 @@ impl Cli {
             contended_users: pick(smoke, 8, 32),
             contended_names: 4,
             contended_hold_ms: 2,
+            wait_s: self.wait_s.unwrap_or(pick(smoke, 4, 10)),
+            wait_ms: 5_000,
+            rebalance_rate: self.rebalance_rate.unwrap_or(pick(smoke, 200, 1_000)),
+            rebalance_users: pick(smoke, 8, 32),
+            rebalance_before_s: self.rebalance_before_s.unwrap_or(pick(smoke, 6, 10)),
+            rebalance_after_s: pick(smoke, 3, 5),
+            rebalance_close_limit_s: pick(smoke, 60, 120),
         })
     }
 }

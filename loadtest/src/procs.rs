@@ -2,7 +2,9 @@
 //! per shard) and the `lockrouter` binary, each on free loopback ports with
 //! its data in a temp dir. Every value owns its child process and kills and
 //! reaps it on drop, so a failed or interrupted run leaves nothing behind.
-//! Also reads a process's memory and CPU time from `/proc`.
+//! The router may serve only some of the shards, and its config file can be
+//! rewritten and reloaded (`rebalance`). Also reads a process's memory and
+//! CPU time from `/proc`.
 
 use std::net::TcpListener;
 use std::path::{Path, PathBuf};
@@ -129,23 +131,14 @@ pub struct RouterProcess {
     pub port: u16,
     child: Child,
     log: PathBuf,
+    config: PathBuf,
 }
 
 impl RouterProcess {
     pub fn start(binary: &Path, shards: &[EtcdShard], dir: &Path) -> Result<Self> {
         let port = free_port()?;
-        let mut toml = format!(
-            "[server]\nlisten = \"127.0.0.1:{port}\"\n\n[etcd]\nprefix = \"/lockrouter\"\n"
-        );
-        for s in shards {
-            toml.push_str(&format!(
-                "\n[[shards]]\nname = \"{}\"\nendpoints = [\"{}\"]\n",
-                s.name,
-                s.endpoint()
-            ));
-        }
         let config = dir.join("router.toml");
-        std::fs::write(&config, toml)?;
+        std::fs::write(&config, Self::config_toml(port, shards))?;
         let log = dir.join("router.log");
         let child = orphan_proof(Command::new(binary))
             .arg("serve")
@@ -156,9 +149,51 @@ impl RouterProcess {
             .stderr(std::fs::File::create(&log)?)
             .spawn()
             .with_context(|| format!("start {}", binary.display()))?;
-        let router = Self { port, child, log };
+        let router = Self {
+            port,
+            child,
+            log,
+            config,
+        };
         router.wait_ready()?;
         Ok(router)
+    }
+
+    /// The router's config: its port and `shards`. The file is not polled
+    /// for changes: only `POST /admin/v1/reload` reloads it, so a benchmark
+    /// knows the moment a reload starts.
+    fn config_toml(port: u16, shards: &[EtcdShard]) -> String {
+        let mut toml = format!(
+            "[server]\nlisten = \"127.0.0.1:{port}\"\n\n[etcd]\nprefix = \"/lockrouter\"\n\n[admin]\nreload_poll_ms = 0\n"
+        );
+        for s in shards {
+            toml.push_str(&format!(
+                "\n[[shards]]\nname = \"{}\"\nendpoints = [\"{}\"]\n",
+                s.name,
+                s.endpoint()
+            ));
+        }
+        toml
+    }
+
+    /// Rewrites the config file to list `shards` (takes effect on reload).
+    pub fn rewrite_config(&self, shards: &[EtcdShard]) -> Result<()> {
+        let tmp = self.config.with_extension("toml.new");
+        std::fs::write(&tmp, Self::config_toml(self.port, shards))?;
+        std::fs::rename(&tmp, &self.config)?;
+        Ok(())
+    }
+
+    /// `POST /admin/v1/reload` to the router on `port` (loopback needs no
+    /// token): status and body. Blocking, as every call here.
+    pub fn reload_port(port: u16) -> Result<(u16, String)> {
+        let raw = http_request(port, "POST", "/admin/v1/reload")?;
+        Ok((status_of(&raw)?, body_of(&raw)))
+    }
+
+    /// `GET /admin/v1/ring` of the router on `port`, as JSON.
+    pub fn ring_port(port: u16) -> Result<serde_json::Value> {
+        Ok(serde_json::from_str(&http_get(port, "/admin/v1/ring")?)?)
     }
 
     /// `/readyz` answers 200 once every shard is reachable and its ring is
@@ -214,6 +249,12 @@ impl Stack {
     /// Data goes to tmpfs when there is one: the benchmark measures CPU cost,
     /// not the disk this machine happens to have (see docs/benchmarks.md).
     pub fn start(router_bin: &Path, shards: usize) -> Result<Self> {
+        Self::start_partial(router_bin, shards, shards)
+    }
+
+    /// `shards` etcd clusters, and a router whose config lists only the
+    /// first `routed` of them.
+    pub fn start_partial(router_bin: &Path, shards: usize, routed: usize) -> Result<Self> {
         let base = if Path::new("/dev/shm").is_dir() {
             "/dev/shm"
         } else {
@@ -225,7 +266,8 @@ impl Stack {
         let shards = (0..shards)
             .map(|i| EtcdShard::start(&((b'a' + i as u8) as char).to_string(), dir.path()))
             .collect::<Result<Vec<_>>>()?;
-        let router = RouterProcess::start(router_bin, &shards, dir.path())?;
+        let router =
+            RouterProcess::start(router_bin, &shards[..routed.min(shards.len())], dir.path())?;
         Ok(Self {
             router,
             shards,
@@ -284,30 +326,40 @@ fn tail(path: &Path) -> String {
 
 /// Status code of a blocking HTTP/1.0 GET on loopback.
 fn http_status(port: u16, path: &str) -> Result<u16> {
-    let raw = http_raw(port, path)?;
-    let code = raw
-        .split_whitespace()
+    status_of(&http_raw(port, path)?)
+}
+
+fn status_of(raw: &str) -> Result<u16> {
+    raw.split_whitespace()
         .nth(1)
         .and_then(|c| c.parse().ok())
-        .context("malformed status line")?;
-    Ok(code)
+        .context("malformed status line")
+}
+
+fn body_of(raw: &str) -> String {
+    raw.split_once("\r\n\r\n")
+        .map(|(_, b)| b.to_string())
+        .unwrap_or_default()
 }
 
 /// Body of a blocking HTTP/1.0 GET on loopback: enough for `/health`,
-/// `/readyz` and `/metrics`, and it needs no runtime.
+/// `/readyz`, `/metrics` and the admin routes, and it needs no runtime.
 pub fn http_get(port: u16, path: &str) -> Result<String> {
-    let raw = http_raw(port, path)?;
-    Ok(raw
-        .split_once("\r\n\r\n")
-        .map(|(_, b)| b.to_string())
-        .unwrap_or_default())
+    Ok(body_of(&http_raw(port, path)?))
 }
 
 fn http_raw(port: u16, path: &str) -> Result<String> {
+    http_request(port, "GET", path)
+}
+
+fn http_request(port: u16, method: &str, path: &str) -> Result<String> {
     use std::io::{Read, Write};
     let mut s = std::net::TcpStream::connect(("127.0.0.1", port))?;
-    s.set_read_timeout(Some(Duration::from_secs(10)))?;
-    write!(s, "GET {path} HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n")?;
+    s.set_read_timeout(Some(Duration::from_secs(30)))?;
+    write!(
+        s,
+        "{method} {path} HTTP/1.0\r\nHost: 127.0.0.1\r\nContent-Length: 0\r\n\r\n"
+    )?;
     let mut out = String::new();
     s.read_to_string(&mut out)?;
     Ok(out)

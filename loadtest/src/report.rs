@@ -244,6 +244,37 @@ pub fn targets(records: &[Record], shards: usize, ttl_ms: u64) -> Vec<Target> {
             "RSS slope between half and all locks held".into(),
         ));
     }
+    if let Some(w) = find(records, "contended-wait") {
+        let h = w.detail.get("handover_p99_ms").and_then(Value::as_f64);
+        out.push(target(
+            "contended-wait: handover p99 (ms)",
+            h.unwrap_or(f64::MAX),
+            "<=",
+            20.0,
+            "release sent to the next waiter's grant answered".into(),
+        ));
+    }
+    if let Some(r) = find(records, "rebalance") {
+        let n = r
+            .detail
+            .get("server_errors_outside_fence")
+            .and_then(Value::as_u64)
+            .unwrap_or(0);
+        out.push(target(
+            "rebalance: 5xx outside the fence window",
+            n as f64,
+            "<=",
+            0.0,
+            format!(
+                "{} 503 in all; fence windows: {} ms at the reload, {} ms at the close",
+                r.detail.get("status_503").unwrap_or(&Value::Null),
+                r.detail.get("fence_window_ms").unwrap_or(&Value::Null),
+                r.detail
+                    .get("close_fence_window_ms")
+                    .unwrap_or(&Value::Null)
+            ),
+        ));
+    }
     for r in records
         .iter()
         .filter(|r| r.scenario.starts_with("contended") || r.scenario.starts_with("churn"))
@@ -264,6 +295,10 @@ pub fn targets(records: &[Record], shards: usize, ttl_ms: u64) -> Vec<Target> {
 pub fn check(records: &[Record]) -> Vec<String> {
     let mut problems = Vec::new();
     for r in records {
+        if r.scenario == "rebalance" {
+            problems.extend(check_rebalance(r));
+            continue;
+        }
         if r.errors_total > 0 || r.server_errors_total > 0 {
             problems.push(format!(
                 "{}: {} errors, {} 5xx",
@@ -316,6 +351,36 @@ pub fn check(records: &[Record]) -> Vec<String> {
                 }
             }
         }
+    }
+    problems
+}
+
+/// `rebalance` may fail acquires while the router does not grant: from the
+/// reload until it grants on the new ring, and from the migration's close
+/// until it grants on the closed ring (the fence windows); outside them
+/// every acquire must succeed, and the migration must close.
+fn check_rebalance(r: &Record) -> Vec<String> {
+    let mut problems = Vec::new();
+    let d = &r.detail;
+    let n = |k: &str| d.get(k).and_then(Value::as_u64).unwrap_or(0);
+    if d.get("reload_status").and_then(Value::as_u64) != Some(200) {
+        problems.push(format!(
+            "rebalance: the reload answered {}",
+            d.get("reload_status").unwrap_or(&Value::Null)
+        ));
+    }
+    if d.get("migration_closed") != Some(&Value::Bool(true)) {
+        problems.push("rebalance: the migration did not close".into());
+    }
+    if n("server_errors_outside_fence") > 0 || n("errors_outside_fence") > 0 {
+        problems.push(format!(
+            "rebalance: {} errors, {} 5xx outside the fence window",
+            n("errors_outside_fence"),
+            n("server_errors_outside_fence")
+        ));
+    }
+    if r.acquires_total == 0 {
+        problems.push("rebalance: no lock was acquired".into());
     }
     problems
 }
