@@ -259,6 +259,11 @@ async fn maybe_close(router: &Router, migration: &Migration) {
         for shard in &migration.shards {
             m::migration_moved_held(&shard.name, 0);
         }
+        // The shards' known records first: detaching the migration while they
+        // still showed the open one would refuse grants until the next round.
+        for shard in &router.shards {
+            shard.set_ring_state(RingState::Ready(closed.clone()));
+        }
         router.set_migration(None);
     }
 }
