@@ -167,6 +167,7 @@ impl Active {
         let window = self.window(ttl_secs);
         let keep_alive_every = Duration::from_millis(u64::from(ttl_secs) * 1000 / 3);
         let mut last_holder = None;
+        let mut watch = QueueWatch::open(shard, &key, &mine).await?;
         loop {
             let ring = self.granting_ring(shard)?;
             if self.moved(&req.name, shard) {
@@ -222,10 +223,13 @@ impl Active {
                         break;
                     }
                     // Wake for the deletion, the deadline, or to keep the
-                    // session (and so the queue entry) alive meanwhile.
+                    // session (and so the queue entry) alive meanwhile; the
+                    // keepalive is skipped on a wake-up that may be a
+                    // handover, where it would delay the grant.
                     let until = deadline.min(now + keep_alive_every);
-                    watch_delete(shard, [watched, mine.clone()], until).await?;
-                    shard.keepalive.refresh(session.id, window).await?;
+                    if !watch.until_deleted(shard, watched, until).await? {
+                        shard.keepalive.refresh(session.id, window).await?;
+                    }
                 }
             }
         }
@@ -318,49 +322,113 @@ async fn head_grant(
     })
 }
 
-/// Waits until one of `keys` is deleted (the entry ahead of us or the lock
-/// key, and our own entry, whose deletion means our session died), or until
-/// `until`.
+/// One watch stream for a whole wait: on the lock key and the waiter's own
+/// entry from the start, and on each entry that comes to be ahead of it.
 ///
-/// The watches start at the current revision: etcd 3.4 serves those at once,
+/// Watches start at the current revision: etcd 3.4 serves those at once,
 /// while a watch from a past revision waits for its catch-up loop (up to
-/// 100 ms, which showed as a p99 handover of ~90 ms). A read once both
-/// watches are in place covers a deletion that happened before.
-async fn watch_delete(shard: &Shard, keys: [Vec<u8>; 2], until: Instant) -> Result<(), EtcdError> {
-    let [ahead, ours] = keys;
-    if ahead.is_empty() {
-        tokio::time::sleep(Duration::from_millis(5)).await;
-        return Ok(());
+/// 100 ms, which showed as a p99 handover of ~90 ms). A key whose watch
+/// begins after the txn that named it is read once more, so a deletion in
+/// between is not missed. Keeping the stream means the head, when the
+/// holder releases, is already watching.
+struct QueueWatch {
+    stream: etcd_client::WatchStream,
+    lock_key: Vec<u8>,
+    mine: Vec<u8>,
+    /// Entries ahead of us already watched.
+    watched: Vec<Vec<u8>>,
+}
+
+impl QueueWatch {
+    async fn open(shard: &Shard, lock_key: &[u8], mine: &[u8]) -> Result<Self, EtcdError> {
+        let mut client = shard.conn.client().watch_client();
+        let stream = shard
+            .conn
+            .call("Watch", client.watch(lock_key.to_vec(), None))
+            .await?;
+        let mut w = Self {
+            stream,
+            lock_key: lock_key.to_vec(),
+            mine: mine.to_vec(),
+            watched: Vec::new(),
+        };
+        w.created(shard).await?;
+        w.stream
+            .watch(mine.to_vec(), None)
+            .await
+            .map_err(|e| shard.conn.classify(e))?;
+        w.created(shard).await?;
+        Ok(w)
     }
-    let mut watch = shard.conn.client().watch_client();
-    let mut stream = shard
-        .conn
-        .call("Watch", watch.watch(ahead.clone(), None))
-        .await?;
-    stream
-        .watch(ours.clone(), None)
-        .await
-        .map_err(|e| shard.conn.classify(e))?;
-    let wait = async {
-        let mut created = 0;
-        while let Ok(Some(resp)) = stream.message().await {
-            let deleted = resp
-                .events()
-                .iter()
-                .any(|e| e.event_type() == EventType::Delete);
-            if deleted || resp.canceled() {
-                return;
-            }
-            if resp.created() {
-                created += 1;
-                if created == 2 && !both_present(shard, &ahead, &ours).await {
-                    return;
+
+    /// Waits for etcd to confirm the watch just asked for.
+    async fn created(&mut self, shard: &Shard) -> Result<(), EtcdError> {
+        let confirm = async {
+            loop {
+                match self.stream.message().await {
+                    Ok(Some(resp)) if resp.created() => return Ok(()),
+                    Ok(Some(_)) => continue, // an event; the txn that follows reads state anyway
+                    Ok(None) => return Err(shard.conn.unavailable("watch stream closed")),
+                    Err(e) => return Err(shard.conn.classify(e)),
                 }
             }
+        };
+        match tokio::time::timeout(shard.conn.timeout(), confirm).await {
+            Ok(r) => r,
+            Err(_) => Err(shard.conn.unavailable("watch not confirmed in time")),
         }
-    };
-    let _ = tokio::time::timeout_at(until.into(), wait).await;
-    Ok(())
+    }
+
+    /// Waits until `target` (the lock key, or the entry ahead) or our own
+    /// entry is deleted: true; or until `until`: false.
+    async fn until_deleted(
+        &mut self,
+        shard: &Shard,
+        target: Vec<u8>,
+        until: Instant,
+    ) -> Result<bool, EtcdError> {
+        if target.is_empty() {
+            tokio::time::sleep(Duration::from_millis(5)).await;
+            return Ok(true);
+        }
+        if target != self.lock_key && !self.watched.contains(&target) {
+            self.stream
+                .watch(target.clone(), None)
+                .await
+                .map_err(|e| shard.conn.classify(e))?;
+            self.created(shard).await?;
+            self.watched.push(target.clone());
+            if !both_present(shard, &target, &self.mine).await {
+                return Ok(true);
+            }
+        }
+        let (target, mine) = (&target, &self.mine);
+        let stream = &mut self.stream;
+        let wait = async {
+            loop {
+                match stream.message().await {
+                    Ok(Some(resp)) if resp.canceled() => {
+                        return Err(shard.conn.unavailable("watch cancelled by etcd"));
+                    }
+                    Ok(Some(resp)) => {
+                        let hit = resp.events().iter().any(|e| {
+                            e.event_type() == EventType::Delete
+                                && e.kv()
+                                    .is_some_and(|kv| kv.key() == target || kv.key() == mine)
+                        });
+                        if hit {
+                            return Ok(true);
+                        }
+                    }
+                    Ok(None) => return Err(shard.conn.unavailable("watch stream closed")),
+                    Err(e) => return Err(shard.conn.classify(e)),
+                }
+            }
+        };
+        tokio::time::timeout_at(until.into(), wait)
+            .await
+            .unwrap_or(Ok(false))
+    }
 }
 
 /// Whether both keys exist (one linearizable read); false on any error, so
