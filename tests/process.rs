@@ -128,18 +128,13 @@ async fn sighup_reloads_the_config_and_bad_reloads_change_nothing() {
     let no_poll = "\n[admin]\nreload_poll_ms = 0\n";
     let router = RouterProcess::start_with(&[&etcd], free_port(), no_poll).await;
     let lock = router.api.must_acquire("h", 5_000, "A").await;
-    let batch = |n: usize| {
+    // Renews `lock` three times in one batch.
+    let renew_three = || {
         let item = serde_json::json!({"lockId": lock.0, "fencingToken": lock.1});
-        serde_json::json!({ "locks": vec![item; n] })
+        let body = serde_json::json!({ "locks": vec![item; 3] });
+        router.api.post("/api/v1/locks/renew-batch", body)
     };
-    assert_eq!(
-        router
-            .api
-            .post("/api/v1/locks/renew-batch", batch(3))
-            .await
-            .status,
-        200
-    );
+    assert_eq!(renew_three().await.status, 200);
     let text = std::fs::read_to_string(&router.config).unwrap();
     let hup = || {
         let pid = router.child.id().to_string();
@@ -153,14 +148,7 @@ async fn sighup_reloads_the_config_and_bad_reloads_change_nothing() {
     std::fs::write(&router.config, "[server\n").unwrap();
     hup();
     tokio::time::sleep(Duration::from_millis(500)).await;
-    assert_eq!(
-        router
-            .api
-            .post("/api/v1/locks/renew-batch", batch(3))
-            .await
-            .status,
-        200
-    );
+    assert_eq!(renew_three().await.status, 200);
     assert!(
         router.log_text().contains("config reload refused"),
         "{}",
@@ -175,7 +163,7 @@ async fn sighup_reloads_the_config_and_bad_reloads_change_nothing() {
     hup();
     let deadline = Instant::now() + Duration::from_secs(10);
     loop {
-        let r = router.api.post("/api/v1/locks/renew-batch", batch(3)).await;
+        let r = renew_three().await;
         if r.status == 400 {
             assert!(r.body["error"]["message"]
                 .as_str()
