@@ -1,26 +1,42 @@
 # `make run` starts three local etcd shards and the router; `make test` runs
 # formatting, lints and the full test suite against real etcd processes.
-.PHONY: run test prereqs build fmt lint
+.PHONY: run test build fmt lint
+.PHONY: prereqs prereqs-build prereqs-run prereqs-bench prereqs-check
 
+# Each target checks what it needs, and installs what is missing from Debian
+# packages (deploy/local/prereqs.sh says what and why). `make prereqs`
+# prepares everything `make test` needs; `make prereqs-check` only verifies
+# that, installing nothing.
 prereqs:
-	@deploy/local/prereqs.sh
+	@deploy/local/prereqs.sh test
+prereqs-build:
+	@deploy/local/prereqs.sh build
+prereqs-run:
+	@deploy/local/prereqs.sh run
+prereqs-bench:
+	@deploy/local/prereqs.sh bench
+prereqs-check:
+	@deploy/local/prereqs.sh --check test
 
-run: prereqs
+run: prereqs-run
 	@deploy/local/run.sh
 
-build: prereqs
+build: prereqs-build
 	cargo build --release
 
 fmt:
 	cargo fmt --all
 
-lint: prereqs
+lint: prereqs-build
 	cargo fmt --all -- --check
 	cargo clippy --workspace --all-targets -- -D warnings
 
-# The dashboard tests run Prometheus, etcd and a router under load and check
-# every panel within a deadline: they get the machine to themselves.
-test: lint
+# prereqs-selftest.sh proves the checks refuse what they must (fake binaries,
+# a few seconds). The dashboard tests run Prometheus, etcd and a router under
+# load and check every panel within a deadline: they get the machine to
+# themselves.
+test: prereqs lint
+	deploy/local/prereqs-selftest.sh
 	cargo test --workspace -- --test-threads=3 --skip dashboards::
 	cargo test -p lockrouter --test tests -- --test-threads=1 dashboards::
 
@@ -32,12 +48,12 @@ test: lint
 # build (quick to compile after `make test`); fails on request errors or
 # accounting that does not add up. CI runs it.
 .PHONY: bench bench-smoke
-bench: prereqs
+bench: prereqs-bench
 	cargo build --release -p lockrouter --bin lockrouter
 	cargo build --release -p lockrouter-loadtest
 	./target/release/lockrouter-loadtest --profile full --out target/bench
 
-bench-smoke: prereqs
+bench-smoke: prereqs-bench
 	cargo build -p lockrouter --bin lockrouter
 	cargo build -p lockrouter-loadtest
 	./target/debug/lockrouter-loadtest --profile smoke --check --out target/bench/smoke

@@ -1,37 +1,268 @@
 #!/usr/bin/env bash
-# Installs what building and testing lockrouter needs, if missing: etcd
-# (Debian's etcd-server, 3.4.x) and protoc (protobuf-compiler, for
-# etcd-client's build), and prometheus with promtool (Debian's prometheus,
-# for the dashboard tests). Uses sudo when not root. Fails loudly otherwise.
+# Checks that this machine has what a make target needs, and installs what is
+# missing from Debian/Ubuntu packages (with sudo when not root).
+#
+#   prereqs.sh [--check] build|run|bench|test     (default: test)
+#
+#   build  cargo; a C compiler that compiles and links (gcc, libc6-dev: rustc
+#          links with `cc`, and ring, aws-lc-sys and the tests' bundled SQLite
+#          compile C); protoc with the well-known google/protobuf/*.proto
+#          files (protobuf-compiler, libprotobuf-dev: etcd-client's build
+#          compiles its .proto files, which import descriptor.proto and
+#          struct.proto). Used by `make build` and `make lint`.
+#   run    build + the `etcd` on PATH, which `make run` starts (etcd-server).
+#   bench  build + /usr/bin/etcd or /usr/local/bin/etcd, which the load tests
+#          start (etcd-server).
+#   test   bench + prometheus and promtool, for the dashboard tests
+#          (prometheus).
+#
+# Every check runs what the build or the tests will run (protoc compiles a
+# .proto importing the well-known types, cc builds and runs a C program, etcd
+# reports its version) rather than looking for a binary's name: a protoc
+# without its include files, or an etcd of an unsafe version, passes a name
+# check and fails later, or worse, does not fail.
+#
+# With --check nothing is installed: each missing or unusable item is
+# reported and the exit status is 1. Otherwise the packages of the failing
+# checks are installed with apt-get and everything is checked again.
 set -euo pipefail
 
-need=()
-command -v etcd >/dev/null 2>&1 || need+=(etcd-server)
-command -v protoc >/dev/null 2>&1 || need+=(protobuf-compiler)
-{ command -v prometheus && command -v promtool; } >/dev/null 2>&1 || need+=(prometheus)
+usage() {
+  echo "usage: $0 [--check] build|run|bench|test" >&2
+  exit 2
+}
 
-if [ ${#need[@]} -gt 0 ]; then
+check_only=0
+mode=""
+for arg in "$@"; do
+  case $arg in
+    --check | check) check_only=1 ;;
+    build | run | bench | test)
+      [ -z "$mode" ] || usage
+      mode=$arg
+      ;;
+    *) usage ;;
+  esac
+done
+mode=${mode:-test}
+
+case $mode in
+  build) checks=(check_cargo check_cc check_protoc) ;;
+  run) checks=(check_cargo check_cc check_protoc check_etcd_on_path) ;;
+  bench) checks=(check_cargo check_cc check_protoc check_etcd_for_tests) ;;
+  test) checks=(check_cargo check_cc check_protoc check_etcd_for_tests check_prometheus) ;;
+esac
+
+tmp=$(mktemp -d)
+trap 'rm -rf "$tmp"' EXIT
+
+problems=() # one message per missing or unusable item
+need=()     # Debian packages that may fix them
+warnings=() # usable, but the operator should know
+
+fail() { # message [debian-package...]
+  local msg=$1
+  shift
+  [ $# -eq 0 ] || msg+=" [Debian: $*]"
+  problems+=("$msg")
+  need+=("$@")
+}
+
+indent() { printf '    %s' "${1//$'\n'/$'\n'    }"; }
+
+check_cargo() {
+  local out
+  if ! command -v cargo >/dev/null 2>&1; then
+    fail "cargo is missing: install Rust with rustup (https://rustup.rs)"
+  elif ! out=$(cargo --version 2>&1); then
+    fail "cargo --version fails (install a stable toolchain with rustup, https://rustup.rs):
+$(indent "$out")"
+  fi
+}
+
+# rustc links every binary with `cc`, and the cc crate (ring, aws-lc-sys,
+# rusqlite's bundled SQLite) compiles C with it, so compile and link a C
+# program that uses libc's headers, and run it.
+check_cc() {
+  local out
+  if ! command -v cc >/dev/null 2>&1; then
+    fail "C compiler missing: no \`cc\` (rustc links with it; ring, aws-lc-sys and the tests' SQLite compile C)" gcc libc6-dev
+    return
+  fi
+  printf '#include <stdio.h>\nint main(void) { return puts("ok") < 0; }\n' >"$tmp/check.c"
+  if ! out=$(cc -o "$tmp/check-c" "$tmp/check.c" 2>&1 && "$tmp/check-c" 2>&1); then
+    fail "C compiler unusable: \`cc\` cannot compile, link and run a trivial C program:
+$(indent "$out")" gcc libc6-dev
+  fi
+}
+
+# etcd-client's build (prost-build) runs $PROTOC, or protoc from PATH, with
+# -I $PROTOC_INCLUDE when that is set; check the same protoc with the same
+# include path. Its protos import google/protobuf/descriptor.proto and
+# struct.proto (it vendors google/api itself) and extend descriptor options
+# with proto3 `optional` fields; the test file does all of that.
+check_protoc() {
+  local protoc=${PROTOC:-protoc} out version inc=()
+  if ! command -v "$protoc" >/dev/null 2>&1; then
+    fail "protoc missing: no \`$protoc\` (etcd-client's build runs it; set PROTOC to use another one)" protobuf-compiler libprotobuf-dev
+    return
+  fi
+  if ! version=$("$protoc" --version 2>&1); then
+    fail "protoc unusable: \`$protoc --version\` fails:
+$(indent "$version")" protobuf-compiler libprotobuf-dev
+    return
+  fi
+  if [ -n "${PROTOC_INCLUDE:-}" ]; then
+    if [ ! -d "$PROTOC_INCLUDE" ]; then
+      fail "PROTOC_INCLUDE=$PROTOC_INCLUDE is not a directory (etcd-client's build would stop on it)"
+      return
+    fi
+    inc=(-I "$PROTOC_INCLUDE")
+  fi
+  mkdir -p "$tmp/proto"
+  cat >"$tmp/proto/lockrouter_prereqs.proto" <<'EOF'
+syntax = "proto3";
+package lockrouter.prereqs;
+import "google/protobuf/descriptor.proto";
+import "google/protobuf/struct.proto";
+extend google.protobuf.FieldOptions { optional string since = 50000; }
+message Check { google.protobuf.Struct value = 1 [(since) = "3.4"]; }
+EOF
+  if ! out=$("$protoc" -I "$tmp/proto" "${inc[@]}" --include_imports \
+    --descriptor_set_out="$tmp/check.pb" "$tmp/proto/lockrouter_prereqs.proto" 2>&1) ||
+    [ ! -s "$tmp/check.pb" ]; then
+    fail "protobuf well-known types missing: $protoc ($version) cannot compile a file importing google/protobuf/descriptor.proto and google/protobuf/struct.proto as etcd-client's build does (or set PROTOC_INCLUDE to the directory holding google/protobuf/):
+$(indent "$out")" libprotobuf-dev
+  fi
+}
+
+# etcd 3.5.0-3.5.2 can leave members with inconsistent data when killed
+# under load (etcd's maintainers warn against running them); releases before
+# 3.4 are end-of-life and lockrouter is not tested with them. A version we
+# cannot read might be either, so refuse it too.
+# 3.4.31 and 3.5.13 fix lease revocation by a stale leader (etcd issues
+# #15247, #12528): lockrouter defends against it, but operators should know.
+check_etcd_binary() { # path used-by
+  local bin=$1 used_by=$2 out first major minor patch v
+  if ! out=$("$bin" --version 2>&1); then
+    fail "etcd unusable: \`$bin --version\` fails ($used_by runs it):
+$(indent "$out")"
+    return
+  fi
+  first=${out%%$'\n'*}
+  if [[ ! $first =~ ^etcd\ Version:\ ([0-9]+)\.([0-9]+)\.([0-9]+)([-+][0-9A-Za-z.+-]*)?$ ]]; then
+    fail "etcd version unreadable: \`$bin --version\` printed '$first', not 'etcd Version: X.Y.Z'; lockrouter needs etcd 3.4.x or >= 3.5.3 ($used_by runs it)"
+    return
+  fi
+  major=$((10#${BASH_REMATCH[1]}))
+  minor=$((10#${BASH_REMATCH[2]}))
+  patch=$((10#${BASH_REMATCH[3]}))
+  v=$major.$minor.$patch
+  if ((major < 3 || (major == 3 && minor < 4))); then
+    fail "etcd too old: $bin is etcd $v, before 3.4; lockrouter needs etcd 3.4.x or >= 3.5.3 ($used_by runs it)"
+  elif ((major == 3 && minor == 5 && patch < 3)); then
+    fail "etcd unsafe: $bin is etcd $v; 3.5.0-3.5.2 risk data inconsistency (etcd's maintainers warn against them); lockrouter needs etcd 3.4.x or >= 3.5.3 ($used_by runs it)"
+  elif ((major == 3 && minor == 4 && patch < 31)); then
+    warnings+=("$bin is etcd $v, older than 3.4.31, which fixes lease revocation by a stale leader (etcd issues #15247, #12528); lockrouter defends against it, but upgrade when you can")
+  elif ((major == 3 && minor == 5 && patch < 13)); then
+    warnings+=("$bin is etcd $v, older than 3.5.13, which fixes lease revocation by a stale leader (etcd issues #15247, #12528); lockrouter defends against it, but upgrade when you can")
+  fi
+}
+
+# deploy/local/run.sh starts the `etcd` on PATH.
+check_etcd_on_path() {
+  local bin
+  if ! bin=$(command -v etcd 2>/dev/null); then
+    fail "etcd missing: no \`etcd\` on PATH (make run starts it)" etcd-server
+    return
+  fi
+  check_etcd_binary "$bin" "make run"
+}
+
+# The tests and the load tests start /usr/bin/etcd, or else
+# /usr/local/bin/etcd, whatever PATH says.
+check_etcd_for_tests() {
+  local p
+  for p in /usr/bin/etcd /usr/local/bin/etcd; do
+    if [ -e "$p" ]; then
+      check_etcd_binary "$p" "make $mode"
+      return
+    fi
+  done
+  fail "etcd missing: neither /usr/bin/etcd nor /usr/local/bin/etcd exists (make $mode starts it)" etcd-server
+}
+
+# The dashboard tests run promtool and prometheus from PATH.
+check_prometheus() {
+  local tool out
+  for tool in prometheus promtool; do
+    if ! command -v "$tool" >/dev/null 2>&1; then
+      fail "$tool missing (the dashboard tests of make test run it)" prometheus
+    elif ! out=$("$tool" --version 2>&1); then
+      fail "$tool unusable: \`$tool --version\` fails:
+$(indent "$out")" prometheus
+    fi
+  done
+}
+
+run_checks() {
+  problems=()
+  need=()
+  warnings=()
+  local c
+  for c in "${checks[@]}"; do "$c"; done
+}
+
+report() {
+  local w p
+  for w in "${warnings[@]}"; do echo "prereqs: warning: $w" >&2; done
+  for p in "${problems[@]}"; do echo "prereqs: $p" >&2; done
+}
+
+run_checks
+# Each package once, in the order the checks asked for them.
+pkgs=()
+for p in "${need[@]}"; do
+  [[ " ${pkgs[*]} " == *" $p "* ]] || pkgs+=("$p")
+done
+
+if [ ${#problems[@]} -gt 0 ] && [ "$check_only" = 0 ] && [ ${#pkgs[@]} -gt 0 ]; then
   if ! command -v apt-get >/dev/null 2>&1; then
-    echo "lockrouter needs: ${need[*]} (etcd 3.4.x or >= 3.5.3, and protoc); install them with your package manager" >&2
+    report
+    echo "prereqs: no apt-get here: install the equivalent of Debian's ${pkgs[*]} with your package manager (etcd 3.4.x or >= 3.5.3)" >&2
     exit 1
   fi
-  sudo=""
-  if [ "$(id -u)" -ne 0 ]; then
-    command -v sudo >/dev/null 2>&1 || { echo "installing ${need[*]} needs root or sudo" >&2; exit 1; }
-    sudo="sudo"
+  sudo=()
+  if [ "$EUID" -ne 0 ]; then
+    if ! command -v sudo >/dev/null 2>&1; then
+      report
+      echo "prereqs: installing ${pkgs[*]} needs root or sudo" >&2
+      exit 1
+    fi
+    sudo=(sudo)
   fi
-  echo "installing ${need[*]} ..." >&2
-  $sudo apt-get update -qq
-  DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq --no-install-recommends "${need[@]}" >/dev/null
+  echo "prereqs: installing ${pkgs[*]} ..." >&2
+  "${sudo[@]}" apt-get update -qq
+  # --no-install-recommends is safe because what we need from the recommends
+  # is named: libprotobuf-dev (recommended by protobuf-compiler) and libc6-dev
+  # (recommended by gcc). `env` because sudo drops the caller's environment.
+  "${sudo[@]}" env DEBIAN_FRONTEND=noninteractive \
+    apt-get install -y -qq --no-install-recommends "${pkgs[@]}" >/dev/null
   # Debian's prometheus package enables a service listening on :9090. The
   # tests start their own servers on free ports and never use it; stop the
   # one we just installed so it does not scrape or hold the port.
-  if [[ " ${need[*]} " == *" prometheus "* ]] && [ -d /run/systemd/system ]; then
-    $sudo systemctl disable --now prometheus >/dev/null 2>&1 || true
+  if [[ " ${pkgs[*]} " == *" prometheus "* ]] && [ -d /run/systemd/system ]; then
+    "${sudo[@]}" systemctl disable --now prometheus >/dev/null 2>&1 || true
   fi
+  # Installing is no proof: a PROTOC or an etcd elsewhere on PATH may still be
+  # the one that runs.
+  run_checks
 fi
 
-command -v etcd >/dev/null 2>&1 || { echo "etcd is still missing after install" >&2; exit 1; }
-command -v protoc >/dev/null 2>&1 || { echo "protoc is still missing after install" >&2; exit 1; }
-command -v promtool >/dev/null 2>&1 || { echo "prometheus (promtool) is still missing after install" >&2; exit 1; }
-command -v cargo >/dev/null 2>&1 || { echo "cargo is missing: install Rust (https://rustup.rs)" >&2; exit 1; }
+report
+if [ ${#problems[@]} -gt 0 ]; then
+  if [ "$check_only" = 1 ] && [ ${#pkgs[@]} -gt 0 ]; then
+    echo "prereqs: without --check, $0 $mode installs ${pkgs[*]}" >&2
+  fi
+  exit 1
+fi

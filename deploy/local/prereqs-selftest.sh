@@ -1,0 +1,201 @@
+#!/usr/bin/env bash
+# Proves that prereqs.sh refuses what would break the build or the tests:
+# each case runs prereqs.sh (mostly `--check`) with a PATH holding only a
+# sandbox directory of fake etcd, cargo and prometheus programs beside the
+# real C toolchain and protoc, so a missing or unsafe item is simulated
+# without uninstalling anything. The only apt-get and sudo a case ever finds
+# are fakes that log their arguments, so nothing is installed: it needs no
+# network and no root, and takes a few seconds. `make test` runs it.
+set -euo pipefail
+
+script=$(cd "$(dirname "$0")" && pwd)/prereqs.sh
+tmp=$(mktemp -d)
+trap 'rm -rf "$tmp"' EXIT
+
+# Real programs every sandbox keeps: those prereqs.sh itself runs, and the
+# C toolchain (cc finds its assembler and linker on PATH). They are wrapper
+# scripts, not symlinks: a case that replaces one with a fake must never
+# write through a link into the system's own binary (CI runs as root).
+mkdir -p "$tmp/real"
+for t in mktemp rm mkdir cat env cc as ld protoc; do
+  p=$(command -v "$t") || {
+    echo "prereqs-selftest: $t is missing; run deploy/local/prereqs.sh build first" >&2
+    exit 1
+  }
+  printf '#!/bin/sh\nexec %q "$@"\n' "$p" >"$tmp/real/$t"
+  chmod +x "$tmp/real/$t"
+done
+# A protoc that finds no well-known types by itself: protoc looks for them
+# beside its own executable, so a copy in the sandbox finds none.
+cp "$(readlink -f "$(command -v protoc)")" "$tmp/protoc-bare"
+
+# Minimal stand-ins for the well-known types, to prove PROTOC_INCLUDE is
+# passed to protoc as etcd-client's build passes it.
+mkdir -p "$tmp/inc-partial/google/protobuf" "$tmp/inc-full/google/protobuf"
+cat >"$tmp/inc-full/google/protobuf/descriptor.proto" <<'EOF'
+syntax = "proto2";
+package google.protobuf;
+message FieldOptions { extensions 1000 to max; }
+EOF
+cat >"$tmp/inc-full/google/protobuf/struct.proto" <<'EOF'
+syntax = "proto3";
+package google.protobuf;
+message Struct {}
+EOF
+cp "$tmp/inc-full/google/protobuf/descriptor.proto" "$tmp/inc-partial/google/protobuf/"
+
+fake() { # dir name body: a program printing or failing as told
+  rm -f "$1/$2" # a new file, whatever was there
+  printf '#!/bin/sh\n%s\n' "$3" >"$1/$2"
+  chmod +x "$1/$2"
+}
+
+# A stand-in for cc that "builds" (prereqs.sh runs `cc -o OUT IN`) a program
+# that succeeds: compiling C for real in every case would take seconds. The
+# cases about the C compiler, and the first one, use the real cc.
+fake_cc="exec $(printf %q "$(type -P cp)") $(printf %q "$(type -P true)") \"\$2\""
+
+# Every case starts from a copy of this: real tools, fake cc, cargo and
+# prometheus, and etcd 3.4.31 (a version that passes without a warning).
+etcd_version() { fake "$bin" etcd "echo 'etcd Version: $1'; echo 'Git SHA: fake'"; }
+bin=$tmp/template
+cp -R "$tmp/real" "$bin"
+fake "$bin" cc "$fake_cc"
+fake "$bin" cargo 'echo "cargo 1.80.0"'
+fake "$bin" prometheus 'echo "prometheus, version 2.42.0"'
+fake "$bin" promtool 'echo "promtool, version 2.42.0"'
+etcd_version "3.4.31"
+
+n=0
+sandbox() {
+  n=$((n + 1))
+  bin=$tmp/case$n
+  cp -R "$tmp/template" "$bin"
+}
+real_cc() { rm "$bin/cc" && cp "$tmp/real/cc" "$bin/cc"; }
+
+failures=0
+# expect RC PATTERN [args...]: run prereqs.sh in the sandbox with the given
+# args; its exit status must be RC and its output must match the extended
+# regex PATTERN, matched against the output joined into one line ('^$':
+# print nothing).
+expect() {
+  local want_rc=$1 pattern=$2 out rc=0
+  shift 2
+  out=$(env -u PROTOC -u PROTOC_INCLUDE ${protoc:+PROTOC="$protoc"} ${include:+PROTOC_INCLUDE="$include"} \
+    PATH="$bin" "$BASH" "$script" "$@" 2>&1) || rc=$?
+  if [ "$rc" != "$want_rc" ] || ! grep -Eq -- "$pattern" <<<"${out//$'\n'/ }" || { [ "$pattern" = '^$' ] && [ -n "$out" ]; }; then
+    echo "prereqs-selftest: FAIL case $n ($*${protoc:+, PROTOC=$protoc}${include:+, PROTOC_INCLUDE=$include}): want exit $want_rc and /$pattern/, got exit $rc:" >&2
+    printf '%s\n' "$out" | sed 's/^/    /' >&2
+    failures=$((failures + 1))
+  fi
+  protoc="" include=""
+}
+protoc="" include=""
+
+# Everything present and recent, with the real C compiler: silent success.
+sandbox && real_cc
+expect 0 '^$' --check run
+
+# etcd versions: refused, warned about, or fine.
+for v in 3.5.0 3.5.1 3.5.2; do
+  sandbox && etcd_version "$v"
+  expect 1 "etcd unsafe: .*etcd $v; 3\.5\.0-3\.5\.2 risk data inconsistency" --check run
+done
+for v in 3.3.25 2.3.8; do
+  sandbox && etcd_version "$v"
+  expect 1 "etcd too old: .*etcd $v, before 3\.4" --check run
+done
+sandbox && fake "$bin" etcd "echo 'etcd Version: 3.5'"
+expect 1 "etcd version unreadable: .*printed 'etcd Version: 3\.5'" --check run
+sandbox && fake "$bin" etcd "echo 'etcd version 3.5.9'"
+expect 1 "etcd version unreadable" --check run
+sandbox && fake "$bin" etcd 'echo "flag provided but not defined: -version" >&2; exit 2'
+expect 1 "etcd unusable: .*flag provided but not defined" --check run
+sandbox && etcd_version 3.4.23
+expect 0 "warning: .*etcd 3\.4\.23, older than 3\.4\.31, which fixes lease revocation by a stale leader" --check run
+sandbox && etcd_version 3.5.3
+expect 0 "warning: .*etcd 3\.5\.3, older than 3\.5\.13" --check run
+sandbox && etcd_version 3.5.12
+expect 0 "warning: .*etcd 3\.5\.12, older than 3\.5\.13" --check run
+for v in 3.5.13 3.6.0 3.6.0-rc.1; do
+  sandbox && etcd_version "$v"
+  expect 0 '^$' --check run
+done
+sandbox && rm "$bin/etcd"
+expect 1 "etcd missing: no \`etcd\` on PATH .*\[Debian: etcd-server\]" --check run
+# make build needs no etcd at all.
+sandbox && rm "$bin/etcd"
+expect 0 '^$' --check build
+
+# protoc, and the well-known types it must find.
+sandbox && rm "$bin/protoc"
+expect 1 "protoc missing: .*\[Debian: protobuf-compiler libprotobuf-dev\]" --check build
+sandbox && fake "$bin" protoc 'echo "error while loading shared libraries: libprotoc.so.32" >&2; exit 127'
+expect 1 "protoc unusable: .*libprotoc\.so\.32" --check build
+sandbox && rm "$bin/protoc" && cp "$tmp/protoc-bare" "$bin/protoc"
+expect 1 "protobuf well-known types missing: .*google/protobuf/descriptor\.proto: File not found.*\[Debian: libprotobuf-dev\]" --check build
+sandbox && protoc=$tmp/protoc-bare include=$tmp/inc-partial
+expect 1 "google/protobuf/struct\.proto: File not found" --check build
+sandbox && protoc=$tmp/protoc-bare include=$tmp/inc-full
+expect 0 '^$' --check build
+sandbox && include=$tmp/no-such-dir
+expect 1 "PROTOC_INCLUDE=.*no-such-dir is not a directory" --check build
+
+# The C compiler must compile, link and run.
+sandbox && rm "$bin/cc"
+expect 1 "C compiler missing: .*\[Debian: gcc libc6-dev\]" --check build
+sandbox && fake "$bin" cc "echo \"cc: fatal error: cannot execute 'as'\" >&2; exit 1"
+expect 1 "C compiler unusable: .*cannot execute 'as'" --check build
+sandbox && real_cc && rm "$bin/ld"
+expect 1 "C compiler unusable: .*ld" --check build
+
+sandbox && rm "$bin/cargo"
+expect 1 "cargo is missing: install Rust with rustup" --check build
+
+# make test also needs prometheus and promtool (its etcd is the system's,
+# whatever the sandbox holds, so only the prometheus lines are asserted).
+sandbox && rm "$bin/prometheus" "$bin/promtool"
+expect 1 "prometheus missing .*\[Debian: prometheus\]" --check test
+sandbox && rm "$bin/promtool"
+expect 1 "promtool missing .*\[Debian: prometheus\]" --check test
+
+# Installing mode: with no apt-get it names the packages and fails; what
+# no package fixes fails without trying to install.
+sandbox && rm "$bin/etcd" "$bin/cc"
+expect 1 "no apt-get here: install the equivalent of Debian's gcc libc6-dev etcd-server" run
+sandbox && rm "$bin/cargo"
+expect 1 "^prereqs: cargo is missing" run
+
+# Installing mode with a fake apt-get (and sudo, for a non-root run) that
+# logs its arguments and "installs" etcd-server by dropping in a fake etcd:
+# each failing check's packages are installed once, and everything is
+# checked again afterwards.
+fake "$tmp" etcd-good "echo 'etcd Version: 3.4.31'"
+fake_apt() { # installs-etcd: yes|no
+  local cp_etcd=":"
+  [ "$1" = no ] || cp_etcd="$(printf '%q ' "$(type -P cp)" "$tmp/etcd-good" "$bin/etcd")"
+  fake "$bin" apt-get "echo \"\$*\" >>$(printf %q "$bin/apt.log")
+case \" \$* \" in *' install '*' etcd-server '*) $cp_etcd ;; esac"
+  fake "$bin" sudo 'exec "$@"'
+}
+sandbox && rm "$bin/etcd" && fake_apt yes
+expect 0 "^prereqs: installing etcd-server \.\.\.$" run
+log=$(cat "$bin/apt.log" 2>/dev/null || true)
+if [ "$log" != $'update -qq\ninstall -y -qq --no-install-recommends etcd-server' ]; then
+  echo "prereqs-selftest: FAIL case $n: apt-get was called as:" >&2
+  printf '    %s\n' "$log" >&2
+  failures=$((failures + 1))
+fi
+# An install that does not fix the check (an etcd elsewhere on PATH, a
+# package of the wrong version) still fails.
+sandbox && rm "$bin/etcd" && fake_apt no
+expect 1 "installing etcd-server .*etcd missing: no \`etcd\` on PATH" run
+sandbox
+expect 2 "usage: " --check nonsense
+
+if [ "$failures" -gt 0 ]; then
+  echo "prereqs-selftest: $failures of $n cases failed" >&2
+  exit 1
+fi
+echo "prereqs-selftest: $n cases passed" >&2
