@@ -20,6 +20,8 @@ pub struct Member {
 
 pub struct EtcdCluster {
     members: Vec<Member>,
+    /// Extra flags for every member.
+    args: Vec<String>,
     initial_cluster: String,
     _dir: TempDir,
 }
@@ -48,6 +50,11 @@ impl EtcdCluster {
     }
 
     pub fn start(size: usize) -> Self {
+        Self::start_with(size, &[])
+    }
+
+    /// A cluster whose members also get `args` (later flags win).
+    pub fn start_with(size: usize, args: &[&str]) -> Self {
         // tmpfs when there is one: fsync there is cheap, so tests run faster.
         let base = if std::path::Path::new("/dev/shm").is_dir() {
             "/dev/shm"
@@ -74,6 +81,7 @@ impl EtcdCluster {
             .join(",");
         let mut cluster = Self {
             members,
+            args: args.iter().map(|a| a.to_string()).collect(),
             initial_cluster,
             _dir: dir,
         };
@@ -115,6 +123,7 @@ impl EtcdCluster {
             .args(["--initial-cluster", &self.initial_cluster])
             .args(["--initial-cluster-token", "lockrouter-test"])
             .args(["--heartbeat-interval", "50", "--election-timeout", "500"])
+            .args(&self.args)
             .stdout(Stdio::null())
             .stderr(log)
             .spawn()
@@ -154,6 +163,43 @@ impl EtcdCluster {
                 let _ = c.wait();
             }
         }
+    }
+
+    /// Stops one member with SIGSTOP (a process paused by GC, swap or a
+    /// stalled disk): its connections stay open but nothing is answered.
+    pub fn pause_member(&self, i: usize) {
+        self.signal_member(i, nix::sys::signal::Signal::SIGSTOP);
+    }
+
+    /// Resumes a member stopped by [`pause_member`](Self::pause_member).
+    pub fn resume_member(&self, i: usize) {
+        self.signal_member(i, nix::sys::signal::Signal::SIGCONT);
+    }
+
+    fn signal_member(&self, i: usize, sig: nix::sys::signal::Signal) {
+        let child = self.members[i].child.as_ref().expect("member is running");
+        let pid = nix::unistd::Pid::from_raw(child.id() as i32);
+        nix::sys::signal::kill(pid, sig).unwrap_or_else(|e| panic!("{sig} to member {i}: {e}"));
+    }
+
+    /// Index of the member that is leader now, as the members themselves
+    /// report it (`None` while there is none or none answers).
+    pub async fn leader(&self) -> Option<usize> {
+        for (i, ep) in self.endpoints().iter().enumerate() {
+            let opts = etcd_client::ConnectOptions::new()
+                .with_connect_timeout(Duration::from_millis(300))
+                .with_timeout(Duration::from_millis(500));
+            let Ok(mut c) = etcd_client::Client::connect([ep], Some(opts)).await else {
+                continue;
+            };
+            if let Ok(status) = c.status().await {
+                let me = status.header().map(|h| h.member_id());
+                if me == Some(status.leader()) {
+                    return Some(i);
+                }
+            }
+        }
+        None
     }
 
     /// Kills one member (SIGKILL), keeping its data.
@@ -211,6 +257,11 @@ impl EtcdCluster {
 impl Drop for EtcdCluster {
     fn drop(&mut self) {
         self.kill();
+        if std::thread::panicking() && std::env::var_os("LOCKROUTER_KEEP_ETCD_LOGS").is_some() {
+            let kept = self._dir.path().with_extension("kept");
+            let _ = std::fs::rename(self._dir.path(), &kept);
+            eprintln!("etcd data and logs kept in {}", kept.display());
+        }
     }
 }
 

@@ -25,6 +25,19 @@ pub struct Grant {
 }
 
 impl Grant {
+    /// Its timeline in ms since `origin` (the first request of the run).
+    fn describe(&self, origin: Option<Instant>) -> String {
+        let ms = |t: Instant| origin.map_or(0, |o| t.saturating_duration_since(o).as_millis());
+        format!(
+            "lockId {} sent {} received {} valid until {} (released {:?})",
+            self.lock_id,
+            ms(self.sent),
+            ms(self.received),
+            ms(self.valid_until()),
+            self.released.map(ms)
+        )
+    }
+
     fn valid_until(&self) -> Instant {
         let lease_end = self.sent + self.expires_in;
         self.released.map_or(lease_end, |r| r.min(lease_end))
@@ -94,14 +107,21 @@ impl History {
                 .entry(g.lock_id.as_str())
                 .and_modify(|m| {
                     m.received = m.received.min(g.received);
-                    if g.valid_until() > m.valid_until() {
+                    // The latest lease end any answer vouched for, cut
+                    // short by the holder's release, whichever answer it
+                    // was recorded on (a release ends the whole grant).
+                    if g.sent + g.expires_in > m.sent + m.expires_in {
                         m.sent = g.sent;
                         m.expires_in = g.expires_in;
-                        m.released = g.released;
                     }
+                    m.released = match (m.released, g.released) {
+                        (Some(a), Some(b)) => Some(a.min(b)),
+                        (a, b) => a.or(b),
+                    };
                 })
                 .or_insert_with(|| g.clone());
         }
+        let origin = h.grants.iter().map(|g| g.sent).min();
         let mut by_name: BTreeMap<&str, Vec<&Grant>> = BTreeMap::new();
         for g in by_lock.values() {
             by_name.entry(g.name.as_str()).or_default().push(g);
@@ -112,10 +132,13 @@ impl History {
                 let (a, b) = (pair[0], pair[1]);
                 if b.received < a.valid_until() {
                     problems.push(format!(
-                        "{name}: token {} granted while token {} was still valid ({:?} before it ended)",
+                        "{name}: token {} granted while token {} was still valid ({:?} before it ended)\n  \
+                         earlier: {}\n  later:   {}",
                         b.token,
                         a.token,
-                        a.valid_until() - b.received
+                        a.valid_until() - b.received,
+                        a.describe(origin),
+                        b.describe(origin),
                     ));
                 }
                 if b.token <= a.token {

@@ -46,6 +46,13 @@ impl TestRouter {
     }
 
     pub async fn with_toml(toml: &str) -> Self {
+        let router = Self::spawn(toml).await;
+        router.api.wait_ready().await;
+        router
+    }
+
+    /// A router that runs, whether or not it ever becomes ready.
+    pub async fn spawn(toml: &str) -> Self {
         let settings = Settings::from_toml(toml).expect("test config is valid");
         let app = Application::build(settings.clone())
             .await
@@ -53,13 +60,11 @@ impl TestRouter {
         let addr = app.local_addr();
         let shutdown = CancellationToken::new();
         tokio::spawn(app.run(shutdown.clone()));
-        let router = Self {
+        Self {
             api: Api::new(addr),
             settings,
             shutdown,
-        };
-        router.api.wait_ready().await;
-        router
+        }
     }
 }
 
@@ -147,10 +152,19 @@ impl RouterProcess {
 
     /// Like `start`, with `extra` TOML after the `[etcd]` keys.
     pub async fn start_with(shards: &[&EtcdCluster], port: u16, extra: &str) -> Self {
+        let listen = format!("127.0.0.1:{port}");
+        let p = Self::spawn(&config_toml(shards, &listen, extra), port);
+        p.api.wait_ready().await;
+        p
+    }
+
+    /// The binary serving `toml` (which must listen on `port`), whether or
+    /// not it ever becomes ready.
+    pub fn spawn(toml: &str, port: u16) -> Self {
         let dir = tempfile::tempdir().unwrap();
         let config = dir.path().join("router.toml");
         let listen = format!("127.0.0.1:{port}");
-        std::fs::write(&config, config_toml(shards, &listen, extra)).unwrap();
+        std::fs::write(&config, toml).unwrap();
         let log = dir.path().join("router.log");
         let child = Command::new(env!("CARGO_BIN_EXE_lockrouter"))
             .arg("serve")
@@ -161,15 +175,13 @@ impl RouterProcess {
             .spawn()
             .expect("start lockrouter");
         let api = Api::new(listen.parse().unwrap());
-        let p = Self {
+        Self {
             child,
             api,
             log,
             config,
             _dir: dir,
-        };
-        p.api.wait_ready().await;
-        p
+        }
     }
 
     pub fn log_text(&self) -> String {
