@@ -25,6 +25,8 @@ pub struct Application {
     reload_poll: Duration,
     /// Stops the shard tasks (monitor, keepalive, verification) on drop.
     tasks: CancellationToken,
+    /// Folds histogram samples on a timer, scraped or not.
+    _upkeep: crate::TaskGuard,
 }
 
 impl Application {
@@ -47,13 +49,17 @@ impl Application {
             router,
             limits: settings.limits.clone(),
             coalesce: Duration::from_millis(settings.etcd.keepalive_coalesce_ms),
+            lock_delay: settings.locks.lock_delay,
         }));
         let reloader = Arc::new(Reloader::new(path, settings.clone(), locks.clone(), pool));
+        let metrics = crate::metrics::install();
+        let upkeep = crate::metrics::start_upkeep(metrics.clone(), crate::metrics::UPKEEP_EVERY);
         let state = Arc::new(AppState {
             locks,
             reloader,
             admin_token: settings.admin.token.clone(),
-            metrics: crate::metrics::install(),
+            metrics,
+            timeouts: settings.http_timeouts(),
         });
         Ok(Self {
             listener,
@@ -62,6 +68,7 @@ impl Application {
             grace: Duration::from_millis(settings.server.shutdown_grace_ms),
             reload_poll: Duration::from_millis(settings.admin.reload_poll_ms),
             tasks,
+            _upkeep: upkeep,
         })
     }
 

@@ -28,6 +28,9 @@ pub struct Settings {
     /// Who may call `/admin/v1/*`.
     #[serde(default)]
     pub admin: AdminSettings,
+    /// How locks behave beyond the API's limits.
+    #[serde(default)]
+    pub locks: LockSettings,
     /// The etcd clusters lock names are spread over.
     #[serde(default)]
     pub shards: Vec<ShardSettings>,
@@ -44,6 +47,18 @@ pub struct ServerSettings {
     /// How long a graceful shutdown waits for in-flight requests.
     #[serde(default = "defaults::shutdown_grace_ms")]
     pub shutdown_grace_ms: u64,
+    /// Longest wait for a request's headers (HTTP/1), counted from when
+    /// the connection is ready for a request: a slow client cannot hold a
+    /// connection, and an idle keep-alive connection is closed after it.
+    #[serde(default = "defaults::header_read_timeout_ms")]
+    pub header_read_timeout_ms: u64,
+    /// Longest time to receive a request's whole body.
+    #[serde(default = "defaults::body_read_timeout_ms")]
+    pub body_read_timeout_ms: u64,
+    /// Deadline of a whole request (a waiting acquire gets its `waitMs`
+    /// on top); past it the answer is 504 `timeout`.
+    #[serde(default = "defaults::http_request_timeout_ms")]
+    pub request_timeout_ms: u64,
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -123,6 +138,30 @@ impl Default for AdminSettings {
     }
 }
 
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct LockSettings {
+    /// What happens to the name of a holder lost other than by release
+    /// (its lease ended: the client died, or etcd revoked the lease early).
+    #[serde(default)]
+    pub lock_delay: LockDelay,
+}
+
+/// The lock-delay of a lost holder's name (see `docs/design.md`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum LockDelay {
+    /// The name is not granted again for one TTL of the lost lock after its
+    /// key went: no grant overlaps any validity the lost holder was told
+    /// of, even if etcd revoked its lease early.
+    #[default]
+    Ttl,
+    /// The name is free as soon as the key is gone (as etcd leases alone
+    /// would have it): only safe on etcd releases without the stale-leader
+    /// lease revocation bug, and with resources that check fencing tokens.
+    Off,
+}
+
 #[derive(Debug, Clone, Deserialize, serde::Serialize, PartialEq, Eq)]
 #[serde(deny_unknown_fields)]
 pub struct ShardSettings {
@@ -139,6 +178,16 @@ mod defaults {
     pub fn shutdown_grace_ms() -> u64 {
         10_000
     }
+    pub fn header_read_timeout_ms() -> u64 {
+        10_000
+    }
+    pub fn body_read_timeout_ms() -> u64 {
+        10_000
+    }
+    pub fn http_request_timeout_ms() -> u64 {
+        30_000
+    }
+
     pub fn prefix() -> String {
         "/lockrouter".into()
     }
@@ -310,6 +359,15 @@ impl Settings {
                 "server.shutdown_grace_ms",
                 self.server.shutdown_grace_ms.max(10),
             ),
+            (
+                "server.header_read_timeout_ms",
+                self.server.header_read_timeout_ms,
+            ),
+            (
+                "server.body_read_timeout_ms",
+                self.server.body_read_timeout_ms,
+            ),
+            ("server.request_timeout_ms", self.server.request_timeout_ms),
         ] {
             if !(10..=600_000).contains(&v) {
                 return Err(invalid(format!("{key} = {v} must be 10..=600000")));
@@ -389,6 +447,25 @@ impl Settings {
     pub fn request_timeout(&self) -> Duration {
         Duration::from_millis(self.etcd.request_timeout_ms)
     }
+
+    /// The HTTP server's timeouts.
+    pub fn http_timeouts(&self) -> HttpTimeouts {
+        let ms = Duration::from_millis;
+        let s = &self.server;
+        HttpTimeouts {
+            header_read: ms(s.header_read_timeout_ms),
+            body_read: ms(s.body_read_timeout_ms),
+            request: ms(s.request_timeout_ms),
+        }
+    }
+}
+
+/// How long the HTTP server waits for each part of a request.
+#[derive(Debug, Clone, Copy)]
+pub struct HttpTimeouts {
+    pub header_read: Duration,
+    pub body_read: Duration,
+    pub request: Duration,
 }
 
 fn parse_addr(key: &str, value: &str) -> Result<SocketAddr, ConfigError> {
@@ -435,6 +512,23 @@ mod tests {
     fn rejects(text: &str, needle: &str) {
         let err = Settings::from_toml(text).unwrap_err().to_string();
         assert!(err.contains(needle), "{err:?} should mention {needle:?}");
+    }
+
+    #[test]
+    fn lock_delay_is_on_by_default_and_can_be_turned_off() {
+        assert_eq!(
+            Settings::from_toml(MINIMAL).unwrap().locks.lock_delay,
+            LockDelay::Ttl
+        );
+        let off = format!("{MINIMAL}\n[locks]\nlock_delay = \"off\"");
+        assert_eq!(
+            Settings::from_toml(&off).unwrap().locks.lock_delay,
+            LockDelay::Off
+        );
+        rejects(
+            &format!("{MINIMAL}\n[locks]\nlock_delay = \"sometimes\""),
+            "lock_delay",
+        );
     }
 
     #[test]

@@ -1,25 +1,56 @@
-//! Coalesced lease keepalives over one gRPC stream per shard.
+//! Coalesced lease keepalives: one shared gRPC stream per shard for leases
+//! known to be alive, and isolated probes for the rest.
 //!
 //! etcd-client's `lease_keep_alive(id)` opens a stream per lease, but etcd's
 //! KeepAlive stream accepts any lease id, so one task per shard owns a single
-//! stream and multiplexes every lease over it. Renewals of one lease are
-//! coalesced: while a keepalive for it is in flight, or one was confirmed
-//! less than the caller's window ago, no new keepalive is sent.
+//! *main* stream and multiplexes every live lease over it. Renewals of one
+//! lease are coalesced: while a keepalive for it is in flight, or one was
+//! confirmed less than the caller's window ago, no new keepalive is sent.
+//!
+//! Why two lanes: etcd answers a keepalive of an expired lease that is not
+//! revoked yet only once the revoke is applied, and a stream answers in
+//! order, so one such keepalive stalls every renewal behind it (seconds,
+//! when thousands of leases expire at once). The main stream therefore only
+//! carries leases this router saw alive with time to spare. A lease it knows
+//! nothing recent of (granted through another replica, or close to its end)
+//! is *probed* on a stream of its own, at most [`MAX_PROBES`] at a time, each
+//! bounded by the shard's deadline; a lease etcd said is gone is answered
+//! from memory and never sent again.
+//!
+//! The task's loop never waits on the network: streams are opened, written
+//! and read by tasks of their own, which report back as events.
 //!
 //! Honest expiry: a [`Renewal`] counts the lease's time from the instant the
 //! keepalive (or grant) was *sent*, never from when etcd answered, so the
-//! deadline it reports is never later than etcd's own.
+//! deadline it reports is never later than etcd's own. Every answer is
+//! tagged with the generation of the stream it came on, and counts only
+//! against a send on that same stream: after a fail-over, a late answer of
+//! the old stream never completes the re-send.
 
 use std::collections::HashMap;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use etcd_client::{LeaseKeepAliveStream, LeaseKeeper};
-use tokio::sync::{mpsc, oneshot};
+use tokio::sync::{mpsc, oneshot, Semaphore};
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
 use crate::etcd::{EtcdConn, EtcdError};
 use crate::metrics as m;
+
+/// Lease probes in flight at once per shard.
+pub const MAX_PROBES: usize = 64;
+/// A lease goes on the main stream only with at least this much of its
+/// known life left, so its keepalive reaches etcd before it expires.
+const MAIN_MARGIN: Duration = Duration::from_millis(500);
+/// Keepalives queued for the main stream's writer before callers are told
+/// the shard is overloaded.
+const WRITER_QUEUE: usize = 8_192;
+/// How long a lease etcd reported gone is remembered.
+const DEAD_FOR: Duration = Duration::from_secs(600);
+/// Most dead leases remembered.
+const MAX_DEAD: usize = 100_000;
 
 /// What the router knows of a lease after renewing it.
 #[derive(Debug, Clone, Copy)]
@@ -39,6 +70,13 @@ impl Renewal {
     pub fn deadline(&self) -> Instant {
         self.sent_at + Duration::from_secs(self.ttl_secs.max(0) as u64)
     }
+
+    fn gone(sent_at: Instant) -> Self {
+        Self {
+            sent_at,
+            ttl_secs: 0,
+        }
+    }
 }
 
 type Reply = oneshot::Sender<Result<Renewal, EtcdError>>;
@@ -47,6 +85,9 @@ enum Msg {
     Refresh {
         lease: i64,
         window: Duration,
+        /// The lease's TTL as the caller knows it (never above etcd's), for
+        /// a probe, whose answer etcd-client does not pass on.
+        ttl_secs: u32,
         reply: Reply,
     },
     /// A lease was just granted: its grant counts as a keepalive.
@@ -54,8 +95,21 @@ enum Msg {
 }
 
 enum Event {
-    Response { id: i64, ttl: i64 },
+    /// An answer on the main stream of this generation.
+    Response { generation: u64, id: i64, ttl: i64 },
+    /// The main stream of this generation ended or failed.
     Ended { generation: u64, detail: String },
+    /// The main stream of this generation was opened (or not).
+    Opened {
+        generation: u64,
+        opener: i64,
+        result: Result<(LeaseKeeper, LeaseKeepAliveStream), EtcdError>,
+    },
+    /// A probe finished.
+    Probed {
+        lease: i64,
+        result: Result<Renewal, EtcdError>,
+    },
 }
 
 /// Handle to the shard's keepalive task; dropping it stops the task.
@@ -82,23 +136,27 @@ impl Keepalive {
     }
 
     /// Renews `lease` unless a keepalive for it is in flight or was sent less
-    /// than `window` ago; answers with what the router then knows.
-    pub async fn refresh(&self, lease: i64, window: Duration) -> Result<Renewal, EtcdError> {
-        let (reply, rx) = oneshot::channel();
-        let gone = || EtcdError::Other {
-            shard: String::new(),
-            detail: "keepalive task stopped".into(),
-        };
-        self.tx
-            .send(Msg::Refresh {
+    /// than `window` ago; answers with what the router then knows, within
+    /// the shard's keepalive deadline.
+    pub async fn refresh(
+        &self,
+        lease: i64,
+        window: Duration,
+        ttl_secs: u32,
+    ) -> Result<Renewal, EtcdError> {
+        let ask = async {
+            let (reply, rx) = oneshot::channel();
+            let msg = Msg::Refresh {
                 lease,
                 window,
+                ttl_secs,
                 reply,
-            })
-            .await
-            .map_err(|_| gone())?;
-        match tokio::time::timeout(self.deadline, rx).await {
-            Ok(answer) => answer.map_err(|_| gone())?,
+            };
+            self.tx.send(msg).await.map_err(|_| self.stopped())?;
+            rx.await.map_err(|_| self.stopped())?
+        };
+        match tokio::time::timeout(self.deadline, ask).await {
+            Ok(answer) => answer,
             Err(_) => Err(EtcdError::Unavailable {
                 shard: self.shard.clone(),
                 detail: "no keepalive answer in time".into(),
@@ -107,30 +165,60 @@ impl Keepalive {
     }
 
     pub async fn seed(&self, lease: i64, renewal: Renewal) {
-        let _ = self.tx.send(Msg::Seed { lease, renewal }).await;
+        let _ =
+            tokio::time::timeout(self.deadline, self.tx.send(Msg::Seed { lease, renewal })).await;
+    }
+
+    fn stopped(&self) -> EtcdError {
+        EtcdError::Other {
+            shard: self.shard.clone(),
+            detail: "keepalive task stopped".into(),
+        }
     }
 }
 
+/// A keepalive on the main stream awaiting its answer.
 struct Inflight {
     sent_at: Instant,
+    /// The stream it was sent on; only that stream's answer counts.
+    generation: u64,
     waiters: Vec<Reply>,
     /// Already re-sent once after a broken stream.
     retried: bool,
 }
 
-struct Stream {
-    keeper: LeaseKeeper,
-    generation: u64,
-    reader: JoinHandle<()>,
+/// The main stream, by state.
+enum Main {
+    Closed,
+    /// Being opened by a task of its own; keepalives wait in `queued`.
+    Opening {
+        generation: u64,
+    },
+    Open {
+        generation: u64,
+        writer: mpsc::Sender<i64>,
+        tasks: [JoinHandle<()>; 2],
+    },
+}
+
+/// A lease waiting for the main stream to open.
+struct Queued {
+    waiters: Vec<Reply>,
+    retried: bool,
 }
 
 struct Task {
     conn: EtcdConn,
-    stream: Option<Stream>,
+    main: Main,
     generation: u64,
     inflight: HashMap<i64, Inflight>,
+    queued: HashMap<i64, Queued>,
+    probes: HashMap<i64, Vec<Reply>>,
+    probe_slots: Arc<Semaphore>,
     /// Last confirmed renewal per live lease (pruned once expired).
     recent: HashMap<i64, Renewal>,
+    /// Leases etcd reported gone, and when.
+    dead: HashMap<i64, Instant>,
     events_tx: mpsc::UnboundedSender<Event>,
     events_rx: mpsc::UnboundedReceiver<Event>,
 }
@@ -140,37 +228,52 @@ impl Task {
         let (events_tx, events_rx) = mpsc::unbounded_channel();
         Self {
             conn,
-            stream: None,
+            main: Main::Closed,
             generation: 0,
             inflight: HashMap::new(),
+            queued: HashMap::new(),
+            probes: HashMap::new(),
+            probe_slots: Arc::new(Semaphore::new(MAX_PROBES)),
             recent: HashMap::new(),
+            dead: HashMap::new(),
             events_tx,
             events_rx,
         }
     }
 
     async fn run(mut self, mut rx: mpsc::Receiver<Msg>, cancel: CancellationToken) {
-        let mut tick = tokio::time::interval(Duration::from_millis(500));
+        let mut tick = tokio::time::interval(Duration::from_millis(250));
         loop {
             tokio::select! {
                 msg = rx.recv() => match msg {
-                    Some(Msg::Refresh { lease, window, reply }) => self.refresh(lease, window, reply).await,
-                    Some(Msg::Seed { lease, renewal }) => { self.recent.insert(lease, renewal); }
+                    Some(Msg::Refresh { lease, window, ttl_secs, reply }) => {
+                        self.refresh(lease, window, ttl_secs, reply)
+                    }
+                    Some(Msg::Seed { lease, renewal }) => {
+                        self.dead.remove(&lease);
+                        self.recent.insert(lease, renewal);
+                    }
                     None => break,
                 },
-                Some(ev) = self.events_rx.recv() => self.on_event(ev).await,
-                _ = tick.tick() => self.on_tick().await,
+                Some(ev) = self.events_rx.recv() => self.on_event(ev),
+                _ = tick.tick() => self.on_tick(),
                 _ = cancel.cancelled() => break,
             }
         }
-        self.reset("shutting down");
+        self.close("shutting down");
     }
 
-    async fn refresh(&mut self, lease: i64, window: Duration, reply: Reply) {
+    fn refresh(&mut self, lease: i64, window: Duration, ttl_secs: u32, reply: Reply) {
         m::lease_renewals(self.conn.shard(), 1);
-        if let Some(r) = self.recent.get(&lease) {
-            if r.sent_at.elapsed() < window {
-                let _ = reply.send(Ok(*r));
+        let now = Instant::now();
+        if self.dead.contains_key(&lease) {
+            let _ = reply.send(Ok(Renewal::gone(now)));
+            return;
+        }
+        let known = self.recent.get(&lease).copied();
+        if let Some(r) = known {
+            if now.saturating_duration_since(r.sent_at) < window {
+                let _ = reply.send(Ok(r));
                 return;
             }
         }
@@ -178,153 +281,253 @@ impl Task {
             inflight.waiters.push(reply);
             return;
         }
-        let sent_at = Instant::now();
-        match self.send(lease).await {
-            Ok(()) => {
-                m::keepalive_sent(self.conn.shard());
-                self.inflight.insert(
-                    lease,
-                    Inflight {
-                        sent_at,
-                        waiters: vec![reply],
-                        retried: false,
-                    },
-                );
+        if let Some(q) = self.queued.get_mut(&lease) {
+            q.waiters.push(reply);
+            return;
+        }
+        if let Some(waiters) = self.probes.get_mut(&lease) {
+            waiters.push(reply);
+            return;
+        }
+        let alive_for = known.map_or(Duration::ZERO, |r| {
+            r.deadline().saturating_duration_since(now)
+        });
+        if alive_for >= MAIN_MARGIN {
+            self.send_main(lease, vec![reply], false);
+        } else {
+            self.probe(lease, ttl_secs, reply);
+        }
+    }
+
+    /// Sends one keepalive of `lease` on the main stream, opening it first
+    /// if needed.
+    fn send_main(&mut self, lease: i64, waiters: Vec<Reply>, retried: bool) {
+        match &self.main {
+            Main::Open {
+                generation, writer, ..
+            } => match writer.try_send(lease) {
+                Ok(()) => {
+                    m::keepalive_sent(self.conn.shard());
+                    let inflight = Inflight {
+                        sent_at: Instant::now(),
+                        generation: *generation,
+                        waiters,
+                        retried,
+                    };
+                    self.inflight.insert(lease, inflight);
+                }
+                Err(_) => self.fail(waiters, "too many keepalives queued for the shard"),
+            },
+            Main::Opening { .. } => {
+                self.queued.insert(lease, Queued { waiters, retried });
             }
-            Err(EtcdError::LeaseNotFound) => {
-                self.recent.remove(&lease);
-                let _ = reply.send(Ok(Renewal {
-                    sent_at,
-                    ttl_secs: 0,
-                }));
-            }
-            Err(e) => {
-                let _ = reply.send(Err(e));
+            Main::Closed => {
+                self.queued.insert(lease, Queued { waiters, retried });
+                self.open(lease);
             }
         }
     }
 
-    /// Sends one keepalive for `lease`, opening the stream first if needed.
-    async fn send(&mut self, lease: i64) -> Result<(), EtcdError> {
-        if self.stream.is_none() {
-            self.open(lease).await?;
-        }
-        let stream = self.stream.as_mut().expect("opened above");
-        stream.keeper.id = lease;
-        let sent = tokio::time::timeout(self.conn.timeout(), stream.keeper.keep_alive()).await;
-        match sent {
-            Ok(Ok(())) => Ok(()),
-            Ok(Err(e)) => {
-                let err = self.conn.classify(e);
-                self.reset(&err.to_string());
-                Err(err)
-            }
-            Err(_) => {
-                self.reset("keepalive send timed out");
-                Err(self.conn.unavailable("keepalive send timed out"))
-            }
-        }
-    }
-
-    /// Opens the shared stream. etcd-client's opener sends a first keepalive
-    /// for `lease` and consumes its answer; the caller sends it again so the
-    /// answer reaches the waiters through the reader.
-    async fn open(&mut self, lease: i64) -> Result<(), EtcdError> {
-        let mut client = self.conn.client().lease_client();
-        let (keeper, stream) = self
-            .conn
-            .call("LeaseKeepAlive", client.keep_alive(lease))
-            .await?;
+    /// Opens the main stream in a task of its own. etcd-client's opener
+    /// sends a first keepalive for `opener` and consumes its answer; the
+    /// queued keepalives (`opener`'s included) are sent once it is open, so
+    /// every answer reaches its waiters through the reader.
+    fn open(&mut self, opener: i64) {
         self.generation += 1;
         let generation = self.generation;
-        let reader = tokio::spawn(read(stream, generation, self.events_tx.clone()));
-        self.stream = Some(Stream {
-            keeper,
-            generation,
-            reader,
+        self.main = Main::Opening { generation };
+        let (conn, events) = (self.conn.clone(), self.events_tx.clone());
+        tokio::spawn(async move {
+            let mut client = conn.client().lease_client();
+            let result = conn.call("LeaseKeepAlive", client.keep_alive(opener)).await;
+            let _ = events.send(Event::Opened {
+                generation,
+                opener,
+                result,
+            });
         });
-        m::keepalive_sent(self.conn.shard());
-        Ok(())
     }
 
-    async fn on_event(&mut self, ev: Event) {
+    /// Renews `lease` on a stream of its own, so that a lease etcd holds up
+    /// stalls nobody else.
+    fn probe(&mut self, lease: i64, ttl_secs: u32, reply: Reply) {
+        self.probes.insert(lease, vec![reply]);
+        let (conn, events) = (self.conn.clone(), self.events_tx.clone());
+        let slots = self.probe_slots.clone();
+        tokio::spawn(async move {
+            let result = match tokio::time::timeout(conn.timeout(), slots.acquire_owned()).await {
+                Ok(Ok(_permit)) => {
+                    let sent_at = Instant::now();
+                    let mut client = conn.client().lease_client();
+                    m::keepalive_sent(conn.shard());
+                    match conn.call("LeaseKeepAlive", client.keep_alive(lease)).await {
+                        // Dropping the keeper and stream closes the probe's stream.
+                        Ok(_) => Ok(Renewal {
+                            sent_at,
+                            ttl_secs: ttl_secs.into(),
+                        }),
+                        Err(EtcdError::LeaseNotFound) => Ok(Renewal::gone(sent_at)),
+                        Err(e) => Err(e),
+                    }
+                }
+                _ => Err(conn.unavailable("too many lease checks in flight")),
+            };
+            let _ = events.send(Event::Probed { lease, result });
+        });
+    }
+
+    fn on_event(&mut self, ev: Event) {
         match ev {
-            Event::Response { id, ttl } => {
-                let Some(inflight) = self.inflight.remove(&id) else {
-                    return;
-                };
+            Event::Response {
+                generation,
+                id,
+                ttl,
+            } => {
+                let ours = self
+                    .inflight
+                    .get(&id)
+                    .is_some_and(|i| i.generation == generation);
+                if !ours {
+                    return; // an answer to a send on an older stream
+                }
+                let inflight = self.inflight.remove(&id).expect("checked above");
                 let renewal = Renewal {
                     sent_at: inflight.sent_at,
                     ttl_secs: ttl,
                 };
-                if renewal.alive() {
-                    self.recent.insert(id, renewal);
-                } else {
-                    self.recent.remove(&id);
-                }
+                self.learn(id, renewal);
                 for w in inflight.waiters {
                     let _ = w.send(Ok(renewal));
                 }
             }
             Event::Ended { generation, detail } => {
-                if self.stream.as_ref().map(|s| s.generation) == Some(generation) {
-                    self.fail_over(&detail).await;
+                if self.main_generation() == Some(generation) {
+                    self.fail_over(&detail);
+                }
+            }
+            Event::Opened {
+                generation,
+                opener,
+                result,
+            } => self.opened(generation, opener, result),
+            Event::Probed { lease, result } => {
+                let waiters = self.probes.remove(&lease).unwrap_or_default();
+                if let Ok(renewal) = result {
+                    self.learn(lease, renewal);
+                }
+                for w in waiters {
+                    let _ = w.send(result.clone());
                 }
             }
         }
     }
 
-    async fn on_tick(&mut self) {
+    fn opened(
+        &mut self,
+        generation: u64,
+        opener: i64,
+        result: Result<(LeaseKeeper, LeaseKeepAliveStream), EtcdError>,
+    ) {
+        if !matches!(self.main, Main::Opening { generation: g } if g == generation) {
+            return;
+        }
+        match result {
+            Ok((keeper, stream)) => {
+                let (writer, rx) = mpsc::channel(WRITER_QUEUE);
+                let events = self.events_tx.clone();
+                let tasks = [
+                    tokio::spawn(write(keeper, rx, generation, events.clone())),
+                    tokio::spawn(read(stream, generation, events)),
+                ];
+                self.main = Main::Open {
+                    generation,
+                    writer,
+                    tasks,
+                };
+                m::keepalive_sent(self.conn.shard());
+                for (lease, q) in std::mem::take(&mut self.queued) {
+                    self.send_main(lease, q.waiters, q.retried);
+                }
+            }
+            Err(EtcdError::LeaseNotFound) => {
+                // The opener's lease is gone; open again for the others.
+                self.main = Main::Closed;
+                if let Some(q) = self.queued.remove(&opener) {
+                    self.learn(opener, Renewal::gone(Instant::now()));
+                    for w in q.waiters {
+                        let _ = w.send(Ok(Renewal::gone(Instant::now())));
+                    }
+                }
+                if let Some(&next) = self.queued.keys().next() {
+                    self.open(next);
+                }
+            }
+            Err(e) => {
+                self.main = Main::Closed;
+                let detail = e.to_string();
+                for (_, q) in std::mem::take(&mut self.queued) {
+                    self.fail(q.waiters, &detail);
+                }
+            }
+        }
+    }
+
+    /// Records what etcd said of `lease`.
+    fn learn(&mut self, lease: i64, renewal: Renewal) {
+        if renewal.alive() {
+            self.recent.insert(lease, renewal);
+        } else {
+            self.recent.remove(&lease);
+            if self.dead.len() >= MAX_DEAD {
+                self.dead.clear();
+            }
+            self.dead.insert(lease, Instant::now());
+        }
+    }
+
+    fn main_generation(&self) -> Option<u64> {
+        match &self.main {
+            Main::Open { generation, .. } => Some(*generation),
+            _ => None,
+        }
+    }
+
+    fn on_tick(&mut self) {
         let now = Instant::now();
         self.recent.retain(|_, r| r.deadline() > now);
+        self.dead
+            .retain(|_, at| now.saturating_duration_since(*at) < DEAD_FOR);
         let timeout = self.conn.timeout();
         if self
             .inflight
             .values()
-            .any(|i| i.sent_at.elapsed() > timeout)
+            .any(|i| now.saturating_duration_since(i.sent_at) > timeout)
         {
-            self.fail_over("keepalive answers overdue").await;
+            self.fail_over("keepalive answers overdue");
         }
     }
 
-    /// The stream broke (a member died, a connection reset) or went silent:
-    /// send what was in flight once more on a fresh stream, which the client
-    /// opens to a live member. Only keepalives that fail twice are reported
-    /// unavailable. The new send instant counts for the deadline, since the
-    /// answer will be to that send.
-    async fn fail_over(&mut self, detail: &str) {
-        if let Some(s) = self.stream.take() {
-            s.reader.abort();
-        }
+    /// The main stream broke (a member died, a connection reset) or went
+    /// silent: send what was in flight once more on a fresh stream, which
+    /// the client opens to a live member. Only keepalives that fail twice
+    /// are reported unavailable. The re-send's instant counts for the
+    /// deadline, and only the new stream's answer completes it.
+    fn fail_over(&mut self, detail: &str) {
+        self.stop_main();
         let pending: Vec<(i64, Inflight)> = self.inflight.drain().collect();
         for (lease, inflight) in pending {
             if inflight.retried {
                 self.fail(inflight.waiters, detail);
-                continue;
+            } else {
+                self.send_main(lease, inflight.waiters, true);
             }
-            let sent_at = Instant::now();
-            match self.send(lease).await {
-                Ok(()) => {
-                    let waiters = inflight.waiters;
-                    let retried = true;
-                    self.inflight.insert(
-                        lease,
-                        Inflight {
-                            sent_at,
-                            waiters,
-                            retried,
-                        },
-                    );
-                }
-                Err(EtcdError::LeaseNotFound) => {
-                    for w in inflight.waiters {
-                        let _ = w.send(Ok(Renewal {
-                            sent_at,
-                            ttl_secs: 0,
-                        }));
-                    }
-                }
-                Err(e) => self.fail(inflight.waiters, &e.to_string()),
+        }
+    }
+
+    fn stop_main(&mut self) {
+        if let Main::Open { tasks, .. } = std::mem::replace(&mut self.main, Main::Closed) {
+            for t in tasks {
+                t.abort();
             }
         }
     }
@@ -338,13 +541,30 @@ impl Task {
     }
 
     /// Drops the stream and fails everything waiting on it.
-    fn reset(&mut self, detail: &str) {
-        if let Some(s) = self.stream.take() {
-            s.reader.abort();
+    fn close(&mut self, detail: &str) {
+        self.stop_main();
+        let inflight: Vec<Vec<Reply>> = self.inflight.drain().map(|(_, i)| i.waiters).collect();
+        let queued: Vec<Vec<Reply>> = self.queued.drain().map(|(_, q)| q.waiters).collect();
+        for waiters in inflight.into_iter().chain(queued) {
+            self.fail(waiters, detail);
         }
-        let pending: Vec<Inflight> = self.inflight.drain().map(|(_, i)| i).collect();
-        for inflight in pending {
-            self.fail(inflight.waiters, detail);
+    }
+}
+
+/// Writes the main stream's keepalives, so a full gRPC send buffer holds up
+/// this task, never the keepalive task's loop.
+async fn write(
+    mut keeper: LeaseKeeper,
+    mut rx: mpsc::Receiver<i64>,
+    generation: u64,
+    events: mpsc::UnboundedSender<Event>,
+) {
+    while let Some(lease) = rx.recv().await {
+        keeper.id = lease;
+        if let Err(e) = keeper.keep_alive().await {
+            let detail = format!("keepalive send failed: {e}");
+            let _ = events.send(Event::Ended { generation, detail });
+            return;
         }
     }
 }
@@ -353,13 +573,12 @@ async fn read(mut stream: LeaseKeepAliveStream, generation: u64, tx: mpsc::Unbou
     let detail = loop {
         match stream.message().await {
             Ok(Some(resp)) => {
-                if tx
-                    .send(Event::Response {
-                        id: resp.id(),
-                        ttl: resp.ttl(),
-                    })
-                    .is_err()
-                {
+                let ev = Event::Response {
+                    generation,
+                    id: resp.id(),
+                    ttl: resp.ttl(),
+                };
+                if tx.send(ev).is_err() {
                     return;
                 }
             }
@@ -368,4 +587,82 @@ async fn read(mut stream: LeaseKeepAliveStream, generation: u64, tx: mpsc::Unbou
         }
     };
     let _ = tx.send(Event::Ended { generation, detail });
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A task over a connection that is never used (port 9 on loopback:
+    /// nothing here is sent).
+    async fn task() -> Task {
+        let endpoints = ["http://127.0.0.1:9".to_string()];
+        let second = Duration::from_secs(1);
+        let conn = EtcdConn::connect("t", &endpoints, second, second)
+            .await
+            .expect("connecting is lazy");
+        Task::new(conn)
+    }
+
+    #[tokio::test]
+    async fn an_answer_counts_only_against_a_send_on_its_own_stream() {
+        let mut task = task().await;
+        let (reply, mut rx) = oneshot::channel();
+        let resent_at = Instant::now();
+        // Re-sent on stream 2 after stream 1 failed over.
+        let inflight = Inflight {
+            sent_at: resent_at,
+            generation: 2,
+            waiters: vec![reply],
+            retried: true,
+        };
+        task.inflight.insert(7, inflight);
+        // A late answer of stream 1 (to the first send) arrives first.
+        task.on_event(Event::Response {
+            generation: 1,
+            id: 7,
+            ttl: 30,
+        });
+        assert!(rx.try_recv().is_err(), "the re-send is still unanswered");
+        task.on_event(Event::Response {
+            generation: 2,
+            id: 7,
+            ttl: 30,
+        });
+        let renewal = rx.try_recv().unwrap().unwrap();
+        assert_eq!(renewal.sent_at, resent_at);
+        assert_eq!(renewal.ttl_secs, 30);
+    }
+
+    #[tokio::test]
+    async fn leases_known_dead_or_near_their_end_stay_off_the_main_stream() {
+        let mut task = task().await;
+        // Gone, as etcd said: answered from memory, nothing sent.
+        task.dead.insert(1, Instant::now());
+        let (reply, mut rx) = oneshot::channel();
+        task.refresh(1, Duration::ZERO, 10, reply);
+        assert!(!rx.try_recv().unwrap().unwrap().alive());
+        assert!(task.probes.is_empty() && task.queued.is_empty());
+        // Known alive with time to spare: the main stream.
+        let fresh = Renewal {
+            sent_at: Instant::now(),
+            ttl_secs: 10,
+        };
+        task.recent.insert(2, fresh);
+        let (reply, _rx) = oneshot::channel();
+        task.refresh(2, Duration::ZERO, 10, reply);
+        assert!(task.queued.contains_key(&2), "queued for the main stream");
+        // Close to its end (or unknown): probed on a stream of its own.
+        let ending = Renewal {
+            sent_at: Instant::now() - Duration::from_millis(9_800),
+            ttl_secs: 10,
+        };
+        task.recent.insert(3, ending);
+        let (reply, _rx) = oneshot::channel();
+        task.refresh(3, Duration::ZERO, 10, reply);
+        let (reply, _rx) = oneshot::channel();
+        task.refresh(4, Duration::ZERO, 10, reply);
+        assert!(task.probes.contains_key(&3) && task.probes.contains_key(&4));
+        assert!(!task.queued.contains_key(&3) && !task.queued.contains_key(&4));
+    }
 }

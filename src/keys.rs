@@ -1,13 +1,27 @@
 //! The data layout on each shard, below the configured prefix `P`:
 //!
+//! - `P/shard` holds the shard's [`Identity`]: its name and the etcd
+//!   cluster id, written once when the shard is first initialised. Every
+//!   grant compares it byte for byte, so a router whose endpoints for "a"
+//!   reach another cluster (a typo, a swapped pair) can never grant there.
 //! - `P/ring` holds the [`RingMeta`] (epoch and ring fingerprint) that every
 //!   acquire compares byte for byte.
+//! - `P/epoch` holds the highest ring epoch any writer has reserved
+//!   ([`Reservation`]): an epoch bump or a migration reserves its epoch on
+//!   every shard before it records it anywhere, so a later bump always goes
+//!   past every epoch that may have been used, even on a shard since wiped.
 //! - `P/locks/<hex of the first 16 bytes of SHA-256(name)>` is a held lock,
 //!   attached to its session lease, with a [`LockValue`] naming the holder.
 //!   Hashing bounds key size and keeps lockIds short; a collision could only
 //!   make two names exclude each other (safe), never grant one name twice.
+//! - `P/held/<hash>` is created with the lock key, without a lease, and
+//!   deleted only by a release: a held record without its lock key means the
+//!   holder was *lost* (its lease ended), not released.
+//! - `P/delay/<hash>` is the lock-delay of a lost holder: on a fresh lease of
+//!   the lost lock's TTL, it keeps the name ungrantable until any validity
+//!   the lost holder was told of has surely passed (see `docs/design.md`).
 //! - `P/waiters/<hash>/<lease>-<nonce>` is a caller waiting for the name
-//!   (`waitMs`), attached to its session lease; the queue is ordered by the
+//!   (`waitMs`), attached to a lease of its own; the queue is ordered by the
 //!   keys' create revisions.
 
 use serde::{Deserialize, Serialize};
@@ -43,6 +57,35 @@ impl Keys {
         format!("{}/ring", self.prefix).into_bytes()
     }
 
+    pub fn identity(&self) -> Vec<u8> {
+        format!("{}/shard", self.prefix).into_bytes()
+    }
+
+    pub fn epoch(&self) -> Vec<u8> {
+        format!("{}/epoch", self.prefix).into_bytes()
+    }
+
+    /// The held record of a name: created with its lock key, deleted only
+    /// by a release.
+    pub fn held(&self, hash: &NameHash) -> Vec<u8> {
+        format!("{}/held/{}", self.prefix, hex(hash)).into_bytes()
+    }
+
+    /// The lock-delay of a name whose holder was lost.
+    pub fn delay(&self, hash: &NameHash) -> Vec<u8> {
+        format!("{}/delay/{}", self.prefix, hex(hash)).into_bytes()
+    }
+
+    /// Start and end (exclusive) of the range of held records.
+    pub fn held_range(&self) -> (Vec<u8>, Vec<u8>) {
+        self.range("held")
+    }
+
+    /// Start and end (exclusive) of the range of lock-delays.
+    pub fn delay_range(&self) -> (Vec<u8>, Vec<u8>) {
+        self.range("delay")
+    }
+
     pub fn lock(&self, hash: &NameHash) -> Vec<u8> {
         format!("{}/locks/{}", self.prefix, hex(hash)).into_bytes()
     }
@@ -61,9 +104,13 @@ impl Keys {
 
     /// Start and end (exclusive) of the range holding every lock key.
     pub fn locks_range(&self) -> (Vec<u8>, Vec<u8>) {
+        self.range("locks")
+    }
+
+    fn range(&self, kind: &str) -> (Vec<u8>, Vec<u8>) {
         (
-            format!("{}/locks/", self.prefix).into_bytes(),
-            format!("{}/locks0", self.prefix).into_bytes(), // '0' follows '/'
+            format!("{}/{kind}/", self.prefix).into_bytes(),
+            format!("{}/{kind}0", self.prefix).into_bytes(), // '0' follows '/'
         )
     }
 }
@@ -74,6 +121,58 @@ pub struct LockValue {
     pub client: String,
     pub epoch: u64,
     pub name: String,
+    /// The lock's TTL in whole seconds as the client asked for it (0 in
+    /// locks granted before it was recorded).
+    #[serde(default)]
+    pub ttl: u32,
+}
+
+/// Value of a held record and of a lock-delay: which name, and the TTL of
+/// the grant (the lock-delay a lost holder's name waits out).
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+pub struct HeldValue {
+    pub name: String,
+    pub ttl: u32,
+}
+
+/// Value of `P/shard`: which shard of the deployment this etcd cluster is.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "camelCase")]
+pub struct Identity {
+    /// The shard's name in the routers' config.
+    pub shard: String,
+    /// The etcd cluster id (hex) when the identity was written; a different
+    /// id today means the data was restored into, or copied to, another
+    /// cluster (revisions may have gone back: bump the epoch).
+    pub cluster_id: String,
+}
+
+impl Identity {
+    pub fn new(shard: &str, cluster_id: u64) -> Self {
+        Self {
+            shard: shard.to_string(),
+            cluster_id: format!("{cluster_id:016x}"),
+        }
+    }
+
+    pub fn to_bytes(&self) -> Vec<u8> {
+        serde_json::to_vec(self).expect("Identity serialises")
+    }
+}
+
+/// Value of `P/epoch`: the highest epoch reserved on this shard, and by
+/// which bump or migration (a random nonce), so that two writers can never
+/// both own one epoch.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+pub struct Reservation {
+    pub epoch: u64,
+    pub by: String,
+}
+
+impl Reservation {
+    pub fn to_bytes(&self) -> Vec<u8> {
+        serde_json::to_vec(self).expect("Reservation serialises")
+    }
 }
 
 /// Value of the ring key. Acquires compare the exact bytes read from the

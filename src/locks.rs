@@ -3,33 +3,39 @@
 //! Each is a few etcd calls on the shard that owns the name (or that the
 //! lockId names), with no per-lock state in the router:
 //! - acquire: one txn that creates the key on the client's session lease
-//!   only if nobody holds it and the shard still records this router's ring;
-//!   the session lease is renewed alongside (coalesced).
+//!   (with its held record) only if nobody holds the name, no lost holder's
+//!   lock-delay is pending, and the shard still records this router's ring
+//!   and identity; the session lease is renewed alongside (coalesced).
 //! - renew: a coalesced keepalive of the lock's lease plus a batched,
 //!   linearizable check that the key still has the lockId's create revision
 //!   and lease.
-//! - release: a txn deleting the key only if it still has that create
-//!   revision and lease, so a stale lockId never touches a later holder.
+//! - release: a txn deleting the key (and its held record) only if it still
+//!   has that create revision and lease, so a stale lockId never touches a
+//!   later holder.
+//!
+//! Honest expiry: every expiry the router reports counts from the earlier of
+//! the keepalive's send and the send of the etcd request that saw the lock
+//! key. The key existed then, so whatever ends the lease later, the holder's
+//! validity ends at most one TTL after the key is gone; the lock-delay of a
+//! lost holder (one TTL, see `docs/design.md`) covers exactly that.
 
+use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime};
 
+use arc_swap::ArcSwap;
 use etcd_client::KeyValue;
-use futures::future::join_all;
+use futures::future::{join_all, Either};
 
-use crate::config::Limits;
+use crate::config::{Limits, LockDelay};
 use crate::etcd::EtcdError;
 use crate::fencing;
 use crate::keepalive::Renewal;
-use crate::keys::{name_hash, LockValue, NameHash, Recorded};
+use crate::keys::{name_hash, HeldValue, LockValue, Recorded};
 use crate::lock_id::LockId;
 use crate::router::{NotServing, Router};
 use crate::session::SessionLease;
-use crate::shard::{AcquireTxn, Shard};
+use crate::shard::{AcquireTxn, Grantable, NameKeys, Shard};
 use crate::wait::WaitSlots;
-
-use std::sync::Arc;
-
-use arc_swap::ArcSwap;
 
 /// How long clients are told to wait before retrying an unavailable shard.
 pub const RETRY_AFTER: Duration = Duration::from_secs(1);
@@ -72,6 +78,13 @@ impl Expiry {
         let left = self.0.saturating_duration_since(Instant::now());
         (left.as_millis() as u64, SystemTime::now() + left)
     }
+
+    /// The expiry a renewal vouches for, counted from no later than
+    /// `key_seen` (the send of the request that saw the lock key).
+    pub fn vouched(renewal: &Renewal, key_seen: Instant) -> Self {
+        let from = renewal.sent_at.min(key_seen);
+        Self(from + Duration::from_secs(renewal.ttl_secs.max(0) as u64))
+    }
 }
 
 pub struct AcquireRequest {
@@ -89,7 +102,8 @@ pub struct Grant {
 
 pub enum Acquired {
     Granted(Grant),
-    /// Held by another client until at least this moment.
+    /// Held by another client (or waiting out a lost holder's lock-delay)
+    /// until at least this moment.
     Held(Expiry),
 }
 
@@ -112,6 +126,8 @@ pub struct Active {
     pub limits: Limits,
     /// Renewals of one lease closer together than this share a keepalive.
     pub coalesce: Duration,
+    /// What happens to the name of a holder lost other than by release.
+    pub lock_delay: LockDelay,
 }
 
 /// The lock operations over the active router. Each request works on one
@@ -180,6 +196,13 @@ impl Locks {
     }
 }
 
+/// What one attempt of a grant txn came to.
+pub(crate) enum Attempt {
+    Done(Acquired),
+    /// Try again (the ring, the session or a lost holder's record moved).
+    Again,
+}
+
 impl Active {
     /// Checks an acquire's name, clientId and TTL; returns the lease TTL.
     pub(crate) fn check_acquire(&self, req: &AcquireRequest) -> Result<u32, LockError> {
@@ -193,29 +216,27 @@ impl Active {
         let ttl_secs = self.check_acquire(req)?;
         let shard = self.router.shard_for(&req.name);
         tracing::Span::current().record("shard", shard.name.as_str());
-        let hash = name_hash(&req.name);
-        let key = shard.keys.lock(&hash);
-        let waiters = shard.keys.waiters(&hash);
+        let k = shard.name_keys(&name_hash(&req.name));
         let window = self.window(ttl_secs);
+        let mut replace_held = None;
         // Retried when the session lease expired between the cache and the
-        // txn, or when the shard's recorded ring moved on (a migration
-        // opened or closed) under a ring this router still serves.
+        // txn, when the shard's recorded ring moved on (a migration opened
+        // or closed) under a ring this router still serves, or when a lost
+        // holder's record changed under us.
         for _ in 0..3 {
-            let ring = self.granting_ring(shard)?;
-            if let Some(answer) = self
-                .handoff(&req.name, shard, &req.client_id, &hash, window)
-                .await?
-            {
+            let g = self.grantable(shard)?;
+            if let Some(answer) = self.handoff(&req.name, shard, &req.client_id, &k).await? {
                 return Ok(answer);
             }
-            let (epoch, value) = lock_value(req, &ring)?;
+            let value = lock_value(req, &g.ring, ttl_secs)?;
             let session = shard
                 .sessions
                 .get_or_grant(&req.client_id, ttl_secs, || grant_session(shard, ttl_secs))
                 .await?;
+            let sent = Instant::now();
             let (txn, renewal) = tokio::join!(
-                shard.acquire_txn(&key, value, session.id, &ring, &waiters),
-                shard.keepalive.refresh(session.id, window),
+                shard.acquire_txn(&k, &value, session.id, &g, replace_held),
+                shard.keepalive.refresh(session.id, window, ttl_secs),
             );
             let lease_gone = matches!(txn, Err(EtcdError::LeaseNotFound))
                 || matches!(renewal, Ok(r) if !r.alive());
@@ -227,45 +248,119 @@ impl Active {
                     .await;
                 continue;
             }
-            match txn? {
-                AcquireTxn::Granted { revision } => {
-                    let made = NewGrant {
-                        epoch,
-                        ttl_secs,
-                        lease: session.id,
-                        revision,
-                        hash,
-                    };
-                    return Ok(Acquired::Granted(made.grant(shard, renewal?)?));
-                }
-                AcquireTxn::Held(holder) => {
-                    let own = Some((session, renewal));
-                    return self
-                        .held(shard, &req.client_id, holder, hash, own, window)
-                        .await;
-                }
-                // Free, but others wait for it: they come first.
-                AcquireTxn::Queued => return Ok(Acquired::Held(Expiry(Instant::now()))),
-                AcquireTxn::RingChanged(found) => self.router.ring_changed(shard, found),
+            let own = (session, renewal);
+            match self
+                .settle(shard, &k, &req.client_id, txn?, sent, own, &g)
+                .await?
+            {
+                Attempt::Done(answer) => return Ok(answer),
+                Attempt::Again => {}
+            }
+            replace_held = None;
+            if let LockDelay::Off = self.lock_delay {
+                // With lock-delay off, a lost holder's record is replaced.
+                replace_held = self.lost_record(shard, &k).await?;
             }
         }
         Err(unavailable(
             shard,
-            "the shard's ring or session lease kept changing; retry",
+            "the shard's ring, session lease or lock records kept changing; retry",
         ))
     }
 
+    /// Turns a refused grant txn into an answer (or a retry).
+    #[allow(clippy::too_many_arguments)]
+    async fn settle(
+        &self,
+        shard: &Shard,
+        k: &NameKeys,
+        client_id: &str,
+        txn: AcquireTxn,
+        sent: Instant,
+        (session, renewal): (SessionLease, Result<Renewal, EtcdError>),
+        g: &Grantable,
+    ) -> Result<Attempt, LockError> {
+        Ok(Attempt::Done(match txn {
+            AcquireTxn::Granted { revision } => {
+                let lock = LockId {
+                    shard: shard.name.clone(),
+                    epoch: epoch_of(&g.ring)?,
+                    ttl_secs: session.ttl_secs,
+                    lease: session.id,
+                    revision,
+                    name_hash: k.hash,
+                };
+                Acquired::Granted(grant(lock, &renewal?, sent)?)
+            }
+            AcquireTxn::Held(holder) => {
+                let own = (session.id == holder.lease()).then_some(renewal);
+                self.held(shard, client_id, holder, k, own, sent).await?
+            }
+            AcquireTxn::Delayed(delay) => Acquired::Held(lease_end(shard, &delay).await?),
+            AcquireTxn::Lost(held) => match self.lost(shard, k, &held, &g.identity).await? {
+                Some(until) => Acquired::Held(until),
+                None => return Ok(Attempt::Again),
+            },
+            // Free, but others wait for it: they come first.
+            AcquireTxn::Queued | AcquireTxn::Gone | AcquireTxn::Behind(..) => {
+                Acquired::Held(Expiry(Instant::now()))
+            }
+            AcquireTxn::RingChanged(found) => {
+                self.router.ring_changed(shard, found);
+                return Ok(Attempt::Again);
+            }
+            AcquireTxn::IdentityChanged => {
+                self.router.identity_changed(shard);
+                return Ok(Attempt::Again);
+            }
+        }))
+    }
+
+    /// The holder of the name was lost (its lease ended, it did not
+    /// release): sets the name's lock-delay, a fresh lease of the lost
+    /// lock's TTL, so nobody gets the name before any validity the lost
+    /// holder was told of has passed. Returns when the delay ends, or
+    /// `None` if the record changed meanwhile (look again). With lock-delay
+    /// off, `None` at once: the caller replaces the record.
+    pub(crate) async fn lost(
+        &self,
+        shard: &Shard,
+        k: &NameKeys,
+        held: &KeyValue,
+        identity: &[u8],
+    ) -> Result<Option<Expiry>, LockError> {
+        if let LockDelay::Off = self.lock_delay {
+            return Ok(None);
+        }
+        let ttl = serde_json::from_slice::<HeldValue>(held.value())
+            .map(|h| h.ttl)
+            .unwrap_or(0);
+        let (until, set) = set_lock_delay(shard, k, held, ttl, identity).await?;
+        Ok(set.then_some(until))
+    }
+
+    /// With lock-delay off: the mod revision of a lost holder's record, to
+    /// be replaced by the next grant.
+    async fn lost_record(&self, shard: &Shard, k: &NameKeys) -> Result<Option<i64>, LockError> {
+        let state = shard.read_name(k).await?;
+        Ok(match (state.lock, state.held) {
+            (None, Some(held)) => Some(held.mod_revision()),
+            _ => None,
+        })
+    }
+
     /// During a migration a moved name may still be held on its previous
-    /// shard: that holder keeps it (and a re-acquire by it is answered from
-    /// there) until it lets go. The previous shard must already record the
-    /// new ring, so that nothing can grant the name there any more.
+    /// shard (or wait out a lost holder's lock-delay there): that holder
+    /// keeps it (and a re-acquire by it is answered from there) until it
+    /// lets go. The previous shard must already record the new ring, so that
+    /// nothing can grant the name there any more, and carry the identity
+    /// this router verified for it.
     async fn handoff(
         &self,
         name: &str,
         shard: &Shard,
         client_id: &str,
-        hash: &NameHash,
-        window: Duration,
+        k: &NameKeys,
     ) -> Result<Option<Acquired>, LockError> {
         let Some(migration) = self.router.migration() else {
             return Ok(None);
@@ -275,10 +370,20 @@ impl Active {
             return Ok(None);
         }
         check_up(previous)?;
-        let (holder, recorded) = previous
-            .read_lock_and_ring(&previous.keys.lock(hash))
-            .await?;
-        let fenced = recorded.is_some_and(|r| {
+        let identity = previous.verified_identity().ok_or_else(|| {
+            unavailable(previous, "the shard's identity is not verified yet; retry")
+        })?;
+        let pk = previous.name_keys(&k.hash);
+        let sent = Instant::now();
+        let state = previous.read_name(&pk).await?;
+        if state.identity.as_deref() != Some(identity.as_slice()) {
+            self.router.identity_changed(previous);
+            return Err(unavailable(
+                previous,
+                "the cluster behind this shard's endpoints is not this shard",
+            ));
+        }
+        let fenced = state.ring.is_some_and(|r| {
             r.meta.ring == self.router.ring.fingerprint()
                 && r.meta.epoch >= migration.recorded.meta.epoch
         });
@@ -288,56 +393,70 @@ impl Active {
                 "the migration has not fenced this shard yet; retry",
             ));
         }
-        match holder {
-            None => Ok(None),
-            Some(kv) => self
-                .held(previous, client_id, kv, *hash, None, window)
+        if let Some(kv) = state.lock {
+            return self
+                .held(previous, client_id, kv, &pk, None, sent)
                 .await
-                .map(Some),
+                .map(Some);
         }
+        if let Some(delay) = state.delay {
+            return Ok(Some(Acquired::Held(lease_end(previous, &delay).await?)));
+        }
+        if let Some(held) = state.held {
+            return match self.lost(previous, &pk, &held, &identity).await? {
+                Some(until) => Ok(Some(Acquired::Held(until))),
+                // Lock-delay off, or the record changed: nothing there can
+                // be granted again (the shard is fenced), so it is free.
+                None => Ok(None),
+            };
+        }
+        Ok(None)
     }
 
     /// The name is held: by the caller (idempotent re-acquire) or by another.
-    /// `own` is the caller's session on `shard` and its renewal, if the
-    /// acquire just ran there.
-    async fn held(
+    /// `own` is the renewal of the caller's session on `shard` if the holder
+    /// rides on it; `sent` when the request that read the holder was sent.
+    pub(crate) async fn held(
         &self,
         shard: &Shard,
         client_id: &str,
         holder: KeyValue,
-        hash: NameHash,
-        own: Option<(SessionLease, Result<Renewal, EtcdError>)>,
-        window: Duration,
+        k: &NameKeys,
+        own: Option<Result<Renewal, EtcdError>>,
+        sent: Instant,
     ) -> Result<Acquired, LockError> {
         let value: Option<LockValue> = serde_json::from_slice(holder.value()).ok();
         match value {
             Some(v) if v.client == client_id => {
                 let renewal = match own {
-                    Some((session, renewal)) if session.id == holder.lease() => renewal?,
-                    _ => shard.keepalive.refresh(holder.lease(), window).await?,
+                    Some(renewal) => renewal?,
+                    None => {
+                        let ttl = v.ttl.max(2);
+                        let window = self.window(ttl);
+                        shard.keepalive.refresh(holder.lease(), window, ttl).await?
+                    }
                 };
                 if !renewal.alive() {
                     // Its lease just ran out; etcd deletes the key momentarily.
                     return Ok(Acquired::Held(Expiry(Instant::now())));
                 }
+                // The TTL the lock was granted with (older locks: etcd's).
+                let ttl_secs = match v.ttl {
+                    0 => u32::try_from(renewal.ttl_secs).unwrap_or(u32::MAX),
+                    ttl => ttl,
+                };
                 let lock = LockId {
                     shard: shard.name.clone(),
                     epoch: u16::try_from(v.epoch)
                         .map_err(|_| LockError::Internal("epoch out of range".into()))?,
-                    ttl_secs: renewal.ttl_secs as u32,
+                    ttl_secs,
                     lease: holder.lease(),
                     revision: holder.create_revision(),
-                    name_hash: hash,
+                    name_hash: k.hash,
                 };
-                Ok(Acquired::Granted(grant(lock, renewal)?))
+                Ok(Acquired::Granted(grant(lock, &renewal, sent)?))
             }
-            _ => {
-                let sent_at = Instant::now();
-                let left = shard.time_to_live(holder.lease()).await?;
-                Ok(Acquired::Held(Expiry(
-                    sent_at + Duration::from_secs(left as u64),
-                )))
-            }
+            _ => Ok(Acquired::Held(lease_end(shard, &holder).await?)),
         }
     }
 
@@ -397,25 +516,35 @@ impl Active {
             .collect()
     }
 
+    /// The keepalive and the check run in parallel; a lock the check finds
+    /// gone is answered at once, without waiting for the keepalive.
     async fn renew_on(&self, shard: &Shard, id: &LockId) -> Result<Renewed, EtcdError> {
         let key = shard.keys.lock(&id.name_hash);
-        let (renewal, current) = tokio::join!(
-            shard.keepalive.refresh(id.lease, self.window(id.ttl_secs)),
-            shard.verifier.get(key),
-        );
-        Ok(match current? {
-            None => Renewed::Expired,
+        let sent = Instant::now();
+        let keepalive = shard
+            .keepalive
+            .refresh(id.lease, self.window(id.ttl_secs), id.ttl_secs);
+        let verify = shard.verifier.get(key);
+        let (mut keepalive, verify) = (std::pin::pin!(keepalive), std::pin::pin!(verify));
+        let (current, early) = match futures::future::select(verify, &mut keepalive).await {
+            Either::Left((current, _)) => (current, None),
+            Either::Right((renewal, verify)) => (verify.await, Some(renewal)),
+        };
+        match current? {
+            None => Ok(Renewed::Expired),
             Some(kv) if kv.create_revision() == id.revision && kv.lease() == id.lease => {
-                let renewal = renewal?;
-                if renewal.alive() {
-                    shard.sessions.touch(id.lease);
-                    Renewed::Renewed(Expiry(renewal.deadline()))
-                } else {
-                    Renewed::Expired
+                let renewal = match early {
+                    Some(renewal) => renewal?,
+                    None => keepalive.await?,
+                };
+                if !renewal.alive() {
+                    return Ok(Renewed::Expired);
                 }
+                shard.sessions.touch(id.lease);
+                Ok(Renewed::Renewed(Expiry::vouched(&renewal, sent)))
             }
-            Some(_) => Renewed::Stolen,
-        })
+            Some(_) => Ok(Renewed::Stolen),
+        }
     }
 
     /// After this the name is not held under `lock_id` (released now or
@@ -423,9 +552,9 @@ impl Active {
     pub async fn release(&self, lock_id: &str, token: u64) -> Result<(), LockError> {
         let id = decode(lock_id, token)?;
         let shard = self.shard_of(&id)?;
-        check_up(&shard)?;
-        let key = shard.keys.lock(&id.name_hash);
-        shard.release_txn(&key, id.revision, id.lease).await?;
+        check_identity(&shard)?;
+        let k = shard.name_keys(&id.name_hash);
+        shard.release_txn(&k, id.revision, id.lease).await?;
         Ok(())
     }
 
@@ -443,18 +572,24 @@ impl Active {
             }
         }
         for place in &places {
-            check_up(place)?;
-            if let Some(kv) = place.get(&place.keys.lock(&hash)).await? {
+            check_identity(place)?;
+            let state = place.read_name(&place.name_keys(&hash)).await?;
+            if state.identity != place.verified_identity() {
+                self.router.identity_changed(place);
+                return Err(unavailable(
+                    place,
+                    "the cluster behind this shard's endpoints is not this shard",
+                ));
+            }
+            if let Some(kv) = state.lock {
                 let value: LockValue = serde_json::from_slice(kv.value())
                     .map_err(|e| LockError::Internal(format!("unreadable lock value: {e}")))?;
                 let token = fencing::token(value.epoch, kv.create_revision())
                     .ok_or_else(|| LockError::Internal("token out of range".into()))?;
-                let sent_at = Instant::now();
-                let left = place.time_to_live(kv.lease()).await?;
-                if left == 0 {
+                let expires = lease_end(place, &kv).await?;
+                if expires.0 <= Instant::now() {
                     continue; // its lease ran out; etcd deletes it momentarily
                 }
-                let expires = Expiry(sent_at + Duration::from_secs(left as u64));
                 return Ok(Inspection {
                     shard: place.name.clone(),
                     holder: Some((token, expires)),
@@ -484,8 +619,9 @@ impl Active {
             .min(Duration::from_millis(u64::from(ttl_secs) * 100))
     }
 
-    pub(crate) fn granting_ring(&self, shard: &Shard) -> Result<Recorded, LockError> {
-        self.router.granting_ring(shard).map_err(|why| match why {
+    /// What a grant on `shard` compares, if it may grant now.
+    pub(crate) fn grantable(&self, shard: &Shard) -> Result<Grantable, LockError> {
+        self.router.grantable(shard).map_err(|why| match why {
             NotServing::Down => unavailable(shard, "the shard does not answer"),
             NotServing::Ring(detail) => unavailable(shard, &detail),
         })
@@ -504,71 +640,80 @@ impl Active {
     }
 }
 
-/// A lock key just created on a session lease.
-pub(crate) struct NewGrant {
-    pub epoch: u16,
-    pub ttl_secs: u32,
-    pub lease: i64,
-    pub revision: i64,
-    pub hash: NameHash,
-}
-
-impl NewGrant {
-    /// The grant's answer; `renewal` is the session's latest renewal.
-    pub(crate) fn grant(self, shard: &Shard, renewal: Renewal) -> Result<Grant, LockError> {
-        let lock = LockId {
-            shard: shard.name.clone(),
-            epoch: self.epoch,
-            ttl_secs: self.ttl_secs,
-            lease: self.lease,
-            revision: self.revision,
-            name_hash: self.hash,
-        };
-        grant(lock, renewal)
+/// Sets the lock-delay of a lost holder's name: grants a lease of `ttl`
+/// seconds (plus one, for rounding and clock rates) and moves the held
+/// record onto it. Returns when the delay ends at the earliest, and whether
+/// this call set it.
+pub(crate) async fn set_lock_delay(
+    shard: &Shard,
+    k: &NameKeys,
+    held: &KeyValue,
+    ttl: u32,
+    identity: &[u8],
+) -> Result<(Expiry, bool), EtcdError> {
+    let sent = Instant::now();
+    // Granted after the key was seen gone, so it ends no earlier than one
+    // delay after the lost holder's key went.
+    let (lease, granted) = shard.grant(ttl.max(1) + 1).await?;
+    let until = Expiry(sent + Duration::from_secs(granted.max(0) as u64));
+    let set = shard.lost_to_delay(k, held, lease, identity).await?;
+    if set {
+        crate::metrics::lock_delay_set(&shard.name);
+        tracing::info!(shard = %shard.name, ttl, "a holder was lost without releasing: lock-delay set");
+    } else {
+        let _ = shard.revoke(lease).await;
     }
+    Ok((until, set))
 }
 
-/// The epoch a grant under `ring` carries, and the lock key's value.
+/// When the lease of `kv` ends, as far as the router knows now.
+pub(crate) async fn lease_end(shard: &Shard, kv: &KeyValue) -> Result<Expiry, EtcdError> {
+    let sent = Instant::now();
+    let left = shard.time_to_live(kv.lease()).await?;
+    Ok(Expiry(sent + Duration::from_secs(left as u64)))
+}
+
+/// The lock key's value for a grant under `ring`.
 pub(crate) fn lock_value(
     req: &AcquireRequest,
     ring: &Recorded,
-) -> Result<(u16, Vec<u8>), LockError> {
-    let epoch = u16::try_from(ring.meta.epoch)
-        .map_err(|_| LockError::Internal("ring epoch out of range".into()))?;
-    let value = LockValue {
+    ttl_secs: u32,
+) -> Result<LockValue, LockError> {
+    epoch_of(ring)?;
+    Ok(LockValue {
         client: req.client_id.clone(),
         epoch: ring.meta.epoch,
         name: req.name.clone(),
-    };
-    let bytes = serde_json::to_vec(&value).map_err(|e| LockError::Internal(e.to_string()))?;
-    Ok((epoch, bytes))
+        ttl: ttl_secs,
+    })
+}
+
+pub(crate) fn epoch_of(ring: &Recorded) -> Result<u16, LockError> {
+    u16::try_from(ring.meta.epoch)
+        .map_err(|_| LockError::Internal("ring epoch out of range".into()))
 }
 
 pub(crate) async fn grant_session(shard: &Shard, ttl_secs: u32) -> Result<SessionLease, EtcdError> {
     let sent_at = Instant::now();
-    let id = shard.grant(ttl_secs).await?;
+    let (id, granted) = shard.grant(ttl_secs).await?;
     crate::metrics::session_granted(&shard.name);
-    shard
-        .keepalive
-        .seed(
-            id,
-            Renewal {
-                sent_at,
-                ttl_secs: ttl_secs.into(),
-            },
-        )
-        .await;
+    let renewal = Renewal {
+        sent_at,
+        ttl_secs: granted,
+    };
+    shard.keepalive.seed(id, renewal).await;
     Ok(SessionLease { id, ttl_secs })
 }
 
-pub(crate) fn grant(lock: LockId, renewal: Renewal) -> Result<Grant, LockError> {
+/// The answer to a grant (or re-acquire) confirmed by a txn sent at `sent`.
+pub(crate) fn grant(lock: LockId, renewal: &Renewal, sent: Instant) -> Result<Grant, LockError> {
     let fencing_token = lock
         .token()
         .ok_or_else(|| LockError::Internal("fencing token out of range".into()))?;
     Ok(Grant {
         lock_id: lock.encode(),
         fencing_token,
-        expires: Expiry(renewal.deadline()),
+        expires: Expiry::vouched(renewal, sent),
     })
 }
 
@@ -586,6 +731,18 @@ pub(crate) fn check_up(shard: &Shard) -> Result<(), LockError> {
     } else {
         Err(unavailable(shard, "the shard does not answer"))
     }
+}
+
+/// The shard answers and its cluster was verified to be this shard.
+pub(crate) fn check_identity(shard: &Shard) -> Result<(), LockError> {
+    check_up(shard)?;
+    if shard.verified_identity().is_none() {
+        return Err(unavailable(
+            shard,
+            "the shard's identity is not verified (see the router log)",
+        ));
+    }
+    Ok(())
 }
 
 pub(crate) fn unavailable(shard: &Shard, detail: &str) -> LockError {

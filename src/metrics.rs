@@ -111,6 +111,37 @@ fn describe() {
         "lockrouter_verify_batch_size",
         "lock keys checked per read-only verification txn"
     );
+    describe_counter!(
+        "lockrouter_lock_delays_total",
+        "lock-delays set for holders lost without releasing (their lease ended)"
+    );
+}
+
+/// How often histogram samples are folded into their buckets when nobody
+/// scrapes: the recorder keeps every sample until then.
+pub const UPKEEP_EVERY: Duration = Duration::from_secs(5);
+
+/// Folds recorded histogram samples into buckets every `every` (the
+/// router uses [`UPKEEP_EVERY`]), so memory stays flat with or without a
+/// Prometheus scraping.
+pub fn start_upkeep(handle: PrometheusHandle, every: Duration) -> crate::TaskGuard {
+    let cancel = tokio_util::sync::CancellationToken::new();
+    let stop = cancel.clone();
+    let task = tokio::spawn(async move {
+        let mut every = tokio::time::interval(every);
+        loop {
+            tokio::select! {
+                _ = every.tick() => handle.run_upkeep(),
+                _ = stop.cancelled() => return,
+            }
+        }
+    });
+    crate::TaskGuard::new(task, cancel)
+}
+
+/// A lost holder's name got its lock-delay.
+pub fn lock_delay_set(shard: &str) {
+    counter!("lockrouter_lock_delays_total", "shard" => shard.to_string()).increment(1);
 }
 
 pub fn request(op: &'static str, outcome: &'static str, elapsed: Duration) {
@@ -182,4 +213,45 @@ pub fn active_locks(shard: &str, n: i64) {
 
 pub fn verify_batch(shard: &str, size: usize) {
     histogram!("lockrouter_verify_batch_size", "shard" => shard.to_string()).record(size as f64);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Resident memory of this process, in KiB.
+    fn rss_kib() -> u64 {
+        let status = std::fs::read_to_string("/proc/self/status").unwrap();
+        status
+            .lines()
+            .find_map(|l| l.strip_prefix("VmRSS:"))
+            .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+            .expect("VmRSS in /proc/self/status")
+    }
+
+    async fn record(n: usize) {
+        for chunk in 0..n / 10_000 {
+            for i in 0..10_000 {
+                histogram!("lockrouter_test_upkeep_seconds").record((chunk + i) as f64 * 1e-6);
+            }
+            tokio::task::yield_now().await;
+        }
+        // More than one upkeep interval, so the last samples are folded too.
+        tokio::time::sleep(Duration::from_millis(300)).await;
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn histogram_samples_do_not_pile_up_when_nobody_scrapes() {
+        let handle = install();
+        let _upkeep = start_upkeep(handle, Duration::from_millis(50));
+        record(2_000_000).await;
+        let before = rss_kib();
+        record(2_000_000).await;
+        let after = rss_kib();
+        // Kept, two million samples would take at least 16 MB.
+        assert!(
+            after < before + 4 * 1024,
+            "RSS grew from {before} KiB to {after} KiB while nobody scraped"
+        );
+    }
 }

@@ -9,7 +9,13 @@
 //!   held on its previous shard the migration is closed;
 //! - once every shard records this router's ring, the router may grant.
 //!
-//! It also sweeps idle session slots and samples per-shard lock counts.
+//! Each probe also verifies the shard's identity (`P/shard`): the cluster at
+//! the configured endpoints must say it is this shard, with the cluster id
+//! that answers. A shard initialised before shards had an identity gets one
+//! recorded (only while it records this router's ring).
+//!
+//! It also sweeps idle session slots, samples per-shard lock counts, and
+//! sets the lock-delay of lost holders whose names nobody asked for since.
 
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex, Weak};
@@ -18,12 +24,12 @@ use std::time::{Duration, Instant};
 use futures::future::join_all;
 use tokio_util::sync::CancellationToken;
 
-use crate::config::Settings;
-use crate::keys::{Recorded, RingMeta};
+use crate::config::{LockDelay, Settings};
+use crate::keys::{HeldValue, Identity, Recorded, Reservation, RingMeta};
 use crate::metrics as m;
 use crate::ring::Ring;
 use crate::router::{classify, log_ring_change, Migration, Router};
-use crate::shard::{RingState, Shard};
+use crate::shard::{IdentityGuard, Probe, RingGuard, RingState, Shard};
 
 struct Intervals {
     health: Duration,
@@ -63,42 +69,24 @@ async fn tick(router: &Router, count_due: bool) {
     let fp = router.ring.fingerprint().to_string();
     let shards = &router.shards;
     join_all(all_shards(router).iter().map(|s| s.conn.check_members())).await;
-    let probes = join_all(shards.iter().map(|s| s.read_ring())).await;
+    let probes = join_all(shards.iter().map(|s| s.probe())).await;
     let mut states = Vec::with_capacity(shards.len());
-    for (shard, probe) in shards.iter().zip(probes) {
+    let mut fresh = true;
+    for (shard, probe) in shards.iter().zip(&probes) {
         match probe {
-            Ok(found) => {
+            Ok(p) => {
                 shard.conn.set_up(true);
-                states.push(Some(classify(found, &fp)));
+                fresh &= p.ring.is_none() && p.identity.is_none() && p.reservation.is_none();
+                states.push(Some(verify(shard, p, &fp).await));
             }
-            Err(_) => states.push(None),
+            Err(_) => {
+                fresh = false;
+                states.push(None);
+            }
         }
     }
-    if states.iter().all(|s| matches!(s, Some(RingState::Absent))) {
-        let fresh = Recorded::new(RingMeta {
-            epoch: 1,
-            ring: fp.clone(),
-            previous: None,
-        });
-        // In shard-name order, stopping at the first shard some other ring
-        // got to first: replicas racing with different shard sets then
-        // cannot split the shards between them (lock ordering), so one of
-        // them ends up with all of its shards and serves.
-        let mut order: Vec<usize> = (0..shards.len()).collect();
-        order.sort_by(|&a, &b| shards[a].name.cmp(&shards[b].name));
-        for i in order {
-            match shards[i].swap_ring(None, &fresh).await {
-                Ok(found) => {
-                    let state = classify(found, &fp);
-                    let lost = !matches!(state, RingState::Ready(_));
-                    states[i] = Some(state);
-                    if lost {
-                        break;
-                    }
-                }
-                Err(_) => break,
-            }
-        }
+    if fresh {
+        initialise(router, &probes, &mut states).await;
     }
     // The newest recorded meta of this ring says whether a migration is open.
     let newest = states
@@ -159,6 +147,9 @@ async fn tick(router: &Router, count_due: bool) {
     }
     if count_due {
         count_locks(router).await;
+        for shard in all_shards(router).iter().filter(|s| s.conn.is_up()) {
+            sweep_lost(router, shard).await;
+        }
     }
 }
 
@@ -202,18 +193,124 @@ async fn follow_migration(router: &Router, open: &Recorded) -> bool {
             m
         }
     };
-    // Draining shards are probed here, which keeps their up flag current.
-    // Nothing is written: a fence left incomplete is completed by the
-    // opener's retry or by an epoch bump, never guessed at here (a shard
-    // that records nothing may have lost its data).
+    // Draining shards are probed here, which keeps their up flag current
+    // and verifies their identity (the endpoints recorded for them are
+    // input, and may reach the wrong cluster). Nothing is written: a fence
+    // left incomplete is completed by the opener's retry or by an epoch
+    // bump, never guessed at here (a shard that records nothing may have
+    // lost its data).
+    let fp = router.ring.fingerprint();
     for shard in migration
         .shards
         .iter()
         .filter(|s| !router.shards.iter().any(|c| c.name == s.name))
     {
-        let _ = shard.read_ring().await;
+        if let Ok(probe) = shard.probe().await {
+            let state = verify(shard, &probe, fp).await;
+            log_ring_change(shard, &shard.ring_state(), &state, fp);
+            shard.set_ring_state(state);
+        }
     }
     true
+}
+
+/// Checks that `probe` comes from the cluster that is `shard` and says
+/// what the shard records; sets (or clears) the shard's verified identity.
+async fn verify(shard: &Shard, probe: &Probe, fp: &str) -> RingState {
+    let answering = format!("{:016x}", probe.cluster_id);
+    let (state, verified) = match &probe.identity {
+        Some(Ok((id, bytes))) if id.shard == shard.name && id.cluster_id == answering => {
+            (classify(probe.ring.clone(), fp), Some(bytes.clone()))
+        }
+        Some(Ok((id, _))) if id.shard != shard.name => (
+            RingState::Identity(format!(
+                "the etcd cluster at these endpoints is shard {:?}",
+                id.shard
+            )),
+            None,
+        ),
+        Some(Ok((id, _))) => (
+            RingState::Identity(format!(
+                "the shard was recorded in etcd cluster {} but cluster {answering} answers: \
+                 restored from a snapshot or copied to another cluster? Its revisions may have \
+                 gone back; bump the epoch (docs/operations.md)",
+                id.cluster_id
+            )),
+            None,
+        ),
+        Some(Err(bytes)) => (
+            RingState::Identity(format!(
+                "unreadable identity record {:?}",
+                String::from_utf8_lossy(bytes)
+            )),
+            None,
+        ),
+        None => return adopt(shard, probe, fp).await,
+    };
+    shard.set_verified_identity(verified);
+    state
+}
+
+/// A shard that records no identity: never initialised (it records nothing
+/// at all), or initialised before shards had one. The latter gets this
+/// shard's identity recorded, but only while it records this router's very
+/// ring: a cluster holding the deployment's ring is one of its shards.
+async fn adopt(shard: &Shard, probe: &Probe, fp: &str) -> RingState {
+    shard.set_verified_identity(None);
+    let Some(ring) = probe.ring.as_ref().filter(|r| r.meta.ring == fp) else {
+        return classify(probe.ring.clone(), fp);
+    };
+    let identity = Identity::new(&shard.name, probe.cluster_id);
+    match shard.adopt_identity(&identity, &ring.bytes).await {
+        Ok(true) => {
+            tracing::info!(shard = %shard.name, cluster = %identity.cluster_id, "recorded the shard's identity");
+            shard.set_verified_identity(Some(identity.to_bytes()));
+            RingState::Ready(ring.clone())
+        }
+        _ => RingState::Unknown, // looked at again next round
+    }
+}
+
+/// Initialises a fresh deployment: every shard reachable and none ever
+/// used. Records the ring at epoch 1, each shard's identity and the epoch
+/// reservation, in shard-name order, stopping at the first shard some other
+/// ring got to first: replicas racing with different shard sets then cannot
+/// split the shards between them (lock ordering), so one of them ends up
+/// with all of its shards and serves.
+async fn initialise(
+    router: &Router,
+    probes: &[Result<Probe, crate::etcd::EtcdError>],
+    states: &mut [Option<RingState>],
+) {
+    let fp = router.ring.fingerprint();
+    let shards = &router.shards;
+    let fresh = Recorded::new(RingMeta {
+        epoch: 1,
+        ring: fp.to_string(),
+        previous: None,
+    });
+    let reservation = Reservation {
+        epoch: 1,
+        by: crate::reload::nonce(),
+    };
+    let mut order: Vec<usize> = (0..shards.len()).collect();
+    order.sort_by(|&a, &b| shards[a].name.cmp(&shards[b].name));
+    for i in order {
+        let Ok(probe) = &probes[i] else { break };
+        let identity = Identity::new(&shards[i].name, probe.cluster_id);
+        match shards[i].initialise(&fresh, &identity, &reservation).await {
+            Ok(true) => {
+                shards[i].set_verified_identity(Some(identity.to_bytes()));
+                states[i] = Some(RingState::Ready(fresh.clone()));
+            }
+            // Another replica got here first: verified next round.
+            Ok(false) => {
+                states[i] = Some(RingState::Unknown);
+                break;
+            }
+            Err(_) => break,
+        }
+    }
 }
 
 /// Counts moved names still held on their previous shards; closes the
@@ -223,11 +320,7 @@ async fn maybe_close(router: &Router, migration: &Migration) {
     let mut held = BTreeMap::new();
     for shard in &migration.shards {
         let fenced = matches!(shard.read_ring().await, Ok(Some(r)) if r.meta.ring == router.ring.fingerprint());
-        let here = shard.name.clone();
-        let counted = shard
-            .count_locks_where(|name| router.ring.shard_name(name) != here)
-            .await;
-        match (fenced, counted) {
+        match (fenced, moved_names_left(router, shard).await) {
             (true, Ok(n)) => {
                 m::migration_moved_held(&shard.name, n);
                 held.insert(shard.name.clone(), n);
@@ -246,8 +339,12 @@ async fn maybe_close(router: &Router, migration: &Migration) {
     });
     let mut everywhere = true;
     for shard in all_shards(router) {
+        let Some(guard) = verified_guard(&shard) else {
+            everywhere = false;
+            continue;
+        };
         match shard
-            .swap_ring(Some(&migration.recorded.bytes), &closed)
+            .swap_ring(Some(&migration.recorded.bytes), &closed, &guard)
             .await
         {
             Ok(Some(r)) if r == closed => {}
@@ -268,13 +365,66 @@ async fn maybe_close(router: &Router, migration: &Migration) {
     }
 }
 
+/// Moved names still present on their previous shard `shard`: held, lost
+/// without a lock-delay set yet, or waiting out one. Any of them keeps the
+/// migration open (the new shard checks there before granting).
+async fn moved_names_left(router: &Router, shard: &Shard) -> Result<i64, crate::etcd::EtcdError> {
+    let here = shard.name.clone();
+    let mut moved = |name: &str| router.ring.shard_name(name) != here;
+    let k = &shard.keys;
+    // A held lock has a lock key and a held record: count names, not keys.
+    let mut names = std::collections::HashSet::new();
+    for range in [k.locks_range(), k.held_range(), k.delay_range()] {
+        names.extend(shard.hashes_where(range, &mut moved).await?);
+    }
+    Ok(names.len() as i64)
+}
+
+/// A ring replacement guarded by the identity verified on `shard`.
+fn verified_guard(shard: &Shard) -> Option<RingGuard> {
+    Some(RingGuard {
+        reservation: None,
+        identity: IdentityGuard::Verified(shard.verified_identity()?),
+    })
+}
+
+/// Sets the lock-delay of holders lost on `shard` whose names nobody asked
+/// for since (with lock-delay off: forgets their records), so that records
+/// do not pile up and a migration's moved names do not wait for them.
+async fn sweep_lost(router: &Router, shard: &Shard) {
+    let Some(identity) = shard.verified_identity() else {
+        return;
+    };
+    let Ok(orphans) = shard.orphaned_held().await else {
+        return;
+    };
+    for held in orphans {
+        let k = shard.keys_of_held(&held);
+        let ttl = serde_json::from_slice::<HeldValue>(held.value())
+            .map(|h| h.ttl)
+            .unwrap_or(0);
+        let done = match router.lock_delay {
+            LockDelay::Ttl => crate::locks::set_lock_delay(shard, &k, &held, ttl, &identity)
+                .await
+                .map(|_| ()),
+            LockDelay::Off => shard.forget_lost(&k, &held).await.map(|_| ()),
+        };
+        if done.is_err() {
+            return; // the shard is struggling; next round
+        }
+    }
+}
+
 /// A migration was closed on some shards (then it is over everywhere: the
 /// closer saw no moved lock left); record the closed meta on the rest.
 async fn finish_close(router: &Router, closed: &Recorded, states: &mut [Option<RingState>]) {
     for (shard, state) in router.shards.iter().zip(states.iter_mut()) {
         if let Some(RingState::Ready(r)) = state {
             if r.meta.epoch == closed.meta.epoch && r.meta.previous.is_some() {
-                if let Ok(found) = shard.swap_ring(Some(&r.bytes), closed).await {
+                let Some(guard) = verified_guard(shard) else {
+                    continue;
+                };
+                if let Ok(found) = shard.swap_ring(Some(&r.bytes), closed, &guard).await {
                     *state = Some(classify(found, &closed.meta.ring));
                 }
             }

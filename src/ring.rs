@@ -62,12 +62,44 @@ pub struct Ring {
     fingerprint: String,
 }
 
+/// Most virtual nodes a ring may have (config allows at most 10,000 vnodes
+/// per unit of weight and weights up to 1,000, but far fewer shards).
+const MAX_VNODES: u64 = 20_000_000;
+
 impl Ring {
+    /// A ring over validated settings (the config checks them at load).
     pub fn new(shards: &[ShardSettings], vnodes: u32) -> Self {
+        Self::try_new(shards, vnodes).expect("validated settings make a ring")
+    }
+
+    /// A ring over settings that may come from anywhere (a previous ring
+    /// recorded on a shard is input, not trusted config): no shards, a
+    /// duplicate name or too many virtual nodes is an error, not a panic.
+    pub fn try_new(shards: &[ShardSettings], vnodes: u32) -> Result<Self, String> {
+        if shards.is_empty() {
+            return Err("a ring needs at least one shard".into());
+        }
+        let mut total: u64 = 0;
+        for (i, s) in shards.iter().enumerate() {
+            if s.weight == 0 || vnodes == 0 {
+                return Err(format!("shard {:?} has no virtual nodes", s.name));
+            }
+            if shards[..i].iter().any(|o| o.name == s.name) {
+                return Err(format!("shard {:?} appears twice", s.name));
+            }
+            total += u64::from(vnodes) * u64::from(s.weight);
+        }
+        if total > MAX_VNODES {
+            return Err(format!("{total} virtual nodes is more than {MAX_VNODES}"));
+        }
+        Ok(Self::build(shards, vnodes))
+    }
+
+    fn build(shards: &[ShardSettings], vnodes: u32) -> Self {
         let mut ring = HashRing::with_hasher(PlacementHash);
         let mut nodes = Vec::new();
         for (idx, s) in shards.iter().enumerate() {
-            for i in 0..vnodes * s.weight {
+            for i in 0..u64::from(vnodes) * u64::from(s.weight) {
                 let label = format!("{}#{i}", s.name).into_bytes();
                 nodes.push(VNode { shard: idx, label });
             }
@@ -175,6 +207,25 @@ mod tests {
                 "share {share} in {counts:?}"
             );
         }
+    }
+
+    #[test]
+    fn rings_from_recorded_data_are_validated_not_trusted() {
+        assert!(Ring::try_new(&[], 160).is_err());
+        assert!(Ring::try_new(&shards(&["a", "a"]), 160).is_err());
+        let mut heavy = shards(&["a"]);
+        heavy[0].weight = u32::MAX;
+        assert!(
+            Ring::try_new(&heavy, u32::MAX).is_err(),
+            "no overflow, no panic"
+        );
+        assert!(Ring::try_new(&shards(&["a"]), 0).is_err());
+        assert_eq!(
+            Ring::try_new(&shards(&["a", "b"]), 160)
+                .unwrap()
+                .fingerprint(),
+            Ring::new(&shards(&["a", "b"]), 160).fingerprint()
+        );
     }
 
     #[test]

@@ -16,11 +16,11 @@ use std::time::Duration;
 
 use tokio_util::sync::CancellationToken;
 
-use crate::config::{Settings, ShardSettings};
+use crate::config::{LockDelay, Settings, ShardSettings};
 use crate::etcd::EtcdConn;
 use crate::keys::{Recorded, RingMeta};
 use crate::ring::Ring;
-use crate::shard::{RingState, Shard};
+use crate::shard::{Grantable, RingState, Shard};
 
 /// Live shard connections, shared by successive routers of one process so
 /// a reload keeps sessions, keepalive streams and connections. Holds weak
@@ -121,11 +121,36 @@ pub struct Router {
     pub shard_settings: Vec<ShardSettings>,
     pub vnodes: u32,
     pub pool: Arc<ShardPool>,
+    /// What the monitor does with lost holders' records it finds.
+    pub lock_delay: LockDelay,
     /// Set by the monitor while the shards record an open migration.
     migration: RwLock<Option<Arc<Migration>>>,
     /// Every shard of the ring has been seen recording it.
     confirmed: AtomicBool,
     monitor: Mutex<Option<crate::TaskGuard>>,
+}
+
+/// A shard's state as `/readyz` reports it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ShardState {
+    /// Answers and grants.
+    Up,
+    /// Answers and records an open migration (grants, with handoff checks,
+    /// once this router has attached it).
+    Migrating,
+    /// Does not answer.
+    Unreachable,
+    /// Answers, but this router has not yet seen every shard of its ring
+    /// record it.
+    Unconfirmed,
+    /// Records no ring (new, or lost its data: see the epoch bump).
+    Uninitialised,
+    /// Records another ring: this replica's shard set differs.
+    RingMismatch,
+    /// The cluster at this shard's endpoints is another shard, or this
+    /// shard's data restored into another cluster.
+    IdentityMismatch,
 }
 
 /// Why a shard may not grant now.
@@ -148,6 +173,7 @@ impl Router {
             shard_settings: settings.shards.clone(),
             vnodes: settings.ring.vnodes,
             pool,
+            lock_delay: settings.locks.lock_delay,
             migration: RwLock::new(None),
             confirmed: AtomicBool::new(false),
             monitor: Mutex::new(None),
@@ -204,12 +230,13 @@ impl Router {
         self.confirmed.load(Ordering::Relaxed)
     }
 
-    /// The recorded ring an acquire on `shard` compares, if it may grant.
-    pub fn granting_ring(&self, shard: &Shard) -> Result<Recorded, NotServing> {
+    /// What a grant on `shard` compares (its recorded ring and verified
+    /// identity), if it may grant.
+    pub fn grantable(&self, shard: &Shard) -> Result<Grantable, NotServing> {
         if !shard.conn.is_up() {
             return Err(NotServing::Down);
         }
-        match shard.ring_state() {
+        let ring = match shard.ring_state() {
             RingState::Ready(_) if !self.is_confirmed() => Err(NotServing::Ring(
                 "not every shard has been seen recording this router's ring yet".into(),
             )),
@@ -227,7 +254,14 @@ impl Router {
                 found.meta.epoch,
                 self.ring.fingerprint()
             ))),
-        }
+            RingState::Identity(why) => Err(NotServing::Ring(format!(
+                "the cluster behind this shard's endpoints is not this shard: {why}"
+            ))),
+        }?;
+        let identity = shard
+            .verified_identity()
+            .ok_or_else(|| NotServing::Ring("the shard's identity is not verified yet".into()))?;
+        Ok(Grantable { ring, identity })
     }
 
     /// Whether this router knows the migration `recorded` is part of (if
@@ -263,17 +297,68 @@ impl Router {
         shard.set_ring_state(state);
     }
 
+    /// A txn found an identity other than the one verified on `shard`:
+    /// nothing is granted, renewed or released there until the monitor
+    /// verifies it again.
+    pub fn identity_changed(&self, shard: &Shard) {
+        shard.set_verified_identity(None);
+        let state = RingState::Identity("its identity record changed since it was verified".into());
+        log_ring_change(shard, &shard.ring_state(), &state, self.ring.fingerprint());
+        shard.set_ring_state(state);
+    }
+
+    /// The state of each shard of the ring, for `/readyz`.
+    pub fn shard_states(&self) -> Vec<(String, ShardState)> {
+        self.shards
+            .iter()
+            .map(|s| {
+                let state = if !s.conn.is_up() {
+                    ShardState::Unreachable
+                } else {
+                    match s.ring_state() {
+                        RingState::Ready(r) if !self.follows(&r) => ShardState::Migrating,
+                        RingState::Ready(r) if r.meta.previous.is_some() => ShardState::Migrating,
+                        RingState::Ready(_) if self.is_confirmed() => ShardState::Up,
+                        RingState::Ready(_) | RingState::Unknown => ShardState::Unconfirmed,
+                        RingState::Absent => ShardState::Uninitialised,
+                        RingState::Mismatch(_) => ShardState::RingMismatch,
+                        RingState::Identity(_) => ShardState::IdentityMismatch,
+                    }
+                };
+                (s.name.clone(), state)
+            })
+            .collect()
+    }
+
+    /// Whether this replica can serve: its ring is confirmed on its shards
+    /// and no shard is wired to the wrong cluster or records another ring.
+    /// An unreachable shard does not make it unready (every replica would
+    /// leave the load balancer at once); at least one shard must answer.
+    pub fn ready(&self) -> bool {
+        let states = self.shard_states();
+        self.is_confirmed()
+            && states.iter().any(|(_, s)| *s != ShardState::Unreachable)
+            && states.iter().all(|(_, s)| {
+                matches!(
+                    s,
+                    ShardState::Up | ShardState::Migrating | ShardState::Unreachable
+                )
+            })
+    }
+
     /// Names of shards that do not answer, and of shards that refuse grants.
     pub fn readiness(&self) -> (Vec<String>, Vec<String>) {
-        let down = self.shards.iter().filter(|s| !s.conn.is_up());
-        let refusing = self.shards.iter().filter(|s| {
-            s.conn.is_up()
-                && (!self.is_confirmed()
-                    || !matches!(s.ring_state(), RingState::Ready(r) if self.follows(&r)))
-        });
+        let states = self.shard_states();
+        let named = |want: fn(&ShardState) -> bool| {
+            states
+                .iter()
+                .filter(|(_, s)| want(s))
+                .map(|(n, _)| n.clone())
+                .collect()
+        };
         (
-            down.map(|s| s.name.clone()).collect(),
-            refusing.map(|s| s.name.clone()).collect(),
+            named(|s| *s == ShardState::Unreachable),
+            named(|s| !matches!(s, ShardState::Up | ShardState::Unreachable)),
         )
     }
 
@@ -294,10 +379,10 @@ pub fn classify(found: Option<Recorded>, fingerprint: &str) -> RingState {
     }
 }
 
-/// The meta that opens a migration from `old` (as recorded) to `ring`.
-pub fn opening_meta(old: &RingMeta, from: &Router, to: &Ring) -> RingMeta {
+/// The meta that opens a migration from `from`'s ring to `to` at `epoch`.
+pub fn opening_meta(epoch: u64, from: &Router, to: &Ring) -> RingMeta {
     RingMeta {
-        epoch: old.epoch + 1,
+        epoch,
         ring: to.fingerprint().to_string(),
         previous: Some(crate::keys::PreviousRing {
             ring: from.ring.fingerprint().to_string(),
@@ -331,7 +416,14 @@ pub fn log_ring_change(shard: &Shard, old: &RingState, new: &RingState, ours: &s
         RingState::Absent => tracing::warn!(
             shard = %shard.name,
             "the shard records no ring; it is initialised only when every shard is reachable \
-             and none records one, or by a migration"
+             and none has ever been used, or by a migration or an epoch bump"
+        ),
+        RingState::Identity(why) => tracing::error!(
+            shard = %shard.name,
+            problem = %why,
+            "the etcd cluster at this shard's endpoints is not shard {:?}: check the endpoints \
+             in this router's config; refusing to grant, renew or release on it",
+            shard.name
         ),
         RingState::Unknown => {}
     }

@@ -5,6 +5,8 @@
 //! to 128 gets (etcd's per-txn limit): linearizable reads, not raft writes.
 //! Batching is opportunistic: no request waits for a timer; checks that
 //! arrive while earlier batches are in flight simply share the next one.
+//! Each batch also reads the shard's identity (`P/shard`): a batch sent to a
+//! cluster that is not the shard the router verified answers nothing.
 
 use std::sync::Arc;
 
@@ -15,6 +17,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::etcd::{EtcdConn, EtcdError};
 use crate::metrics as m;
+use crate::shard::IdentityCell;
 
 /// etcd's default `--max-txn-ops`.
 pub const MAX_TXN_OPS: usize = 128;
@@ -30,9 +33,19 @@ pub struct Verifier {
 }
 
 impl Verifier {
-    pub fn start(conn: EtcdConn, cancel: CancellationToken) -> Self {
+    pub fn start(
+        conn: EtcdConn,
+        identity_key: Vec<u8>,
+        identity: IdentityCell,
+        cancel: CancellationToken,
+    ) -> Self {
         let (tx, rx) = mpsc::channel(16_384);
-        let task = tokio::spawn(run(conn, rx, cancel.clone()));
+        let shard = Identified {
+            conn,
+            key: identity_key,
+            verified: identity,
+        };
+        let task = tokio::spawn(run(shard, rx, cancel.clone()));
         Self {
             tx,
             _task: crate::TaskGuard::new(task, cancel),
@@ -51,7 +64,19 @@ impl Verifier {
     }
 }
 
-async fn run(conn: EtcdConn, mut rx: mpsc::Receiver<(Vec<u8>, Reply)>, cancel: CancellationToken) {
+/// The shard's connection and the identity its answers must come with.
+#[derive(Clone)]
+struct Identified {
+    conn: EtcdConn,
+    key: Vec<u8>,
+    verified: IdentityCell,
+}
+
+async fn run(
+    shard: Identified,
+    mut rx: mpsc::Receiver<(Vec<u8>, Reply)>,
+    cancel: CancellationToken,
+) {
     let permits = Arc::new(Semaphore::new(CONCURRENT_BATCHES));
     let mut batches = JoinSet::new();
     loop {
@@ -66,43 +91,58 @@ async fn run(conn: EtcdConn, mut rx: mpsc::Receiver<(Vec<u8>, Reply)>, cancel: C
             _ = cancel.cancelled() => break,
         };
         let mut batch = vec![first];
-        while batch.len() < MAX_TXN_OPS {
+        // One op of each txn reads the identity.
+        while batch.len() < MAX_TXN_OPS - 1 {
             match rx.try_recv() {
                 Ok(item) => batch.push(item),
                 Err(_) => break,
             }
         }
-        let conn = conn.clone();
+        let shard = shard.clone();
         batches.spawn(async move {
-            check(&conn, batch).await;
+            check(&shard, batch).await;
             drop(permit);
         });
         while batches.try_join_next().is_some() {}
     }
 }
 
-async fn check(conn: &EtcdConn, batch: Vec<(Vec<u8>, Reply)>) {
+async fn check(shard: &Identified, batch: Vec<(Vec<u8>, Reply)>) {
+    let conn = &shard.conn;
     m::verify_batch(conn.shard(), batch.len());
-    let ops: Vec<TxnOp> = batch
+    let mut ops: Vec<TxnOp> = batch
         .iter()
         .map(|(k, _)| TxnOp::get(k.clone(), None))
         .collect();
+    ops.push(TxnOp::get(shard.key.clone(), None));
     let mut kv = conn.client().kv_client();
     let result = conn.call("Txn", kv.txn(Txn::new().and_then(ops))).await;
-    match result {
-        Ok(resp) => {
-            for ((_, reply), op) in batch.into_iter().zip(resp.op_responses()) {
-                let found = match op {
-                    TxnOpResponse::Get(mut g) => g.take_kvs().into_iter().next(),
-                    _ => None,
-                };
-                let _ = reply.send(Ok(found));
-            }
-        }
+    let mut found: Vec<Option<KeyValue>> = match result {
+        Ok(resp) => resp
+            .op_responses()
+            .into_iter()
+            .map(|op| match op {
+                TxnOpResponse::Get(mut g) => g.take_kvs().into_iter().next(),
+                _ => None,
+            })
+            .collect(),
         Err(e) => {
             for (_, reply) in batch {
                 let _ = reply.send(Err(e.clone()));
             }
+            return;
         }
+    };
+    let identity = found.pop().flatten();
+    let verified = shard.verified.read().expect("identity lock").clone();
+    if verified.is_none() || identity.as_ref().map(|kv| kv.value()) != verified.as_deref() {
+        let e = conn.unavailable("the cluster does not carry this shard's verified identity");
+        for (_, reply) in batch {
+            let _ = reply.send(Err(e.clone()));
+        }
+        return;
+    }
+    for ((_, reply), kv) in batch.into_iter().zip(found) {
+        let _ = reply.send(Ok(kv));
     }
 }

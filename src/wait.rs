@@ -1,17 +1,23 @@
 //! Waiting acquire (`waitMs > 0`): a FIFO queue per name, kept in etcd so
 //! that it holds across router replicas.
 //!
-//! A waiter puts `P/waiters/<hash>/<lease>-<nonce>` on its session lease;
-//! the queue's order is the keys' create revisions. The waiter at the head
-//! is granted by one txn that creates the lock key on its session lease and
-//! deletes its waiter key, only if the name is free, the ring unchanged, its
-//! key still there (so its session is alive: a key goes with its lease) and
-//! no key older than its own remains. Others watch their predecessor's key;
-//! the head watches the lock key, so a release or an expiry hands over at
-//! once, with no polling. A non-waiting acquire fails while anyone is
-//! queued (no barging, see `shard.rs`). A waiter that gives up (deadline,
-//! dropped request) deletes its key; if its client dies, the key goes with
-//! the session lease.
+//! A waiter puts `P/waiters/<hash>/<lease>-<nonce>` on a short lease of its
+//! own (not the client's session: an entry whose put timed out, or whose
+//! cleanup failed, must never block the name for as long as the client
+//! lives). The lease is granted, and its revocation armed, before the put,
+//! so whatever happens to the request the entry goes within one entry TTL.
+//! The queue's order is the keys' create revisions. The waiter at the head
+//! is granted by one txn that creates the lock key on the client's session
+//! lease and deletes its entry, only if the name is grantable (as a plain
+//! acquire: free, no lock-delay, ring and identity unchanged), its entry is
+//! still there and no entry older than its own remains. Others watch their
+//! predecessor's entry; the head watches the lock key (or the lock-delay),
+//! so a release or an expiry hands over at once, with no polling. A
+//! non-waiting acquire fails while anyone is queued (no barging, see
+//! `shard.rs`).
+//!
+//! While it waits, the router keeps the client's session lease and the
+//! entry's lease alive, every third of their TTL, whatever wakes it.
 //!
 //! During an open migration a moved name may still be held on its previous
 //! shard, where no queue exists: such waits retry every few milliseconds
@@ -21,19 +27,20 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use etcd_client::{
-    Compare, CompareOp, EventType, GetOptions, KeyValue, PutOptions, SortOrder, SortTarget, Txn,
-    TxnOp, TxnOpResponse,
-};
+use etcd_client::{EventType, KeyValue, PutOptions, Txn, TxnOp, TxnOpResponse};
 use tokio::sync::Semaphore;
 
+use crate::config::LockDelay;
 use crate::etcd::EtcdError;
-use crate::keys::{name_hash, Recorded};
+use crate::keepalive::Renewal;
+use crate::keys::{name_hash, LockValue};
+use crate::lock_id::LockId;
 use crate::locks::{
-    grant_session, invalid, lock_value, unavailable, AcquireRequest, Acquired, Active, Expiry,
-    LockError, NewGrant,
+    epoch_of, grant, grant_session, invalid, lease_end, lock_value, AcquireRequest, Acquired,
+    Active, Expiry, LockError,
 };
-use crate::shard::Shard;
+use crate::session::SessionLease;
+use crate::shard::{AcquireTxn, NameKeys, QueueHead, Shard};
 
 /// Concurrent waiters a router accepts; beyond it, 429.
 pub struct WaitSlots(Arc<Semaphore>);
@@ -44,37 +51,73 @@ impl WaitSlots {
     }
 }
 
-/// One step of the head-of-queue grant txn.
-enum Step {
-    Granted {
-        revision: i64,
-    },
-    /// Wait for this key to be deleted.
-    WaitFor {
-        key: Vec<u8>,
-        holder: Option<KeyValue>,
-    },
-    /// Our waiter key is gone: our session lease expired.
-    Gone,
-    RingChanged(Option<Recorded>),
-}
-
-/// Deletes the waiter key when the wait ends in any way, including the
-/// request being dropped, unless the grant consumed it.
-struct QueueEntry {
+/// The waiter's queue entry: its key rides on a lease of its own, revoked
+/// when the wait ends in any way (a grant, giving up, the request being
+/// dropped), which deletes the key if the grant did not.
+struct Entry {
     shard: Arc<Shard>,
-    key: Option<Vec<u8>>,
+    lease: i64,
+    ttl_secs: u32,
+    key: Vec<u8>,
+    revision: i64,
 }
 
-impl Drop for QueueEntry {
+impl Drop for Entry {
     fn drop(&mut self) {
-        if let Some(key) = self.key.take() {
-            let shard = self.shard.clone();
-            tokio::spawn(async move {
-                let mut kv = shard.conn.client().kv_client();
-                let _ = shard.conn.call("DeleteRange", kv.delete(key, None)).await;
-            });
-        }
+        let (shard, lease) = (self.shard.clone(), self.lease);
+        tokio::spawn(async move {
+            let _ = shard.revoke(lease).await;
+        });
+    }
+}
+
+/// The TTL of a queue entry's lease: short, so a lost entry clears soon.
+const ENTRY_TTL_SECS: u32 = 5;
+
+impl Entry {
+    /// Grants the entry's lease, arms its revocation, then puts the key.
+    async fn enter(shard: &Arc<Shard>, k: &NameKeys, client_id: &str) -> Result<Self, LockError> {
+        let sent_at = Instant::now();
+        let (lease, granted) = shard.grant(ENTRY_TTL_SECS).await?;
+        let renewal = Renewal {
+            sent_at,
+            ttl_secs: granted,
+        };
+        shard.keepalive.seed(lease, renewal).await;
+        let nonce = NONCE.fetch_add(1, Ordering::Relaxed) ^ process_salt();
+        let mut entry = Entry {
+            shard: shard.clone(),
+            lease,
+            ttl_secs: u32::try_from(granted).unwrap_or(ENTRY_TTL_SECS).max(1),
+            key: shard.keys.waiter(&k.hash, lease, nonce),
+            revision: 0,
+        };
+        let mut kv = shard.conn.client().kv_client();
+        let put = kv.put(
+            entry.key.clone(),
+            client_id.to_string(),
+            Some(PutOptions::new().with_lease(lease)),
+        );
+        let resp = shard.conn.call("Put", put).await?;
+        entry.revision = resp.header().map(|h| h.revision()).unwrap_or(0);
+        Ok(entry)
+    }
+}
+
+/// When the waiter next renews the session and its entry.
+struct KeepAlive {
+    session: SessionLease,
+    session_due: Instant,
+    entry_due: Instant,
+}
+
+impl KeepAlive {
+    fn every(ttl_secs: u32) -> Duration {
+        Duration::from_millis(u64::from(ttl_secs) * 1000 / 3)
+    }
+
+    fn next_due(&self) -> Instant {
+        self.session_due.min(self.entry_due)
     }
 }
 
@@ -134,192 +177,166 @@ impl Active {
         shard: &Arc<Shard>,
         deadline: Instant,
     ) -> Result<Option<Acquired>, LockError> {
-        let hash = name_hash(&req.name);
-        let key = shard.keys.lock(&hash);
-        let waiters = shard.keys.waiters(&hash);
+        let k = shard.name_keys(&name_hash(&req.name));
         let session = shard
             .sessions
             .get_or_grant(&req.client_id, ttl_secs, || grant_session(shard, ttl_secs))
             .await?;
-        let nonce = NONCE.fetch_add(1, Ordering::Relaxed) ^ process_salt();
-        let mine = shard.keys.waiter(&hash, session.id, nonce);
-        let mut kv = shard.conn.client().kv_client();
-        let put = kv.put(
-            mine.clone(),
-            req.client_id.clone(),
-            Some(PutOptions::new().with_lease(session.id)),
-        );
-        let my_rev = match shard.conn.call("Put", put).await {
-            Ok(resp) => resp.header().map(|h| h.revision()).unwrap_or(0),
-            Err(EtcdError::LeaseNotFound) => {
-                shard
-                    .sessions
-                    .invalidate(&req.client_id, ttl_secs, session.id)
-                    .await;
-                return Err(unavailable(shard, "the session lease expired; retry"));
-            }
-            Err(e) => return Err(e.into()),
+        let entry = Entry::enter(shard, &k, &req.client_id).await?;
+        let now = Instant::now();
+        let mut alive = KeepAlive {
+            session,
+            session_due: now,
+            entry_due: now + KeepAlive::every(entry.ttl_secs),
         };
-        let mut entry = QueueEntry {
-            shard: shard.clone(),
-            key: Some(mine.clone()),
-        };
-        let window = self.window(ttl_secs);
-        let keep_alive_every = Duration::from_millis(u64::from(ttl_secs) * 1000 / 3);
         let mut last_holder = None;
-        let mut watch = QueueWatch::open(shard, &key, &mine).await?;
+        let mut replace_held = None;
+        let mut watch = QueueWatch::open(shard, &k.lock, &entry.key).await?;
         loop {
-            let ring = self.granting_ring(shard)?;
+            if !self.keep_alive(shard, req, &entry, &mut alive).await? {
+                return Ok(Some(Acquired::Held(Expiry(Instant::now()))));
+            }
+            let g = self.grantable(shard)?;
             if self.moved(&req.name, shard) {
                 return Ok(None); // dropping the entry leaves the queue
             }
-            let (epoch, value) = lock_value(req, &ring)?;
-            match head_grant(
-                shard, &key, value, session.id, &ring, &waiters, &mine, my_rev,
-            )
-            .await?
-            {
-                Step::Granted { revision } => {
-                    entry.key = None; // the txn deleted it
-                    let renewal = shard.keepalive.refresh(session.id, window).await?;
+            let value = lock_value(req, &g.ring, ttl_secs)?;
+            let mine = QueueHead {
+                key: &entry.key,
+                revision: entry.revision,
+            };
+            let sent = Instant::now();
+            let step = shard
+                .head_grant_txn(&k, &value, alive.session.id, &g, mine, replace_held.take())
+                .await?;
+            let target = match step {
+                AcquireTxn::Granted { revision } => {
+                    let window = self.window(ttl_secs);
+                    let renewal = shard
+                        .keepalive
+                        .refresh(alive.session.id, window, ttl_secs)
+                        .await?;
                     if !renewal.alive() {
                         // The session ran out right after: the lock went with it.
                         shard
                             .sessions
-                            .invalidate(&req.client_id, ttl_secs, session.id)
+                            .invalidate(&req.client_id, ttl_secs, alive.session.id)
                             .await;
                         return Ok(Some(Acquired::Held(Expiry(Instant::now()))));
                     }
-                    let made = NewGrant {
-                        epoch,
+                    let lock = LockId {
+                        shard: shard.name.clone(),
+                        epoch: epoch_of(&g.ring)?,
                         ttl_secs,
-                        lease: session.id,
+                        lease: alive.session.id,
                         revision,
-                        hash,
+                        name_hash: k.hash,
                     };
-                    return Ok(Some(Acquired::Granted(made.grant(shard, renewal)?)));
+                    return Ok(Some(Acquired::Granted(grant(lock, &renewal, sent)?)));
                 }
-                Step::Gone => {
-                    entry.key = None;
-                    shard
-                        .sessions
-                        .invalidate(&req.client_id, ttl_secs, session.id)
-                        .await;
-                    return Ok(Some(Acquired::Held(Expiry(Instant::now()))));
-                }
-                Step::RingChanged(found) => {
+                // Our entry's lease ended (it could not be kept alive).
+                AcquireTxn::Gone => return Ok(Some(Acquired::Held(Expiry(Instant::now())))),
+                AcquireTxn::RingChanged(found) => {
                     self.router.ring_changed(shard, found);
-                    continue; // granting_ring answers 503 if it must
+                    continue; // grantable answers 503 if it must
                 }
-                Step::WaitFor {
-                    key: watched,
-                    holder,
-                } => {
-                    if holder.is_some() {
-                        last_holder = holder;
-                    }
-                    let now = Instant::now();
-                    if now >= deadline {
-                        break;
-                    }
-                    // Wake for the deletion, the deadline, or to keep the
-                    // session (and so the queue entry) alive meanwhile; the
-                    // keepalive is skipped on a wake-up that may be a
-                    // handover, where it would delay the grant.
-                    let until = deadline.min(now + keep_alive_every);
-                    if !watch.until_deleted(shard, watched, until).await? {
-                        shard.keepalive.refresh(session.id, window).await?;
-                    }
+                AcquireTxn::IdentityChanged => {
+                    self.router.identity_changed(shard);
+                    continue;
                 }
+                AcquireTxn::Held(holder) | AcquireTxn::Behind(_, Some(holder))
+                    if holds(&holder, &req.client_id) =>
+                {
+                    // The caller's own client holds the name (granted through
+                    // another request): the answer is that grant.
+                    let held = self.held(shard, &req.client_id, holder, &k, None, sent);
+                    return held.await.map(Some);
+                }
+                AcquireTxn::Held(holder) => {
+                    last_holder = Some(holder);
+                    k.lock.clone()
+                }
+                AcquireTxn::Behind(ahead, holder) => {
+                    last_holder = holder.or(last_holder);
+                    ahead
+                }
+                AcquireTxn::Delayed(delay) => {
+                    last_holder = Some(delay);
+                    k.delay.clone()
+                }
+                AcquireTxn::Lost(held) => {
+                    match self.lost(shard, &k, &held, &g.identity).await? {
+                        Some(_) => {}
+                        None if self.lock_delay == LockDelay::Off => {
+                            replace_held = Some(held.mod_revision());
+                        }
+                        None => {}
+                    }
+                    continue;
+                }
+                // Free and first, yet the txn failed: something changed.
+                AcquireTxn::Queued => Vec::new(),
+            };
+            let now = Instant::now();
+            if now >= deadline {
+                break;
             }
+            // Wake for the deletion, the deadline, or to keep the session
+            // and the entry alive.
+            let until = deadline.min(alive.next_due());
+            watch.until_deleted(shard, target, until).await?;
         }
         drop(entry);
         match last_holder {
-            Some(h) => {
-                let sent_at = Instant::now();
-                let left = shard.time_to_live(h.lease()).await?;
-                let expires = Expiry(sent_at + Duration::from_secs(left as u64));
-                Ok(Some(Acquired::Held(expires)))
-            }
+            Some(h) => Ok(Some(Acquired::Held(lease_end(shard, &h).await?))),
             None => Ok(Some(Acquired::Held(Expiry(Instant::now())))),
         }
     }
+
+    /// Renews the client's session and the entry's lease if a third of
+    /// their TTL has passed since they were last renewed, whatever woke the
+    /// waiter. False if the session is gone (the client's locks with it).
+    async fn keep_alive(
+        &self,
+        shard: &Shard,
+        req: &AcquireRequest,
+        entry: &Entry,
+        alive: &mut KeepAlive,
+    ) -> Result<bool, LockError> {
+        let now = Instant::now();
+        let ttl = alive.session.ttl_secs;
+        if now >= alive.session_due {
+            let renewal = shard
+                .keepalive
+                .refresh(alive.session.id, self.window(ttl), ttl)
+                .await?;
+            if !renewal.alive() {
+                shard
+                    .sessions
+                    .invalidate(&req.client_id, ttl, alive.session.id)
+                    .await;
+                return Ok(false);
+            }
+            alive.session_due = now + KeepAlive::every(ttl);
+        }
+        if now >= alive.entry_due {
+            let window = self.window(entry.ttl_secs);
+            let renewal = shard
+                .keepalive
+                .refresh(entry.lease, window, entry.ttl_secs)
+                .await?;
+            if !renewal.alive() {
+                return Ok(false);
+            }
+            alive.entry_due = now + KeepAlive::every(entry.ttl_secs);
+        }
+        Ok(true)
+    }
 }
 
-/// Grants the name to the head of its queue if that is `mine`.
-#[allow(clippy::too_many_arguments)]
-async fn head_grant(
-    shard: &Shard,
-    key: &[u8],
-    value: Vec<u8>,
-    lease: i64,
-    ring: &Recorded,
-    waiters: &[u8],
-    mine: &[u8],
-    my_rev: i64,
-) -> Result<Step, EtcdError> {
-    let ring_key = shard.keys.ring();
-    let predecessor = GetOptions::new()
-        .with_prefix()
-        .with_max_create_revision(my_rev - 1)
-        .with_sort(SortTarget::Create, SortOrder::Descend)
-        .with_limit(1);
-    let txn = Txn::new()
-        .when([
-            Compare::create_revision(key, CompareOp::Equal, 0),
-            Compare::value(ring_key.clone(), CompareOp::Equal, ring.bytes.clone()),
-            Compare::create_revision(mine, CompareOp::Equal, my_rev),
-            // Every queued key is as young as ours or younger: we are first.
-            Compare::create_revision(waiters, CompareOp::Greater, my_rev - 1).with_prefix(),
-        ])
-        .and_then([
-            TxnOp::put(key, value, Some(PutOptions::new().with_lease(lease))),
-            TxnOp::delete(mine, None),
-        ])
-        .or_else([
-            TxnOp::get(key, None),
-            TxnOp::get(ring_key, None),
-            TxnOp::get(mine, None),
-            TxnOp::get(waiters, Some(predecessor)),
-        ]);
-    let mut kv = shard.conn.client().kv_client();
-    let resp = shard.conn.call("Txn", kv.txn(txn)).await?;
-    let revision = resp.header().map(|h| h.revision()).unwrap_or(0);
-    if resp.succeeded() {
-        return Ok(Step::Granted { revision });
-    }
-    let mut gets = resp.op_responses().into_iter().map(|op| match op {
-        TxnOpResponse::Get(mut g) => g.take_kvs().into_iter().next(),
-        _ => None,
-    });
-    let (holder, recorded, me, before) = (
-        gets.next().flatten(),
-        gets.next().flatten(),
-        gets.next().flatten(),
-        gets.next().flatten(),
-    );
-    let recorded = recorded.map(|kv| Recorded::parse(kv.value()));
-    if recorded.as_ref() != Some(ring) {
-        return Ok(Step::RingChanged(recorded));
-    }
-    if me.is_none() {
-        return Ok(Step::Gone);
-    }
-    Ok(match (before, holder) {
-        (Some(p), holder) => Step::WaitFor {
-            key: p.key().to_vec(),
-            holder,
-        },
-        (None, Some(h)) => Step::WaitFor {
-            key: key.to_vec(),
-            holder: Some(h),
-        },
-        // Free and first, yet the txn failed: something changed; look again.
-        (None, None) => Step::WaitFor {
-            key: Vec::new(),
-            holder: None,
-        },
-    })
+/// Whether the lock key `kv` is held by `client_id`.
+fn holds(kv: &KeyValue, client_id: &str) -> bool {
+    serde_json::from_slice::<LockValue>(kv.value()).is_ok_and(|v| v.client == client_id)
 }
 
 /// One watch stream for a whole wait: on the lock key and the waiter's own

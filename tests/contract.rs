@@ -254,3 +254,60 @@ fn openapi_lists_exactly_the_served_routes() {
     served.sort();
     assert_eq!(documented, served);
 }
+
+/// Reads from `stream` until it closes or `within` passes; returns what
+/// arrived and whether the server closed the connection.
+async fn read_until_closed(
+    stream: &mut tokio::net::TcpStream,
+    within: std::time::Duration,
+) -> (String, bool) {
+    use tokio::io::AsyncReadExt;
+    let mut got = Vec::new();
+    let mut buf = [0u8; 4096];
+    let deadline = tokio::time::Instant::now() + within;
+    loop {
+        match tokio::time::timeout_at(deadline, stream.read(&mut buf)).await {
+            Ok(Ok(0)) | Ok(Err(_)) => return (String::from_utf8_lossy(&got).into(), true),
+            Ok(Ok(n)) => got.extend_from_slice(&buf[..n]),
+            Err(_) => return (String::from_utf8_lossy(&got).into(), false),
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn slow_clients_are_cut_off() {
+    use tokio::io::AsyncWriteExt;
+    let etcd = EtcdCluster::single();
+    let toml = crate::support::router::config_toml(&[&etcd], "127.0.0.1:0", "").replace(
+        "[server]\n",
+        "[server]\nheader_read_timeout_ms = 300\nbody_read_timeout_ms = 300\n",
+    );
+    let router = TestRouter::with_toml(&toml).await;
+    let addr = router.api.base.trim_start_matches("http://").to_string();
+    let long = std::time::Duration::from_secs(3);
+    // Headers that never end: the connection is closed.
+    let mut slow = tokio::net::TcpStream::connect(&addr).await.unwrap();
+    slow.write_all(format!("POST {ACQUIRE} HTTP/1.1\r\nHost: x\r\n").as_bytes())
+        .await
+        .unwrap();
+    let (_, closed) = read_until_closed(&mut slow, long).await;
+    assert!(closed, "a connection with unfinished headers was kept open");
+    // A body that never arrives in full: 408 and a JSON error.
+    let mut slow = tokio::net::TcpStream::connect(&addr).await.unwrap();
+    let head = format!(
+        "POST {ACQUIRE} HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n\
+         Content-Length: 100\r\n\r\n{{\"name\":"
+    );
+    slow.write_all(head.as_bytes()).await.unwrap();
+    let (answer, _) = read_until_closed(&mut slow, long).await;
+    assert!(answer.starts_with("HTTP/1.1 408"), "{answer:?}");
+    assert!(answer.contains("\"code\":\"timeout\""), "{answer:?}");
+    // An idle keep-alive connection is closed too.
+    let mut idle = tokio::net::TcpStream::connect(&addr).await.unwrap();
+    idle.write_all(b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n")
+        .await
+        .unwrap();
+    let (answer, closed) = read_until_closed(&mut idle, long).await;
+    assert!(answer.starts_with("HTTP/1.1 200"), "{answer:?}");
+    assert!(closed, "an idle keep-alive connection was kept open");
+}

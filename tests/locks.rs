@@ -256,3 +256,93 @@ async fn expired_session_lease_is_replaced_on_the_next_acquire() {
     assert_eq!(api.renew(&second).await.status, 200);
     assert_eq!(client.leases().await.unwrap().leases().len(), 1);
 }
+
+/// Revokes every lease on `etcd`, as the stale-leader bug of etcd 3.4 and
+/// 3.5 (etcd issues #12528, #15247) can do to leases renewed moments ago.
+async fn revoke_all_leases(etcd: &EtcdCluster) {
+    let mut client = etcd.client().await;
+    for lease in client.leases().await.unwrap().leases() {
+        client.lease_revoke(lease.id()).await.unwrap();
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lease_revoked_early_keeps_the_name_until_its_holder_surely_stopped() {
+    let etcd = EtcdCluster::single();
+    let router = TestRouter::start(&[&etcd]).await;
+    let api = &router.api;
+    let sent = Instant::now();
+    let r = api.acquire("early", 3_000, "A").await;
+    assert_eq!(r.body["acquired"], true, "{r:?}");
+    let valid_until = sent + Duration::from_millis(r.body["expiresInMs"].as_u64().unwrap());
+    // A released lock is free at once: no delay for those.
+    let released = api.must_acquire("released", 3_000, "A").await;
+    assert_eq!(api.release(&released).await.status, 204);
+    revoke_all_leases(&etcd).await;
+    api.must_acquire("released", 3_000, "B").await;
+    // The key of "early" is gone, but A was told it holds it until
+    // `valid_until`: nobody gets it before then.
+    let mut delayed_answers = 0;
+    let granted = loop {
+        let r = api.acquire("early", 3_000, "B").await;
+        assert_eq!(r.status, 200, "{r:?}");
+        if r.body["acquired"] == true {
+            break Instant::now();
+        }
+        delayed_answers += 1;
+        assert!(
+            sent.elapsed() < Duration::from_secs(15),
+            "never granted: {r:?}"
+        );
+        sleep_ms(100).await;
+    };
+    assert!(
+        granted >= valid_until,
+        "granted {:?} before the first holder's validity ended",
+        valid_until - granted
+    );
+    assert!(delayed_answers > 0);
+    // (Routers of this test binary share one metrics registry: at least.)
+    let metrics = api.metrics().await;
+    let delays: f64 = metrics
+        .lines()
+        .filter(|l| l.starts_with("lockrouter_lock_delays_total{shard=\"a\"}"))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum();
+    assert!(delays >= 1.0, "{metrics}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_lock_delay_off_a_lost_holders_name_is_free_at_once() {
+    let etcd = EtcdCluster::single();
+    let toml = crate::support::router::config_toml(
+        &[&etcd],
+        "127.0.0.1:0",
+        "\n[locks]\nlock_delay = \"off\"\n",
+    );
+    let router = TestRouter::with_toml(&toml).await;
+    let api = &router.api;
+    let first = api.must_acquire("early", 3_000, "A").await;
+    revoke_all_leases(&etcd).await;
+    let second = api.must_acquire("early", 3_000, "B").await;
+    assert!(second.1 > first.1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn reacquire_returns_the_same_lock_when_etcd_raised_the_ttl() {
+    // With a 5 s election timeout etcd raises every lease TTL to at least
+    // 8 s: the lock asked for 2 s rides on a longer lease.
+    let etcd = EtcdCluster::start_with(1, &["--election-timeout", "5000"]);
+    let router = TestRouter::start(&[&etcd]).await;
+    let api = &router.api;
+    let first = api.must_acquire("raised", 2_000, "A").await;
+    let again = api.must_acquire("raised", 2_000, "A").await;
+    assert_eq!(again, first);
+    let r = api
+        .post(
+            "/api/v1/locks/renew",
+            json!({"lockId": first.0, "fencingToken": first.1, "ttlMs": 2_000}),
+        )
+        .await;
+    assert_eq!(r.status, 200, "the lock's TTL is the one asked for: {r:?}");
+}

@@ -15,7 +15,7 @@ use crate::support::history::{Grant, History};
 use crate::support::router::{sleep_ms, Api, FileRouter};
 
 /// A router config over `(name, cluster, weight)` shards.
-fn toml(shards: &[(&str, &EtcdCluster, u32)]) -> String {
+pub(crate) fn toml(shards: &[(&str, &EtcdCluster, u32)]) -> String {
     let mut t = String::from(
         "[server]\nlisten = \"127.0.0.1:0\"\n\n[etcd]\nrequest_timeout_ms = 1000\n\
          connect_timeout_ms = 500\nhealth_interval_ms = 100\ncount_interval_ms = 200\n\n\
@@ -35,7 +35,7 @@ fn toml(shards: &[(&str, &EtcdCluster, u32)]) -> String {
     t
 }
 
-fn ring(shards: &[(&str, &EtcdCluster, u32)]) -> Ring {
+pub(crate) fn ring(shards: &[(&str, &EtcdCluster, u32)]) -> Ring {
     let settings: Vec<ShardSettings> = shards
         .iter()
         .map(|(name, c, weight)| ShardSettings {
@@ -48,14 +48,14 @@ fn ring(shards: &[(&str, &EtcdCluster, u32)]) -> Ring {
 }
 
 /// The first name `from` places on shard `a` and `to` on shard `b`.
-fn moving_name(from: &Ring, a: &str, to: &Ring, b: &str) -> String {
+pub(crate) fn moving_name(from: &Ring, a: &str, to: &Ring, b: &str) -> String {
     (0..)
         .map(|i| format!("mover-{i}"))
         .find(|n| from.shard_name(n) == a && to.shard_name(n) == b)
         .unwrap()
 }
 
-async fn wait_granting(r: &FileRouter) {
+pub(crate) async fn wait_granting(r: &FileRouter) {
     let deadline = Instant::now() + Duration::from_secs(10);
     while r.ring().await["granting"] != true {
         assert!(

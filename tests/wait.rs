@@ -121,7 +121,7 @@ async fn waiters_that_give_up_leave_no_trace() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_dead_holder_hands_over_to_the_first_waiter_within_its_ttl() {
+async fn a_dead_holder_hands_over_to_the_first_waiter_after_its_lock_delay() {
     let etcd = EtcdCluster::single();
     let router = TestRouter::start(&[&etcd]).await;
     let api = &router.api;
@@ -134,9 +134,11 @@ async fn a_dead_holder_hands_over_to_the_first_waiter_within_its_ttl() {
     let got = first.await.unwrap();
     let lock = lock_of(&got);
     assert!(lock.1 > held.1);
+    // The holder was lost, not released: its name waits out the lock-delay
+    // (one TTL after its key went) before the first waiter gets it.
     let took = started.elapsed();
     assert!(
-        took >= Duration::from_millis(1_500) && took < Duration::from_secs(8),
+        took >= Duration::from_millis(4_000) && took < Duration::from_secs(12),
         "handover after {took:?}"
     );
     assert!(!second.is_finished());
@@ -200,4 +202,111 @@ async fn waiters_beyond_the_cap_get_429() {
     assert!(r.retry_after.is_some());
     a.abort();
     b.abort();
+}
+
+/// A waiting acquire with its own TTL.
+fn waiting_ttl(
+    api: &Api,
+    name: &str,
+    client: &str,
+    ttl_ms: u64,
+    wait_ms: u64,
+) -> tokio::task::JoinHandle<Reply> {
+    let (api, name, client) = (api.clone(), name.to_string(), client.to_string());
+    tokio::spawn(async move {
+        let body = json!({"name": name, "ttlMs": ttl_ms, "clientId": client, "waitMs": wait_ms});
+        api.post("/api/v1/locks/acquire", body).await
+    })
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_waiter_keeps_its_session_alive_through_a_churn_of_waiters_ahead() {
+    let etcd = EtcdCluster::single();
+    let router = TestRouter::start(&[&etcd]).await;
+    let api = &router.api;
+    api.must_acquire("busy", 30_000, "holder").await;
+    // W holds another lock on the session it waits with (same clientId and
+    // TTL) and never renews it: only the wait keeps that session alive.
+    api.must_acquire("w-other", 2_000, "W").await;
+    // Waiters ahead of W leave one by one, the nearest first, every 250 ms
+    // for about four seconds: each departure wakes W.
+    let n = 16;
+    let mut churn = Vec::new();
+    for j in 0..n {
+        churn.push(waiting(
+            api,
+            "busy",
+            &format!("churn-{j}"),
+            400 + (n - j) * 250,
+        ));
+        wait_queued(&etcd, j as i64 + 1).await;
+    }
+    let w = waiting_ttl(api, "busy", "W", 2_000, 8_000);
+    wait_queued(&etcd, n as i64 + 1).await;
+    sleep_ms(5_000).await;
+    let other = api.inspect("w-other").await;
+    assert_eq!(
+        other.body["held"], true,
+        "W's session lapsed while it waited: {other:?}"
+    );
+    let answer = w.await.unwrap();
+    assert_eq!(answer.body["acquired"], false, "{answer:?}");
+    for c in churn {
+        assert_eq!(c.await.unwrap().body["acquired"], false);
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_queue_entry_never_outlives_its_router() {
+    let etcd = EtcdCluster::single();
+    let doomed =
+        crate::support::router::RouterProcess::start(&[&etcd], crate::support::etcd::free_port())
+            .await;
+    let other = TestRouter::start(&[&etcd]).await;
+    let held = other.api.must_acquire("contended", 30_000, "holder").await;
+    // C's lock and C's wait ride on the same session of the doomed router.
+    let kept = doomed.api.must_acquire("c-other", 10_000, "C").await;
+    let wait = waiting(&doomed.api, "contended", "C", 30_000);
+    wait_queued(&etcd, 1).await;
+    drop(doomed); // SIGKILL: the wait's cleanup never runs
+    let _ = wait.await;
+    assert_eq!(other.api.release(&held).await.status, 204);
+    // C lives on, renewing its other lock through the other replica, so its
+    // session stays alive; the dead wait's entry must not.
+    let started = Instant::now();
+    loop {
+        assert_eq!(other.api.renew(&kept).await.status, 200);
+        let r = other.api.acquire("contended", 10_000, "D").await;
+        if r.body["acquired"] == true {
+            break;
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(12),
+            "a dead router's queue entry still blocks the name: {r:?}"
+        );
+        sleep_ms(500).await;
+    }
+    assert_eq!(queued(&etcd).await, 0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_waiter_whose_own_client_gets_the_name_answers_at_once() {
+    let etcd = EtcdCluster::single();
+    let router = TestRouter::start(&[&etcd]).await;
+    let api = &router.api;
+    let held = api.must_acquire("mine", 10_000, "holder").await;
+    let first = waiting(api, "mine", "C", 20_000);
+    wait_queued(&etcd, 1).await;
+    let second = waiting(api, "mine", "C", 20_000);
+    wait_queued(&etcd, 2).await;
+    let released = Instant::now();
+    assert_eq!(api.release(&held).await.status, 204);
+    let (a, b) = (first.await.unwrap(), second.await.unwrap());
+    assert_eq!(lock_of(&a), lock_of(&b), "one grant, answered to both");
+    assert!(
+        released.elapsed() < Duration::from_secs(5),
+        "the second wait waited on its own client: {:?}",
+        released.elapsed()
+    );
+    assert_eq!(queued(&etcd).await, 0);
 }

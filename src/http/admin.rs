@@ -12,7 +12,7 @@ use serde_json::{json, Value};
 
 use super::error::ApiError;
 use super::{api, json, AppState};
-use crate::reload::ReloadError;
+use crate::reload::{BumpRequest, ReloadError};
 use crate::router::Router;
 use crate::shard::RingState;
 
@@ -67,8 +67,8 @@ pub async fn reload(state: &AppState) -> api::Answer {
     }
 }
 
-pub async fn bump_epoch(state: &AppState) -> api::Answer {
-    match state.reloader.bump_epoch().await {
+pub async fn bump_epoch(state: &AppState, req: BumpRequest) -> api::Answer {
+    match state.reloader.bump_epoch(&req).await {
         Ok(epoch) => Ok((json(StatusCode::OK, &json!({ "epoch": epoch })), "bumped")),
         Err(e) => Err(ApiError::new(
             StatusCode::CONFLICT,

@@ -23,6 +23,12 @@ pub struct AcquireBody {
     wait_ms: u64,
 }
 
+impl AcquireBody {
+    pub fn wait_ms(&self) -> u64 {
+        self.wait_ms
+    }
+}
+
 #[derive(Deserialize)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct RenewBody {

@@ -16,7 +16,7 @@ use http::{header, HeaderValue, Method, Request, Response, StatusCode};
 use http_body_util::{BodyExt, Full, Limited};
 use hyper::body::Incoming;
 use hyper::service::service_fn;
-use hyper_util::rt::{TokioExecutor, TokioIo};
+use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use hyper_util::server::graceful::GracefulShutdown;
 use metrics_exporter_prometheus::PrometheusHandle;
 use serde::de::DeserializeOwned;
@@ -24,6 +24,7 @@ use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
 
+use crate::config::HttpTimeouts;
 use crate::locks::Locks;
 use crate::metrics as m;
 use crate::reload::Reloader;
@@ -54,6 +55,8 @@ pub struct AppState {
     /// Bearer token for `/admin/v1/*`; without one, loopback clients only.
     pub admin_token: Option<String>,
     pub metrics: PrometheusHandle,
+    /// Header, body and whole-request deadlines.
+    pub timeouts: HttpTimeouts,
 }
 
 /// Which routes a listener serves.
@@ -72,7 +75,17 @@ pub async fn serve(
     shutdown: CancellationToken,
     grace: Duration,
 ) {
-    let builder = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new());
+    let mut builder = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new());
+    builder
+        .http1()
+        .timer(TokioTimer::new())
+        .header_read_timeout(state.timeouts.header_read);
+    // HTTP/2 pings find peers that went away without closing.
+    builder
+        .http2()
+        .timer(TokioTimer::new())
+        .keep_alive_interval(Duration::from_secs(20))
+        .keep_alive_timeout(Duration::from_secs(10));
     let graceful = GracefulShutdown::new();
     loop {
         let (stream, peer) = tokio::select! {
@@ -169,13 +182,36 @@ async fn route(
     peer: SocketAddr,
     req: Request<Incoming>,
 ) -> api::Answer {
-    let max = state.locks.active().limits.max_body_bytes;
+    let active = state.locks.active();
+    let (max, max_wait) = (active.limits.max_body_bytes, active.limits.max_wait_ms);
+    drop(active);
+    let t = state.timeouts;
     let locks = &state.locks;
     match op {
-        "acquire" => api::acquire(locks, parse(req, max).await?).await,
-        "renew" => api::renew(locks, parse(req, max).await?).await,
-        "renew_batch" => api::renew_batch(locks, parse(req, max).await?).await,
-        "release" => api::release(locks, parse(req, max).await?).await,
+        "acquire" => {
+            let body: api::AcquireBody = parse(req, max, t.body_read).await?;
+            // A waiting acquire may take its waitMs on top of the deadline.
+            let wait = Duration::from_millis(body.wait_ms().min(max_wait));
+            within(t.request + wait, api::acquire(locks, body)).await
+        }
+        "renew" => {
+            within(
+                t.request,
+                api::renew(locks, parse(req, max, t.body_read).await?),
+            )
+            .await
+        }
+        "renew_batch" => {
+            let body = parse(req, max, t.body_read).await?;
+            within(t.request, api::renew_batch(locks, body)).await
+        }
+        "release" => {
+            within(
+                t.request,
+                api::release(locks, parse(req, max, t.body_read).await?),
+            )
+            .await
+        }
         "inspect" => {
             only(&req, Method::GET, "GET")?;
             let raw = &req.uri().path()[LOCKS_PREFIX.len()..];
@@ -184,7 +220,7 @@ async fn route(
                 .map_err(|_| {
                     ApiError::invalid("the name in the path is not percent-encoded UTF-8")
                 })?;
-            api::inspect(locks, &name).await
+            within(t.request, api::inspect(locks, &name)).await
         }
         "healthz" => {
             only(&req, Method::GET, "GET")?;
@@ -200,12 +236,13 @@ async fn route(
         "admin_reload" => {
             only(&req, Method::POST, "POST")?;
             admin::authorize(state, peer, &req)?;
-            admin::reload(state).await
+            within(t.request, admin::reload(state)).await
         }
         "admin_bump_epoch" => {
             only(&req, Method::POST, "POST")?;
             admin::authorize(state, peer, &req)?;
-            admin::bump_epoch(state).await
+            let body = parse_optional(req, max, t.body_read).await?;
+            within(t.request, admin::bump_epoch(state, body)).await
         }
         "admin_ring" => {
             only(&req, Method::GET, "GET")?;
@@ -226,21 +263,44 @@ async fn route(
     }
 }
 
+/// Runs a handler under the request's deadline: past it, 504 `timeout`.
+/// Dropping the handler is safe: every etcd write it may have sent is
+/// either done or not, and a retry with the same clientId finds it.
+async fn within(
+    deadline: Duration,
+    handler: impl std::future::Future<Output = api::Answer>,
+) -> api::Answer {
+    match tokio::time::timeout(deadline, handler).await {
+        Ok(answer) => answer,
+        Err(_) => Err(ApiError::new(
+            StatusCode::GATEWAY_TIMEOUT,
+            "timeout",
+            format!("no answer within {} ms; retry", deadline.as_millis()),
+        )),
+    }
+}
+
 fn readyz(locks: &Locks) -> (Response<Full<Bytes>>, &'static str) {
     let router = locks.active().router.clone();
     let (down, refusing) = router.readiness();
-    let migration = admin::migration_json(&router);
-    if down.is_empty() && refusing.is_empty() {
-        let body = serde_json::json!({"ready": true, "migration": migration});
-        return (json(StatusCode::OK, &body), "ready");
-    }
+    let shards: Vec<serde_json::Value> = router
+        .shard_states()
+        .into_iter()
+        .map(|(name, state)| serde_json::json!({"name": name, "state": state}))
+        .collect();
+    let ready = router.ready();
     let body = serde_json::json!({
-        "ready": false,
+        "ready": ready,
+        "shards": shards,
         "unreachableShards": down,
         "refusingShards": refusing,
-        "migration": migration,
+        "migration": admin::migration_json(&router),
     });
-    (json(StatusCode::SERVICE_UNAVAILABLE, &body), "not_ready")
+    if ready {
+        (json(StatusCode::OK, &body), "ready")
+    } else {
+        (json(StatusCode::SERVICE_UNAVAILABLE, &body), "not_ready")
+    }
 }
 
 fn only(req: &Request<Incoming>, method: Method, allow: &'static str) -> Result<(), ApiError> {
@@ -252,7 +312,11 @@ fn only(req: &Request<Incoming>, method: Method, allow: &'static str) -> Result<
 }
 
 /// Checks method, media type and size, then parses the JSON body.
-async fn parse<T: DeserializeOwned>(req: Request<Incoming>, max: usize) -> Result<T, ApiError> {
+async fn parse<T: DeserializeOwned>(
+    req: Request<Incoming>,
+    max: usize,
+    deadline: Duration,
+) -> Result<T, ApiError> {
     only(&req, Method::POST, "POST")?;
     let is_json = req
         .headers()
@@ -267,6 +331,42 @@ async fn parse<T: DeserializeOwned>(req: Request<Incoming>, max: usize) -> Resul
             "send the body as Content-Type: application/json",
         ));
     }
+    let body = read_body(req, max, deadline).await?;
+    from_json(&body)
+}
+
+/// Like [`parse`], but an empty body (with or without a media type) is
+/// the default value.
+async fn parse_optional<T: DeserializeOwned + Default>(
+    req: Request<Incoming>,
+    max: usize,
+    deadline: Duration,
+) -> Result<T, ApiError> {
+    let typed = req.headers().contains_key(header::CONTENT_TYPE);
+    let declared_empty = req
+        .headers()
+        .get(header::CONTENT_LENGTH)
+        .is_some_and(|v| v.as_bytes() == b"0");
+    if typed && !declared_empty {
+        return parse(req, max, deadline).await;
+    }
+    let body = read_body(req, max, deadline).await?;
+    if body.is_empty() {
+        return Ok(T::default());
+    }
+    Err(ApiError::new(
+        StatusCode::UNSUPPORTED_MEDIA_TYPE,
+        "unsupported_media_type",
+        "send the body as Content-Type: application/json",
+    ))
+}
+
+/// Reads at most `max` bytes of body within `deadline`.
+async fn read_body(
+    req: Request<Incoming>,
+    max: usize,
+    deadline: Duration,
+) -> Result<Bytes, ApiError> {
     let too_large = || {
         ApiError::new(
             StatusCode::PAYLOAD_TOO_LARGE,
@@ -282,9 +382,15 @@ async fn parse<T: DeserializeOwned>(req: Request<Incoming>, max: usize) -> Resul
     if declared.is_some_and(|n| n > max as u64) {
         return Err(too_large());
     }
-    let body = Limited::new(req.into_body(), max)
-        .collect()
-        .await
+    let collect = Limited::new(req.into_body(), max).collect();
+    let collected = tokio::time::timeout(deadline, collect).await.map_err(|_| {
+        ApiError::new(
+            StatusCode::REQUEST_TIMEOUT,
+            "timeout",
+            format!("the body did not arrive within {} ms", deadline.as_millis()),
+        )
+    })?;
+    Ok(collected
         .map_err(|e| {
             if e.is::<http_body_util::LengthLimitError>() {
                 too_large()
@@ -292,17 +398,29 @@ async fn parse<T: DeserializeOwned>(req: Request<Incoming>, max: usize) -> Resul
                 ApiError::invalid(format!("could not read the body: {e}"))
             }
         })?
-        .to_bytes();
-    let mut de = serde_json::Deserializer::from_slice(&body);
-    serde_path_to_error::deserialize(&mut de).map_err(|e| {
-        let path = e.path().to_string();
-        let inner = e.into_inner();
-        if path.is_empty() || path == "." {
-            ApiError::invalid(format!("invalid JSON body: {inner}"))
-        } else {
-            ApiError::invalid(format!("invalid JSON body: {path}: {inner}"))
+        .to_bytes())
+}
+
+/// Parses JSON; the error names where in the body it went wrong.
+fn from_json<T: DeserializeOwned>(body: &[u8]) -> Result<T, ApiError> {
+    // The fast path first; only a body that fails is parsed again to find
+    // the path of the problem.
+    if let Ok(value) = serde_json::from_slice(body) {
+        return Ok(value);
+    }
+    let mut de = serde_json::Deserializer::from_slice(body);
+    match serde_path_to_error::deserialize::<_, T>(&mut de) {
+        Ok(value) => Ok(value),
+        Err(e) => {
+            let path = e.path().to_string();
+            let inner = e.into_inner();
+            Err(if path.is_empty() || path == "." {
+                ApiError::invalid(format!("invalid JSON body: {inner}"))
+            } else {
+                ApiError::invalid(format!("invalid JSON body: {path}: {inner}"))
+            })
         }
-    })
+    }
 }
 
 /// A JSON response.

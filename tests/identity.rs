@@ -1,0 +1,375 @@
+//! Shard identity and ring epochs on real etcd: a replica whose endpoints
+//! reach the wrong cluster (a typo, a swapped pair, a migration's recorded
+//! previous shards) never grants there and is not ready; a shard copied to
+//! another cluster refuses until its epoch is bumped; and no interleaving
+//! of bumps, migrations, crashes and wiped shards ever reuses an epoch, so
+//! fencing tokens never go back.
+
+use std::time::{Duration, Instant};
+
+use lockrouter::config::ShardSettings;
+use lockrouter::keys::{Keys, PreviousRing, Reservation, RingMeta};
+use serde_json::json;
+
+use crate::rebalance::{moving_name, ring, toml, wait_granting};
+use crate::support::etcd::{free_port, EtcdCluster};
+use crate::support::router::{sleep_ms, FileRouter, RouterProcess, TestRouter};
+
+/// Polls `/readyz` until it shows `state` for every shard, or panics.
+async fn wait_states(api: &crate::support::router::Api, state: &str) -> serde_json::Value {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let sent = api.http.get(format!("{}/readyz", api.base)).send().await;
+        let Ok(resp) = sent else {
+            assert!(Instant::now() < deadline, "the router never listened");
+            sleep_ms(50).await;
+            continue; // not listening yet
+        };
+        let r = api.send(api.http.get(format!("{}/readyz", api.base))).await;
+        drop(resp);
+        let shards = r.body["shards"].as_array().cloned().unwrap_or_default();
+        if !shards.is_empty() && shards.iter().all(|s| s["state"] == state) {
+            assert_eq!(
+                r.status, 503,
+                "a replica with {state} shards is not ready: {r:?}"
+            );
+            return r.body;
+        }
+        assert!(Instant::now() < deadline, "never all {state}: {r:?}");
+        sleep_ms(50).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn swapped_endpoints_never_grant_a_name_twice_and_are_not_ready() {
+    let (c1, c2) = (EtcdCluster::single(), EtcdCluster::single());
+    let good = TestRouter::with_toml(&toml(&[("a", &c1, 1), ("b", &c2, 1)])).await;
+    let port = free_port();
+    let bad_toml =
+        toml(&[("a", &c2, 1), ("b", &c1, 1)]).replace("127.0.0.1:0", &format!("127.0.0.1:{port}"));
+    let bad = RouterProcess::spawn(&bad_toml, port);
+    let body = wait_states(&bad.api, "identity_mismatch").await;
+    assert_eq!(body["ready"], false, "{body}");
+    for i in 0..40 {
+        let name = format!("order:{i}");
+        good.api.must_acquire(&name, 10_000, "X").await;
+        let r = bad.api.acquire(&name, 10_000, "Y").await;
+        assert_eq!(
+            r.status, 503,
+            "{name} granted through the miswired replica: {r:?}"
+        );
+        assert_eq!(r.body["error"]["code"], "shard_unavailable");
+    }
+    let log = bad.log_text();
+    assert!(
+        log.contains("the etcd cluster at these endpoints is shard"),
+        "the log names the mismatch:\n{log}"
+    );
+    // Renew and release through the miswired replica touch nothing either.
+    let lock = good.api.must_acquire("kept", 10_000, "X").await;
+    assert_eq!(bad.api.renew(&lock).await.status, 503);
+    assert_eq!(bad.api.release(&lock).await.status, 503);
+    assert_eq!(good.api.renew(&lock).await.status, 200);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn replicas_with_swapped_endpoints_racing_on_fresh_shards_never_both_grant() {
+    for _ in 0..3 {
+        let (c1, c2) = (EtcdCluster::single(), EtcdCluster::single());
+        let (t1, t2) = (
+            toml(&[("a", &c1, 1), ("b", &c2, 1)]),
+            toml(&[("a", &c2, 1), ("b", &c1, 1)]),
+        );
+        let (one, two) = tokio::join!(TestRouter::spawn(&t1), TestRouter::spawn(&t2));
+        let deadline = Instant::now() + Duration::from_secs(4);
+        let mut i = 0;
+        while Instant::now() < deadline {
+            i += 1;
+            let name = format!("race-{i}");
+            let (x, y) = tokio::join!(
+                one.api.acquire(&name, 10_000, "X"),
+                two.api.acquire(&name, 10_000, "Y")
+            );
+            assert!(
+                !(x.body["acquired"] == true && y.body["acquired"] == true),
+                "{name} granted by both: {x:?} {y:?}"
+            );
+            sleep_ms(20).await;
+        }
+    }
+}
+
+/// Writes `meta` as the ring record of `cluster`.
+async fn write_ring(cluster: &EtcdCluster, meta: &RingMeta) {
+    let keys = Keys::new("/lockrouter");
+    let mut c = cluster.client().await;
+    c.put(keys.ring(), meta.to_bytes(), None).await.unwrap();
+}
+
+async fn read_ring(cluster: &EtcdCluster) -> RingMeta {
+    let keys = Keys::new("/lockrouter");
+    let mut c = cluster.client().await;
+    let got = c.get(keys.ring(), None).await.unwrap();
+    serde_json::from_slice(got.kvs()[0].value()).unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_migration_whose_previous_shards_reach_the_wrong_cluster_hands_nothing_off() {
+    let (c1, c2, c3) = (
+        EtcdCluster::single(),
+        EtcdCluster::single(),
+        EtcdCluster::single(),
+    );
+    let before = [("a", &c1, 1), ("b", &c2, 1)];
+    let after = [("a", &c1, 1), ("b", &c2, 1), ("c", &c3, 1)];
+    let r = FileRouter::start(&toml(&before)).await;
+    let name = moving_name(&ring(&before), "a", &ring(&after), "c");
+    let held = r.api.must_acquire(&name, 30_000, "X").await;
+    assert_eq!(r.reload(&toml(&after)).await.status, 200);
+    wait_granting(&r).await;
+    // Now the recorded previous ring says shard "a" is at c2 (shard b's
+    // cluster): a replica following it would look for the holder there.
+    let open = read_ring(&c1).await;
+    let mut wrong = open.clone();
+    let previous = wrong.previous.as_mut().unwrap();
+    let swapped: Vec<ShardSettings> = previous
+        .shards
+        .iter()
+        .map(|s| ShardSettings {
+            endpoints: if s.name == "a" {
+                c2.endpoints()
+            } else {
+                c1.endpoints()
+            },
+            ..s.clone()
+        })
+        .collect();
+    *previous = PreviousRing {
+        shards: swapped,
+        ..previous.clone()
+    };
+    for c in [&c1, &c2, &c3] {
+        write_ring(c, &wrong).await;
+    }
+    let until = Instant::now() + Duration::from_secs(3);
+    let mut refused = 0;
+    while Instant::now() < until {
+        let r2 = r.api.acquire(&name, 10_000, "Y").await;
+        assert_ne!(
+            r2.body["acquired"], true,
+            "{name} handed off while held: {r2:?}"
+        );
+        refused += usize::from(r2.status == 503);
+        sleep_ms(50).await;
+    }
+    assert!(refused > 0, "the wrong previous shard was never noticed");
+    assert_eq!(
+        r.api.renew(&held).await.status,
+        200,
+        "the holder keeps its lock"
+    );
+    // Put the record right: the handoff works again.
+    for c in [&c1, &c2, &c3] {
+        write_ring(c, &open).await;
+    }
+    assert_eq!(r.api.release(&held).await.status, 204);
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let moved = loop {
+        let got = r.api.acquire(&name, 10_000, "Y").await;
+        if got.body["acquired"] == true {
+            break got.body["fencingToken"].as_u64().unwrap();
+        }
+        assert!(Instant::now() < deadline, "{got:?}");
+        sleep_ms(100).await;
+    };
+    assert!(moved > held.1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_shard_copied_to_another_cluster_refuses_until_the_epoch_is_bumped() {
+    let (c1, c2, copy) = (
+        EtcdCluster::single(),
+        EtcdCluster::single(),
+        EtcdCluster::single(),
+    );
+    let shards = [("a", &c1, 1), ("b", &c2, 1)];
+    let r = FileRouter::start(&toml(&shards)).await;
+    let on_a: Vec<String> = (0..)
+        .map(|i| format!("copied-{i}"))
+        .filter(|n| ring(&shards).shard_name(n) == "a")
+        .take(5)
+        .collect();
+    let mut last = 0;
+    for n in &on_a {
+        last = last.max(r.api.must_acquire(n, 30_000, "X").await.1);
+    }
+    // Copy every key of shard a into another cluster (as a restore from a
+    // snapshot into new members, or a mirror, would): revisions restart.
+    let (mut from, mut to) = (c1.client().await, copy.client().await);
+    let all = from
+        .get(
+            "/lockrouter",
+            Some(etcd_client::GetOptions::new().with_prefix()),
+        )
+        .await
+        .unwrap();
+    for kv in all.kvs() {
+        to.put(kv.key(), kv.value(), None).await.unwrap();
+    }
+    assert!(
+        r.reload(&toml(&[("a", &copy, 1), ("b", &c2, 1)]))
+            .await
+            .status
+            == 200
+    );
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let ready = r.api.get("/readyz").await;
+        if ready.body["shards"][0]["state"] == "identity_mismatch" {
+            break;
+        }
+        assert!(Instant::now() < deadline, "{ready:?}");
+        sleep_ms(50).await;
+    }
+    let fresh = (0..)
+        .map(|i| format!("after-copy-{i}"))
+        .find(|n| ring(&shards).shard_name(n) == "a")
+        .unwrap();
+    assert_eq!(r.api.acquire(&fresh, 5_000, "Y").await.status, 503);
+    let bumped = r.api.post("/admin/v1/bump-epoch", json!({})).await;
+    assert_eq!(bumped.status, 200, "{bumped:?}");
+    wait_granting(&r).await;
+    let token = r.api.must_acquire(&fresh, 5_000, "Y").await.1;
+    assert!(token > last, "token {token} after {last}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_migration_never_reuses_an_epoch_a_bump_has_used() {
+    let (c1, c2, c3) = (
+        EtcdCluster::single(),
+        EtcdCluster::single(),
+        EtcdCluster::single(),
+    );
+    let before = [("a", &c1, 1), ("b", &c2, 1)];
+    let after = [("a", &c1, 1), ("b", &c2, 1), ("c", &c3, 1)];
+    let r = FileRouter::start(&toml(&before)).await;
+    let name = moving_name(&ring(&before), "a", &ring(&after), "c");
+    // What an opening interrupted after it reached the joining shard left
+    // behind (an opening at the next epoch, 2, recorded on c only) ...
+    let (x, y) = (ring(&before), ring(&after));
+    let settings = |s: &[(&str, &EtcdCluster, u32)]| -> Vec<ShardSettings> {
+        s.iter()
+            .map(|(n, c, w)| ShardSettings {
+                name: n.to_string(),
+                endpoints: c.endpoints(),
+                weight: *w,
+            })
+            .collect()
+    };
+    write_ring(
+        &c3,
+        &RingMeta {
+            epoch: 2,
+            ring: y.fingerprint().to_string(),
+            previous: Some(PreviousRing {
+                ring: x.fingerprint().to_string(),
+                vnodes: 160,
+                shards: settings(&before),
+            }),
+        },
+    )
+    .await;
+    // ... then a bump by a replica still on the old ring: epoch 2 on a, b.
+    let bumped = r.api.post("/admin/v1/bump-epoch", json!({})).await;
+    assert_eq!(bumped.body["epoch"], 2, "{bumped:?}");
+    wait_granting(&r).await;
+    let mut last = 0;
+    for _ in 0..10 {
+        let lock = r.api.must_acquire(&name, 30_000, "X").await;
+        last = last.max(lock.1);
+        assert_eq!(r.api.release(&lock).await.status, 204);
+    }
+    // Now the reload to the new ring opens the migration: the name moves to
+    // c, whose revisions are far below a's. Its tokens must still grow.
+    assert_eq!(
+        r.reload(&toml(&after)).await.status,
+        200,
+        "{}",
+        r.ring().await
+    );
+    wait_granting(&r).await;
+    let moved = r.api.must_acquire(&name, 30_000, "Y").await;
+    assert_eq!(r.api.inspect(&name).await.body["shard"], "c");
+    assert!(moved.1 > last, "token {} after {last}", moved.1);
+    assert!(r.ring().await["epoch"].as_u64().unwrap() >= 3);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_bump_after_a_crashed_bump_and_a_wiped_shard_goes_past_its_epoch() {
+    let (mut c1, c2) = (EtcdCluster::single(), EtcdCluster::single());
+    let shards = [("a", &c1, 1), ("b", &c2, 1)];
+    let placed = ring(&shards);
+    let r = FileRouter::start(&toml(&shards)).await;
+    let on_a = |i: usize| {
+        (0..)
+            .map(|j| format!("w{i}-{j}"))
+            .find(|n| placed.shard_name(n) == "a")
+            .unwrap()
+    };
+    // A bump that crashed after reserving epoch 2 everywhere and recording
+    // it on shard a only.
+    let keys = Keys::new("/lockrouter");
+    let reservation = Reservation {
+        epoch: 2,
+        by: "crashed".into(),
+    };
+    for c in [&c1, &c2] {
+        let mut client = c.client().await;
+        client
+            .put(keys.epoch(), reservation.to_bytes(), None)
+            .await
+            .unwrap();
+    }
+    let mut at_two = read_ring(&c1).await;
+    at_two.epoch = 2;
+    write_ring(&c1, &at_two).await;
+    // Shard a grants at epoch 2 ...
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let mut last = 0;
+    let mut i = 0;
+    while last >> 47 != 2 {
+        assert!(
+            Instant::now() < deadline,
+            "shard a never granted at epoch 2"
+        );
+        let got = r.api.acquire(&on_a(i), 30_000, "X").await;
+        if got.body["acquired"] == true {
+            last = last.max(got.body["fencingToken"].as_u64().unwrap());
+        }
+        i += 1;
+        sleep_ms(20).await;
+    }
+    for j in i..i + 20 {
+        last = last.max(r.api.must_acquire(&on_a(j), 30_000, "X").await.1);
+    }
+    // ... then loses its data. The next bump must not record epoch 2 again.
+    c1.wipe();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let bumped = r
+            .api
+            .post("/admin/v1/bump-epoch", json!({"reinitialize": ["a"]}))
+            .await;
+        if bumped.status == 200 {
+            assert_eq!(bumped.body["epoch"], 3, "{bumped:?}");
+            break;
+        }
+        assert!(Instant::now() < deadline, "{bumped:?}");
+        sleep_ms(100).await;
+    }
+    wait_granting(&r).await;
+    for j in 1000..1005 {
+        let token = r.api.must_acquire(&on_a(j), 30_000, "Y").await.1;
+        assert!(token > last, "token {token} after {last}");
+    }
+}
