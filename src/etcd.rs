@@ -39,6 +39,8 @@ struct Inner {
     timeout: Duration,
     /// False after a call failed for unavailability, until a probe succeeds.
     up: AtomicBool,
+    /// The members' etcd version was checked once (see `check_version`).
+    version_checked: AtomicBool,
 }
 
 #[derive(Clone)]
@@ -79,6 +81,7 @@ impl EtcdConn {
                 in_rotation: Mutex::new(endpoints.iter().cloned().collect()),
                 timeout,
                 up: AtomicBool::new(false),
+                version_checked: AtomicBool::new(false),
             }),
         })
     }
@@ -145,6 +148,35 @@ impl EtcdConn {
         }
     }
 
+    /// Once per connection: asks etcd its version and warns if it is a
+    /// release with known lease bugs (lockrouter defends against them, but
+    /// operators should upgrade) or one etcd itself warns against.
+    pub async fn check_version(&self) {
+        if self.inner.version_checked.load(Ordering::Relaxed) {
+            return;
+        }
+        let mut m = self.inner.client.maintenance_client();
+        let Ok(Ok(status)) = tokio::time::timeout(self.inner.timeout, m.status()).await else {
+            return; // asked again next round
+        };
+        self.inner.version_checked.store(true, Ordering::Relaxed);
+        let shard = &self.inner.shard;
+        let version = status.version();
+        match release_risk(version) {
+            Some(Risk::Unsafe) => tracing::error!(
+                %shard, version,
+                "this etcd release has a data inconsistency bug (etcd 3.5.0 to 3.5.2): upgrade to 3.5.3 or later"
+            ),
+            Some(Risk::StaleLeaderRevokes) => tracing::warn!(
+                %shard, version,
+                "this etcd release lets a paused old leader revoke leases renewed through the new one \
+                 (etcd issues 12528, 15247; fixed in 3.4.31 and 3.5.13): lockrouter's lock-delay \
+                 keeps grants safe, but upgrade etcd"
+            ),
+            None => tracing::info!(%shard, version, "etcd version"),
+        }
+    }
+
     pub fn unavailable(&self, detail: impl Into<String>) -> EtcdError {
         EtcdError::Unavailable {
             shard: self.inner.shard.clone(),
@@ -203,6 +235,48 @@ impl EtcdConn {
                 detail: other.to_string(),
             },
         }
+    }
+}
+
+/// What is known to be wrong with an etcd release.
+#[derive(Debug, PartialEq, Eq)]
+pub enum Risk {
+    /// 3.5.0 to 3.5.2: etcd itself warns of data inconsistency.
+    Unsafe,
+    /// Before 3.4.31 / 3.5.13: a resumed old leader can revoke leases.
+    StaleLeaderRevokes,
+}
+
+/// The known risk of etcd `version` ("3.4.23"), if any; `None` for
+/// releases with the fixes, and for versions it cannot read.
+pub fn release_risk(version: &str) -> Option<Risk> {
+    let mut parts = version
+        .split(['.', '-', '+'])
+        .map(|p| p.parse::<u32>().ok());
+    let (major, minor, patch) = (parts.next()??, parts.next()??, parts.next()??);
+    match (major, minor) {
+        (3, 5) if patch <= 2 => Some(Risk::Unsafe),
+        (3, 5) if patch < 13 => Some(Risk::StaleLeaderRevokes),
+        (3, 4) if patch < 31 => Some(Risk::StaleLeaderRevokes),
+        (3, m) if m < 4 => Some(Risk::StaleLeaderRevokes),
+        _ => None,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn releases_with_known_lease_bugs_are_named() {
+        assert_eq!(release_risk("3.4.23"), Some(Risk::StaleLeaderRevokes));
+        assert_eq!(release_risk("3.4.31"), None);
+        assert_eq!(release_risk("3.5.1"), Some(Risk::Unsafe));
+        assert_eq!(release_risk("3.5.12"), Some(Risk::StaleLeaderRevokes));
+        assert_eq!(release_risk("3.5.13"), None);
+        assert_eq!(release_risk("3.6.0-rc.1"), None);
+        assert_eq!(release_risk("3.3.25"), Some(Risk::StaleLeaderRevokes));
+        assert_eq!(release_risk("garbage"), None);
     }
 }
 

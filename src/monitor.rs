@@ -69,6 +69,7 @@ async fn tick(router: &Router, count_due: bool) {
     let fp = router.ring.fingerprint().to_string();
     let shards = &router.shards;
     join_all(all_shards(router).iter().map(|s| s.conn.check_members())).await;
+    join_all(all_shards(router).iter().map(|s| s.conn.check_version())).await;
     let probes = join_all(shards.iter().map(|s| s.probe())).await;
     let mut states = Vec::with_capacity(shards.len());
     let mut fresh = true;

@@ -54,6 +54,24 @@ async fn sigterm_drains_and_exits_zero() {
     let mut router = RouterProcess::start(&[&etcd], free_port()).await;
     router.api.must_acquire("t", 5_000, "A").await;
     assert!(router.log_text().contains("lockrouter ready"));
+    // The router names the etcd release of each shard, and warns about
+    // releases with the stale-leader lease revocation bug.
+    let out = Command::new("etcd").arg("--version").output().unwrap();
+    let text = String::from_utf8_lossy(&out.stdout).to_string();
+    let version = text.lines().next().unwrap().rsplit(' ').next().unwrap();
+    let expected = match lockrouter::etcd::release_risk(version) {
+        Some(_) => "upgrade",
+        None => "etcd version",
+    };
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while !(router.log_text().contains(expected) && router.log_text().contains(version)) {
+        assert!(
+            Instant::now() < deadline,
+            "{expected} {version}:\n{}",
+            router.log_text()
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
     let pid = router.child.id().to_string();
     assert!(Command::new("kill")
         .args(["-TERM", &pid])
