@@ -336,6 +336,9 @@ async fn reacquire_returns_the_same_lock_when_etcd_raised_the_ttl() {
     let router = TestRouter::start(&[&etcd]).await;
     let api = &router.api;
     let first = api.must_acquire("raised", 2_000, "A").await;
+    // Past the keepalive coalescing window, so the re-acquire renews the
+    // lease with etcd (which answers its real TTL).
+    sleep_ms(500).await;
     let again = api.must_acquire("raised", 2_000, "A").await;
     assert_eq!(again, first);
     let r = api

@@ -266,7 +266,15 @@ async fn a_queue_entry_never_outlives_its_router() {
     let held = other.api.must_acquire("contended", 30_000, "holder").await;
     // C's lock and C's wait ride on the same session of the doomed router.
     let kept = doomed.api.must_acquire("c-other", 10_000, "C").await;
-    let wait = waiting(&doomed.api, "contended", "C", 30_000);
+    let body = json!({"name": "contended", "ttlMs": 10_000, "clientId": "C", "waitMs": 30_000});
+    // The request dies with its router: its error is the point, not a failure.
+    let send = doomed
+        .api
+        .http
+        .post(format!("{}/api/v1/locks/acquire", doomed.api.base))
+        .json(&body)
+        .send();
+    let wait = tokio::spawn(send);
     wait_queued(&etcd, 1).await;
     drop(doomed); // SIGKILL: the wait's cleanup never runs
     let _ = wait.await;
