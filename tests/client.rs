@@ -3,14 +3,15 @@
 //! release and release on drop, losing locks by the client's own clock when
 //! the router or a shard is gone, losing them at once when the router says
 //! so, renewing lock by lock when the router refuses a whole batch, and
-//! `with_lock`.
+//! `with_lock`; releases retried while the router is away, and two `Lock`s
+//! for one grant.
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
 use futures::FutureExt;
-use lockrouter_client::{Client, Error, LostReason};
+use lockrouter_client::{Client, Error, Lock, LostReason};
 use serde_json::json;
 
 use crate::support::etcd::{free_port, EtcdCluster};
@@ -300,4 +301,116 @@ impl Drop for SetOnDrop {
     fn drop(&mut self) {
         self.0.store(true, Ordering::SeqCst);
     }
+}
+
+/// The router goes away and comes back on the same port while a client
+/// holds three locks of one TTL on one shard (one session lease). Returns
+/// (router, client, lock kept, lock to release) with the router down.
+async fn lose_the_router(
+    etcd: &EtcdCluster,
+    port: u16,
+    id: &str,
+) -> (RouterProcess, Client, Lock, Lock) {
+    let router = RouterProcess::start(&[etcd], port).await;
+    let client = Client::builder(&router.api.base)
+        .client_id(id)
+        .request_timeout(secs(1))
+        .build()
+        .unwrap();
+    let keep = client.acquire("sdk:keep", secs(10)).await.unwrap().unwrap();
+    let gone = client.acquire("sdk:gone", secs(10)).await.unwrap().unwrap();
+    (router, client, keep, gone)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_release_sent_while_the_router_is_down_is_retried_until_it_frees_the_name() {
+    let etcd = EtcdCluster::single();
+    let witness = TestRouter::start(&[&etcd]).await;
+    let port = free_port();
+    let (router, _client, keep, gone) = lose_the_router(&etcd, port, "retry-explicit").await;
+    drop(router); // killed: connections refused from now on
+    let lost = gone.lost();
+    let releasing = tokio::spawn(gone.release());
+    assert_eq!(lost.await, LostReason::Released, "lost as release starts");
+    sleep_ms(2_000).await;
+    assert!(!releasing.is_finished(), "still retrying");
+    let _router = RouterProcess::start(&[&etcd], port).await;
+    let released = tokio::time::timeout(secs(8), releasing)
+        .await
+        .expect("the release gets through within the lock's validity")
+        .unwrap();
+    assert_eq!(released, Ok(()));
+    // Freed at once, although the client's other lock kept the session
+    // lease (and so the released lock's key) alive all along.
+    let b = Client::new(&witness.api.base, Some("retry-B")).unwrap();
+    assert!(b.acquire("sdk:gone", secs(10)).await.unwrap().is_some());
+    assert!(keep.is_held());
+    let seen = witness.api.inspect("sdk:keep").await;
+    assert_eq!(seen.body["fencingToken"], keep.fencing_token());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lock_dropped_while_the_router_is_down_is_freed_once_it_is_back() {
+    let etcd = EtcdCluster::single();
+    let witness = TestRouter::start(&[&etcd]).await;
+    let port = free_port();
+    let (router, _client, keep, gone) = lose_the_router(&etcd, port, "retry-drop").await;
+    drop(router);
+    drop(gone);
+    sleep_ms(2_000).await;
+    let seen = witness.api.inspect("sdk:gone").await;
+    assert_eq!(seen.body["held"], true, "not released yet: {seen:?}");
+    let _router = RouterProcess::start(&[&etcd], port).await;
+    // Within a few seconds (retries back off to at most 2 s). Waiting past
+    // the TTL would not help: while `keep` is renewed, the shared session
+    // lease keeps the dropped lock's key alive too.
+    let b = Client::new(&witness.api.base, Some("retry-B")).unwrap();
+    let next = b
+        .acquire_wait("sdk:gone", secs(10), secs(12))
+        .await
+        .unwrap();
+    assert!(next.is_some(), "the dropped lock was never released");
+    assert!(keep.is_held());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_acquires_of_one_name_are_one_lock_and_dropping_either_frees_it() {
+    let etcd = EtcdCluster::single();
+    let router = TestRouter::start(&[&etcd]).await;
+    let a = Client::new(&router.api.base, Some("twice-A")).unwrap();
+    let b = Client::new(&router.api.base, Some("twice-B")).unwrap();
+    let first = a.acquire("sdk:twice", secs(10)).await.unwrap().unwrap();
+    let second = a.acquire("sdk:twice", secs(10)).await.unwrap().unwrap();
+    assert_eq!(first.lock_id(), second.lock_id());
+    assert_eq!(first.fencing_token(), second.fencing_token());
+
+    let lost = second.lost();
+    drop(first);
+    assert_eq!(
+        lost.now_or_never(),
+        Some(LostReason::Released),
+        "the other Lock of the grant is lost at once"
+    );
+    assert!(!second.is_held());
+    let next = b
+        .acquire_wait("sdk:twice", secs(10), secs(5))
+        .await
+        .unwrap()
+        .expect("released at the router, not left to the TTL");
+    // Releasing the other one as well is harmless: B keeps its grant.
+    assert_eq!(second.release().await, Ok(()));
+    assert!(next.is_held());
+    let seen = router.api.inspect("sdk:twice").await;
+    assert_eq!(seen.body["fencingToken"], next.fencing_token());
+    next.release().await.unwrap();
+
+    // Dropping a lock and acquiring the name again at once gives a new
+    // grant that stays held, never the one being released.
+    let old = a.acquire("sdk:twice", secs(3)).await.unwrap().unwrap();
+    let old_token = old.fencing_token();
+    drop(old);
+    let again = a.acquire("sdk:twice", secs(3)).await.unwrap().unwrap();
+    assert!(again.fencing_token() > old_token);
+    sleep_ms(2_000).await; // past a renewal
+    assert!(again.is_held());
 }

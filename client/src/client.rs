@@ -6,22 +6,28 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use tokio::sync::{mpsc, watch};
+use tokio::sync::mpsc;
 use tokio::time::Instant;
 
 use crate::error::{Error, LostReason};
-use crate::lock::{Lock, LockHandle, Shared, Status};
+use crate::lock::{Lock, LockHandle, Release, Shared};
+use crate::registry::{Claim, Registry};
 use crate::renewal::{Command, RenewalTask};
 use crate::transport::{LockRef, Transport};
 use crate::validity;
+
+/// How many times an acquire asks again when its answer is a grant this
+/// client is still releasing (it waits for the release in between).
+const ACQUIRE_ROUNDS: u32 = 3;
 
 /// A connection to a lockrouter under one client id. Cheap to clone: clones
 /// share the connection pool, the id and the renewal task.
 ///
 /// Every lock a client holds rides on the router's session lease for
 /// (client id, TTL, shard): renewing one renews them all, and re-acquiring a
-/// name the client already holds returns the same lock. Use one client id
-/// per process (or per independent worker), never one shared by processes.
+/// name the client already holds returns the same grant (another [`Lock`]
+/// sharing the first one's state). Use one client id per process (or per
+/// independent worker), never one shared by processes.
 ///
 /// ```no_run
 /// # async fn demo() -> Result<(), lockrouter_client::Error> {
@@ -53,6 +59,8 @@ pub(crate) struct Inner {
     pub commands: mpsc::UnboundedSender<Command>,
     /// Numbers the locks within the renewal task.
     next_key: AtomicU64,
+    /// One state per grant, shared by every `Lock` of it.
+    pub registry: Arc<Registry>,
 }
 
 /// Settings for a [`Client`] beyond the router URL.
@@ -118,6 +126,7 @@ impl ClientBuilder {
                 request_timeout: self.request_timeout,
                 commands,
                 next_key: AtomicU64::new(0),
+                registry: Arc::default(),
             }),
         })
     }
@@ -159,8 +168,12 @@ impl Client {
     /// dropped. An acquire is idempotent for the same client id, so after a
     /// [`Error::Transport`] it is safe to call again: if the first attempt
     /// did get the lock, the retry returns that same grant. Two `Lock`s for
-    /// one grant are one lock: releasing or dropping either releases it, and
-    /// the other then reports [`LostReason::Expired`](crate::LostReason).
+    /// one grant are one lock: they share validity, are renewed once, and
+    /// releasing or dropping either releases it and marks both lost
+    /// ([`LostReason::Released`](crate::LostReason)) at once. A grant this
+    /// client is still releasing is never handed back: the call waits for
+    /// that release and asks again ([`Error::Transport`] if the release does
+    /// not get through within a few request timeouts).
     pub async fn acquire(&self, name: &str, ttl: Duration) -> Result<Option<Lock>, Error> {
         self.acquire_inner(name, ttl, Duration::ZERO).await
     }
@@ -208,6 +221,33 @@ impl Client {
             .ok()
             .filter(|ms| *ms > 0)
             .ok_or_else(|| Error::Config(format!("ttl {ttl:?} out of range")))?;
+        let start = Instant::now();
+        for _ in 0..ACQUIRE_ROUNDS {
+            let wait_left = wait.saturating_sub(start.elapsed());
+            match self.acquire_once(name, ttl, ttl_ms, wait_left).await? {
+                None => return Ok(None),
+                Some(Claim::Held(shared) | Claim::New(shared)) => {
+                    return Ok(Some(Lock::new(shared, self.clone())))
+                }
+                // The answer overtook this client's release of the same
+                // grant, which is about to free it: let the release finish,
+                // then ask again.
+                Some(Claim::Releasing(shared)) => self.settle(&shared).await,
+            }
+        }
+        Err(Error::Transport(format!(
+            "this client's earlier release of {name:?} has not got through yet"
+        )))
+    }
+
+    /// One acquire request, and what its grant (if any) is to this client.
+    async fn acquire_once(
+        &self,
+        name: &str,
+        ttl: Duration,
+        ttl_ms: u64,
+        wait: Duration,
+    ) -> Result<Option<Claim>, Error> {
         let wait_ms = u64::try_from(wait.as_millis())
             .map_err(|_| Error::Config(format!("wait {wait:?} out of range")))?;
         let inner = &self.inner;
@@ -254,29 +294,64 @@ impl Client {
                     })
                 }
                 Err(e) if valid_until <= Instant::now() => {
-                    self.release_in_background(lock_ref);
+                    // Perhaps held, but not usable: release it, unless this
+                    // client holds it already through another Lock.
+                    if let Claim::New(shared) = self.claim(name, ttl, margin, lock_ref, valid_until)
+                    {
+                        if inner.registry.begin_release(&shared) == Some(true) {
+                            let _ = inner.commands.send(Command::Release {
+                                shared,
+                                failures: 0,
+                            });
+                        }
+                    }
                     return Err(e);
                 }
                 // Still valid: the renewal task will confirm it shortly.
                 Err(_) => {}
             }
         }
-        let (status, _) = watch::channel(Status {
-            valid_until,
-            lost: None,
-        });
-        let shared = Arc::new(Shared {
-            key: inner.next_key.fetch_add(1, Ordering::Relaxed),
-            name: name.to_string(),
-            lock_ref,
-            ttl,
-            margin,
-            status,
-        });
-        // If the task is gone the lock is never renewed and is lost when its
-        // validity runs out, which `lost()` reports by the clock alone.
-        let _ = inner.commands.send(Command::Track(shared.clone()));
-        Ok(Some(Lock::new(shared, self.clone())))
+        let claim = self.claim(name, ttl, margin, lock_ref, valid_until);
+        if let Claim::New(shared) = &claim {
+            // If the task is gone the lock is never renewed and is lost when
+            // its validity runs out, which `lost()` reports by the clock.
+            let _ = inner.commands.send(Command::Track(shared.clone()));
+        }
+        Ok(Some(claim))
+    }
+
+    /// The client's state for a grant it was just given.
+    fn claim(
+        &self,
+        name: &str,
+        ttl: Duration,
+        margin: Duration,
+        lock_ref: LockRef,
+        valid_until: Instant,
+    ) -> Claim {
+        let inner = &self.inner;
+        let lock_id = lock_ref.lock_id.clone();
+        inner.registry.claim(&lock_id, valid_until, || {
+            Shared::new(
+                inner.next_key.fetch_add(1, Ordering::Relaxed),
+                name,
+                lock_ref,
+                ttl,
+                margin,
+                valid_until,
+                inner.registry.clone(),
+            )
+        })
+    }
+
+    /// Waits, at most a request timeout, for a pending release to end,
+    /// waking it from its backoff first (the acquire just reached the
+    /// router, so the release likely can too).
+    async fn settle(&self, shared: &Shared) {
+        shared.retry_now.notify_one();
+        let mut status = shared.status.subscribe();
+        let settled = status.wait_for(|s| s.release != Release::Pending);
+        let _ = tokio::time::timeout(self.inner.request_timeout, settled).await;
     }
 
     /// One renewal of a fresh grant: its new validity if it still stands,
@@ -303,18 +378,12 @@ impl Client {
         })
     }
 
-    /// Hands a release to the renewal task (which owns background requests).
-    fn release_in_background(&self, lock: LockRef) {
-        let _ = self.inner.commands.send(Command::Forget {
-            key: u64::MAX,
-            release: Some(lock),
-        });
-    }
-
     /// Runs the future `work` returns while holding `name`, and releases the
-    /// lock afterwards. If the lock is lost first, the work is cancelled
-    /// (dropped at its next `.await`) and the call returns [`Error::Lost`];
-    /// if another client holds the name, [`Error::NotAcquired`].
+    /// lock afterwards (as [`Lock::release`] does: waiting for the router's
+    /// confirmation at most until the lock's validity ends). If the lock is
+    /// lost first, the work is cancelled (dropped at its next `.await`) and
+    /// the call returns [`Error::Lost`]; if another client holds the name,
+    /// [`Error::NotAcquired`].
     ///
     /// Cancellation is cooperative and happens only at `.await` points, and
     /// a write already on its way to the resource cannot be called back:
@@ -351,7 +420,7 @@ impl Client {
             reason = lost => Err(Error::Lost { name: name.to_string(), reason }),
             out = work => {
                 if let Err(e) = lock.release().await {
-                    tracing::warn!(error = %e, name, "release after with_lock failed; the lock will expire");
+                    tracing::warn!(error = %e, name, "release after with_lock not confirmed");
                 }
                 Ok(out)
             }

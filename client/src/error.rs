@@ -7,8 +7,8 @@ use std::fmt;
 /// Why a lock can no longer be trusted.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum LostReason {
-    /// The router reported the lock gone: its lease ran out, or it was
-    /// released (perhaps through another handle of the same lock).
+    /// The router reported the lock gone: its lease ran out, or someone
+    /// else released it (another `Client` under the same client id, say).
     Expired,
     /// The router reported that another holder has the name now.
     Stolen,
@@ -20,7 +20,8 @@ pub enum LostReason {
     /// The router refused to renew the lock (for example, its lockId names a
     /// shard the router no longer knows).
     Refused,
-    /// The holder released it.
+    /// This client released it or dropped it, through this `Lock` or
+    /// another `Lock` of the same grant.
     Released,
 }
 
@@ -60,7 +61,8 @@ pub enum Error {
     #[error("lock {name:?} is held by another client")]
     NotAcquired { name: String },
     /// The lock was lost while work was running under it; the work was cut
-    /// short.
+    /// short. From [`Lock::release`](crate::Lock::release): the lock was
+    /// lost and its grant has passed to a newer `Lock` of this client.
     #[error("lock {name:?} was lost: {reason}")]
     Lost { name: String, reason: LostReason },
     /// The router answered with an error (`status` and its stable `code`).

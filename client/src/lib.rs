@@ -34,7 +34,10 @@
 //! - [`client`](Client): the client id, acquiring (at once or waiting),
 //!   [`Client::with_lock`].
 //! - [`Lock`], [`LockHandle`]: a held lock, its validity and lost signal.
-//! - `renewal`: the one background task per client that renews all locks.
+//! - `registry`: one state per grant, shared by every `Lock` of it.
+//! - `renewal`: the one background task per client that renews all locks
+//!   and delivers the releases handed to it.
+//! - `release`: retrying a release until the router confirms it, and why.
 //! - `validity`: the client-side clock rules (margin, renewal interval,
 //!   backoff).
 //! - `transport`: the v1 HTTP API over a pooled HTTP/1.1 client.
@@ -48,6 +51,8 @@ mod client;
 mod error;
 pub mod fencing;
 mod lock;
+mod registry;
+mod release;
 mod renewal;
 mod transport;
 mod validity;

@@ -1,33 +1,51 @@
 //! A held lock: its identity (name, lockId, fencing token), its validity as
 //! the client's own clock judges it, and the "lost" signal.
 //!
-//! State lives in a `watch` channel shared by the [`Lock`], its
-//! [`LockHandle`]s and the client's renewal task: the task moves
+//! State lives in a `watch` channel shared by every [`Lock`] of one grant
+//! (one per acquire of a name the client already holds; see `registry`),
+//! their [`LockHandle`]s and the client's renewal task: the task moves
 //! `valid_until` forward on each confirmed renewal and records why a lock
 //! was lost; readers also compare `valid_until` with the clock themselves,
 //! so a lock is lost on time even if the renewal task is starved or the
-//! router is unreachable.
+//! router is unreachable. Releasing or dropping any `Lock` of a grant marks
+//! them all lost at once, and the grant is released at the router once.
 
 use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 
-use tokio::sync::watch;
+use tokio::sync::{mpsc, watch, Notify};
 use tokio::time::Instant;
 
 use crate::client::Client;
 use crate::error::{Error, LostReason};
+use crate::registry::Registry;
+use crate::release::{self, Until};
 use crate::renewal::Command;
 use crate::transport::LockRef;
 
-/// Validity as last confirmed, and why the lock was lost once it is.
+/// Validity as last confirmed, why the lock was lost once it is, and where
+/// its release stands.
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct Status {
     pub valid_until: Instant,
     pub lost: Option<LostReason>,
+    pub release: Release,
 }
 
-/// What every view of one lock shares.
+/// Where a grant's release at the router stands.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Release {
+    NotStarted,
+    /// Under way, in [`Lock::release`] or in the renewal task.
+    Pending,
+    /// The router answered 204.
+    Done,
+    /// The router refused it (a 4xx other than 429): retrying cannot help.
+    GaveUp,
+}
+
+/// What every view of one grant shares.
 pub(crate) struct Shared {
     /// Identifies the lock within its client's renewal task.
     pub key: u64,
@@ -36,9 +54,75 @@ pub(crate) struct Shared {
     pub ttl: Duration,
     pub margin: Duration,
     pub status: watch::Sender<Status>,
+    /// Wakes a pending release from its backoff: an acquire that raced the
+    /// release wants it settled now.
+    pub retry_now: Notify,
+    /// The client's grants, so that this state can leave it when it goes.
+    registry: Arc<Registry>,
+}
+
+impl Drop for Shared {
+    fn drop(&mut self) {
+        self.registry.forget(&self.lock_ref.lock_id);
+    }
 }
 
 impl Shared {
+    pub fn new(
+        key: u64,
+        name: &str,
+        lock_ref: LockRef,
+        ttl: Duration,
+        margin: Duration,
+        valid_until: Instant,
+        registry: Arc<Registry>,
+    ) -> Arc<Self> {
+        let (status, _) = watch::channel(Status {
+            valid_until,
+            lost: None,
+            release: Release::NotStarted,
+        });
+        Arc::new(Self {
+            key,
+            name: name.to_string(),
+            lock_ref,
+            ttl,
+            margin,
+            status,
+            retry_now: Notify::new(),
+            registry,
+        })
+    }
+
+    /// Marks the lock lost (`Released`, unless it was lost already) and its
+    /// release pending; true for the one call that started the release
+    /// (only [`Registry::begin_release`] calls this).
+    pub fn begin_release(&self) -> bool {
+        let mut started = false;
+        self.status.send_if_modified(|s| {
+            let lost = s.lost.is_none();
+            s.lost.get_or_insert(LostReason::Released);
+            if s.release == Release::NotStarted {
+                s.release = Release::Pending;
+                started = true;
+            }
+            lost || started
+        });
+        started
+    }
+
+    /// Records how the release ended. A 204 counts whoever got it.
+    pub fn end_release(&self, outcome: Release) {
+        self.status.send_if_modified(|s| {
+            let change =
+                s.release != outcome && (outcome == Release::Done || s.release == Release::Pending);
+            if change {
+                s.release = outcome;
+            }
+            change
+        });
+    }
+
     /// Records that the lock is lost; the first reason wins.
     pub fn mark_lost(&self, reason: LostReason) -> bool {
         self.status.send_if_modified(|s| {
@@ -93,9 +177,17 @@ impl Shared {
 /// A lock held through a [`Client`]. The client's background task renews it
 /// until it is released or lost.
 ///
-/// Dropping a `Lock` releases it (best effort: the drop only hands the
-/// release to the renewal task and never blocks); call
-/// [`release`](Self::release) to know when and whether it happened.
+/// Dropping a `Lock` releases it: the drop never blocks, it hands the
+/// release to the client's background task, which retries it as
+/// [`release`](Self::release) does and then, more slowly, for as long as
+/// the client lives. Call [`release`](Self::release) to know when it
+/// happened.
+///
+/// Acquiring a name this client already holds returns another `Lock` for
+/// the same grant. Such `Lock`s are one lock: they share validity and the
+/// lost signal, are renewed once, and releasing or dropping any of them
+/// releases the grant and marks all of them lost
+/// ([`LostReason::Released`]) at once.
 ///
 /// ```no_run
 /// # async fn demo() -> Result<(), lockrouter_client::Error> {
@@ -117,7 +209,7 @@ pub struct Lock {
 
 /// A cloneable, read-only view of a [`Lock`]: identity, validity and the
 /// lost signal. Holding one does not keep the lock: the lock is released
-/// when its [`Lock`] is released or dropped.
+/// when a [`Lock`] of its grant is released or dropped.
 #[derive(Clone)]
 pub struct LockHandle {
     shared: Arc<Shared>,
@@ -191,23 +283,76 @@ impl Lock {
         self.handle.clone()
     }
 
-    /// Stops renewing and releases the lock at the router. After an `Ok`,
-    /// the name is not held under this lock's id. An error means the router
-    /// could not confirm it; the lock then frees itself when its TTL runs
-    /// out, since it is no longer renewed.
+    /// Stops renewing and releases the lock at the router. The lock counts
+    /// as lost ([`LostReason::Released`]) from the start, here and in every
+    /// other `Lock` of the same grant.
+    ///
+    /// `Ok` comes only after the router confirmed: the name is then not
+    /// held under this lock's id. Transport errors, 429 and 5xx answers
+    /// (503 `shard_unavailable`) are retried with backoff while the lock's
+    /// validity lasts, so this can take that long; any other error ends it
+    /// at once. If validity runs out first, the error is returned and the
+    /// client's background task keeps retrying, more slowly, for as long as
+    /// the client lives: the lock shares a session lease with this client's
+    /// other locks of its TTL on its shard, so while those are renewed it
+    /// does not expire on its own. Cancelling this call hands the release
+    /// to the background task too.
+    ///
+    /// If the lock was lost and this client has since acquired the same
+    /// grant again through a newer `Lock`, the grant is that `Lock`'s: this
+    /// call leaves it alone and returns [`Error::Lost`].
     pub async fn release(mut self) -> Result<(), Error> {
         self.released = true;
-        let shared = &self.handle.shared;
-        shared.mark_lost(LostReason::Released);
-        let _ = self.client.inner.commands.send(Command::Forget {
-            key: shared.key,
-            release: None,
-        });
-        self.client
-            .inner
-            .transport
-            .release(&shared.lock_ref, self.client.inner.request_timeout)
-            .await
+        let shared = self.handle.shared.clone();
+        let inner = self.client.inner.clone();
+        let Some(owner) = inner.registry.begin_release(&shared) else {
+            return Err(Error::Lost {
+                name: shared.name.clone(),
+                reason: shared.current().lost.unwrap_or(LostReason::Released),
+            });
+        };
+        if owner {
+            let _ = inner.commands.send(Command::Forget { key: shared.key });
+        }
+        // Whoever started the release delivers it; another `Lock` of the
+        // grant may release it as well (the router's release is
+        // idempotent), but leaves the background to the owner.
+        let mut handoff = HandOff {
+            shared: owner.then(|| shared.clone()),
+            commands: &inner.commands,
+            failures: 0,
+        };
+        let attempt = || {
+            inner
+                .transport
+                .release(&shared.lock_ref, inner.request_timeout)
+        };
+        let result =
+            release::retry(&shared, attempt, &mut handoff.failures, Until::ValidityEnds).await;
+        if !matches!(&result, Err(e) if e.is_retryable()) {
+            handoff.shared = None;
+        }
+        result
+    }
+}
+
+/// A release [`Lock::release`] started and did not finish (validity ran
+/// out, or the call was cancelled): on drop, the renewal task takes it over.
+struct HandOff<'a> {
+    shared: Option<Arc<Shared>>,
+    commands: &'a mpsc::UnboundedSender<Command>,
+    /// Attempts made so far, so the task continues the backoff.
+    failures: u32,
+}
+
+impl Drop for HandOff<'_> {
+    fn drop(&mut self) {
+        if let Some(shared) = self.shared.take() {
+            let _ = self.commands.send(Command::Release {
+                shared,
+                failures: self.failures,
+            });
+        }
     }
 }
 
@@ -217,13 +362,15 @@ impl Drop for Lock {
             return;
         }
         let shared = &self.handle.shared;
-        shared.mark_lost(LostReason::Released);
-        // Unbounded send never blocks; if the task is gone (runtime shutting
-        // down) the lock simply expires at the router.
-        let _ = self.client.inner.commands.send(Command::Forget {
-            key: shared.key,
-            release: Some(shared.lock_ref.clone()),
-        });
+        let inner = &self.client.inner;
+        if inner.registry.begin_release(shared) == Some(true) {
+            // Unbounded send never blocks; if the task is gone (runtime
+            // shutting down) so is this process's hold on the session.
+            let _ = inner.commands.send(Command::Release {
+                shared: shared.clone(),
+                failures: 0,
+            });
+        }
     }
 }
 
@@ -311,22 +458,42 @@ impl std::fmt::Debug for LockHandle {
 pub(crate) mod tests {
     use super::*;
 
-    pub(crate) fn shared(key: u64, ttl: Duration, valid_for: Duration) -> Arc<Shared> {
-        let (status, _) = watch::channel(Status {
-            valid_until: Instant::now() + valid_for,
-            lost: None,
-        });
-        Arc::new(Shared {
+    /// State for a grant made in `registry` (not yet its entry).
+    pub(crate) fn shared_in(
+        registry: &Arc<Registry>,
+        key: u64,
+        ttl: Duration,
+        valid_for: Duration,
+    ) -> Arc<Shared> {
+        Shared::new(
             key,
-            name: format!("lock-{key}"),
-            lock_ref: LockRef {
+            &format!("lock-{key}"),
+            LockRef {
                 lock_id: format!("id-{key}"),
                 fencing_token: key + 1,
             },
             ttl,
-            margin: Duration::from_millis(100),
-            status,
-        })
+            Duration::from_millis(100),
+            Instant::now() + valid_for,
+            registry.clone(),
+        )
+    }
+
+    /// State for a grant not in any registry (nobody can release it).
+    pub(crate) fn shared(key: u64, ttl: Duration, valid_for: Duration) -> Arc<Shared> {
+        shared_in(&Arc::new(Registry::default()), key, ttl, valid_for)
+    }
+
+    /// State for a grant that is its registry's entry.
+    pub(crate) fn registered(key: u64, ttl: Duration, valid_for: Duration) -> Arc<Shared> {
+        let registry = Arc::new(Registry::default());
+        let until = Instant::now() + valid_for;
+        match registry.claim(&format!("id-{key}"), until, || {
+            shared_in(&registry, key, ttl, valid_for)
+        }) {
+            crate::registry::Claim::New(s) => s,
+            _ => unreachable!("an empty registry"),
+        }
     }
 
     fn handle(valid_for: Duration) -> LockHandle {

@@ -12,9 +12,17 @@
 //! batch limit, or one entry it cannot read), the locks are renewed one by
 //! one, so the batch's refusal never costs the other locks.
 //!
+//! It also delivers the releases handed to it (dropped locks, and releases
+//! [`Lock::release`](crate::Lock::release) could not finish within the
+//! lock's validity), retrying them for as long as the client lives (see
+//! `release`).
+//!
 //! The task ends when every [`Client`](crate::Client) and
-//! [`Lock`](crate::Lock) of its client is gone (its command channel closes),
-//! after finishing the releases it was handed.
+//! [`Lock`](crate::Lock) of its client is gone (its command channel closes).
+//! Pending releases then get one request timeout more, at the fast pace,
+//! and are dropped: a task must not outlive its client by more than that,
+//! and with no `Lock` left, nothing of this client renews its session
+//! leases any more, so its locks expire at their TTL.
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -22,29 +30,29 @@ use std::time::Duration;
 
 use futures::future::{join_all, BoxFuture};
 use futures::stream::{FuturesUnordered, StreamExt};
-use tokio::sync::mpsc;
+use tokio::sync::{mpsc, watch};
 use tokio::time::Instant;
 
 use crate::error::LostReason;
 use crate::lock::Shared;
+use crate::release::{self, Until};
 use crate::transport::{LockRef, Renewed, Transport};
-use crate::validity;
+use crate::validity::{self, MAX_BACKOFF};
 
 /// The most locks one `renew-batch` call may carry (the API's limit).
 pub const MAX_BATCH: usize = 1_000;
 
-/// Longest pause between retries of a failed renewal.
-const MAX_BACKOFF: Duration = Duration::from_secs(2);
-
 /// Messages from clients and locks to the task.
 pub(crate) enum Command {
-    /// Start renewing a lock that was just acquired.
+    /// Start renewing a lock that was just acquired (once per grant).
     Track(Arc<Shared>),
-    /// Stop renewing a lock; also release it at the router if `release`
-    /// is given (a dropped lock hands its release to the task). The release
-    /// is sent even if the lock already counts as lost: when it was lost by
-    /// the clock alone, its lease may still stand and block others.
-    Forget { key: u64, release: Option<LockRef> },
+    /// Stop renewing a lock: its release is under way elsewhere.
+    Forget { key: u64 },
+    /// Stop renewing a lock and release it at the router, retrying;
+    /// `failures` counts attempts already made. The release is sent even
+    /// if the lock already counts as lost: when it was lost by the clock
+    /// alone, its key may still stand and block others.
+    Release { shared: Arc<Shared>, failures: u32 },
 }
 
 /// One tracked lock.
@@ -81,6 +89,9 @@ pub(crate) struct RenewalTask {
     commands: mpsc::UnboundedReceiver<Command>,
     entries: HashMap<u64, Entry>,
     in_flight: FuturesUnordered<BoxFuture<'static, Done>>,
+    /// Turns true once every handle of the client is gone, so pending
+    /// releases stop pausing at the slow pace.
+    gone: watch::Sender<bool>,
 }
 
 impl RenewalTask {
@@ -95,6 +106,7 @@ impl RenewalTask {
             commands,
             entries: HashMap::new(),
             in_flight: FuturesUnordered::new(),
+            gone: watch::Sender::new(false),
         }
     }
 
@@ -110,8 +122,15 @@ impl RenewalTask {
                 _ = sleep_until_opt(wake) => self.tick(),
             }
         }
-        // Every handle is gone: finish the releases already on the wire.
-        while self.in_flight.next().await.is_some() {}
+        // Every handle is gone: a last request timeout for the releases.
+        self.gone.send_replace(true);
+        let deadline = Instant::now() + self.request_timeout;
+        let drain = async { while self.in_flight.next().await.is_some() {} };
+        if tokio::time::timeout_at(deadline, drain).await.is_err() {
+            tracing::warn!(
+                "client gone with releases not confirmed; those locks expire at their TTL"
+            );
+        }
     }
 
     fn command(&mut self, cmd: Command) {
@@ -131,18 +150,23 @@ impl RenewalTask {
                     },
                 );
             }
-            Command::Forget { key, release } => {
+            Command::Forget { key } => {
                 self.entries.remove(&key);
-                if let Some(lock) = release {
-                    let transport = self.transport.clone();
-                    let timeout = self.request_timeout;
-                    self.in_flight.push(Box::pin(async move {
-                        if let Err(e) = transport.release(&lock, timeout).await {
-                            tracing::debug!(error = %e, "release of a dropped lock failed; it will expire");
-                        }
-                        Done::Released
-                    }));
-                }
+            }
+            Command::Release { shared, failures } => {
+                self.entries.remove(&shared.key);
+                let transport = self.transport.clone();
+                let timeout = self.request_timeout;
+                let gone = self.gone.subscribe();
+                self.in_flight.push(Box::pin(async move {
+                    let attempt = || transport.release(&shared.lock_ref, timeout);
+                    let mut failures = failures;
+                    // Errors are logged where they happen.
+                    let _ =
+                        release::retry(&shared, attempt, &mut failures, Until::ClientGone(gone))
+                            .await;
+                    Done::Released
+                }));
             }
         }
     }

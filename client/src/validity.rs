@@ -45,9 +45,14 @@ pub fn next_renewal(confirmed_at: Instant, valid_until: Instant, interval: Durat
     }
 }
 
-/// The pause before retry number `failures` (1-based) of a failed renewal:
-/// exponential from 100 ms, capped at `cap`, with full jitter in the upper
-/// half so many clients of a recovering router do not retry in step.
+/// Longest pause between retries of a failed renewal, or of a release
+/// while the lock is still valid.
+pub const MAX_BACKOFF: Duration = Duration::from_secs(2);
+
+/// The pause before retry number `failures` (1-based) of a failed renewal
+/// or release: exponential from 100 ms, capped at `cap`, with full jitter in
+/// the upper half so many clients of a recovering router do not retry in
+/// step.
 pub fn backoff(failures: u32, cap: Duration) -> Duration {
     let exp = Duration::from_millis(100).saturating_mul(1 << failures.saturating_sub(1).min(16));
     let top = exp.min(cap).max(Duration::from_millis(10));

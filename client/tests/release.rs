@@ -1,0 +1,126 @@
+//! Releases against a scripted router: retried until the router confirms,
+//! not retried when refused, bounded when the client goes away; and two
+//! `Lock`s for one grant (one name acquired twice by one client) that share
+//! one state, one renewal and one release.
+
+mod fake_router;
+
+use std::time::Duration;
+
+use futures::FutureExt;
+use lockrouter_client::{Client, Error, LostReason};
+
+use fake_router::FakeRouter;
+
+const TTL: Duration = Duration::from_secs(3);
+
+/// Waits (up to 10 s) until the fake has seen `n` requests on `op`.
+async fn until_seen(router: &FakeRouter, op: &str, n: usize) {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    while router.seen(op).len() < n {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "saw {} {op} requests, expected {n}",
+            router.seen(op).len()
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+#[tokio::test]
+async fn release_is_retried_until_the_router_confirms() {
+    let router = FakeRouter::start().await;
+    let client = Client::new(&router.base, None).unwrap();
+    let lock = client.acquire("r", TTL).await.unwrap().unwrap();
+    router.script_releases(&[503, 503, 204]);
+    let done = tokio::time::timeout(Duration::from_secs(5), lock.release()).await;
+    assert_eq!(done, Ok(Ok(())), "Ok only after the 204");
+    assert_eq!(router.seen("release").len(), 3);
+}
+
+#[tokio::test]
+async fn a_dropped_lock_is_released_in_the_background_despite_failures() {
+    let router = FakeRouter::start().await;
+    let client = Client::new(&router.base, None).unwrap();
+    let lock = client.acquire("d", TTL).await.unwrap().unwrap();
+    router.script_releases(&[503, 503, 503, 204]);
+    drop(lock);
+    until_seen(&router, "release", 4).await;
+    // The 204 ends it.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert_eq!(router.seen("release").len(), 4);
+}
+
+#[tokio::test]
+async fn a_release_refused_as_malformed_is_not_retried() {
+    let router = FakeRouter::start().await;
+    let client = Client::new(&router.base, None).unwrap();
+    let lock = client.acquire("m", TTL).await.unwrap().unwrap();
+    router.script_releases(&[400]);
+    let done = tokio::time::timeout(Duration::from_secs(5), lock.release())
+        .await
+        .unwrap();
+    assert!(
+        matches!(done, Err(Error::Router { status: 400, .. })),
+        "{done:?}"
+    );
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert_eq!(router.seen("release").len(), 1);
+}
+
+#[tokio::test]
+async fn two_acquires_of_one_name_share_one_state_one_renewal_and_one_release() {
+    let router = FakeRouter::start().await;
+    let client = Client::new(&router.base, None).unwrap();
+    let first = client.acquire("twice", TTL).await.unwrap().unwrap();
+    let second = client.acquire("twice", TTL).await.unwrap().unwrap();
+    assert_eq!(first.lock_id(), second.lock_id());
+
+    // A renewal interval (a third of the TTL) and a half: renewed, once.
+    tokio::time::sleep(Duration::from_millis(1_500)).await;
+    let batches = router.seen("renew-batch");
+    assert!(!batches.is_empty(), "renewed within an interval");
+    for b in &batches {
+        let locks = b.body["locks"].as_array().unwrap();
+        assert_eq!(locks.len(), 1, "one grant, renewed once: {}", b.body);
+    }
+    assert!(first.is_held() && second.is_held());
+
+    let lost = second.lost();
+    drop(first);
+    assert_eq!(
+        lost.now_or_never(),
+        Some(LostReason::Released),
+        "the sibling is lost the moment the other is dropped"
+    );
+    assert!(!second.is_held());
+    until_seen(&router, "release", 1).await;
+    // Releasing the sibling too is harmless, and needs no second request.
+    assert_eq!(second.release().await, Ok(()));
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert_eq!(router.seen("release").len(), 1);
+}
+
+#[tokio::test]
+async fn dropping_the_last_handle_stops_retrying_within_the_request_timeout() {
+    let router = FakeRouter::start().await;
+    let client = Client::builder(&router.base)
+        .request_timeout(Duration::from_millis(500))
+        .build()
+        .unwrap();
+    let lock = client
+        .acquire("gone", Duration::from_secs(60))
+        .await
+        .unwrap()
+        .unwrap();
+    router.fail_releases();
+    drop(lock);
+    drop(client);
+    // Retried while the client's task winds down, then no more: the lock's
+    // long validity does not keep a dead client's task alive.
+    tokio::time::sleep(Duration::from_millis(1_500)).await;
+    let tried = router.seen("release").len();
+    assert!(tried >= 2, "retried before giving up: {tried}");
+    tokio::time::sleep(Duration::from_millis(1_500)).await;
+    assert_eq!(router.seen("release").len(), tried, "still retrying");
+}
