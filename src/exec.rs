@@ -208,17 +208,19 @@ async fn stop(child: &mut Child, grace: Duration) {
     }
 }
 
-/// Releases the lock, bounded: the command is done either way, and an
-/// unreleased lock expires with its TTL.
+/// Releases the lock, bounded: the command is done either way. An
+/// unreleased lock goes with its session lease once nothing renews it: within
+/// its TTL after this process exits, unless other processes with the same
+/// client id keep locks of that TTL on that shard alive.
 async fn release(lock: Lock) {
     let name = lock.name().to_string();
     match tokio::time::timeout(Duration::from_secs(10), lock.release()).await {
         Ok(Ok(())) => {}
         Ok(Err(e)) => {
-            eprintln!("lockrouter exec: release of {name:?} failed ({e}); it expires with its TTL")
+            eprintln!("lockrouter exec: release of {name:?} failed ({e}); it is freed when its session lease ends")
         }
         Err(_) => {
-            eprintln!("lockrouter exec: release of {name:?} timed out; it expires with its TTL")
+            eprintln!("lockrouter exec: release of {name:?} timed out; it is freed when its session lease ends")
         }
     }
 }

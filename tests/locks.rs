@@ -349,3 +349,24 @@ async fn reacquire_returns_the_same_lock_when_etcd_raised_the_ttl() {
         .await;
     assert_eq!(r.status, 200, "the lock's TTL is the one asked for: {r:?}");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lock_life_is_still_two_raft_writes_with_its_held_record() {
+    let etcd = EtcdCluster::single();
+    let router = TestRouter::start(&[&etcd]).await;
+    let api = &router.api;
+    // The session lease is granted once, before counting.
+    api.must_acquire("warm-up", 30_000, "A").await;
+    let before = etcd.metric("etcd_server_proposals_committed_total");
+    for i in 0..50 {
+        let lock = api.must_acquire(&format!("life-{i}"), 30_000, "A").await;
+        assert_eq!(api.release(&lock).await.status, 204);
+    }
+    let writes = etcd.metric("etcd_server_proposals_committed_total") - before;
+    // One txn to grant (lock key and held record), one to release (both):
+    // the lock-delay's record costs no raft write of its own.
+    assert!(
+        (100.0..=103.0).contains(&writes),
+        "{writes} raft writes for 50 lock lives"
+    );
+}
