@@ -48,15 +48,24 @@ pub fn start(router: &Arc<Router>, settings: &Settings) -> crate::TaskGuard {
     crate::TaskGuard::new(task, cancel)
 }
 
+/// Lost holders nobody asked about are looked for every this many lock
+/// counts: the sweep reads every held record's key, and only storage and a
+/// migration's close (which converts moved names' records itself) wait
+/// for it.
+const SWEEP_EVERY_COUNTS: u32 = 6;
+
 async fn run(router: Weak<Router>, every: Intervals, cancel: CancellationToken) {
     let mut last_count: Option<Instant> = None;
+    let mut counts = 0u32;
     loop {
         let Some(r) = router.upgrade() else { return };
         let count_due = last_count.is_none_or(|t| t.elapsed() >= every.count);
         if count_due {
             last_count = Some(Instant::now());
+            counts = counts.wrapping_add(1);
         }
-        tick(&r, count_due).await;
+        let sweep_due = count_due && counts % SWEEP_EVERY_COUNTS == 1;
+        tick(&r, count_due, sweep_due).await;
         drop(r);
         tokio::select! {
             _ = tokio::time::sleep(every.health) => {}
@@ -65,7 +74,7 @@ async fn run(router: Weak<Router>, every: Intervals, cancel: CancellationToken) 
     }
 }
 
-async fn tick(router: &Router, count_due: bool) {
+async fn tick(router: &Router, count_due: bool, sweep_due: bool) {
     let fp = router.ring.fingerprint().to_string();
     let shards = &router.shards;
     join_all(all_shards(router).iter().map(|s| s.conn.check_members())).await;
@@ -148,6 +157,8 @@ async fn tick(router: &Router, count_due: bool) {
     }
     if count_due {
         count_locks(router).await;
+    }
+    if sweep_due {
         for shard in all_shards(router).iter().filter(|s| s.conn.is_up()) {
             sweep_lost(router, shard).await;
         }
@@ -373,11 +384,19 @@ async fn moved_names_left(router: &Router, shard: &Shard) -> Result<i64, crate::
     let here = shard.name.clone();
     let mut moved = |name: &str| router.ring.shard_name(name) != here;
     let k = &shard.keys;
-    // A held lock has a lock key and a held record: count names, not keys.
-    let mut names = std::collections::HashSet::new();
-    for range in [k.locks_range(), k.held_range(), k.delay_range()] {
-        names.extend(shard.hashes_where(range, &mut moved).await?);
+    let locks = shard.hashes_where(k.locks_range(), &mut moved).await?;
+    let held = shard.hashes_where(k.held_range(), &mut moved).await?;
+    let delays = shard.hashes_where(k.delay_range(), &mut moved).await?;
+    // A held record without its lock key is a lost holder: set its
+    // lock-delay now rather than at the next sweep, so the close is not
+    // held up by it longer than the delay itself.
+    let lost: Vec<&Vec<u8>> = held.iter().filter(|h| !locks.contains(h)).collect();
+    if !lost.is_empty() {
+        sweep_lost(router, shard).await;
     }
+    // A held lock has a lock key and a held record: count names, not keys.
+    let names: std::collections::HashSet<Vec<u8>> =
+        locks.into_iter().chain(held).chain(delays).collect();
     Ok(names.len() as i64)
 }
 
@@ -399,7 +418,12 @@ async fn sweep_lost(router: &Router, shard: &Shard) {
     let Ok(orphans) = shard.orphaned_held().await else {
         return;
     };
-    for held in orphans {
+    for orphan in orphans {
+        // The sweep read keys only: read the record itself (its TTL, and the
+        // mod revision the conversion compares).
+        let Ok(Some(held)) = shard.get(orphan.key()).await else {
+            continue;
+        };
         let k = shard.keys_of_held(&held);
         let ttl = serde_json::from_slice::<HeldValue>(held.value())
             .map(|h| h.ttl)

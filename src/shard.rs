@@ -633,27 +633,67 @@ impl Shard {
     }
 
     /// Held records without their lock key: holders lost (their lease
-    /// ended) whose names nobody asked for since. Read at one revision.
+    /// ended) whose names nobody asked for since. Reads keys only, a page of
+    /// held records and the lock keys of the same span at one revision, so
+    /// a sweep costs two key-only ranges per thousand held locks.
     pub async fn orphaned_held(&self) -> Result<Vec<KeyValue>, EtcdError> {
-        let mut held = Vec::new();
-        let revision = self
-            .scan(self.keys.held_range(), |kvs| held.extend_from_slice(kvs))
-            .await?;
+        let (held_start, held_end) = self.keys.held_range();
+        let prefix = held_start.len();
+        let mut from = held_start;
+        let mut revision = 0;
         let mut orphans = Vec::new();
-        for chunk in held.chunks(crate::verify::MAX_TXN_OPS) {
-            let at = GetOptions::new().with_revision(revision).with_keys_only();
-            let reads: Vec<TxnOp> = chunk
-                .iter()
-                .map(|kv| TxnOp::get(self.lock_key_of_held(kv.key()), Some(at.clone())))
-                .collect();
-            let resp = self.txn(Txn::new().and_then(reads)).await?;
-            for (kv, lock) in chunk.iter().zip(gets(resp)) {
-                if lock.is_none() {
-                    orphans.push(kv.clone());
-                }
+        loop {
+            let mut opts = GetOptions::new()
+                .with_range(held_end.clone())
+                .with_limit(1_000)
+                .with_keys_only();
+            if revision > 0 {
+                opts = opts.with_revision(revision);
             }
+            let mut kv = self.conn.client().kv_client();
+            let mut resp = self
+                .conn
+                .call("Range", kv.get(from.clone(), Some(opts)))
+                .await?;
+            if revision == 0 {
+                revision = resp.header().map(|h| h.revision()).unwrap_or(0);
+            }
+            let more = resp.more();
+            let page = resp.take_kvs();
+            let (Some(first), Some(last)) = (page.first(), page.last()) else {
+                return Ok(orphans);
+            };
+            // The lock keys of this page's span, at the same revision.
+            let mut end = self.lock_key_of_held(last.key());
+            end.push(0);
+            let opts = GetOptions::new()
+                .with_range(end)
+                .with_keys_only()
+                .with_revision(revision);
+            let locks = self
+                .conn
+                .call(
+                    "Range",
+                    kv.get(self.lock_key_of_held(first.key()), Some(opts)),
+                )
+                .await?
+                .take_kvs();
+            let (locks_start, _) = self.keys.locks_range();
+            let held: std::collections::HashSet<&[u8]> = locks
+                .iter()
+                .map(|l| &l.key()[locks_start.len()..])
+                .collect();
+            orphans.extend(
+                page.iter()
+                    .filter(|h| !held.contains(&h.key()[prefix..]))
+                    .cloned(),
+            );
+            if !more {
+                return Ok(orphans);
+            }
+            from = last.key().to_vec();
+            from.push(0);
         }
-        Ok(orphans)
     }
 
     fn lock_key_of_held(&self, held: &[u8]) -> Vec<u8> {

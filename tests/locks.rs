@@ -370,3 +370,48 @@ async fn a_lock_life_is_still_two_raft_writes_with_its_held_record() {
         "{writes} raft writes for 50 lock lives"
     );
 }
+
+/// Keys under `prefix` on `etcd`.
+async fn count(etcd: &EtcdCluster, prefix: &str) -> i64 {
+    let mut c = etcd.client().await;
+    let opts = etcd_client::GetOptions::new()
+        .with_prefix()
+        .with_count_only();
+    c.get(prefix, Some(opts)).await.unwrap().count()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn lost_holders_nobody_asks_about_get_their_delay_and_leave_no_records() {
+    let etcd = EtcdCluster::single();
+    let toml =
+        crate::support::router::config_toml(&[&etcd], "127.0.0.1:0", "count_interval_ms = 100\n");
+    let router = TestRouter::with_toml(&toml).await;
+    for i in 0..5 {
+        router
+            .api
+            .must_acquire(&format!("forgotten-{i}"), 2_000, "A")
+            .await;
+    }
+    assert_eq!(count(&etcd, "/lockrouter/held/").await, 5);
+    revoke_all_leases(&etcd).await;
+    // The monitor's sweep turns the lost holders' records into lock-delays,
+    // which end with their leases: nothing is left behind.
+    let started = Instant::now();
+    let mut saw_delays = false;
+    loop {
+        let (held, delays) = (
+            count(&etcd, "/lockrouter/held/").await,
+            count(&etcd, "/lockrouter/delay/").await,
+        );
+        saw_delays |= delays > 0;
+        if held == 0 && delays == 0 && saw_delays {
+            break;
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(15),
+            "{held} held records and {delays} delays left"
+        );
+        sleep_ms(100).await;
+    }
+    router.api.must_acquire("forgotten-0", 2_000, "B").await;
+}
