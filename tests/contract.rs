@@ -169,12 +169,14 @@ async fn bad_input_gets_a_clear_4xx() {
     // Still serving, and the good lock is untouched.
     assert_eq!(api.get("/healthz").await.status, 200);
     assert_eq!(api.renew(&good).await.status, 200);
+    // Series, not values: the tests' routers share one process, so one
+    // metrics registry, and other tests take shards down or migrate.
     let metrics = api.metrics().await;
     for series in [
         "lockrouter_requests_total",
         "lockrouter_acquires_total{shard=\"a\",outcome=\"acquired\"}",
-        "lockrouter_shard_up{shard=\"a\"} 1",
-        "lockrouter_migration_open 0",
+        "lockrouter_shard_up{shard=\"a\"} ",
+        "lockrouter_migration_open ",
         "process_resident_memory_bytes",
     ] {
         assert!(metrics.contains(series), "no {series} in\n{metrics}");
