@@ -1,6 +1,9 @@
 //! The HTTP contract: every bad input gets its 4xx and a JSON error (never a
 //! 500 or a dropped connection), HTTP/2 works, and the OpenAPI document
-//! lists exactly the routes the server serves.
+//! lists exactly the routes the server serves; `openapi` checks that real
+//! answers match the document's schemas.
+
+mod openapi;
 
 use serde_json::{json, Value};
 
@@ -292,8 +295,9 @@ async fn slow_clients_are_cut_off() {
     slow.write_all(format!("POST {ACQUIRE} HTTP/1.1\r\nHost: x\r\n").as_bytes())
         .await
         .unwrap();
-    let (_, closed) = read_until_closed(&mut slow, long).await;
+    let (answer, closed) = read_until_closed(&mut slow, long).await;
     assert!(closed, "a connection with unfinished headers was kept open");
+    assert_eq!(answer, "", "closed without an answer, as documented");
     // A body that never arrives in full: 408 and a JSON error.
     let mut slow = tokio::net::TcpStream::connect(&addr).await.unwrap();
     let head = format!(

@@ -5,6 +5,7 @@
 mod support {
     pub mod etcd;
     pub mod history;
+    pub mod openapi;
     pub mod procs;
     pub mod router;
 }
