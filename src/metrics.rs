@@ -203,6 +203,15 @@ pub fn ring_state(shard: &str, epoch: u64, ok: bool) {
     });
 }
 
+/// The shard may (1) or may not (0) grant under this router's ring.
+pub fn ring_ok(shard: &str, ok: bool) {
+    gauge!("lockrouter_shard_ring_ok", "shard" => shard.to_string()).set(if ok {
+        1.0
+    } else {
+        0.0
+    });
+}
+
 pub fn migration_moved_held(shard: &str, n: i64) {
     gauge!("lockrouter_migration_moved_locks", "shard" => shard.to_string()).set(n as f64);
 }

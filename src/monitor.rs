@@ -29,7 +29,7 @@ use crate::keys::{HeldValue, Identity, Recorded, Reservation, RingMeta};
 use crate::metrics as m;
 use crate::ring::Ring;
 use crate::router::{classify, log_ring_change, Migration, Router};
-use crate::shard::{IdentityGuard, Probe, RingGuard, RingState, Shard};
+use crate::shard::{IdentityGuard, IdentityProblem, Probe, RingGuard, RingState, Shard};
 
 struct Intervals {
     health: Duration,
@@ -118,12 +118,15 @@ async fn tick(router: &Router, count_due: bool, sweep_due: bool) {
     for (shard, state) in shards.iter().zip(states.iter()) {
         let Some(state) = state else { continue };
         log_ring_change(shard, &shard.ring_state(), state, &fp);
-        if let RingState::Ready(r) | RingState::Mismatch(r) = state {
-            m::ring_state(
+        match state {
+            RingState::Ready(r) | RingState::Mismatch(r) => m::ring_state(
                 &shard.name,
                 r.meta.epoch,
                 matches!(state, RingState::Ready(_)),
-            );
+            ),
+            // Not grantable: the ring is not ok, whatever was recorded.
+            RingState::Absent | RingState::Identity(_) => m::ring_ok(&shard.name, false),
+            RingState::Unknown => {}
         }
         shard.set_ring_state(state.clone());
     }
@@ -235,26 +238,26 @@ async fn verify(shard: &Shard, probe: &Probe, fp: &str) -> RingState {
             (classify(probe.ring.clone(), fp), Some(bytes.clone()))
         }
         Some(Ok((id, _))) if id.shard != shard.name => (
-            RingState::Identity(format!(
+            RingState::Identity(IdentityProblem::OtherShard(format!(
                 "the etcd cluster at these endpoints is shard {:?}",
                 id.shard
-            )),
+            ))),
             None,
         ),
         Some(Ok((id, _))) => (
-            RingState::Identity(format!(
+            RingState::Identity(IdentityProblem::OtherCluster(format!(
                 "the shard was recorded in etcd cluster {} but cluster {answering} answers: \
                  restored from a snapshot or copied to another cluster? Its revisions may have \
                  gone back; bump the epoch (docs/operations.md)",
                 id.cluster_id
-            )),
+            ))),
             None,
         ),
         Some(Err(bytes)) => (
-            RingState::Identity(format!(
+            RingState::Identity(IdentityProblem::OtherShard(format!(
                 "unreadable identity record {:?}",
                 String::from_utf8_lossy(bytes)
-            )),
+            ))),
             None,
         ),
         None => return adopt(shard, probe, fp).await,

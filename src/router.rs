@@ -20,7 +20,7 @@ use crate::config::{LockDelay, Settings, ShardSettings};
 use crate::etcd::EtcdConn;
 use crate::keys::{Recorded, RingMeta};
 use crate::ring::Ring;
-use crate::shard::{Grantable, RingState, Shard};
+use crate::shard::{Grantable, IdentityProblem, RingState, Shard};
 
 /// Live shard connections, shared by successive routers of one process so
 /// a reload keeps sessions, keepalive streams and connections. Holds weak
@@ -142,15 +142,18 @@ pub enum ShardState {
     /// Does not answer.
     Unreachable,
     /// Answers, but this router has not yet seen every shard of its ring
-    /// record it.
+    /// record it, or the shard records a migration it has not attached yet.
     Unconfirmed,
     /// Records no ring (new, or lost its data: see the epoch bump).
     Uninitialised,
     /// Records another ring: this replica's shard set differs.
     RingMismatch,
-    /// The cluster at this shard's endpoints is another shard, or this
-    /// shard's data restored into another cluster.
+    /// The cluster at this shard's endpoints is another shard: this
+    /// replica's config is wrong.
     IdentityMismatch,
+    /// This shard's data answers from another etcd cluster (restored from
+    /// a snapshot, copied): refused until the epoch is bumped.
+    ClusterChanged,
 }
 
 /// Why a shard may not grant now.
@@ -255,7 +258,8 @@ impl Router {
                 self.ring.fingerprint()
             ))),
             RingState::Identity(why) => Err(NotServing::Ring(format!(
-                "the cluster behind this shard's endpoints is not this shard: {why}"
+                "the cluster behind this shard's endpoints is not this shard: {}",
+                why.detail()
             ))),
         }?;
         let identity = shard
@@ -302,7 +306,9 @@ impl Router {
     /// verifies it again.
     pub fn identity_changed(&self, shard: &Shard) {
         shard.set_verified_identity(None);
-        let state = RingState::Identity("its identity record changed since it was verified".into());
+        let state = RingState::Identity(IdentityProblem::OtherCluster(
+            "its identity record changed since it was verified".into(),
+        ));
         log_ring_change(shard, &shard.ring_state(), &state, self.ring.fingerprint());
         shard.set_ring_state(state);
     }
@@ -316,13 +322,20 @@ impl Router {
                     ShardState::Unreachable
                 } else {
                     match s.ring_state() {
-                        RingState::Ready(r) if !self.follows(&r) => ShardState::Migrating,
+                        // A migration this router has not attached yet: it
+                        // refuses grants there until its monitor does.
+                        RingState::Ready(r) if !self.follows(&r) => ShardState::Unconfirmed,
                         RingState::Ready(r) if r.meta.previous.is_some() => ShardState::Migrating,
                         RingState::Ready(_) if self.is_confirmed() => ShardState::Up,
                         RingState::Ready(_) | RingState::Unknown => ShardState::Unconfirmed,
                         RingState::Absent => ShardState::Uninitialised,
                         RingState::Mismatch(_) => ShardState::RingMismatch,
-                        RingState::Identity(_) => ShardState::IdentityMismatch,
+                        RingState::Identity(IdentityProblem::OtherShard(_)) => {
+                            ShardState::IdentityMismatch
+                        }
+                        RingState::Identity(IdentityProblem::OtherCluster(_)) => {
+                            ShardState::ClusterChanged
+                        }
                     }
                 };
                 (s.name.clone(), state)
@@ -330,20 +343,20 @@ impl Router {
             .collect()
     }
 
-    /// Whether this replica can serve: its ring is confirmed on its shards
-    /// and no shard is wired to the wrong cluster or records another ring.
-    /// An unreachable shard does not make it unready (every replica would
-    /// leave the load balancer at once); at least one shard must answer.
+    /// Whether this replica can serve: its ring is confirmed on its shards,
+    /// at least one shard answers, and no shard shows that this replica's
+    /// own config is wrong (endpoints reaching another shard's cluster, or
+    /// a shard set the shards do not record). A problem every replica
+    /// shares (a shard unreachable, wiped, restored, or a migration not
+    /// attached yet) does not make it unready: every replica would leave a
+    /// load balancer at once, the healthy shards with them.
     pub fn ready(&self) -> bool {
         let states = self.shard_states();
         self.is_confirmed()
             && states.iter().any(|(_, s)| *s != ShardState::Unreachable)
-            && states.iter().all(|(_, s)| {
-                matches!(
-                    s,
-                    ShardState::Up | ShardState::Migrating | ShardState::Unreachable
-                )
-            })
+            && !states
+                .iter()
+                .any(|(_, s)| matches!(s, ShardState::IdentityMismatch | ShardState::RingMismatch))
     }
 
     /// Names of shards that do not answer, and of shards that refuse grants.
@@ -358,7 +371,12 @@ impl Router {
         };
         (
             named(|s| *s == ShardState::Unreachable),
-            named(|s| !matches!(s, ShardState::Up | ShardState::Unreachable)),
+            named(|s| {
+                !matches!(
+                    s,
+                    ShardState::Up | ShardState::Migrating | ShardState::Unreachable
+                )
+            }),
         )
     }
 
@@ -420,7 +438,7 @@ pub fn log_ring_change(shard: &Shard, old: &RingState, new: &RingState, ours: &s
         ),
         RingState::Identity(why) => tracing::error!(
             shard = %shard.name,
-            problem = %why,
+            problem = %why.detail(),
             "the etcd cluster at this shard's endpoints is not shard {:?}: check the endpoints \
              in this router's config; refusing to grant, renew or release on it",
             shard.name

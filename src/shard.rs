@@ -33,10 +33,29 @@ pub enum RingState {
     Ready(Recorded),
     /// The shard records another ring: grants refused.
     Mismatch(Recorded),
-    /// The cluster behind this shard's endpoints is not this shard (another
-    /// shard's cluster, or this shard's data in another cluster): grants,
-    /// renewals and releases refused. Says what was found.
-    Identity(String),
+    /// The cluster behind this shard's endpoints is not this shard as it
+    /// was verified: grants, renewals and releases refused.
+    Identity(IdentityProblem),
+}
+
+/// Why a shard's identity does not match.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum IdentityProblem {
+    /// The cluster at this replica's endpoints is another shard (or its
+    /// identity record is unreadable): this replica's config is wrong.
+    OtherShard(String),
+    /// This shard's data, answering from another etcd cluster (restored
+    /// from a snapshot, copied): the same for every replica, until the
+    /// epoch is bumped.
+    OtherCluster(String),
+}
+
+impl IdentityProblem {
+    pub fn detail(&self) -> &str {
+        match self {
+            Self::OtherShard(d) | Self::OtherCluster(d) => d,
+        }
+    }
 }
 
 /// The verified identity bytes, shared with the verifier (which checks them

@@ -142,7 +142,8 @@ async fn handle(
         }
     };
     span.record("outcome", outcome);
-    if resp.status().is_server_error() {
+    // A 503 from /readyz is an answer, not a failure (probes ask often).
+    if resp.status().is_server_error() && op != "readyz" {
         tracing::warn!(
             op,
             outcome,
