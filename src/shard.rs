@@ -620,35 +620,14 @@ impl Shard {
     /// handing each page to `page`. Returns the revision read at.
     pub async fn scan(
         &self,
-        (start, end): (Vec<u8>, Vec<u8>),
+        range: (Vec<u8>, Vec<u8>),
         mut page: impl FnMut(&[KeyValue]),
     ) -> Result<i64, EtcdError> {
-        let mut from = start;
-        let mut revision = 0;
-        loop {
-            let mut opts = GetOptions::new().with_range(end.clone()).with_limit(1_000);
-            if revision > 0 {
-                opts = opts.with_revision(revision);
-            }
-            let mut kv = self.conn.client().kv_client();
-            let mut resp = self
-                .conn
-                .call("Range", kv.get(from.clone(), Some(opts)))
-                .await?;
-            if revision == 0 {
-                revision = resp.header().map(|h| h.revision()).unwrap_or(0);
-            }
-            let more = resp.more();
-            let kvs = resp.take_kvs();
+        let mut pages = Pages::new(range, false);
+        while let Some(kvs) = pages.next(self).await? {
             page(&kvs);
-            match kvs.last() {
-                Some(last) if more => {
-                    from = last.key().to_vec();
-                    from.push(0);
-                }
-                _ => return Ok(revision),
-            }
         }
+        Ok(pages.revision)
     }
 
     /// Held records without their lock key: holders lost (their lease
@@ -656,31 +635,13 @@ impl Shard {
     /// held records and the lock keys of the same span at one revision, so
     /// a sweep costs two key-only ranges per thousand held locks.
     pub async fn orphaned_held(&self) -> Result<Vec<KeyValue>, EtcdError> {
-        let (held_start, held_end) = self.keys.held_range();
-        let prefix = held_start.len();
-        let mut from = held_start;
-        let mut revision = 0;
+        let prefix = self.keys.held_range().0.len();
+        let locks_prefix = self.keys.locks_range().0.len();
+        let mut pages = Pages::new(self.keys.held_range(), true);
         let mut orphans = Vec::new();
-        loop {
-            let mut opts = GetOptions::new()
-                .with_range(held_end.clone())
-                .with_limit(1_000)
-                .with_keys_only();
-            if revision > 0 {
-                opts = opts.with_revision(revision);
-            }
-            let mut kv = self.conn.client().kv_client();
-            let mut resp = self
-                .conn
-                .call("Range", kv.get(from.clone(), Some(opts)))
-                .await?;
-            if revision == 0 {
-                revision = resp.header().map(|h| h.revision()).unwrap_or(0);
-            }
-            let more = resp.more();
-            let page = resp.take_kvs();
+        while let Some(page) = pages.next(self).await? {
             let (Some(first), Some(last)) = (page.first(), page.last()) else {
-                return Ok(orphans);
+                continue;
             };
             // The lock keys of this page's span, at the same revision.
             let mut end = self.lock_key_of_held(last.key());
@@ -688,31 +649,23 @@ impl Shard {
             let opts = GetOptions::new()
                 .with_range(end)
                 .with_keys_only()
-                .with_revision(revision);
+                .with_revision(pages.revision);
+            let mut kv = self.conn.client().kv_client();
+            let start = self.lock_key_of_held(first.key());
             let locks = self
                 .conn
-                .call(
-                    "Range",
-                    kv.get(self.lock_key_of_held(first.key()), Some(opts)),
-                )
+                .call("Range", kv.get(start, Some(opts)))
                 .await?
                 .take_kvs();
-            let (locks_start, _) = self.keys.locks_range();
-            let held: std::collections::HashSet<&[u8]> = locks
-                .iter()
-                .map(|l| &l.key()[locks_start.len()..])
-                .collect();
+            let held: std::collections::HashSet<&[u8]> =
+                locks.iter().map(|l| &l.key()[locks_prefix..]).collect();
             orphans.extend(
                 page.iter()
                     .filter(|h| !held.contains(&h.key()[prefix..]))
                     .cloned(),
             );
-            if !more {
-                return Ok(orphans);
-            }
-            from = last.key().to_vec();
-            from.push(0);
         }
+        Ok(orphans)
     }
 
     fn lock_key_of_held(&self, held: &[u8]) -> Vec<u8> {
@@ -749,6 +702,60 @@ impl Shard {
             .call("Range", kv.get(start, Some(opts)))
             .await?
             .count())
+    }
+}
+
+/// A range read a page of 1,000 keys at a time, every page at the revision
+/// of the first.
+struct Pages {
+    from: Vec<u8>,
+    end: Vec<u8>,
+    keys_only: bool,
+    /// 0 until the first page is read.
+    revision: i64,
+    done: bool,
+}
+
+impl Pages {
+    fn new((start, end): (Vec<u8>, Vec<u8>), keys_only: bool) -> Self {
+        Self {
+            from: start,
+            end,
+            keys_only,
+            revision: 0,
+            done: false,
+        }
+    }
+
+    async fn next(&mut self, shard: &Shard) -> Result<Option<Vec<KeyValue>>, EtcdError> {
+        if self.done {
+            return Ok(None);
+        }
+        let mut opts = GetOptions::new()
+            .with_range(self.end.clone())
+            .with_limit(1_000);
+        if self.keys_only {
+            opts = opts.with_keys_only();
+        }
+        if self.revision > 0 {
+            opts = opts.with_revision(self.revision);
+        }
+        let mut kv = shard.conn.client().kv_client();
+        let call = kv.get(self.from.clone(), Some(opts));
+        let mut resp = shard.conn.call("Range", call).await?;
+        if self.revision == 0 {
+            self.revision = resp.header().map(|h| h.revision()).unwrap_or(0);
+        }
+        let more = resp.more();
+        let kvs = resp.take_kvs();
+        match kvs.last() {
+            Some(last) if more => {
+                self.from = last.key().to_vec();
+                self.from.push(0);
+            }
+            _ => self.done = true,
+        }
+        Ok(Some(kvs))
     }
 }
 
