@@ -13,8 +13,8 @@ use tokio_util::sync::CancellationToken;
 use crate::config::Settings;
 use crate::http::{self, AppState, Listener};
 use crate::locks::{Active, Locks};
+use crate::placement::topology::{Router, ShardPool};
 use crate::reload::Reloader;
-use crate::router::{Router, ShardPool};
 
 /// A router that is bound and connected, ready to [`run`](Self::run).
 pub struct Application {

@@ -2,45 +2,53 @@
 //! etcd clusters. A lock is a lease with a monotonic fencing token.
 //!
 //! # Layout
-//! - [`config`]: settings from TOML and `LOCKROUTER__SECTION__KEY` variables.
-//! - [`ring`]: consistent hashing of lock names onto shards.
-//! - [`keys`]: the data layout on each shard.
-//! - [`fencing`], [`lock_id`]: fencing-token and lockId formats.
-//! - [`etcd`]: one etcd connection with deadlines, error classes, metrics.
-//! - [`shard`]: one etcd cluster and the txns run on it.
-//! - [`session`], [`keepalive`], [`verify`]: session leases, coalesced
-//!   keepalives over one stream, batched verification of lock keys.
-//! - [`router`]: the shards, their health and recorded ring.
-//! - [`locks`]: the lock operations (acquire, renew, release, inspect).
-//! - [`http`]: the v1 HTTP API; [`app`]: building and running a router.
-//! - [`exec`]: `lockrouter exec`, running a command while holding a lock
-//!   (through the `lockrouter-client` crate).
-//! - [`metrics`]: Prometheus metrics.
-//! - [`plan`]: `lockrouter plan`, the capacity model for sizing shards.
+//!
+//! Four layers, each a folder, each importing only from the layers below
+//! it (and from the leaf modules at the bottom of this list):
+//!
+//! - [`app`]: building and running a router ([`Application`]), and
+//!   [`reload`]: applying a changed config file while it runs.
+//! - [`http`]: the v1 HTTP API: the route table, request bodies, typed
+//!   answers, and the one place errors become responses.
+//! - [`locks`]: the lock operations: acquire (plain and waiting), renew,
+//!   release, inspect, lock-delays of lost holders, input validation.
+//! - [`placement`]: which shard owns a name: the ring, the router over its
+//!   shards (topology), the migration protocol that changes the shard set,
+//!   and the monitor that follows what the shards record.
+//! - [`shard`]: one etcd cluster: its connection, key layout, every etcd
+//!   transaction, session leases, keepalives and batched verification.
+//!
+//! Leaf modules, used by any layer: [`config`] (settings), [`token`]
+//! (fencing-token and lockId formats), [`metrics`] (Prometheus series).
+//! [`cli`] holds the other subcommands (`exec`, `plan`), which use only the
+//! client crate and the capacity model.
 
 pub mod app;
+pub mod cli;
 pub mod config;
-pub mod etcd;
-pub mod exec;
-pub mod fencing;
 pub mod http;
-pub mod keepalive;
-pub mod keys;
-pub mod lock_id;
-pub mod locks;
+pub(crate) mod locks;
 pub mod metrics;
-pub mod monitor;
-pub mod plan;
+pub(crate) mod placement;
 pub mod reload;
-pub mod ring;
-pub mod router;
-pub mod session;
-pub mod shard;
-pub mod verify;
-pub mod wait;
+pub(crate) mod shard;
+pub mod token;
 
 pub use app::Application;
 pub use config::Settings;
+/// Placement of names on shards.
+pub use placement::ring;
+/// etcd releases with known bugs.
+pub use shard::conn::{release_risk, Risk};
+/// The data layout on a shard (keys and the records stored in them), for
+/// tools and tests that read or repair what lockrouter stores.
+pub use shard::keys;
+
+/// Older paths, kept while callers move to the ones above.
+pub mod etcd {
+    pub use crate::shard::conn::release_risk;
+}
+pub use token::lock_id;
 
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;

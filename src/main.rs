@@ -25,9 +25,9 @@ enum Command {
         config: PathBuf,
     },
     /// Run a command while holding a lock (see docs/client.md).
-    Exec(lockrouter::exec::ExecArgs),
+    Exec(lockrouter::cli::exec::ExecArgs),
     /// Size a deployment: shards needed for a workload (see docs/capacity.md).
-    Plan(lockrouter::plan::PlanArgs),
+    Plan(lockrouter::cli::plan::PlanArgs),
 }
 
 fn main() -> ExitCode {
@@ -41,8 +41,8 @@ fn main() -> ExitCode {
         .init();
     match cli.command {
         Command::Serve { config } => serve(config),
-        Command::Exec(args) => ExitCode::from(lockrouter::exec::main(args)),
-        Command::Plan(args) => ExitCode::from(lockrouter::plan::run(&args)),
+        Command::Exec(args) => ExitCode::from(lockrouter::cli::exec::main(args)),
+        Command::Plan(args) => ExitCode::from(lockrouter::cli::plan::run(&args)),
     }
 }
 

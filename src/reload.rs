@@ -16,12 +16,12 @@ use std::time::Duration;
 use tokio_util::sync::CancellationToken;
 
 use crate::config::{ConfigError, Settings};
-use crate::fencing::MAX_EPOCH;
-use crate::keys::{Identity, Recorded, Reservation, RingMeta};
 use crate::locks::{Active, Locks};
-use crate::ring::Ring;
-use crate::router::{opening_meta, Router, ShardPool};
+use crate::placement::ring::Ring;
+use crate::placement::topology::{opening_meta, Router, ShardPool};
+use crate::shard::keys::{Identity, Recorded, Reservation, RingMeta};
 use crate::shard::{IdentityGuard, Probe, RingGuard, RingState, Shard};
+use crate::token::fencing::MAX_EPOCH;
 
 /// Why a reload was refused. Nothing changed.
 #[derive(Debug, thiserror::Error)]

@@ -12,8 +12,8 @@ use serde_json::{json, Value};
 
 use super::error::ApiError;
 use super::{api, json, AppState};
+use crate::placement::topology::Router;
 use crate::reload::{BumpRequest, ReloadError};
-use crate::router::Router;
 use crate::shard::RingState;
 
 pub fn authorize(

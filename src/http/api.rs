@@ -9,7 +9,7 @@ use serde_json::json;
 
 use super::error::ApiError;
 use super::json;
-use crate::locks::{AcquireRequest, Acquired, Expiry, Locks, Renewed};
+use crate::locks::{AcquireRequest, Acquired, Expiry, Locks, RenewOutcome};
 
 pub type Answer = Result<(Response<Full<Bytes>>, &'static str), ApiError>;
 
@@ -117,7 +117,7 @@ pub async fn renew_batch(locks: &Locks, body: RenewBatchBody) -> Answer {
     Ok((json(StatusCode::OK, &json!({ "results": results })), "ok"))
 }
 
-fn renewed_json(o: &Renewed) -> (StatusCode, serde_json::Value, &'static str) {
+fn renewed_json(o: &RenewOutcome) -> (StatusCode, serde_json::Value, &'static str) {
     let refused = |reason: &'static str| {
         (
             StatusCode::CONFLICT,
@@ -126,15 +126,15 @@ fn renewed_json(o: &Renewed) -> (StatusCode, serde_json::Value, &'static str) {
         )
     };
     match o {
-        Renewed::Renewed(e) => {
+        RenewOutcome::Renewed(e) => {
             let t = times(e);
             let v =
                 json!({"renewed": true, "expiresAt": t.expires_at, "expiresInMs": t.expires_in_ms});
             (StatusCode::OK, v, "renewed")
         }
-        Renewed::Expired => refused("expired"),
-        Renewed::Stolen => refused("stolen"),
-        Renewed::Unavailable => refused("shard_unavailable"),
+        RenewOutcome::Expired => refused("expired"),
+        RenewOutcome::Stolen => refused("stolen"),
+        RenewOutcome::Unavailable => refused("shard_unavailable"),
     }
 }
 

@@ -11,7 +11,7 @@ use std::fmt::Write as _;
 use serde::Serialize;
 
 use crate::config::ShardSettings;
-use crate::ring::Ring;
+use crate::placement::ring::Ring;
 
 /// Defaults measured on real etcd. `docs/capacity.md` says how; the load-test
 /// suite (`docs/benchmarks.md`) may refine them.

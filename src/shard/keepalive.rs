@@ -36,8 +36,8 @@ use tokio::sync::{mpsc, oneshot, Semaphore};
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
-use crate::etcd::{EtcdConn, EtcdError};
 use crate::metrics as m;
+use crate::shard::conn::{EtcdConn, EtcdError};
 
 /// Lease probes in flight at once per shard.
 pub const MAX_PROBES: usize = 64;

@@ -17,9 +17,9 @@ use std::time::Duration;
 use tokio_util::sync::CancellationToken;
 
 use crate::config::{LockDelay, Settings, ShardSettings};
-use crate::etcd::EtcdConn;
-use crate::keys::{Recorded, RingMeta};
-use crate::ring::Ring;
+use crate::placement::ring::Ring;
+use crate::shard::conn::EtcdConn;
+use crate::shard::keys::{Recorded, RingMeta};
 use crate::shard::{Grantable, IdentityProblem, RingState, Shard};
 
 /// Live shard connections, shared by successive routers of one process so
@@ -181,7 +181,7 @@ impl Router {
             confirmed: AtomicBool::new(false),
             monitor: Mutex::new(None),
         });
-        let guard = crate::monitor::start(&router, settings);
+        let guard = crate::placement::monitor::start(&router, settings);
         *router.monitor.lock().expect("monitor lock") = Some(guard);
         Ok(router)
     }
@@ -402,7 +402,7 @@ pub fn opening_meta(epoch: u64, from: &Router, to: &Ring) -> RingMeta {
     RingMeta {
         epoch,
         ring: to.fingerprint().to_string(),
-        previous: Some(crate::keys::PreviousRing {
+        previous: Some(crate::shard::keys::PreviousRing {
             ring: from.ring.fingerprint().to_string(),
             vnodes: from.vnodes,
             shards: from.shard_settings.clone(),

@@ -28,7 +28,7 @@ use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 
 use crate::config::ShardSettings;
-use crate::ring::hex;
+use crate::placement::ring::hex;
 
 /// The first 16 bytes of SHA-256 of a lock name.
 pub type NameHash = [u8; 16];

@@ -27,15 +27,17 @@ use etcd_client::KeyValue;
 use futures::future::{join_all, Either};
 
 use crate::config::{Limits, LockDelay};
-use crate::etcd::EtcdError;
-use crate::fencing;
-use crate::keepalive::Renewal;
-use crate::keys::{name_hash, HeldValue, LockValue, Recorded};
-use crate::lock_id::LockId;
-use crate::router::{NotServing, Router};
-use crate::session::SessionLease;
+use crate::placement::topology::{NotServing, Router};
+use crate::shard::conn::EtcdError;
+use crate::shard::keepalive::Renewal;
+use crate::shard::keys::{name_hash, HeldValue, LockValue, Recorded};
+use crate::shard::sessions::SessionLease;
 use crate::shard::{AcquireTxn, Grantable, NameKeys, Shard};
-use crate::wait::WaitSlots;
+use crate::token::fencing;
+use crate::token::lock_id::LockId;
+pub(crate) mod wait;
+
+use wait::WaitSlots;
 
 /// How long clients are told to wait before retrying an unavailable shard.
 pub const RETRY_AFTER: Duration = Duration::from_secs(1);
@@ -107,7 +109,7 @@ pub enum Acquired {
     Held(Expiry),
 }
 
-pub enum Renewed {
+pub enum RenewOutcome {
     Renewed(Expiry),
     Expired,
     Stolen,
@@ -179,11 +181,14 @@ impl Locks {
         lock_id: &str,
         token: u64,
         ttl_ms: Option<u64>,
-    ) -> Result<Renewed, LockError> {
+    ) -> Result<RenewOutcome, LockError> {
         self.active().renew(lock_id, token, ttl_ms).await
     }
 
-    pub async fn renew_batch(&self, locks: &[(String, u64)]) -> Result<Vec<Renewed>, LockError> {
+    pub async fn renew_batch(
+        &self,
+        locks: &[(String, u64)],
+    ) -> Result<Vec<RenewOutcome>, LockError> {
         self.active().renew_batch(locks).await
     }
 
@@ -465,7 +470,7 @@ impl Active {
         lock_id: &str,
         token: u64,
         ttl_ms: Option<u64>,
-    ) -> Result<Renewed, LockError> {
+    ) -> Result<RenewOutcome, LockError> {
         let id = decode(lock_id, token)?;
         if let Some(ttl_ms) = ttl_ms {
             let secs = self.ttl_secs(ttl_ms)?;
@@ -484,7 +489,10 @@ impl Active {
 
     /// Renews every lock in `locks`; malformed entries fail the whole call
     /// (a client only sends lockIds it was given), shard outages only theirs.
-    pub async fn renew_batch(&self, locks: &[(String, u64)]) -> Result<Vec<Renewed>, LockError> {
+    pub async fn renew_batch(
+        &self,
+        locks: &[(String, u64)],
+    ) -> Result<Vec<RenewOutcome>, LockError> {
         if locks.is_empty() || locks.len() > self.limits.max_batch {
             return Err(invalid(format!(
                 "locks must hold 1 to {} entries",
@@ -499,13 +507,13 @@ impl Active {
         }
         let results = join_all(ids.iter().map(|(id, shard)| async move {
             let Some(shard) = shard else {
-                return Ok(Renewed::Unavailable);
+                return Ok(RenewOutcome::Unavailable);
             };
             if !shard.conn.is_up() {
-                return Ok(Renewed::Unavailable);
+                return Ok(RenewOutcome::Unavailable);
             }
             match self.renew_on(shard, id).await {
-                Err(EtcdError::Unavailable { .. }) => Ok(Renewed::Unavailable),
+                Err(EtcdError::Unavailable { .. }) => Ok(RenewOutcome::Unavailable),
                 other => other,
             }
         }))
@@ -518,7 +526,7 @@ impl Active {
 
     /// The keepalive and the check run in parallel; a lock the check finds
     /// gone is answered at once, without waiting for the keepalive.
-    async fn renew_on(&self, shard: &Shard, id: &LockId) -> Result<Renewed, EtcdError> {
+    async fn renew_on(&self, shard: &Shard, id: &LockId) -> Result<RenewOutcome, EtcdError> {
         let key = shard.keys.lock(&id.name_hash);
         let sent = Instant::now();
         let keepalive = shard
@@ -531,19 +539,19 @@ impl Active {
             Either::Right((renewal, verify)) => (verify.await, Some(renewal)),
         };
         match current? {
-            None => Ok(Renewed::Expired),
+            None => Ok(RenewOutcome::Expired),
             Some(kv) if kv.create_revision() == id.revision && kv.lease() == id.lease => {
                 let renewal = match early {
                     Some(renewal) => renewal?,
                     None => keepalive.await?,
                 };
                 if !renewal.alive() {
-                    return Ok(Renewed::Expired);
+                    return Ok(RenewOutcome::Expired);
                 }
                 shard.sessions.touch(id.lease);
-                Ok(Renewed::Renewed(Expiry::vouched(&renewal, sent)))
+                Ok(RenewOutcome::Renewed(Expiry::vouched(&renewal, sent)))
             }
-            Some(_) => Ok(Renewed::Stolen),
+            Some(_) => Ok(RenewOutcome::Stolen),
         }
     }
 

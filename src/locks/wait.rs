@@ -31,16 +31,16 @@ use etcd_client::{EventType, KeyValue, PutOptions, Txn, TxnOp, TxnOpResponse};
 use tokio::sync::Semaphore;
 
 use crate::config::LockDelay;
-use crate::etcd::EtcdError;
-use crate::keepalive::Renewal;
-use crate::keys::{name_hash, LockValue};
-use crate::lock_id::LockId;
 use crate::locks::{
     epoch_of, grant, grant_session, invalid, lease_end, lock_value, AcquireRequest, Acquired,
     Active, Expiry, LockError,
 };
-use crate::session::SessionLease;
+use crate::shard::conn::EtcdError;
+use crate::shard::keepalive::Renewal;
+use crate::shard::keys::{name_hash, LockValue};
+use crate::shard::sessions::SessionLease;
 use crate::shard::{AcquireTxn, NameKeys, QueueHead, Shard};
+use crate::token::lock_id::LockId;
 
 /// Concurrent waiters a router accepts; beyond it, 429.
 pub struct WaitSlots(Arc<Semaphore>);

@@ -13,8 +13,8 @@ use base64::engine::general_purpose::URL_SAFE_NO_PAD;
 use base64::Engine;
 use sha2::{Digest, Sha256};
 
-use crate::fencing;
-use crate::keys::NameHash;
+use crate::shard::keys::NameHash;
+use crate::token::fencing;
 
 const VERSION: u8 = 1;
 const FIXED_LEN: usize = 1 + 2 + 4 + 8 + 8 + 16 + 1;
@@ -99,7 +99,7 @@ mod tests {
             ttl_secs: 30,
             lease: 0x1234_5678_9abc,
             revision: 4711,
-            name_hash: crate::keys::name_hash("process_order:42"),
+            name_hash: crate::shard::keys::name_hash("process_order:42"),
         }
     }
 

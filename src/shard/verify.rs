@@ -15,8 +15,8 @@ use tokio::sync::{mpsc, oneshot, Semaphore};
 use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 
-use crate::etcd::{EtcdConn, EtcdError};
 use crate::metrics as m;
+use crate::shard::conn::{EtcdConn, EtcdError};
 use crate::shard::IdentityCell;
 
 /// etcd's default `--max-txn-ops`.

@@ -25,10 +25,10 @@ use futures::future::join_all;
 use tokio_util::sync::CancellationToken;
 
 use crate::config::{LockDelay, Settings};
-use crate::keys::{HeldValue, Identity, Recorded, Reservation, RingMeta};
 use crate::metrics as m;
-use crate::ring::Ring;
-use crate::router::{classify, log_ring_change, Migration, Router};
+use crate::placement::ring::Ring;
+use crate::placement::topology::{classify, log_ring_change, Migration, Router};
+use crate::shard::keys::{HeldValue, Identity, Recorded, Reservation, RingMeta};
 use crate::shard::{IdentityGuard, IdentityProblem, Probe, RingGuard, RingState, Shard};
 
 struct Intervals {
@@ -294,7 +294,7 @@ async fn adopt(shard: &Shard, probe: &Probe, fp: &str) -> RingState {
 /// with all of its shards and serves.
 async fn initialise(
     router: &Router,
-    probes: &[Result<Probe, crate::etcd::EtcdError>],
+    probes: &[Result<Probe, crate::shard::conn::EtcdError>],
     states: &mut [Option<RingState>],
 ) {
     let fp = router.ring.fingerprint();
@@ -383,7 +383,10 @@ async fn maybe_close(router: &Router, migration: &Migration) {
 /// Moved names still present on their previous shard `shard`: held, lost
 /// without a lock-delay set yet, or waiting out one. Any of them keeps the
 /// migration open (the new shard checks there before granting).
-async fn moved_names_left(router: &Router, shard: &Shard) -> Result<i64, crate::etcd::EtcdError> {
+async fn moved_names_left(
+    router: &Router,
+    shard: &Shard,
+) -> Result<i64, crate::shard::conn::EtcdError> {
     let here = shard.name.clone();
     let mut moved = |name: &str| router.ring.shard_name(name) != here;
     let k = &shard.keys;

@@ -16,11 +16,17 @@ use etcd_client::{
 };
 use tokio_util::sync::CancellationToken;
 
-use crate::etcd::{EtcdConn, EtcdError};
-use crate::keepalive::Keepalive;
-use crate::keys::{HeldValue, Identity, Keys, LockValue, NameHash, Recorded, Reservation};
-use crate::session::Sessions;
-use crate::verify::Verifier;
+pub mod conn;
+pub mod keepalive;
+pub mod keys;
+pub mod sessions;
+pub mod verify;
+
+use conn::{EtcdConn, EtcdError};
+use keepalive::Keepalive;
+use keys::{HeldValue, Identity, Keys, LockValue, NameHash, Recorded, Reservation};
+use sessions::Sessions;
+use verify::Verifier;
 
 /// What this router knows of the ring recorded on the shard.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -1,0 +1,6 @@
+//! The `lockrouter` subcommands besides `serve`: [`exec`] runs a command
+//! while holding a lock (through the client crate), [`plan`] sizes a
+//! deployment with the capacity model.
+
+pub mod exec;
+pub mod plan;
