@@ -233,6 +233,9 @@ impl Client {
                 // grant, which is about to free it: let the release finish,
                 // then ask again.
                 Some(Claim::Releasing(shared)) => self.settle(&shared).await,
+                // That release already got through: the router frees (has
+                // freed) the grant; the next answer is a new one.
+                Some(Claim::Released) => {}
             }
         }
         Err(Error::Transport(format!(

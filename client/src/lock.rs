@@ -63,7 +63,8 @@ pub(crate) struct Shared {
 
 impl Drop for Shared {
     fn drop(&mut self) {
-        self.registry.forget(&self.lock_ref.lock_id);
+        let released = self.current().release == Release::Done;
+        self.registry.forget(&self.lock_ref.lock_id, released);
     }
 }
 

@@ -10,10 +10,14 @@
 //!
 //! Deciding whether a grant is shared, superseded or being released happens
 //! under one lock, so an acquire and a drop on different threads cannot
-//! both think they own the grant.
+//! both think they own the grant. A grant released with a 204 is remembered
+//! for a while after its state is gone: an acquire answered just before the
+//! release reached the router may name it, and must ask again rather than
+//! hand out a lock the router has already freed.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, MutexGuard, Weak};
+use std::time::Duration;
 
 use tokio::time::Instant;
 
@@ -25,7 +29,16 @@ pub(crate) struct Registry {
     /// std `Mutex`: held only for a lookup or an update, never across an
     /// await, so the async mutex would only add cost.
     grants: Mutex<HashMap<String, Weak<Shared>>>,
+    /// Grants released (204) whose state is gone, and when: an answer that
+    /// names one raced the release.
+    released: Mutex<HashMap<String, Instant>>,
 }
+
+/// How long a released grant is remembered: far longer than any acquire
+/// answer can be in flight.
+const REMEMBER_RELEASED: Duration = Duration::from_secs(300);
+/// Most released grants remembered.
+const MAX_RELEASED: usize = 10_000;
 
 /// What an acquire's answer means for the client's state.
 pub(crate) enum Claim {
@@ -34,6 +47,9 @@ pub(crate) enum Claim {
     Held(Arc<Shared>),
     /// The client is releasing this grant; the answer raced the release.
     Releasing(Arc<Shared>),
+    /// The client released this grant already; the answer raced the
+    /// release. Ask again.
+    Released,
     /// New state, now the grant's entry. Replaces the state of a grant the
     /// client had given up as lost (by its clock or the router's word)
     /// without releasing it: the router's answer says it still stands.
@@ -52,6 +68,9 @@ impl Registry {
     ) -> Claim {
         let mut grants = self.grants();
         let existing = grants.get(lock_id).and_then(Weak::upgrade);
+        if existing.is_none() && self.was_released(lock_id) {
+            return Claim::Released;
+        }
         if let Some(shared) = &existing {
             if shared.current().release == Release::Pending {
                 return Claim::Releasing(shared.clone());
@@ -86,12 +105,32 @@ impl Registry {
     }
 
     /// Removes `lock_id`'s entry if its state is gone (called by that
-    /// state's drop; a newer live entry stays).
-    pub fn forget(&self, lock_id: &str) {
+    /// state's drop; a newer live entry stays), remembering it if the
+    /// router confirmed its release.
+    pub fn forget(&self, lock_id: &str, released: bool) {
         let mut grants = self.grants();
         if grants.get(lock_id).is_some_and(|w| w.strong_count() == 0) {
             grants.remove(lock_id);
+            if released {
+                let mut done = self.released();
+                let now = Instant::now();
+                done.retain(|_, at| now.saturating_duration_since(*at) < REMEMBER_RELEASED);
+                if done.len() >= MAX_RELEASED {
+                    done.clear();
+                }
+                done.insert(lock_id.to_string(), now);
+            }
         }
+    }
+
+    fn was_released(&self, lock_id: &str) -> bool {
+        let done = self.released();
+        done.get(lock_id)
+            .is_some_and(|at| at.elapsed() < REMEMBER_RELEASED)
+    }
+
+    fn released(&self) -> MutexGuard<'_, HashMap<String, Instant>> {
+        self.released.lock().unwrap_or_else(|e| e.into_inner())
     }
 
     fn grants(&self) -> MutexGuard<'_, HashMap<String, Weak<Shared>>> {
@@ -128,6 +167,7 @@ mod tests {
             Claim::Held(s) => ("held", s),
             Claim::Releasing(s) => ("releasing", s),
             Claim::New(s) => ("new", s),
+            Claim::Released => panic!("released"),
         }
     }
 
@@ -180,6 +220,25 @@ mod tests {
         drop(old);
         assert_eq!(registry.len(), 1, "the new entry stays");
         assert_eq!(registry.begin_release(&new), Some(true));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn an_answer_that_names_a_grant_released_already_is_not_handed_out() {
+        let registry = Arc::new(Registry::default());
+        let (_, s) = state(claim(&registry, 1, Duration::from_secs(10)));
+        assert_eq!(registry.begin_release(&s), Some(true));
+        s.end_release(Release::Done);
+        drop(s);
+        // The acquire's answer was sent before the release reached the
+        // router: it names the grant the client just released.
+        assert!(matches!(
+            claim(&registry, 1, Duration::from_secs(10)),
+            Claim::Released
+        ));
+        // Long after, the name is a fresh grant's again.
+        tokio::time::advance(REMEMBER_RELEASED).await;
+        let (kind, _) = state(claim(&registry, 1, Duration::from_secs(10)));
+        assert_eq!(kind, "new");
     }
 
     #[tokio::test(start_paused = true)]
