@@ -13,7 +13,7 @@ use tokio_util::sync::CancellationToken;
 use crate::config::Settings;
 use crate::http::{self, AppState, Listener};
 use crate::locks::{Active, Locks};
-use crate::placement::topology::{Router, ShardPool};
+use crate::placement::topology::ShardPool;
 use crate::reload::Reloader;
 
 /// A router that is bound and connected, ready to [`run`](Self::run).
@@ -44,7 +44,7 @@ impl Application {
         };
         let tasks = CancellationToken::new();
         let pool = ShardPool::new(&settings, tasks.clone());
-        let router = Router::start(&settings, pool.clone()).await?;
+        let router = crate::placement::serve(&settings, pool.clone()).await?;
         let locks = Arc::new(Locks::new(Active {
             router,
             limits: settings.limits.clone(),

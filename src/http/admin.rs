@@ -12,8 +12,9 @@ use serde_json::{json, Value};
 
 use super::error::ApiError;
 use super::{api, json, AppState};
+use crate::placement::migration::BumpRequest;
 use crate::placement::topology::Router;
-use crate::reload::{BumpRequest, ReloadError};
+use crate::reload::ReloadError;
 use crate::shard::RingState;
 
 pub fn authorize(

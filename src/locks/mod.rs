@@ -30,7 +30,7 @@ use crate::config::{Limits, LockDelay};
 use crate::placement::topology::{NotServing, Router};
 use crate::shard::conn::EtcdError;
 use crate::shard::keepalive::Renewal;
-use crate::shard::keys::{name_hash, HeldValue, LockValue, Recorded};
+use crate::shard::keys::{name_hash, LockValue, Recorded};
 use crate::shard::sessions::SessionLease;
 use crate::shard::{AcquireTxn, Grantable, NameKeys, Shard};
 use crate::token::fencing;
@@ -337,11 +337,8 @@ impl Active {
         if let LockDelay::Off = self.lock_delay {
             return Ok(None);
         }
-        let ttl = serde_json::from_slice::<HeldValue>(held.value())
-            .map(|h| h.ttl)
-            .unwrap_or(0);
-        let (until, set) = set_lock_delay(shard, k, held, ttl, identity).await?;
-        Ok(set.then_some(until))
+        let (until, set) = shard.set_lock_delay(k, held, identity).await?;
+        Ok(set.then_some(Expiry(until)))
     }
 
     /// With lock-delay off: the mod revision of a lost holder's record, to
@@ -646,32 +643,6 @@ impl Active {
             detail: "this router does not know the shard (not reloaded yet, or the shard was removed)".into(),
         })
     }
-}
-
-/// Sets the lock-delay of a lost holder's name: grants a lease of `ttl`
-/// seconds (plus one, for rounding and clock rates) and moves the held
-/// record onto it. Returns when the delay ends at the earliest, and whether
-/// this call set it.
-pub(crate) async fn set_lock_delay(
-    shard: &Shard,
-    k: &NameKeys,
-    held: &KeyValue,
-    ttl: u32,
-    identity: &[u8],
-) -> Result<(Expiry, bool), EtcdError> {
-    let sent = Instant::now();
-    // Granted after the key was seen gone, so it ends no earlier than one
-    // delay after the lost holder's key went.
-    let (lease, granted) = shard.grant(ttl.max(1) + 1).await?;
-    let until = Expiry(sent + Duration::from_secs(granted.max(0) as u64));
-    let set = shard.lost_to_delay(k, held, lease, identity).await?;
-    if set {
-        crate::metrics::lock_delay_set(&shard.name);
-        tracing::info!(shard = %shard.name, ttl, "a holder was lost without releasing: lock-delay set");
-    } else {
-        let _ = shard.revoke(lease).await;
-    }
-    Ok((until, set))
 }
 
 /// When the lease of `kv` ends, as far as the router knows now.

@@ -7,6 +7,21 @@
 //! - [`monitor`]: the task that reads what every shard records and acts on
 //!   it (initialise, verify identities, follow and close migrations).
 
+pub mod migration;
 pub mod monitor;
 pub mod ring;
 pub mod topology;
+
+use std::sync::Arc;
+
+use crate::config::Settings;
+use topology::{Router, ShardPool};
+
+/// A router over `settings`' shards, with its monitor running: it grants
+/// once the monitor has seen every shard record its ring (section 8 of the
+/// design doc).
+pub async fn serve(settings: &Settings, pool: Arc<ShardPool>) -> Result<Arc<Router>, String> {
+    let router = Router::new(settings, pool).await?;
+    router.watched_by(monitor::start(&router, settings));
+    Ok(router)
+}

@@ -14,6 +14,7 @@ use sha2::{Digest, Sha256};
 use siphasher::sip::SipHasher13;
 
 use crate::config::ShardSettings;
+use crate::shard::keys::hex;
 
 /// Fixed SipHash keys: changing them moves every name, so they never change.
 const SIP_K0: u64 = 0x6c6f_636b_726f_7574; // "lockrout"
@@ -139,11 +140,6 @@ fn fingerprint(shards: &[ShardSettings], vnodes: u32) -> String {
         h.update(format!(";{name}={weight}").as_bytes());
     }
     hex(&h.finalize()[..12])
-}
-
-/// Lower-case hex of `bytes`.
-pub fn hex(bytes: &[u8]) -> String {
-    bytes.iter().map(|b| format!("{b:02x}")).collect()
 }
 
 #[cfg(test)]

@@ -19,8 +19,8 @@ use tokio_util::sync::CancellationToken;
 use crate::config::{LockDelay, Settings, ShardSettings};
 use crate::placement::ring::Ring;
 use crate::shard::conn::EtcdConn;
-use crate::shard::keys::{Recorded, RingMeta};
-use crate::shard::{Grantable, IdentityProblem, RingState, Shard};
+use crate::shard::keys::Recorded;
+use crate::shard::{classify, Grantable, IdentityProblem, RingState, Shard};
 
 /// Live shard connections, shared by successive routers of one process so
 /// a reload keeps sessions, keepalive streams and connections. Holds weak
@@ -165,7 +165,12 @@ pub enum NotServing {
 
 impl Router {
     /// Builds a router over `settings`' shards and starts its monitor.
-    pub async fn start(settings: &Settings, pool: Arc<ShardPool>) -> Result<Arc<Self>, String> {
+    /// A router over `settings`' shards, not yet watched (see
+    /// [`placement::serve`](crate::placement::serve)).
+    pub(super) async fn new(
+        settings: &Settings,
+        pool: Arc<ShardPool>,
+    ) -> Result<Arc<Self>, String> {
         let mut shards = Vec::new();
         for s in &settings.shards {
             shards.push(pool.get(&s.name, &s.endpoints).await?);
@@ -181,9 +186,12 @@ impl Router {
             confirmed: AtomicBool::new(false),
             monitor: Mutex::new(None),
         });
-        let guard = crate::placement::monitor::start(&router, settings);
-        *router.monitor.lock().expect("monitor lock") = Some(guard);
         Ok(router)
+    }
+
+    /// Hands the router its monitor, which stops when the router retires.
+    pub(super) fn watched_by(&self, monitor: crate::TaskGuard) {
+        *self.monitor.lock().expect("monitor lock") = Some(monitor);
     }
 
     /// Takes over what `old`, serving the same ring, has learned: that every
@@ -380,33 +388,25 @@ impl Router {
         )
     }
 
+    /// This ring's shards and, during a migration, the previous ring's.
+    pub fn all_shards(&self) -> Vec<Arc<Shard>> {
+        let mut all = self.shards.clone();
+        if let Some(m) = self.migration() {
+            for s in &m.shards {
+                if !all.iter().any(|a| a.name == s.name) {
+                    all.push(s.clone());
+                }
+            }
+        }
+        all
+    }
+
     /// The epoch recorded on this ring's shards, if known.
     pub fn epoch(&self) -> Option<u64> {
         self.shards.iter().find_map(|s| match s.ring_state() {
             RingState::Ready(r) => Some(r.meta.epoch),
             _ => None,
         })
-    }
-}
-
-pub fn classify(found: Option<Recorded>, fingerprint: &str) -> RingState {
-    match found {
-        None => RingState::Absent,
-        Some(r) if r.meta.ring == fingerprint => RingState::Ready(r),
-        Some(r) => RingState::Mismatch(r),
-    }
-}
-
-/// The meta that opens a migration from `from`'s ring to `to` at `epoch`.
-pub fn opening_meta(epoch: u64, from: &Router, to: &Ring) -> RingMeta {
-    RingMeta {
-        epoch,
-        ring: to.fingerprint().to_string(),
-        previous: Some(crate::shard::keys::PreviousRing {
-            ring: from.ring.fingerprint().to_string(),
-            vnodes: from.vnodes,
-            shards: from.shard_settings.clone(),
-        }),
     }
 }
 

@@ -28,7 +28,11 @@ use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 
 use crate::config::ShardSettings;
-use crate::placement::ring::hex;
+
+/// Lower-case hex of `bytes`.
+pub fn hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
 
 /// The first 16 bytes of SHA-256 of a lock name.
 pub type NameHash = [u8; 16];
@@ -170,6 +174,19 @@ pub struct Reservation {
 }
 
 impl Reservation {
+    /// A reservation of `epoch` by a new writer (a random nonce names it).
+    pub fn fresh(epoch: u64) -> Self {
+        use std::hash::{BuildHasher, RandomState};
+        use std::sync::atomic::{AtomicU64, Ordering};
+        static COUNT: AtomicU64 = AtomicU64::new(0);
+        let n = COUNT.fetch_add(1, Ordering::Relaxed);
+        let seed = (std::process::id(), n, std::time::SystemTime::now());
+        Self {
+            epoch,
+            by: format!("{:016x}", RandomState::new().hash_one(seed)),
+        }
+    }
+
     pub fn to_bytes(&self) -> Vec<u8> {
         serde_json::to_vec(self).expect("Reservation serialises")
     }

@@ -1,0 +1,183 @@
+//! Paged range reads over a shard's lock keys, held records and
+//! lock-delays, each pinned to one revision: counts for metrics, the moved
+//! names a migration's close waits for, and the lost holders the sweep
+//! turns into lock-delays. None is a raft write.
+
+use etcd_client::{GetOptions, KeyValue};
+
+use super::conn::EtcdError;
+use super::{NameKeys, Shard};
+
+impl Shard {
+    /// The hex name hashes of the keys in `[start, end)` (lock keys, held
+    /// records or lock-delays) whose names satisfy `wanted`, reading every
+    /// key at one revision, a page at a time (no raft writes).
+    pub async fn hashes_where(
+        &self,
+        (start, end): (Vec<u8>, Vec<u8>),
+        wanted: &mut impl FnMut(&str) -> bool,
+    ) -> Result<Vec<Vec<u8>>, EtcdError> {
+        let mut found = Vec::new();
+        let prefix = start.len();
+        self.scan((start, end), |kvs| {
+            for kv in kvs {
+                if name_of(kv.value()).is_some_and(|n| wanted(&n)) {
+                    found.push(kv.key()[prefix.min(kv.key().len())..].to_vec());
+                }
+            }
+        })
+        .await?;
+        Ok(found)
+    }
+
+    /// Reads every key in `[start, end)` at one revision, a page at a time,
+    /// handing each page to `page`. Returns the revision read at.
+    pub async fn scan(
+        &self,
+        range: (Vec<u8>, Vec<u8>),
+        mut page: impl FnMut(&[KeyValue]),
+    ) -> Result<i64, EtcdError> {
+        let mut pages = Pages::new(range, false);
+        while let Some(kvs) = pages.next(self).await? {
+            page(&kvs);
+        }
+        Ok(pages.revision)
+    }
+
+    /// Held records without their lock key: holders lost (their lease
+    /// ended) whose names nobody asked for since. Reads keys only, a page of
+    /// held records and the lock keys of the same span at one revision, so
+    /// a sweep costs two key-only ranges per thousand held locks.
+    pub async fn orphaned_held(&self) -> Result<Vec<KeyValue>, EtcdError> {
+        let prefix = self.keys.held_range().0.len();
+        let locks_prefix = self.keys.locks_range().0.len();
+        let mut pages = Pages::new(self.keys.held_range(), true);
+        let mut orphans = Vec::new();
+        while let Some(page) = pages.next(self).await? {
+            let (Some(first), Some(last)) = (page.first(), page.last()) else {
+                continue;
+            };
+            // The lock keys of this page's span, at the same revision.
+            let mut end = self.lock_key_of_held(last.key());
+            end.push(0);
+            let opts = GetOptions::new()
+                .with_range(end)
+                .with_keys_only()
+                .with_revision(pages.revision);
+            let mut kv = self.conn.client().kv_client();
+            let start = self.lock_key_of_held(first.key());
+            let locks = self
+                .conn
+                .call("Range", kv.get(start, Some(opts)))
+                .await?
+                .take_kvs();
+            let held: std::collections::HashSet<&[u8]> =
+                locks.iter().map(|l| &l.key()[locks_prefix..]).collect();
+            orphans.extend(
+                page.iter()
+                    .filter(|h| !held.contains(&h.key()[prefix..]))
+                    .cloned(),
+            );
+        }
+        Ok(orphans)
+    }
+
+    fn lock_key_of_held(&self, held: &[u8]) -> Vec<u8> {
+        let (start, _) = self.keys.held_range();
+        let (locks, _) = self.keys.locks_range();
+        let mut key = locks;
+        key.extend_from_slice(&held[start.len().min(held.len())..]);
+        key
+    }
+
+    /// The name keys of the name a held record belongs to.
+    pub fn keys_of_held(&self, held: &KeyValue) -> NameKeys {
+        let (start, _) = self.keys.held_range();
+        let hex = &held.key()[start.len().min(held.key().len())..];
+        let mut hash = [0u8; 16];
+        for (i, byte) in hash.iter_mut().enumerate() {
+            let pair = hex
+                .get(2 * i..2 * i + 2)
+                .and_then(|p| std::str::from_utf8(p).ok());
+            *byte = pair
+                .and_then(|p| u8::from_str_radix(p, 16).ok())
+                .unwrap_or(0);
+        }
+        self.name_keys(&hash)
+    }
+
+    /// Number of lock keys on the shard (a count-only range: no values read).
+    pub async fn count_locks(&self) -> Result<i64, EtcdError> {
+        let (start, end) = self.keys.locks_range();
+        let mut kv = self.conn.client().kv_client();
+        let opts = GetOptions::new().with_range(end).with_count_only();
+        Ok(self
+            .conn
+            .call("Range", kv.get(start, Some(opts)))
+            .await?
+            .count())
+    }
+}
+
+/// A range read a page of 1,000 keys at a time, every page at the revision
+/// of the first.
+struct Pages {
+    from: Vec<u8>,
+    end: Vec<u8>,
+    keys_only: bool,
+    /// 0 until the first page is read.
+    revision: i64,
+    done: bool,
+}
+
+impl Pages {
+    fn new((start, end): (Vec<u8>, Vec<u8>), keys_only: bool) -> Self {
+        Self {
+            from: start,
+            end,
+            keys_only,
+            revision: 0,
+            done: false,
+        }
+    }
+
+    async fn next(&mut self, shard: &Shard) -> Result<Option<Vec<KeyValue>>, EtcdError> {
+        if self.done {
+            return Ok(None);
+        }
+        let mut opts = GetOptions::new()
+            .with_range(self.end.clone())
+            .with_limit(1_000);
+        if self.keys_only {
+            opts = opts.with_keys_only();
+        }
+        if self.revision > 0 {
+            opts = opts.with_revision(self.revision);
+        }
+        let mut kv = shard.conn.client().kv_client();
+        let call = kv.get(self.from.clone(), Some(opts));
+        let mut resp = shard.conn.call("Range", call).await?;
+        if self.revision == 0 {
+            self.revision = resp.header().map(|h| h.revision()).unwrap_or(0);
+        }
+        let more = resp.more();
+        let kvs = resp.take_kvs();
+        match kvs.last() {
+            Some(last) if more => {
+                self.from = last.key().to_vec();
+                self.from.push(0);
+            }
+            _ => self.done = true,
+        }
+        Ok(Some(kvs))
+    }
+}
+
+/// The name recorded in a lock key, held record or lock-delay.
+fn name_of(value: &[u8]) -> Option<String> {
+    #[derive(serde::Deserialize)]
+    struct Named {
+        name: String,
+    }
+    serde_json::from_slice::<Named>(value).ok().map(|n| n.name)
+}
