@@ -4,18 +4,15 @@
 
 use std::net::SocketAddr;
 
+use super::answers::{Bumped, RingView};
+use super::error::ApiError;
+use super::{api, json, AppState};
+use crate::placement::migration::BumpRequest;
+use crate::reload::ReloadError;
 use bytes::Bytes;
 use http::{header, Request, Response, StatusCode};
 use http_body_util::Full;
 use hyper::body::Incoming;
-use serde_json::{json, Value};
-
-use super::error::ApiError;
-use super::{api, json, AppState};
-use crate::placement::migration::BumpRequest;
-use crate::placement::topology::Router;
-use crate::reload::ReloadError;
-use crate::shard::RingState;
 
 pub fn authorize(
     state: &AppState,
@@ -58,7 +55,7 @@ fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
 
 pub async fn reload(state: &AppState) -> api::Answer {
     match state.reloader.reload().await {
-        Ok(done) => Ok((json(StatusCode::OK, &json!(done)), "reloaded")),
+        Ok(done) => Ok((json(StatusCode::OK, &done), "reloaded")),
         Err(ReloadError::Refused(msg) | ReloadError::NeedsRestart(msg)) => Err(ApiError::new(
             StatusCode::CONFLICT,
             "failed_precondition",
@@ -70,7 +67,7 @@ pub async fn reload(state: &AppState) -> api::Answer {
 
 pub async fn bump_epoch(state: &AppState, req: BumpRequest) -> api::Answer {
     match state.reloader.bump_epoch(&req).await {
-        Ok(epoch) => Ok((json(StatusCode::OK, &json!({ "epoch": epoch })), "bumped")),
+        Ok(epoch) => Ok((json(StatusCode::OK, &Bumped { epoch }), "bumped")),
         Err(e) => Err(ApiError::new(
             StatusCode::CONFLICT,
             "failed_precondition",
@@ -81,52 +78,5 @@ pub async fn bump_epoch(state: &AppState, req: BumpRequest) -> api::Answer {
 
 pub fn ring(state: &AppState) -> (Response<Full<Bytes>>, &'static str) {
     let router = state.locks.active().router.clone();
-    let mut shards: Vec<Value> = router
-        .shards
-        .iter()
-        .zip(&router.shard_settings)
-        .map(|(s, conf)| {
-            let mut v = shard_json(s, "active");
-            v["weight"] = json!(conf.weight);
-            v
-        })
-        .collect();
-    if let Some(m) = router.migration() {
-        for s in m
-            .shards
-            .iter()
-            .filter(|s| !router.shards.iter().any(|c| c.name == s.name))
-        {
-            shards.push(shard_json(s, "draining"));
-        }
-    }
-    let body = json!({
-        "ring": router.ring.fingerprint(),
-        "epoch": router.epoch(),
-        "granting": router.granting(),
-        "shards": shards,
-        "migration": migration_json(&router),
-    });
-    (json(StatusCode::OK, &body), "ok")
-}
-
-fn shard_json(s: &crate::shard::Shard, state: &str) -> Value {
-    let (ring, epoch) = match s.ring_state() {
-        RingState::Ready(r) | RingState::Mismatch(r) => (Some(r.meta.ring), Some(r.meta.epoch)),
-        _ => (None, None),
-    };
-    json!({"name": s.name, "state": state, "up": s.conn.is_up(), "recordedRing": ring, "recordedEpoch": epoch})
-}
-
-/// The open migration, or null.
-pub fn migration_json(router: &Router) -> Value {
-    match router.migration() {
-        None => Value::Null,
-        Some(m) => json!({
-            "fromRing": m.recorded.meta.previous.as_ref().map(|p| p.ring.clone()),
-            "toRing": m.recorded.meta.ring,
-            "epoch": m.recorded.meta.epoch,
-            "movedLocksHeld": *m.moved_held.lock().expect("moved lock"),
-        }),
-    }
+    (json(StatusCode::OK, &RingView::of(&router)), "ok")
 }

@@ -1,15 +1,19 @@
-//! The v1 endpoints: request and response bodies (camelCase JSON) and the
-//! handlers that turn them into lock operations.
+//! The lock routes: their request bodies (camelCase JSON, unknown fields
+//! refused) and the handlers that turn them into lock operations and their
+//! results into typed answers.
 
 use bytes::Bytes;
 use http::{Response, StatusCode};
 use http_body_util::Full;
-use serde::{Deserialize, Serialize};
-use serde_json::json;
+use serde::Deserialize;
 
+use super::answers::{
+    BatchAnswer, BatchEntry, Granted, Inspected, NotAcquired, NotRenewed, RenewAnswer, Renewed,
+    Times,
+};
 use super::error::ApiError;
 use super::json;
-use crate::locks::{AcquireRequest, Acquired, Expiry, Locks, RenewOutcome};
+use crate::locks::{AcquireRequest, Acquired, Locks, RenewOutcome};
 
 pub type Answer = Result<(Response<Full<Bytes>>, &'static str), ApiError>;
 
@@ -51,22 +55,6 @@ pub struct RenewBatchBody {
     locks: Vec<LockRef>,
 }
 
-/// `expiresAt` (RFC 3339 UTC, milliseconds) and `expiresInMs` of one clock read.
-#[derive(Serialize)]
-#[serde(rename_all = "camelCase")]
-struct Times {
-    expires_at: String,
-    expires_in_ms: u64,
-}
-
-fn times(e: &Expiry) -> Times {
-    let (ms, at) = e.report();
-    Times {
-        expires_at: humantime::format_rfc3339_millis(at).to_string(),
-        expires_in_ms: ms,
-    }
-}
-
 pub async fn acquire(locks: &Locks, body: AcquireBody) -> Answer {
     let req = AcquireRequest {
         name: body.name,
@@ -76,15 +64,19 @@ pub async fn acquire(locks: &Locks, body: AcquireBody) -> Answer {
     };
     Ok(match locks.acquire(&req).await? {
         Acquired::Granted(g) => {
-            let t = times(&g.expires);
-            let body = json!({
-                "acquired": true, "lockId": g.lock_id, "fencingToken": g.fencing_token,
-                "expiresAt": t.expires_at, "expiresInMs": t.expires_in_ms,
-            });
+            let body = Granted {
+                acquired: true,
+                lock_id: g.lock_id,
+                fencing_token: g.fencing_token,
+                times: Times::of(&g.expires),
+            };
             (json(StatusCode::OK, &body), "acquired")
         }
         Acquired::Held(e) => {
-            let body = json!({"acquired": false, "expiresAt": times(&e).expires_at});
+            let body = NotAcquired {
+                acquired: false,
+                expires_at: Times::of(&e).expires_at,
+            };
             (json(StatusCode::OK, &body), "not_acquired")
         }
     })
@@ -94,8 +86,12 @@ pub async fn renew(locks: &Locks, body: RenewBody) -> Answer {
     let outcome = locks
         .renew(&body.lock_id, body.fencing_token, body.ttl_ms)
         .await?;
-    let (status, value, label) = renewed_json(&outcome);
-    Ok((json(status, &value), label))
+    let (answer, label) = renew_answer(&outcome);
+    let status = match answer {
+        RenewAnswer::Renewed(_) => StatusCode::OK,
+        RenewAnswer::NotRenewed(_) => StatusCode::CONFLICT,
+    };
+    Ok((json(status, &answer), label))
 }
 
 pub async fn renew_batch(locks: &Locks, body: RenewBatchBody) -> Answer {
@@ -105,32 +101,33 @@ pub async fn renew_batch(locks: &Locks, body: RenewBatchBody) -> Answer {
         .map(|l| (l.lock_id, l.fencing_token))
         .collect();
     let outcomes = locks.renew_batch(&items).await?;
-    let results: Vec<serde_json::Value> = items
-        .iter()
+    let results = items
+        .into_iter()
         .zip(&outcomes)
-        .map(|((lock_id, _), o)| {
-            let mut v = renewed_json(o).1;
-            v["lockId"] = json!(lock_id);
-            v
+        .map(|((lock_id, _), o)| BatchEntry {
+            lock_id,
+            answer: renew_answer(o).0,
         })
         .collect();
-    Ok((json(StatusCode::OK, &json!({ "results": results })), "ok"))
+    Ok((json(StatusCode::OK, &BatchAnswer { results }), "ok"))
 }
 
-fn renewed_json(o: &RenewOutcome) -> (StatusCode, serde_json::Value, &'static str) {
+/// A renewal's answer body and its metrics outcome.
+fn renew_answer(o: &RenewOutcome) -> (RenewAnswer, &'static str) {
     let refused = |reason: &'static str| {
-        (
-            StatusCode::CONFLICT,
-            json!({"renewed": false, "reason": reason}),
+        let answer = NotRenewed {
+            renewed: false,
             reason,
-        )
+        };
+        (RenewAnswer::NotRenewed(answer), reason)
     };
     match o {
         RenewOutcome::Renewed(e) => {
-            let t = times(e);
-            let v =
-                json!({"renewed": true, "expiresAt": t.expires_at, "expiresInMs": t.expires_in_ms});
-            (StatusCode::OK, v, "renewed")
+            let answer = Renewed {
+                renewed: true,
+                times: Times::of(e),
+            };
+            (RenewAnswer::Renewed(answer), "renewed")
         }
         RenewOutcome::Expired => refused("expired"),
         RenewOutcome::Stolen => refused("stolen"),
@@ -149,20 +146,14 @@ pub async fn release(locks: &Locks, body: LockRef) -> Answer {
 
 pub async fn inspect(locks: &Locks, name: &str) -> Answer {
     let found = locks.inspect(name).await?;
-    Ok(match found.holder {
-        Some((token, e)) => {
-            let body = json!({
-                "name": name, "held": true, "fencingToken": token,
-                "expiresAt": times(&e).expires_at, "shard": found.shard,
-            });
-            (json(StatusCode::OK, &body), "held")
-        }
-        None => (
-            json(
-                StatusCode::OK,
-                &json!({"name": name, "held": false, "shard": found.shard}),
-            ),
-            "free",
-        ),
-    })
+    let held = found.holder.is_some();
+    let body = Inspected {
+        name: name.to_string(),
+        held,
+        fencing_token: found.holder.map(|(token, _)| token),
+        expires_at: found.holder.map(|(_, e)| Times::of(&e).expires_at),
+        shard: found.shard,
+    };
+    let label = if held { "held" } else { "free" };
+    Ok((json(StatusCode::OK, &body), label))
 }

@@ -4,10 +4,10 @@
 
 use std::time::Duration;
 
+use super::answers::{ErrorBody, ErrorDetail};
 use bytes::Bytes;
 use http::{header, HeaderValue, Response, StatusCode};
 use http_body_util::Full;
-use serde_json::json;
 
 use crate::locks::{LockError, RETRY_AFTER};
 
@@ -53,7 +53,12 @@ impl ApiError {
     }
 
     pub fn into_response(self) -> Response<Full<Bytes>> {
-        let body = json!({"error": {"code": self.code, "message": self.message}});
+        let body = ErrorBody {
+            error: ErrorDetail {
+                code: self.code,
+                message: &self.message,
+            },
+        };
         let mut resp = super::json(self.status, &body);
         if let Some(after) = self.retry_after {
             resp.headers_mut().insert(

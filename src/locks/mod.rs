@@ -24,20 +24,21 @@ use std::time::{Duration, Instant, SystemTime};
 
 use arc_swap::ArcSwap;
 use etcd_client::KeyValue;
-use futures::future::{join_all, Either};
 
 use crate::config::{Limits, LockDelay};
 use crate::placement::topology::{NotServing, Router};
 use crate::shard::conn::EtcdError;
 use crate::shard::keepalive::Renewal;
-use crate::shard::keys::{name_hash, LockValue, Recorded};
+use crate::shard::keys::{LockValue, Recorded};
 use crate::shard::sessions::SessionLease;
-use crate::shard::{AcquireTxn, Grantable, NameKeys, Shard};
-use crate::token::fencing;
+use crate::shard::{Grantable, Shard};
 use crate::token::lock_id::LockId;
-pub(crate) mod wait;
-
-use wait::WaitSlots;
+mod acquire;
+mod inspect;
+mod release;
+mod renew;
+mod validate;
+mod wait;
 
 /// How long clients are told to wait before retrying an unavailable shard.
 pub const RETRY_AFTER: Duration = Duration::from_secs(1);
@@ -122,6 +123,15 @@ pub struct Inspection {
     pub holder: Option<(u64, Expiry)>,
 }
 
+/// Concurrent waiters a router accepts; beyond it, 429.
+pub struct WaitSlots(pub(crate) Arc<tokio::sync::Semaphore>);
+
+impl WaitSlots {
+    pub fn new(max: usize) -> Self {
+        Self(Arc::new(tokio::sync::Semaphore::new(max)))
+    }
+}
+
 /// Everything a config reload replaces at once.
 pub struct Active {
     pub router: Arc<Router>,
@@ -201,421 +211,10 @@ impl Locks {
     }
 }
 
-/// What one attempt of a grant txn came to.
-pub(crate) enum Attempt {
-    Done(Acquired),
-    /// Try again (the ring, the session or a lost holder's record moved).
-    Again,
-}
-
 impl Active {
-    /// Checks an acquire's name, clientId and TTL; returns the lease TTL.
-    pub(crate) fn check_acquire(&self, req: &AcquireRequest) -> Result<u32, LockError> {
-        check_text("name", &req.name, self.limits.max_name_bytes)?;
-        check_text("clientId", &req.client_id, self.limits.max_client_id_bytes)?;
-        self.ttl_secs(req.ttl_ms)
-    }
-
-    /// Acquire without waiting (`waitMs` is not looked at).
-    pub async fn acquire_now(&self, req: &AcquireRequest) -> Result<Acquired, LockError> {
-        let ttl_secs = self.check_acquire(req)?;
-        let shard = self.router.shard_for(&req.name);
-        tracing::Span::current().record("shard", shard.name.as_str());
-        let k = shard.name_keys(&name_hash(&req.name));
-        let window = self.window(ttl_secs);
-        let mut replace_held = None;
-        // Retried when the session lease expired between the cache and the
-        // txn, when the shard's recorded ring moved on (a migration opened
-        // or closed) under a ring this router still serves, or when a lost
-        // holder's record changed under us.
-        for _ in 0..3 {
-            let g = self.grantable(shard)?;
-            if let Some(answer) = self.handoff(&req.name, shard, &req.client_id, &k).await? {
-                return Ok(answer);
-            }
-            let value = lock_value(req, &g.ring, ttl_secs)?;
-            let session = shard
-                .sessions
-                .get_or_grant(&req.client_id, ttl_secs, || grant_session(shard, ttl_secs))
-                .await?;
-            let sent = Instant::now();
-            let (txn, renewal) = tokio::join!(
-                shard.acquire_txn(&k, &value, session.id, &g, replace_held),
-                shard.keepalive.refresh(session.id, window, ttl_secs),
-            );
-            let lease_gone = matches!(txn, Err(EtcdError::LeaseNotFound))
-                || matches!(renewal, Ok(r) if !r.alive());
-            if lease_gone {
-                // If the txn did create the key, it went with the lease.
-                shard
-                    .sessions
-                    .invalidate(&req.client_id, ttl_secs, session.id)
-                    .await;
-                continue;
-            }
-            let own = (session, renewal);
-            match self
-                .settle(shard, &k, &req.client_id, txn?, sent, own, &g)
-                .await?
-            {
-                Attempt::Done(answer) => return Ok(answer),
-                Attempt::Again => {}
-            }
-            replace_held = None;
-            if let LockDelay::Off = self.lock_delay {
-                // With lock-delay off, a lost holder's record is replaced.
-                replace_held = self.lost_record(shard, &k).await?;
-            }
-        }
-        Err(unavailable(
-            shard,
-            "the shard's ring, session lease or lock records kept changing; retry",
-        ))
-    }
-
-    /// Turns a refused grant txn into an answer (or a retry).
-    #[allow(clippy::too_many_arguments)]
-    async fn settle(
-        &self,
-        shard: &Shard,
-        k: &NameKeys,
-        client_id: &str,
-        txn: AcquireTxn,
-        sent: Instant,
-        (session, renewal): (SessionLease, Result<Renewal, EtcdError>),
-        g: &Grantable,
-    ) -> Result<Attempt, LockError> {
-        Ok(Attempt::Done(match txn {
-            AcquireTxn::Granted { revision } => {
-                let lock = LockId {
-                    shard: shard.name.clone(),
-                    epoch: epoch_of(&g.ring)?,
-                    ttl_secs: session.ttl_secs,
-                    lease: session.id,
-                    revision,
-                    name_hash: k.hash,
-                };
-                Acquired::Granted(grant(lock, &renewal?, sent)?)
-            }
-            AcquireTxn::Held(holder) => {
-                let own = (session.id == holder.lease()).then_some(renewal);
-                self.held(shard, client_id, holder, k, own, sent).await?
-            }
-            AcquireTxn::Delayed(delay) => Acquired::Held(lease_end(shard, &delay).await?),
-            AcquireTxn::Lost(held) => match self.lost(shard, k, &held, &g.identity).await? {
-                Some(until) => Acquired::Held(until),
-                None => return Ok(Attempt::Again),
-            },
-            // Free, but others wait for it: they come first.
-            AcquireTxn::Queued | AcquireTxn::Gone | AcquireTxn::Behind(..) => {
-                Acquired::Held(Expiry(Instant::now()))
-            }
-            AcquireTxn::RingChanged(found) => {
-                self.router.ring_changed(shard, found);
-                return Ok(Attempt::Again);
-            }
-            AcquireTxn::IdentityChanged => {
-                self.router.identity_changed(shard);
-                return Ok(Attempt::Again);
-            }
-        }))
-    }
-
-    /// The holder of the name was lost (its lease ended, it did not
-    /// release): sets the name's lock-delay, a fresh lease of the lost
-    /// lock's TTL, so nobody gets the name before any validity the lost
-    /// holder was told of has passed. Returns when the delay ends, or
-    /// `None` if the record changed meanwhile (look again). With lock-delay
-    /// off, `None` at once: the caller replaces the record.
-    pub(crate) async fn lost(
-        &self,
-        shard: &Shard,
-        k: &NameKeys,
-        held: &KeyValue,
-        identity: &[u8],
-    ) -> Result<Option<Expiry>, LockError> {
-        if let LockDelay::Off = self.lock_delay {
-            return Ok(None);
-        }
-        let (until, set) = shard.set_lock_delay(k, held, identity).await?;
-        Ok(set.then_some(Expiry(until)))
-    }
-
-    /// With lock-delay off: the mod revision of a lost holder's record, to
-    /// be replaced by the next grant.
-    async fn lost_record(&self, shard: &Shard, k: &NameKeys) -> Result<Option<i64>, LockError> {
-        let state = shard.read_name(k).await?;
-        Ok(match (state.lock, state.held) {
-            (None, Some(held)) => Some(held.mod_revision()),
-            _ => None,
-        })
-    }
-
-    /// During a migration a moved name may still be held on its previous
-    /// shard (or wait out a lost holder's lock-delay there): that holder
-    /// keeps it (and a re-acquire by it is answered from there) until it
-    /// lets go. The previous shard must already record the new ring, so that
-    /// nothing can grant the name there any more, and carry the identity
-    /// this router verified for it.
-    async fn handoff(
-        &self,
-        name: &str,
-        shard: &Shard,
-        client_id: &str,
-        k: &NameKeys,
-    ) -> Result<Option<Acquired>, LockError> {
-        let Some(migration) = self.router.migration() else {
-            return Ok(None);
-        };
-        let previous = migration.previous_shard(name);
-        if previous.name == shard.name {
-            return Ok(None);
-        }
-        check_up(previous)?;
-        let identity = previous.verified_identity().ok_or_else(|| {
-            unavailable(previous, "the shard's identity is not verified yet; retry")
-        })?;
-        let pk = previous.name_keys(&k.hash);
-        let sent = Instant::now();
-        let state = previous.read_name(&pk).await?;
-        if state.identity.as_deref() != Some(identity.as_slice()) {
-            self.router.identity_changed(previous);
-            return Err(unavailable(
-                previous,
-                "the cluster behind this shard's endpoints is not this shard",
-            ));
-        }
-        let fenced = state.ring.is_some_and(|r| {
-            r.meta.ring == self.router.ring.fingerprint()
-                && r.meta.epoch >= migration.recorded.meta.epoch
-        });
-        if !fenced {
-            return Err(unavailable(
-                previous,
-                "the migration has not fenced this shard yet; retry",
-            ));
-        }
-        if let Some(kv) = state.lock {
-            return self
-                .held(previous, client_id, kv, &pk, None, sent)
-                .await
-                .map(Some);
-        }
-        if let Some(delay) = state.delay {
-            return Ok(Some(Acquired::Held(lease_end(previous, &delay).await?)));
-        }
-        if let Some(held) = state.held {
-            return match self.lost(previous, &pk, &held, &identity).await? {
-                Some(until) => Ok(Some(Acquired::Held(until))),
-                // Lock-delay off, or the record changed: nothing there can
-                // be granted again (the shard is fenced), so it is free.
-                None => Ok(None),
-            };
-        }
-        Ok(None)
-    }
-
-    /// The name is held: by the caller (idempotent re-acquire) or by another.
-    /// `own` is the renewal of the caller's session on `shard` if the holder
-    /// rides on it; `sent` when the request that read the holder was sent.
-    pub(crate) async fn held(
-        &self,
-        shard: &Shard,
-        client_id: &str,
-        holder: KeyValue,
-        k: &NameKeys,
-        own: Option<Result<Renewal, EtcdError>>,
-        sent: Instant,
-    ) -> Result<Acquired, LockError> {
-        let value: Option<LockValue> = serde_json::from_slice(holder.value()).ok();
-        match value {
-            Some(v) if v.client == client_id => {
-                let renewal = match own {
-                    Some(renewal) => renewal?,
-                    None => {
-                        let ttl = v.ttl.max(2);
-                        let window = self.window(ttl);
-                        shard.keepalive.refresh(holder.lease(), window, ttl).await?
-                    }
-                };
-                if !renewal.alive() {
-                    // Its lease just ran out; etcd deletes the key momentarily.
-                    return Ok(Acquired::Held(Expiry(Instant::now())));
-                }
-                // The TTL the lock was granted with (older locks: etcd's).
-                let ttl_secs = match v.ttl {
-                    0 => u32::try_from(renewal.ttl_secs).unwrap_or(u32::MAX),
-                    ttl => ttl,
-                };
-                let lock = LockId {
-                    shard: shard.name.clone(),
-                    epoch: u16::try_from(v.epoch)
-                        .map_err(|_| LockError::Internal("epoch out of range".into()))?,
-                    ttl_secs,
-                    lease: holder.lease(),
-                    revision: holder.create_revision(),
-                    name_hash: k.hash,
-                };
-                Ok(Acquired::Granted(grant(lock, &renewal, sent)?))
-            }
-            _ => Ok(Acquired::Held(lease_end(shard, &holder).await?)),
-        }
-    }
-
-    pub async fn renew(
-        &self,
-        lock_id: &str,
-        token: u64,
-        ttl_ms: Option<u64>,
-    ) -> Result<RenewOutcome, LockError> {
-        let id = decode(lock_id, token)?;
-        if let Some(ttl_ms) = ttl_ms {
-            let secs = self.ttl_secs(ttl_ms)?;
-            if secs != id.ttl_secs {
-                return Err(invalid(format!(
-                    "ttlMs {ttl_ms} does not match the lock's TTL of {} s: a lock's TTL is fixed when it is acquired",
-                    id.ttl_secs
-                )));
-            }
-        }
-        // A shard no longer in any ring was drained: the lock is gone.
-        let shard = self.shard_of(&id)?;
-        check_up(&shard)?;
-        Ok(self.renew_on(&shard, &id).await?)
-    }
-
-    /// Renews every lock in `locks`; malformed entries fail the whole call
-    /// (a client only sends lockIds it was given), shard outages only theirs.
-    pub async fn renew_batch(
-        &self,
-        locks: &[(String, u64)],
-    ) -> Result<Vec<RenewOutcome>, LockError> {
-        if locks.is_empty() || locks.len() > self.limits.max_batch {
-            return Err(invalid(format!(
-                "locks must hold 1 to {} entries",
-                self.limits.max_batch
-            )));
-        }
-        let mut ids = Vec::with_capacity(locks.len());
-        for (i, (lock_id, token)) in locks.iter().enumerate() {
-            let id = decode(lock_id, *token).map_err(|e| invalid(format!("locks[{i}]: {e}")))?;
-            let shard = self.shard_of(&id).ok();
-            ids.push((id, shard));
-        }
-        let results = join_all(ids.iter().map(|(id, shard)| async move {
-            let Some(shard) = shard else {
-                return Ok(RenewOutcome::Unavailable);
-            };
-            if !shard.conn.is_up() {
-                return Ok(RenewOutcome::Unavailable);
-            }
-            match self.renew_on(shard, id).await {
-                Err(EtcdError::Unavailable { .. }) => Ok(RenewOutcome::Unavailable),
-                other => other,
-            }
-        }))
-        .await;
-        results
-            .into_iter()
-            .map(|r| r.map_err(LockError::from))
-            .collect()
-    }
-
-    /// The keepalive and the check run in parallel; a lock the check finds
-    /// gone is answered at once, without waiting for the keepalive.
-    async fn renew_on(&self, shard: &Shard, id: &LockId) -> Result<RenewOutcome, EtcdError> {
-        let key = shard.keys.lock(&id.name_hash);
-        let sent = Instant::now();
-        let keepalive = shard
-            .keepalive
-            .refresh(id.lease, self.window(id.ttl_secs), id.ttl_secs);
-        let verify = shard.verifier.get(key);
-        let (mut keepalive, verify) = (std::pin::pin!(keepalive), std::pin::pin!(verify));
-        let (current, early) = match futures::future::select(verify, &mut keepalive).await {
-            Either::Left((current, _)) => (current, None),
-            Either::Right((renewal, verify)) => (verify.await, Some(renewal)),
-        };
-        match current? {
-            None => Ok(RenewOutcome::Expired),
-            Some(kv) if kv.create_revision() == id.revision && kv.lease() == id.lease => {
-                let renewal = match early {
-                    Some(renewal) => renewal?,
-                    None => keepalive.await?,
-                };
-                if !renewal.alive() {
-                    return Ok(RenewOutcome::Expired);
-                }
-                shard.sessions.touch(id.lease);
-                Ok(RenewOutcome::Renewed(Expiry::vouched(&renewal, sent)))
-            }
-            Some(_) => Ok(RenewOutcome::Stolen),
-        }
-    }
-
-    /// After this the name is not held under `lock_id` (released now or
-    /// already gone).
-    pub async fn release(&self, lock_id: &str, token: u64) -> Result<(), LockError> {
-        let id = decode(lock_id, token)?;
-        let shard = self.shard_of(&id)?;
-        check_identity(&shard)?;
-        let k = shard.name_keys(&id.name_hash);
-        shard.release_txn(&k, id.revision, id.lease).await?;
-        Ok(())
-    }
-
-    pub async fn inspect(&self, name: &str) -> Result<Inspection, LockError> {
-        check_text("name", name, self.limits.max_name_bytes)?;
-        let shard = self.router.shard_for(name);
-        tracing::Span::current().record("shard", shard.name.as_str());
-        let hash = name_hash(name);
-        // During a migration a moved name may still be held where it was.
-        let mut places = vec![shard.clone()];
-        if let Some(m) = self.router.migration() {
-            let previous = m.previous_shard(name);
-            if previous.name != shard.name {
-                places.push(previous.clone());
-            }
-        }
-        for place in &places {
-            check_identity(place)?;
-            let state = place.read_name(&place.name_keys(&hash)).await?;
-            if state.identity != place.verified_identity() {
-                self.router.identity_changed(place);
-                return Err(unavailable(
-                    place,
-                    "the cluster behind this shard's endpoints is not this shard",
-                ));
-            }
-            if let Some(kv) = state.lock {
-                let value: LockValue = serde_json::from_slice(kv.value())
-                    .map_err(|e| LockError::Internal(format!("unreadable lock value: {e}")))?;
-                let token = fencing::token(value.epoch, kv.create_revision())
-                    .ok_or_else(|| LockError::Internal("token out of range".into()))?;
-                let expires = lease_end(place, &kv).await?;
-                if expires.0 <= Instant::now() {
-                    continue; // its lease ran out; etcd deletes it momentarily
-                }
-                return Ok(Inspection {
-                    shard: place.name.clone(),
-                    holder: Some((token, expires)),
-                });
-            }
-        }
-        Ok(Inspection {
-            shard: shard.name.clone(),
-            holder: None,
-        })
-    }
-
+    /// The lease TTL of a lock asked for `ttl_ms` under this config.
     pub(crate) fn ttl_secs(&self, ttl_ms: u64) -> Result<u32, LockError> {
-        let (min, max) = (self.limits.min_ttl_ms, self.limits.max_ttl_ms);
-        if !(min..=max).contains(&ttl_ms) {
-            return Err(invalid(format!(
-                "ttlMs must be {min} to {max}, got {ttl_ms}"
-            )));
-        }
-        // etcd leases are whole seconds: round up so the lock lives at least ttlMs.
-        Ok(ttl_ms.div_ceil(1000) as u32)
+        validate::ttl_secs(&self.limits, ttl_ms)
     }
 
     /// Renewals of one lease closer together than this share a keepalive.
@@ -729,20 +328,4 @@ pub(crate) fn unavailable(shard: &Shard, detail: &str) -> LockError {
         shard: shard.name.clone(),
         detail: detail.to_string(),
     }
-}
-
-/// 1 to `max` bytes of UTF-8 without control characters.
-pub(crate) fn check_text(field: &str, value: &str, max: usize) -> Result<(), LockError> {
-    if value.is_empty() || value.len() > max {
-        return Err(invalid(format!(
-            "{field} must be 1 to {max} bytes, got {}",
-            value.len()
-        )));
-    }
-    if value.chars().any(char::is_control) {
-        return Err(invalid(format!(
-            "{field} must not contain control characters"
-        )));
-    }
-    Ok(())
 }

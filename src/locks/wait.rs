@@ -28,12 +28,11 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use etcd_client::{EventType, KeyValue, PutOptions, Txn, TxnOp, TxnOpResponse};
-use tokio::sync::Semaphore;
 
 use crate::config::LockDelay;
 use crate::locks::{
     epoch_of, grant, grant_session, invalid, lease_end, lock_value, AcquireRequest, Acquired,
-    Active, Expiry, LockError,
+    Active, Expiry, LockError, WaitSlots,
 };
 use crate::shard::conn::EtcdError;
 use crate::shard::keepalive::Renewal;
@@ -41,15 +40,6 @@ use crate::shard::keys::{name_hash, LockValue};
 use crate::shard::sessions::SessionLease;
 use crate::shard::{AcquireTxn, NameKeys, QueueHead, Shard};
 use crate::token::lock_id::LockId;
-
-/// Concurrent waiters a router accepts; beyond it, 429.
-pub struct WaitSlots(Arc<Semaphore>);
-
-impl WaitSlots {
-    pub fn new(max: usize) -> Self {
-        Self(Arc::new(Semaphore::new(max)))
-    }
-}
 
 /// The waiter's queue entry: its key rides on a lease of its own, revoked
 /// when the wait ends in any way (a grant, giving up, the request being

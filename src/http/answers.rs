@@ -1,0 +1,299 @@
+//! Every answer body of the API, as a typed struct (camelCase JSON): what
+//! `docs/openapi.yaml` documents, and what the contract tests check real
+//! answers against. Handlers build these; nothing patches JSON by hand.
+
+use std::collections::BTreeMap;
+
+use serde::Serialize;
+
+use crate::locks::Expiry;
+use crate::placement::topology::{Router, ShardState};
+use crate::shard::{RingState, Shard};
+
+/// `expiresAt` (RFC 3339 UTC, milliseconds) and `expiresInMs`, read off one
+/// clock sample.
+#[derive(Debug, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Times {
+    pub expires_at: String,
+    pub expires_in_ms: u64,
+}
+
+impl Times {
+    pub fn of(e: &Expiry) -> Self {
+        let (ms, at) = e.report();
+        Self {
+            expires_at: humantime::format_rfc3339_millis(at).to_string(),
+            expires_in_ms: ms,
+        }
+    }
+}
+
+/// `acquire` granted.
+#[derive(Debug, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Granted {
+    pub acquired: bool,
+    pub lock_id: String,
+    pub fencing_token: u64,
+    #[serde(flatten)]
+    pub times: Times,
+}
+
+/// `acquire` not granted: held by another, queued, or waiting out a lost
+/// holder's lock-delay until `expiresAt`.
+#[derive(Debug, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct NotAcquired {
+    pub acquired: bool,
+    pub expires_at: String,
+}
+
+/// `renew` (and each renewed entry of `renew-batch`).
+#[derive(Debug, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Renewed {
+    pub renewed: bool,
+    #[serde(flatten)]
+    pub times: Times,
+}
+
+/// A refused renewal: `expired`, `stolen` or (in batches)
+/// `shard_unavailable`.
+#[derive(Debug, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct NotRenewed {
+    pub renewed: bool,
+    pub reason: &'static str,
+}
+
+/// One answer of a renewal.
+#[derive(Debug, Serialize)]
+#[serde(untagged)]
+pub enum RenewAnswer {
+    Renewed(Renewed),
+    NotRenewed(NotRenewed),
+}
+
+/// One entry of `renew-batch`'s answer, in request order.
+#[derive(Debug, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct BatchEntry {
+    pub lock_id: String,
+    #[serde(flatten)]
+    pub answer: RenewAnswer,
+}
+
+#[derive(Debug, Serialize)]
+pub struct BatchAnswer {
+    pub results: Vec<BatchEntry>,
+}
+
+/// `GET /api/v1/locks/{name}`.
+#[derive(Debug, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Inspected {
+    pub name: String,
+    pub held: bool,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub fencing_token: Option<u64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub expires_at: Option<String>,
+    pub shard: String,
+}
+
+/// `GET /healthz`.
+#[derive(Debug, Serialize)]
+pub struct Health {
+    pub status: &'static str,
+}
+
+/// `GET /readyz`.
+#[derive(Debug, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Readiness {
+    pub ready: bool,
+    pub shards: Vec<ShardReadiness>,
+    pub unreachable_shards: Vec<String>,
+    pub refusing_shards: Vec<String>,
+    pub migration: Option<MigrationView>,
+}
+
+#[derive(Debug, Serialize)]
+pub struct ShardReadiness {
+    pub name: String,
+    pub state: ShardState,
+}
+
+impl Readiness {
+    pub fn of(router: &Router) -> Self {
+        let (unreachable_shards, refusing_shards) = router.readiness();
+        Self {
+            ready: router.ready(),
+            shards: router
+                .shard_states()
+                .into_iter()
+                .map(|(name, state)| ShardReadiness { name, state })
+                .collect(),
+            unreachable_shards,
+            refusing_shards,
+            migration: MigrationView::of(router),
+        }
+    }
+}
+
+/// The open migration a router follows.
+#[derive(Debug, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct MigrationView {
+    pub from_ring: Option<String>,
+    pub to_ring: String,
+    pub epoch: u64,
+    /// Moved names still on each previous shard, at the last count.
+    pub moved_locks_held: BTreeMap<String, i64>,
+}
+
+impl MigrationView {
+    pub fn of(router: &Router) -> Option<Self> {
+        let m = router.migration()?;
+        let moved = m.moved_held.lock().expect("moved lock").clone();
+        Some(Self {
+            from_ring: m.recorded.meta.previous.as_ref().map(|p| p.ring.clone()),
+            to_ring: m.recorded.meta.ring.clone(),
+            epoch: m.recorded.meta.epoch,
+            moved_locks_held: moved,
+        })
+    }
+}
+
+/// `GET /admin/v1/ring`.
+#[derive(Debug, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct RingView {
+    pub ring: String,
+    pub epoch: Option<u64>,
+    pub granting: bool,
+    pub shards: Vec<ShardView>,
+    pub migration: Option<MigrationView>,
+}
+
+/// A shard in `GET /admin/v1/ring`: of the ring (`active`, with its
+/// weight), or of a migration's previous ring only (`draining`).
+#[derive(Debug, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ShardView {
+    pub name: String,
+    pub state: &'static str,
+    pub up: bool,
+    pub recorded_ring: Option<String>,
+    pub recorded_epoch: Option<u64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub weight: Option<u32>,
+}
+
+impl ShardView {
+    fn of(s: &Shard, state: &'static str, weight: Option<u32>) -> Self {
+        let (recorded_ring, recorded_epoch) = match s.ring_state() {
+            RingState::Ready(r) | RingState::Mismatch(r) => (Some(r.meta.ring), Some(r.meta.epoch)),
+            _ => (None, None),
+        };
+        Self {
+            name: s.name.clone(),
+            state,
+            up: s.conn.is_up(),
+            recorded_ring,
+            recorded_epoch,
+            weight,
+        }
+    }
+}
+
+impl RingView {
+    pub fn of(router: &Router) -> Self {
+        let mut shards: Vec<ShardView> = router
+            .shards
+            .iter()
+            .zip(&router.shard_settings)
+            .map(|(s, conf)| ShardView::of(s, "active", Some(conf.weight)))
+            .collect();
+        if let Some(m) = router.migration() {
+            let draining = m
+                .shards
+                .iter()
+                .filter(|s| !router.shards.iter().any(|c| c.name == s.name));
+            shards.extend(draining.map(|s| ShardView::of(s, "draining", None)));
+        }
+        Self {
+            ring: router.ring.fingerprint().to_string(),
+            epoch: router.epoch(),
+            granting: router.granting(),
+            shards,
+            migration: MigrationView::of(router),
+        }
+    }
+}
+
+/// `POST /admin/v1/bump-epoch`.
+#[derive(Debug, Serialize)]
+pub struct Bumped {
+    pub epoch: u64,
+}
+
+/// Every error answer: `{"error": {"code", "message"}}`.
+#[derive(Debug, Serialize)]
+pub struct ErrorBody<'a> {
+    pub error: ErrorDetail<'a>,
+}
+
+#[derive(Debug, Serialize)]
+pub struct ErrorDetail<'a> {
+    pub code: &'a str,
+    pub message: &'a str,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn answers_serialise_as_the_api_documents_them() {
+        let times = || Times {
+            expires_at: "2026-11-30T03:38:50.123Z".into(),
+            expires_in_ms: 29_990,
+        };
+        let granted = Granted {
+            acquired: true,
+            lock_id: "AQAB".into(),
+            fencing_token: 4711,
+            times: times(),
+        };
+        assert_eq!(
+            serde_json::to_value(&granted).unwrap(),
+            json!({"acquired": true, "lockId": "AQAB", "fencingToken": 4711,
+                   "expiresAt": "2026-11-30T03:38:50.123Z", "expiresInMs": 29990})
+        );
+        let entry = BatchEntry {
+            lock_id: "AQAB".into(),
+            answer: RenewAnswer::NotRenewed(NotRenewed {
+                renewed: false,
+                reason: "expired",
+            }),
+        };
+        assert_eq!(
+            serde_json::to_value(&entry).unwrap(),
+            json!({"lockId": "AQAB", "renewed": false, "reason": "expired"})
+        );
+        let free = Inspected {
+            name: "n".into(),
+            held: false,
+            fencing_token: None,
+            expires_at: None,
+            shard: "a".into(),
+        };
+        assert_eq!(
+            serde_json::to_value(&free).unwrap(),
+            json!({"name": "n", "held": false, "shard": "a"})
+        );
+    }
+}

@@ -1,0 +1,179 @@
+//! The route table: every route the server answers, in one place, with its
+//! method, path template and metrics label. Requests are matched here and
+//! dispatched by `Route` (see `mod.rs`); the OpenAPI document is tested
+//! against [`Route::ALL`].
+
+use http::Method;
+
+/// Which routes a listener serves.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Listener {
+    /// The API, health, admin and metrics.
+    Main,
+    /// `/metrics` only (`server.metrics_listen`).
+    MetricsOnly,
+}
+
+/// One route of the v1 API.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Route {
+    Acquire,
+    Renew,
+    RenewBatch,
+    Release,
+    Inspect,
+    Healthz,
+    Readyz,
+    Metrics,
+    AdminReload,
+    AdminBumpEpoch,
+    AdminRing,
+}
+
+/// Where lock names live in paths (`GET /api/v1/locks/{name}`).
+pub const LOCKS_PREFIX: &str = "/api/v1/locks/";
+
+impl Route {
+    /// Every route, in the order the API documents them.
+    pub const ALL: [Route; 11] = [
+        Route::Acquire,
+        Route::Renew,
+        Route::RenewBatch,
+        Route::Release,
+        Route::Inspect,
+        Route::Healthz,
+        Route::Readyz,
+        Route::Metrics,
+        Route::AdminReload,
+        Route::AdminBumpEpoch,
+        Route::AdminRing,
+    ];
+
+    pub fn method(self) -> Method {
+        match self {
+            Route::Acquire
+            | Route::Renew
+            | Route::RenewBatch
+            | Route::Release
+            | Route::AdminReload
+            | Route::AdminBumpEpoch => Method::POST,
+            Route::Inspect | Route::Healthz | Route::Readyz | Route::Metrics | Route::AdminRing => {
+                Method::GET
+            }
+        }
+    }
+
+    /// The path, with `{name}` where a lock name goes.
+    pub fn template(self) -> &'static str {
+        match self {
+            Route::Acquire => "/api/v1/locks/acquire",
+            Route::Renew => "/api/v1/locks/renew",
+            Route::RenewBatch => "/api/v1/locks/renew-batch",
+            Route::Release => "/api/v1/locks/release",
+            Route::Inspect => "/api/v1/locks/{name}",
+            Route::Healthz => "/healthz",
+            Route::Readyz => "/readyz",
+            Route::Metrics => "/metrics",
+            Route::AdminReload => "/admin/v1/reload",
+            Route::AdminBumpEpoch => "/admin/v1/bump-epoch",
+            Route::AdminRing => "/admin/v1/ring",
+        }
+    }
+
+    /// The `op` label of its metrics: never the path itself, which may hold
+    /// a lock name (bounded series).
+    pub fn label(self) -> &'static str {
+        match self {
+            Route::Acquire => "acquire",
+            Route::Renew => "renew",
+            Route::RenewBatch => "renew_batch",
+            Route::Release => "release",
+            Route::Inspect => "inspect",
+            Route::Healthz => "healthz",
+            Route::Readyz => "readyz",
+            Route::Metrics => "metrics",
+            Route::AdminReload => "admin_reload",
+            Route::AdminBumpEpoch => "admin_bump_epoch",
+            Route::AdminRing => "admin_ring",
+        }
+    }
+
+    /// Routes that need the admin guard.
+    pub fn is_admin(self) -> bool {
+        matches!(
+            self,
+            Route::AdminReload | Route::AdminBumpEpoch | Route::AdminRing
+        )
+    }
+
+    /// The route a request is for, by its path (a wrong method is the
+    /// route's to refuse, with 405). A GET below `/api/v1/locks/` is always
+    /// an inspect, so a lock may be named "acquire" or "renew" like any
+    /// other; any other path below it is an inspect asked with the wrong
+    /// method.
+    pub fn of(method: &Method, path: &str, listener: Listener) -> Option<Route> {
+        if listener == Listener::MetricsOnly {
+            return (path == Route::Metrics.template()).then_some(Route::Metrics);
+        }
+        if path.starts_with(LOCKS_PREFIX) && method == Method::GET {
+            return Some(Route::Inspect);
+        }
+        let exact = Route::ALL
+            .into_iter()
+            .find(|r| *r != Route::Inspect && r.template() == path);
+        exact.or_else(|| path.starts_with(LOCKS_PREFIX).then_some(Route::Inspect))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_route_is_found_by_its_own_method_and_path() {
+        for route in Route::ALL {
+            let path = route.template().replace("{name}", "order%3A42");
+            assert_eq!(
+                Route::of(&route.method(), &path, Listener::Main),
+                Some(route)
+            );
+        }
+    }
+
+    #[test]
+    fn lock_names_that_look_like_routes_are_inspected() {
+        for name in ["acquire", "renew", "renew-batch", "release"] {
+            let path = format!("{LOCKS_PREFIX}{name}");
+            assert_eq!(
+                Route::of(&Method::GET, &path, Listener::Main),
+                Some(Route::Inspect)
+            );
+        }
+        let post = Route::of(&Method::POST, "/api/v1/locks/other", Listener::Main);
+        assert_eq!(post, Some(Route::Inspect), "answered 405 by inspect");
+    }
+
+    #[test]
+    fn unknown_paths_and_the_metrics_listener() {
+        assert_eq!(Route::of(&Method::GET, "/nope", Listener::Main), None);
+        assert_eq!(
+            Route::of(&Method::GET, "/metrics", Listener::MetricsOnly),
+            Some(Route::Metrics)
+        );
+        assert_eq!(
+            Route::of(&Method::GET, "/healthz", Listener::MetricsOnly),
+            None
+        );
+    }
+
+    #[test]
+    fn labels_are_unique_and_admin_routes_are_guarded() {
+        let mut labels: Vec<_> = Route::ALL.iter().map(|r| r.label()).collect();
+        labels.sort();
+        labels.dedup();
+        assert_eq!(labels.len(), Route::ALL.len());
+        for route in Route::ALL {
+            assert_eq!(route.is_admin(), route.template().starts_with("/admin/"));
+        }
+    }
+}

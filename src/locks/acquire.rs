@@ -1,0 +1,279 @@
+//! Acquire without waiting: the grant txn on the shard that owns the name,
+//! the handoff check of a moved name during a migration, idempotent
+//! re-acquire by the holder, and the lock-delay of a holder found lost.
+
+use std::time::Instant;
+
+use etcd_client::KeyValue;
+
+use super::validate::check_text;
+use super::*;
+use crate::config::LockDelay;
+use crate::shard::conn::EtcdError;
+use crate::shard::keepalive::Renewal;
+use crate::shard::keys::{name_hash, LockValue};
+use crate::shard::sessions::SessionLease;
+use crate::shard::{AcquireTxn, Grantable, NameKeys, Shard};
+use crate::token::lock_id::LockId;
+
+/// What one attempt of a grant txn came to.
+pub(crate) enum Attempt {
+    Done(Acquired),
+    /// Try again (the ring, the session or a lost holder's record moved).
+    Again,
+}
+
+impl Active {
+    /// Checks an acquire's name, clientId and TTL; returns the lease TTL.
+    pub(crate) fn check_acquire(&self, req: &AcquireRequest) -> Result<u32, LockError> {
+        check_text("name", &req.name, self.limits.max_name_bytes)?;
+        check_text("clientId", &req.client_id, self.limits.max_client_id_bytes)?;
+        self.ttl_secs(req.ttl_ms)
+    }
+
+    /// Acquire without waiting (`waitMs` is not looked at).
+    pub async fn acquire_now(&self, req: &AcquireRequest) -> Result<Acquired, LockError> {
+        let ttl_secs = self.check_acquire(req)?;
+        let shard = self.router.shard_for(&req.name);
+        tracing::Span::current().record("shard", shard.name.as_str());
+        let k = shard.name_keys(&name_hash(&req.name));
+        let window = self.window(ttl_secs);
+        let mut replace_held = None;
+        // Retried when the session lease expired between the cache and the
+        // txn, when the shard's recorded ring moved on (a migration opened
+        // or closed) under a ring this router still serves, or when a lost
+        // holder's record changed under us.
+        for _ in 0..3 {
+            let g = self.grantable(shard)?;
+            if let Some(answer) = self.handoff(&req.name, shard, &req.client_id, &k).await? {
+                return Ok(answer);
+            }
+            let value = lock_value(req, &g.ring, ttl_secs)?;
+            let session = shard
+                .sessions
+                .get_or_grant(&req.client_id, ttl_secs, || grant_session(shard, ttl_secs))
+                .await?;
+            let sent = Instant::now();
+            let (txn, renewal) = tokio::join!(
+                shard.acquire_txn(&k, &value, session.id, &g, replace_held),
+                shard.keepalive.refresh(session.id, window, ttl_secs),
+            );
+            let lease_gone = matches!(txn, Err(EtcdError::LeaseNotFound))
+                || matches!(renewal, Ok(r) if !r.alive());
+            if lease_gone {
+                // If the txn did create the key, it went with the lease.
+                shard
+                    .sessions
+                    .invalidate(&req.client_id, ttl_secs, session.id)
+                    .await;
+                continue;
+            }
+            let own = (session, renewal);
+            match self
+                .settle(shard, &k, &req.client_id, txn?, sent, own, &g)
+                .await?
+            {
+                Attempt::Done(answer) => return Ok(answer),
+                Attempt::Again => {}
+            }
+            replace_held = None;
+            if let LockDelay::Off = self.lock_delay {
+                // With lock-delay off, a lost holder's record is replaced.
+                replace_held = self.lost_record(shard, &k).await?;
+            }
+        }
+        Err(unavailable(
+            shard,
+            "the shard's ring, session lease or lock records kept changing; retry",
+        ))
+    }
+
+    /// Turns a refused grant txn into an answer (or a retry).
+    #[allow(clippy::too_many_arguments)]
+    async fn settle(
+        &self,
+        shard: &Shard,
+        k: &NameKeys,
+        client_id: &str,
+        txn: AcquireTxn,
+        sent: Instant,
+        (session, renewal): (SessionLease, Result<Renewal, EtcdError>),
+        g: &Grantable,
+    ) -> Result<Attempt, LockError> {
+        Ok(Attempt::Done(match txn {
+            AcquireTxn::Granted { revision } => {
+                let lock = LockId {
+                    shard: shard.name.clone(),
+                    epoch: epoch_of(&g.ring)?,
+                    ttl_secs: session.ttl_secs,
+                    lease: session.id,
+                    revision,
+                    name_hash: k.hash,
+                };
+                Acquired::Granted(grant(lock, &renewal?, sent)?)
+            }
+            AcquireTxn::Held(holder) => {
+                let own = (session.id == holder.lease()).then_some(renewal);
+                self.held(shard, client_id, holder, k, own, sent).await?
+            }
+            AcquireTxn::Delayed(delay) => Acquired::Held(lease_end(shard, &delay).await?),
+            AcquireTxn::Lost(held) => match self.lost(shard, k, &held, &g.identity).await? {
+                Some(until) => Acquired::Held(until),
+                None => return Ok(Attempt::Again),
+            },
+            // Free, but others wait for it: they come first.
+            AcquireTxn::Queued | AcquireTxn::Gone | AcquireTxn::Behind(..) => {
+                Acquired::Held(Expiry(Instant::now()))
+            }
+            AcquireTxn::RingChanged(found) => {
+                self.router.ring_changed(shard, found);
+                return Ok(Attempt::Again);
+            }
+            AcquireTxn::IdentityChanged => {
+                self.router.identity_changed(shard);
+                return Ok(Attempt::Again);
+            }
+        }))
+    }
+
+    /// The holder of the name was lost (its lease ended, it did not
+    /// release): sets the name's lock-delay, a fresh lease of the lost
+    /// lock's TTL, so nobody gets the name before any validity the lost
+    /// holder was told of has passed. Returns when the delay ends, or
+    /// `None` if the record changed meanwhile (look again). With lock-delay
+    /// off, `None` at once: the caller replaces the record.
+    pub(crate) async fn lost(
+        &self,
+        shard: &Shard,
+        k: &NameKeys,
+        held: &KeyValue,
+        identity: &[u8],
+    ) -> Result<Option<Expiry>, LockError> {
+        if let LockDelay::Off = self.lock_delay {
+            return Ok(None);
+        }
+        let (until, set) = shard.set_lock_delay(k, held, identity).await?;
+        Ok(set.then_some(Expiry(until)))
+    }
+
+    /// With lock-delay off: the mod revision of a lost holder's record, to
+    /// be replaced by the next grant.
+    async fn lost_record(&self, shard: &Shard, k: &NameKeys) -> Result<Option<i64>, LockError> {
+        let state = shard.read_name(k).await?;
+        Ok(match (state.lock, state.held) {
+            (None, Some(held)) => Some(held.mod_revision()),
+            _ => None,
+        })
+    }
+
+    /// During a migration a moved name may still be held on its previous
+    /// shard (or wait out a lost holder's lock-delay there): that holder
+    /// keeps it (and a re-acquire by it is answered from there) until it
+    /// lets go. The previous shard must already record the new ring, so that
+    /// nothing can grant the name there any more, and carry the identity
+    /// this router verified for it.
+    async fn handoff(
+        &self,
+        name: &str,
+        shard: &Shard,
+        client_id: &str,
+        k: &NameKeys,
+    ) -> Result<Option<Acquired>, LockError> {
+        let Some(migration) = self.router.migration() else {
+            return Ok(None);
+        };
+        let previous = migration.previous_shard(name);
+        if previous.name == shard.name {
+            return Ok(None);
+        }
+        check_up(previous)?;
+        let identity = previous.verified_identity().ok_or_else(|| {
+            unavailable(previous, "the shard's identity is not verified yet; retry")
+        })?;
+        let pk = previous.name_keys(&k.hash);
+        let sent = Instant::now();
+        let state = previous.read_name(&pk).await?;
+        if state.identity.as_deref() != Some(identity.as_slice()) {
+            self.router.identity_changed(previous);
+            return Err(unavailable(
+                previous,
+                "the cluster behind this shard's endpoints is not this shard",
+            ));
+        }
+        let fenced = state.ring.is_some_and(|r| {
+            r.meta.ring == self.router.ring.fingerprint()
+                && r.meta.epoch >= migration.recorded.meta.epoch
+        });
+        if !fenced {
+            return Err(unavailable(
+                previous,
+                "the migration has not fenced this shard yet; retry",
+            ));
+        }
+        if let Some(kv) = state.lock {
+            return self
+                .held(previous, client_id, kv, &pk, None, sent)
+                .await
+                .map(Some);
+        }
+        if let Some(delay) = state.delay {
+            return Ok(Some(Acquired::Held(lease_end(previous, &delay).await?)));
+        }
+        if let Some(held) = state.held {
+            return match self.lost(previous, &pk, &held, &identity).await? {
+                Some(until) => Ok(Some(Acquired::Held(until))),
+                // Lock-delay off, or the record changed: nothing there can
+                // be granted again (the shard is fenced), so it is free.
+                None => Ok(None),
+            };
+        }
+        Ok(None)
+    }
+
+    /// The name is held: by the caller (idempotent re-acquire) or by another.
+    /// `own` is the renewal of the caller's session on `shard` if the holder
+    /// rides on it; `sent` when the request that read the holder was sent.
+    pub(crate) async fn held(
+        &self,
+        shard: &Shard,
+        client_id: &str,
+        holder: KeyValue,
+        k: &NameKeys,
+        own: Option<Result<Renewal, EtcdError>>,
+        sent: Instant,
+    ) -> Result<Acquired, LockError> {
+        let value: Option<LockValue> = serde_json::from_slice(holder.value()).ok();
+        match value {
+            Some(v) if v.client == client_id => {
+                let renewal = match own {
+                    Some(renewal) => renewal?,
+                    None => {
+                        let ttl = v.ttl.max(2);
+                        let window = self.window(ttl);
+                        shard.keepalive.refresh(holder.lease(), window, ttl).await?
+                    }
+                };
+                if !renewal.alive() {
+                    // Its lease just ran out; etcd deletes the key momentarily.
+                    return Ok(Acquired::Held(Expiry(Instant::now())));
+                }
+                // The TTL the lock was granted with (older locks: etcd's).
+                let ttl_secs = match v.ttl {
+                    0 => u32::try_from(renewal.ttl_secs).unwrap_or(u32::MAX),
+                    ttl => ttl,
+                };
+                let lock = LockId {
+                    shard: shard.name.clone(),
+                    epoch: u16::try_from(v.epoch)
+                        .map_err(|_| LockError::Internal("epoch out of range".into()))?,
+                    ttl_secs,
+                    lease: holder.lease(),
+                    revision: holder.create_revision(),
+                    name_hash: k.hash,
+                };
+                Ok(Acquired::Granted(grant(lock, &renewal, sent)?))
+            }
+            _ => Ok(Acquired::Held(lease_end(shard, &holder).await?)),
+        }
+    }
+}
