@@ -13,7 +13,7 @@ use tokio_util::sync::CancellationToken;
 use crate::config::Settings;
 use crate::http::{self, AppState, Listener};
 use crate::locks::{Active, Locks};
-use crate::placement::topology::ShardPool;
+use crate::placement::topology::{ConnectError, ShardPool};
 use crate::reload::Reloader;
 
 /// A router that is bound and connected, ready to [`run`](Self::run).
@@ -31,12 +31,12 @@ pub struct Application {
 
 impl Application {
     /// A router over `settings`, without a config file to reload from.
-    pub async fn build(settings: Settings) -> Result<Self, String> {
+    pub async fn build(settings: Settings) -> Result<Self, StartError> {
         Self::build_from(settings, None).await
     }
 
     /// A router over `settings`, read from `path` (reloaded on change).
-    pub async fn build_from(settings: Settings, path: Option<PathBuf>) -> Result<Self, String> {
+    pub async fn build_from(settings: Settings, path: Option<PathBuf>) -> Result<Self, StartError> {
         let listener = bind(&settings.server.listen).await?;
         let metrics_listener = match &settings.server.metrics_listen {
             Some(addr) => Some(bind(addr).await?),
@@ -117,8 +117,24 @@ impl Application {
     }
 }
 
-async fn bind(addr: &str) -> Result<TcpListener, String> {
+async fn bind(addr: &str) -> Result<TcpListener, StartError> {
     TcpListener::bind(addr)
         .await
-        .map_err(|e| format!("cannot listen on {addr}: {e}"))
+        .map_err(|source| StartError::Listen {
+            addr: addr.to_string(),
+            source,
+        })
+}
+
+/// Why a router could not start.
+#[derive(Debug, thiserror::Error)]
+pub enum StartError {
+    #[error("cannot listen on {addr}: {source}")]
+    Listen {
+        addr: String,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error(transparent)]
+    Shard(#[from] ConnectError),
 }

@@ -34,7 +34,7 @@ pub mod reload;
 pub(crate) mod shard;
 pub mod token;
 
-pub use app::Application;
+pub use app::{Application, StartError};
 pub use config::Settings;
 /// Placement of names on shards.
 pub use placement::ring;

@@ -1,5 +1,6 @@
-//! The `lockrouter` binary: parse arguments, load config, set up tracing,
-//! run until SIGTERM or SIGINT. Everything else lives in the library.
+//! The `lockrouter` binary: parse arguments (`serve`, `exec`, `plan`,
+//! `config check`), load config, set up tracing, run until SIGTERM or
+//! SIGINT. Everything else lives in the library.
 
 use std::io::IsTerminal;
 use std::path::PathBuf;
@@ -28,6 +29,19 @@ enum Command {
     Exec(lockrouter::cli::exec::ExecArgs),
     /// Size a deployment: shards needed for a workload (see docs/capacity.md).
     Plan(lockrouter::cli::plan::PlanArgs),
+    /// Work with a config file without running the router.
+    #[command(subcommand)]
+    Config(ConfigCommand),
+}
+
+#[derive(Subcommand)]
+enum ConfigCommand {
+    /// Check a config file (and `LOCKROUTER__SECTION__KEY` overrides) as
+    /// `serve` would, and print the ring it places names on.
+    Check {
+        #[arg(long, short)]
+        config: PathBuf,
+    },
 }
 
 fn main() -> ExitCode {
@@ -43,6 +57,28 @@ fn main() -> ExitCode {
         Command::Serve { config } => serve(config),
         Command::Exec(args) => ExitCode::from(lockrouter::cli::exec::main(args)),
         Command::Plan(args) => ExitCode::from(lockrouter::cli::plan::run(&args)),
+        Command::Config(ConfigCommand::Check { config }) => check(&config),
+    }
+}
+
+/// `config check`: exit 0 and a summary, or 2 and the problem.
+fn check(path: &std::path::Path) -> ExitCode {
+    match Settings::load(path) {
+        Ok(s) => {
+            let ring = lockrouter::ring::Ring::new(&s.shards, s.ring.vnodes);
+            let names: Vec<&str> = s.shards.iter().map(|x| x.name.as_str()).collect();
+            println!(
+                "{}: valid; shards: {}; ring {}",
+                path.display(),
+                names.join(", "),
+                ring.fingerprint()
+            );
+            ExitCode::SUCCESS
+        }
+        Err(e) => {
+            eprintln!("lockrouter: {e}");
+            ExitCode::from(2)
+        }
     }
 }
 

@@ -124,7 +124,7 @@ impl Reloader {
         let router = if !placement_changed {
             let router = crate::placement::serve(new, self.pool.clone())
                 .await
-                .map_err(ReloadError::Refused)?;
+                .map_err(|e| ReloadError::Refused(e.to_string()))?;
             router.inherit(old_router);
             router
         } else if let Some(m) = old_router.migration() {
@@ -138,13 +138,13 @@ impl Reloader {
             // Another replica opened this migration: follow it.
             crate::placement::serve(new, self.pool.clone())
                 .await
-                .map_err(ReloadError::Refused)?
+                .map_err(|e| ReloadError::Refused(e.to_string()))?
         } else {
             migration::open(old_router, new, &ring).await?;
             migration_opened = true;
             crate::placement::serve(new, self.pool.clone())
                 .await
-                .map_err(ReloadError::Refused)?
+                .map_err(|e| ReloadError::Refused(e.to_string()))?
         };
         let replaced = self.locks.replace(Active {
             router,

@@ -105,18 +105,40 @@ fn bad_configs_exit_nonzero_naming_the_problem() {
     for (i, (text, needle)) in cases.iter().enumerate() {
         let path = dir.path().join(format!("bad-{i}.toml"));
         std::fs::write(&path, text).unwrap();
-        let out = Command::new(env!("CARGO_BIN_EXE_lockrouter"))
-            .args(["serve", "--config"])
-            .arg(&path)
-            .output()
-            .unwrap();
-        let stderr = String::from_utf8_lossy(&out.stderr);
-        assert!(!out.status.success(), "case {i} should fail");
-        assert!(
-            stderr.contains(needle),
-            "case {i}: {stderr:?} should mention {needle:?}"
-        );
+        // `config check` refuses exactly what `serve` refuses.
+        for command in [&["serve"][..], &["config", "check"]] {
+            let out = Command::new(env!("CARGO_BIN_EXE_lockrouter"))
+                .args(command)
+                .arg("--config")
+                .arg(&path)
+                .output()
+                .unwrap();
+            let stderr = String::from_utf8_lossy(&out.stderr);
+            assert_eq!(
+                out.status.code(),
+                Some(2),
+                "case {i} ({command:?}) should exit 2"
+            );
+            assert!(
+                stderr.contains(needle),
+                "case {i} ({command:?}): {stderr:?} should mention {needle:?}"
+            );
+        }
     }
+    let good = dir.path().join("good.toml");
+    std::fs::write(
+        &good,
+        format!("[server]\nlisten = \"127.0.0.1:0\"\n{good_shard}"),
+    )
+    .unwrap();
+    let out = Command::new(env!("CARGO_BIN_EXE_lockrouter"))
+        .args(["config", "check", "--config"])
+        .arg(&good)
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{out:?}");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(stdout.contains("valid; shards: a; ring "), "{stdout}");
     let out = Command::new(env!("CARGO_BIN_EXE_lockrouter"))
         .args(["serve", "--config", "/nonexistent/lockrouter.toml"])
         .output()

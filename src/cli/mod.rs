@@ -1,6 +1,7 @@
 //! The `lockrouter` subcommands besides `serve`: [`exec`] runs a command
 //! while holding a lock (through the client crate), [`plan`] sizes a
-//! deployment with the capacity model.
+//! deployment with the capacity model ([`capacity`]).
 
+pub mod capacity;
 pub mod exec;
 pub mod plan;

@@ -1,57 +1,14 @@
-//! `lockrouter plan`: how many etcd clusters (shards) a workload needs.
-//!
-//! Pure arithmetic over the workload an operator expects and per-shard
-//! limits measured on real etcd; nothing here touches the network. The model
-//! (what each lock, acquire, renewal and session costs a shard), its formulas
-//! and where every default comes from are in `docs/capacity.md`; keep the two
-//! in step.
+//! `lockrouter plan`: the command line of the capacity model
+//! ([`capacity`](super::capacity)): its flags, and the plan printed as a
+//! table or as JSON.
 
 use std::fmt::Write as _;
 
-use serde::Serialize;
+use super::capacity::{calibration, plan, Plan, Renewal, ShardLoad, Workload};
 
-use crate::config::ShardSettings;
-use crate::placement::ring::Ring;
-
-/// Defaults measured on real etcd. `docs/capacity.md` says how; the load-test
-/// suite (`docs/benchmarks.md`) may refine them.
-pub mod calibration {
-    /// Raft writes/s of one shard: ~9.8K txn acquires/s, one raft write
-    /// each (single etcd 3.4.23, 2 cores, 64 concurrent requests).
-    pub const RAFT_WRITES_PER_SEC: f64 = 9_800.0;
-    /// Lease keepalives/s one shard's leader answered (same setup).
-    pub const KEEPALIVES_PER_SEC: f64 = 12_000.0;
-    /// Backend bytes per live lock key (key, value, bbolt overhead after churn).
-    pub const DB_BYTES_PER_KEY: f64 = 330.0;
-    /// Backend bytes per revision kept until compaction (a put or a delete).
-    pub const DB_BYTES_PER_REVISION: f64 = 160.0;
-    /// Backend bytes per lease.
-    pub const DB_BYTES_PER_LEASE: f64 = 80.0;
-    /// Resident memory per live lock key (index, value, mapped pages).
-    pub const MEM_BYTES_PER_KEY: f64 = 1_000.0;
-    /// Resident memory per revision kept until compaction.
-    pub const MEM_BYTES_PER_REVISION: f64 = 260.0;
-    /// Resident memory per lease (lessor maps, expiry heap).
-    pub const MEM_BYTES_PER_LEASE: f64 = 1_300.0;
-    /// Resident memory of an idle member.
-    pub const MEM_BASE_BYTES: f64 = 25e6;
-    /// etcd's default backend quota (`--quota-backend-bytes`): 2 GiB.
-    pub const QUOTA_BYTES: f64 = 2_147_483_648.0;
-    /// Where the defaults come from, printed with every plan.
-    pub const SOURCE: &str = "etcd 3.4.23, one member on 2 cores, client on the same machine \
-        (~9.8K txn acquires/s, ~12K keepalives/s; bytes per key, revision and lease measured \
-        the same way); see docs/capacity.md";
-}
-
-/// Largest shard count the planner considers.
-pub const MAX_SHARDS: u32 = 1_024;
-/// Lock names hashed onto a ring to measure its imbalance.
-const SAMPLE_NAMES: usize = 50_000;
-
-/// How clients renew their locks.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum, Serialize)]
-#[serde(rename_all = "camelCase")]
-pub enum Renewal {
+/// How clients renew their locks (`--renewal`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum RenewalArg {
     /// One `renew-batch` per client per interval: one keepalive per session.
     Batch,
     /// One `renew` per lock, spread over the interval.
@@ -59,8 +16,7 @@ pub enum Renewal {
 }
 
 /// The workload and limits to plan for (the `plan` subcommand's arguments).
-#[derive(Debug, Clone, clap::Args, Serialize)]
-#[serde(rename_all = "camelCase")]
+#[derive(Debug, Clone, clap::Args)]
 pub struct PlanArgs {
     /// Locks held at the same moment, over all shards.
     #[arg(long)]
@@ -81,8 +37,8 @@ pub struct PlanArgs {
     #[arg(long)]
     pub renew_every_secs: Option<f64>,
     /// How clients renew.
-    #[arg(long, value_enum, default_value_t = Renewal::Batch)]
-    pub renewal: Renewal,
+    #[arg(long, value_enum, default_value_t = RenewalArg::Batch)]
+    pub renewal: RenewalArg,
     /// Evaluate this many shards [default: the recommended number].
     #[arg(long)]
     pub shards: Option<u32>,
@@ -119,337 +75,41 @@ pub struct PlanArgs {
     pub compaction_retention_secs: f64,
     /// Print JSON instead of a table.
     #[arg(long)]
-    #[serde(skip)]
     pub json: bool,
 }
 
-/// What one shard carries.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize)]
-#[serde(rename_all = "camelCase")]
-pub struct ShardLoad {
-    pub locks: f64,
-    pub leases: f64,
-    pub raft_writes_per_sec: f64,
-    pub keepalives_per_sec: f64,
-    /// Linearizable lock-key reads of renewals (batched, no raft write).
-    pub lock_checks_per_sec: f64,
-    /// `raft writes / limit + keepalives / limit`: both load the leader's CPU.
-    pub utilisation: f64,
-    pub db_bytes: f64,
-    pub memory_bytes: f64,
-}
-
-/// A design (lockrouter, or one lease per lock) on a number of shards.
-#[derive(Debug, Clone, Serialize)]
-#[serde(rename_all = "camelCase")]
-pub struct Layout {
-    pub shards: u32,
-    /// Busiest shard's share of names over the mean share, on this ring.
-    pub imbalance: f64,
-    pub busiest_shard: ShardLoad,
-    pub all_shards: ShardLoad,
-    /// Workload growth the layout takes before the busiest shard reaches
-    /// the target utilisation, and before it saturates.
-    pub growth_to_target: f64,
-    pub growth_to_saturation: f64,
-}
-
-/// What `lockrouter plan` prints.
-#[derive(Debug, Clone, Serialize)]
-#[serde(rename_all = "camelCase")]
-pub struct Plan {
-    pub workload: PlanArgs,
-    pub calibration_source: &'static str,
-    pub recommended_shards: u32,
-    /// lockrouter on `--shards`, or on the recommended count.
-    pub lockrouter: Layout,
-    /// One lease per lock (grant + txn, revoke on release), on as many
-    /// shards as it needs.
-    pub one_lease_per_lock: Layout,
-    /// Keepalives/s and raft writes/s of one lease per lock over lockrouter's.
-    pub keepalive_saving: f64,
-    pub raft_write_saving: f64,
-}
-
-#[derive(Clone, Copy, PartialEq)]
-enum Design {
-    Coalesced,
-    LeasePerLock,
-}
-
-impl PlanArgs {
-    fn renew_every(&self) -> f64 {
-        self.renew_every_secs.unwrap_or(self.ttl_secs / 3.0)
-    }
-
-    /// Checks what clap cannot.
-    pub fn validate(&self) -> Result<(), String> {
-        let nonneg = [
-            ("--locks", self.locks),
-            ("--acquires-per-sec", self.acquires_per_sec),
-            ("--refused-acquires-per-sec", self.refused_acquires_per_sec),
-        ];
-        for (name, v) in nonneg {
-            if !(v.is_finite() && v >= 0.0) {
-                return Err(format!("{name} must be a number >= 0"));
-            }
-        }
-        let positive = [
-            ("--clients", self.clients),
-            ("--renew-every-secs", self.renew_every()),
-            ("--client-lifetime-secs", self.client_lifetime_secs),
-            ("--max-raft-writes-per-sec", self.max_raft_writes_per_sec),
-            ("--max-keepalives-per-sec", self.max_keepalives_per_sec),
-            ("--quota-bytes", self.quota_bytes),
-            (
-                "--compaction-retention-secs",
-                self.compaction_retention_secs,
-            ),
-        ];
-        for (name, v) in positive {
-            if !(v.is_finite() && v > 0.0) {
-                return Err(format!("{name} must be a number > 0"));
-            }
-        }
-        if !(self.ttl_secs >= 2.0 && self.ttl_secs <= 3_600.0) {
-            return Err("--ttl-secs must be 2 to 3600 (etcd's minimum lease TTL is 2 s)".into());
-        }
-        if self.renew_every() >= self.ttl_secs {
-            return Err("--renew-every-secs must be shorter than the TTL".into());
-        }
-        if !(self.coalesce_ms >= 0.0 && self.coalesce_ms.is_finite()) {
-            return Err("--coalesce-ms must be >= 0".into());
-        }
-        if !(self.target_utilisation > 0.0 && self.target_utilisation <= 1.0) {
-            return Err("--target-utilisation must be in (0, 1]".into());
-        }
-        if self.router_replicas == 0 || self.ttls_per_client == 0 || self.vnodes == 0 {
-            return Err("--router-replicas, --ttls-per-client and --vnodes must be >= 1".into());
-        }
-        if self.shards.is_some_and(|s| s == 0 || s > MAX_SHARDS) {
-            return Err(format!("--shards must be 1 to {MAX_SHARDS}"));
-        }
-        Ok(())
-    }
-
-    /// The load on a shard that receives `share` of all lock names.
-    fn shard_load(&self, design: Design, share: f64) -> ShardLoad {
-        let locks = self.locks * share;
-        let acquires = self.acquires_per_sec * share;
-        let refused = self.refused_acquires_per_sec * share;
-        let renew = self.renew_every();
-        // Renewals of one lease closer together than this share a keepalive
-        // (the router caps the window at a tenth of the TTL).
-        let window = (self.coalesce_ms / 1_000.0).min(self.ttl_secs / 10.0);
-        let (leases, writes, keepalives) = match design {
-            Design::LeasePerLock => (
-                locks,
-                3.0 * (acquires + refused), // grant + txn + revoke
-                locks / renew,
-            ),
-            Design::Coalesced => {
-                let sessions = self.sessions(share);
-                let churn = 2.0 * sessions / self.client_lifetime_secs; // grant + revoke
-                let per_session = if sessions > 0.0 {
-                    let by_renewal = match self.renewal {
-                        Renewal::Batch => 1.0 / renew,
-                        Renewal::Each => dead_time(locks / sessions / renew, window),
-                    };
-                    by_renewal + dead_time((acquires + refused) / sessions, window)
-                } else {
-                    0.0
-                };
-                (
-                    sessions,
-                    2.0 * acquires + refused + churn, // acquire txn + release txn
-                    sessions * per_session,
-                )
-            }
-        };
-        // A lock's put and its delete are revisions; periodic compaction
-        // keeps up to two retention periods of them.
-        let revisions = 2.0 * acquires * 2.0 * self.compaction_retention_secs;
-        use calibration as c;
-        ShardLoad {
-            locks,
-            leases,
-            raft_writes_per_sec: writes,
-            keepalives_per_sec: keepalives,
-            lock_checks_per_sec: if design == Design::Coalesced {
-                locks / renew
-            } else {
-                0.0
+impl From<&PlanArgs> for Workload {
+    fn from(a: &PlanArgs) -> Self {
+        Workload {
+            locks: a.locks,
+            clients: a.clients,
+            acquires_per_sec: a.acquires_per_sec,
+            refused_acquires_per_sec: a.refused_acquires_per_sec,
+            ttl_secs: a.ttl_secs,
+            renew_every_secs: a.renew_every_secs,
+            shards: a.shards,
+            router_replicas: a.router_replicas,
+            ttls_per_client: a.ttls_per_client,
+            client_lifetime_secs: a.client_lifetime_secs,
+            coalesce_ms: a.coalesce_ms,
+            vnodes: a.vnodes,
+            max_raft_writes_per_sec: a.max_raft_writes_per_sec,
+            max_keepalives_per_sec: a.max_keepalives_per_sec,
+            target_utilisation: a.target_utilisation,
+            quota_bytes: a.quota_bytes,
+            compaction_retention_secs: a.compaction_retention_secs,
+            renewal: match a.renewal {
+                RenewalArg::Batch => Renewal::Batch,
+                RenewalArg::Each => Renewal::Each,
             },
-            utilisation: writes / self.max_raft_writes_per_sec
-                + keepalives / self.max_keepalives_per_sec,
-            db_bytes: locks * c::DB_BYTES_PER_KEY
-                + revisions * c::DB_BYTES_PER_REVISION
-                + leases * c::DB_BYTES_PER_LEASE,
-            memory_bytes: c::MEM_BASE_BYTES
-                + locks * c::MEM_BYTES_PER_KEY
-                + revisions * c::MEM_BYTES_PER_REVISION
-                + leases * c::MEM_BYTES_PER_LEASE,
         }
     }
-
-    /// Expected session leases on a shard with `share` of the names: each of
-    /// a client's locks rides on one of `replicas × ttls` sessions per shard
-    /// it lands on, so a client with few locks touches few sessions.
-    fn sessions(&self, share: f64) -> f64 {
-        let slots = f64::from(self.router_replicas) * f64::from(self.ttls_per_client);
-        let per_client = self.locks / self.clients;
-        self.clients * slots * (1.0 - (1.0 - share / slots).powf(per_client))
-    }
-
-    fn layout(&self, design: Design, shards: u32, imbalance: f64) -> Layout {
-        let n = f64::from(shards);
-        let busiest = self.shard_load(design, imbalance / n);
-        let mean = self.shard_load(design, 1.0 / n);
-        let all = ShardLoad {
-            locks: mean.locks * n,
-            leases: mean.leases * n,
-            raft_writes_per_sec: mean.raft_writes_per_sec * n,
-            keepalives_per_sec: mean.keepalives_per_sec * n,
-            lock_checks_per_sec: mean.lock_checks_per_sec * n,
-            utilisation: mean.utilisation * n,
-            db_bytes: mean.db_bytes * n,
-            memory_bytes: mean.memory_bytes * n,
-        };
-        let busiest_use = busiest.utilisation.max(busiest.db_bytes / self.quota_bytes);
-        Layout {
-            shards,
-            imbalance,
-            busiest_shard: busiest,
-            all_shards: all,
-            growth_to_target: self.target_utilisation / busiest_use,
-            growth_to_saturation: 1.0 / busiest_use,
-        }
-    }
-
-    /// The fewest shards whose busiest shard stays within the target
-    /// utilisation and the same share of the backend quota.
-    fn fewest_shards(&self, design: Design, rings: &mut RingCache) -> Option<u32> {
-        // Total load never shrinks as shards are added (sessions only
-        // multiply), so one shard's load over the target is a lower bound.
-        let one = self.shard_load(design, 1.0);
-        let floor = (one.utilisation / self.target_utilisation)
-            .max(one.db_bytes / (self.target_utilisation * self.quota_bytes))
-            .ceil()
-            .clamp(1.0, f64::from(MAX_SHARDS)) as u32;
-        (floor..=MAX_SHARDS).find(|&s| {
-            let l = self.layout(design, s, rings.imbalance(s));
-            l.growth_to_target >= 1.0
-        })
-    }
-}
-
-/// Keepalives/s for demand `rate` per second on one lease when a keepalive
-/// covers every renewal in the `window` after it (a non-paralysable dead
-/// time: `r / (1 + r·w)` for evenly random renewals).
-fn dead_time(rate: f64, window: f64) -> f64 {
-    rate / (1.0 + rate * window)
-}
-
-/// Imbalance of real rings (shards named a, b, c, ...), computed once each.
-struct RingCache {
-    vnodes: u32,
-    known: Vec<(u32, f64)>,
-}
-
-impl RingCache {
-    fn imbalance(&mut self, shards: u32) -> f64 {
-        if let Some(&(_, v)) = self.known.iter().find(|(s, _)| *s == shards) {
-            return v;
-        }
-        let v = ring_imbalance(shards, self.vnodes);
-        self.known.push((shards, v));
-        v
-    }
-}
-
-/// The busiest shard's share of sample names over the mean share.
-pub fn ring_imbalance(shards: u32, vnodes: u32) -> f64 {
-    if shards <= 1 {
-        return 1.0;
-    }
-    let settings: Vec<ShardSettings> = (0..shards)
-        .map(|i| ShardSettings {
-            name: shard_name(i),
-            endpoints: vec!["http://127.0.0.1:2379".into()],
-            weight: 1,
-        })
-        .collect();
-    let ring = Ring::new(&settings, vnodes);
-    let mut counts = vec![0usize; shards as usize];
-    for i in 0..SAMPLE_NAMES {
-        counts[ring.shard_index(&format!("lock-{i}"))] += 1;
-    }
-    let max = counts.iter().copied().max().unwrap_or(0) as f64;
-    max / (SAMPLE_NAMES as f64 / f64::from(shards))
-}
-
-/// a, b, ..., z, aa, ab, ... like the example configs.
-fn shard_name(mut i: u32) -> String {
-    let mut name = Vec::new();
-    loop {
-        name.push(b'a' + (i % 26) as u8);
-        if i < 26 {
-            break;
-        }
-        i = i / 26 - 1;
-    }
-    name.reverse();
-    String::from_utf8(name).expect("ASCII letters")
-}
-
-/// Runs the model.
-pub fn plan(args: &PlanArgs) -> Result<Plan, String> {
-    args.validate()?;
-    let mut rings = RingCache {
-        vnodes: args.vnodes,
-        known: Vec::new(),
-    };
-    let too_big = |what: &str| {
-        format!("{what} would need more than {MAX_SHARDS} shards at these limits; check the inputs")
-    };
-    let recommended = args
-        .fewest_shards(Design::Coalesced, &mut rings)
-        .ok_or_else(|| too_big("lockrouter"))?;
-    let naive_shards = args
-        .fewest_shards(Design::LeasePerLock, &mut rings)
-        .ok_or_else(|| too_big("one lease per lock"))?;
-    let shards = args.shards.unwrap_or(recommended);
-    let lockrouter = args.layout(Design::Coalesced, shards, rings.imbalance(shards));
-    let naive = args.layout(
-        Design::LeasePerLock,
-        naive_shards,
-        rings.imbalance(naive_shards),
-    );
-    let same = args.layout(Design::LeasePerLock, shards, rings.imbalance(shards));
-    let ratio = |a: f64, b: f64| if b > 0.0 { a / b } else { 1.0 };
-    let mut workload = args.clone();
-    workload.renew_every_secs = Some(args.renew_every());
-    Ok(Plan {
-        workload,
-        calibration_source: calibration::SOURCE,
-        recommended_shards: recommended,
-        keepalive_saving: ratio(
-            same.all_shards.keepalives_per_sec,
-            lockrouter.all_shards.keepalives_per_sec,
-        ),
-        raft_write_saving: ratio(
-            same.all_shards.raft_writes_per_sec,
-            lockrouter.all_shards.raft_writes_per_sec,
-        ),
-        lockrouter,
-        one_lease_per_lock: naive,
-    })
 }
 
 /// The `plan` subcommand: prints the plan (a table, or JSON with `--json`)
 /// and returns the process exit code (2 for inputs the model refuses).
 pub fn run(args: &PlanArgs) -> u8 {
-    match plan(args) {
+    match plan(&Workload::from(args)) {
         Ok(p) if args.json => {
             println!(
                 "{}",
@@ -583,81 +243,6 @@ fn bytes(v: f64) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use clap::Parser;
-
-    #[derive(Parser)]
-    struct Cli {
-        #[command(flatten)]
-        args: PlanArgs,
-    }
-
-    /// The 1M-lock / 10K-acquires/s case, with `extra` flags added or
-    /// replacing its three required ones.
-    fn args(extra: &[&str]) -> PlanArgs {
-        let mut argv = vec!["plan"];
-        for (flag, value) in [
-            ("--locks", "1000000"),
-            ("--clients", "10000"),
-            ("--acquires-per-sec", "10000"),
-        ] {
-            if !extra.contains(&flag) {
-                argv.extend_from_slice(&[flag, value]);
-            }
-        }
-        argv.extend_from_slice(extra);
-        Cli::parse_from(argv).args
-    }
-
-    #[test]
-    fn one_lease_per_lock_pays_a_keepalive_per_lock() {
-        let a = args(&["--shards", "1", "--router-replicas", "1"]);
-        let naive = a.shard_load(Design::LeasePerLock, 1.0);
-        assert_eq!(naive.keepalives_per_sec, 100_000.0); // 1M locks / 10 s
-        assert_eq!(naive.raft_writes_per_sec, 30_000.0);
-        let ours = a.shard_load(Design::Coalesced, 1.0);
-        // 10K clients with 100 locks each on one shard: 10K sessions.
-        assert!((ours.leases - 10_000.0).abs() < 1.0, "{ours:?}");
-        assert!(ours.raft_writes_per_sec < 20_011.0 && ours.raft_writes_per_sec >= 20_000.0);
-    }
-
-    #[test]
-    fn sessions_never_exceed_locks() {
-        let a = args(&["--clients", "1000000", "--router-replicas", "4"]);
-        for share in [1.0, 0.5, 0.1] {
-            assert!(a.sessions(share) <= a.locks * share + 1e-6);
-        }
-    }
-
-    #[test]
-    fn recommendation_meets_the_target_and_one_fewer_does_not() {
-        let p = plan(&args(&[])).unwrap();
-        assert!(p.lockrouter.busiest_shard.utilisation <= 0.6);
-        let a = args(&[]);
-        let fewer = p.recommended_shards - 1;
-        let l = a.layout(Design::Coalesced, fewer, ring_imbalance(fewer, 160));
-        assert!(l.growth_to_target < 1.0);
-        assert!(p.one_lease_per_lock.shards > p.recommended_shards);
-        assert!(p.keepalive_saving > 3.0 && p.raft_write_saving > 1.4);
-    }
-
-    #[test]
-    fn rings_are_nearly_balanced() {
-        assert_eq!(ring_imbalance(1, 160), 1.0);
-        let i = ring_imbalance(6, 160);
-        assert!(i > 1.0 && i < 1.3, "{i}");
-        assert_eq!(shard_name(0), "a");
-        assert_eq!(shard_name(25), "z");
-        assert_eq!(shard_name(26), "aa");
-    }
-
-    #[test]
-    fn bad_inputs_are_refused() {
-        assert!(plan(&args(&["--ttl-secs", "1"])).is_err());
-        assert!(plan(&args(&["--renew-every-secs", "40"])).is_err());
-        assert!(plan(&args(&["--target-utilisation", "0"])).is_err());
-        assert!(plan(&args(&["--clients", "0"])).is_err());
-        assert!(plan(&args(&["--shards", "0"])).is_err());
-    }
 
     #[test]
     fn numbers_read_well() {

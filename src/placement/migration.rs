@@ -232,7 +232,11 @@ pub async fn already_moved(old: &Router, new: &Settings, ring: &Ring) -> Result<
         }
     }
     for s in &new.shards {
-        let shard = old.pool.get(&s.name, &s.endpoints).await.map_err(Refused)?;
+        let shard = old
+            .pool
+            .get(&s.name, &s.endpoints)
+            .await
+            .map_err(|e| Refused(e.to_string()))?;
         let recorded = shard
             .read_ring()
             .await
@@ -270,7 +274,11 @@ pub async fn open(old: &Router, new: &Settings, ring: &Ring) -> Result<(), Refus
         .iter()
         .filter(|s| !old.shards.iter().any(|o| o.name == s.name))
     {
-        let shard = old.pool.get(&s.name, &s.endpoints).await.map_err(Refused)?;
+        let shard = old
+            .pool
+            .get(&s.name, &s.endpoints)
+            .await
+            .map_err(|e| Refused(e.to_string()))?;
         shards.push((shard, true));
     }
     let mut base = None::<u64>;

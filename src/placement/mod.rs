@@ -20,7 +20,10 @@ use topology::{Router, ShardPool};
 /// A router over `settings`' shards, with its monitor running: it grants
 /// once the monitor has seen every shard record its ring (section 8 of the
 /// design doc).
-pub async fn serve(settings: &Settings, pool: Arc<ShardPool>) -> Result<Arc<Router>, String> {
+pub async fn serve(
+    settings: &Settings,
+    pool: Arc<ShardPool>,
+) -> Result<Arc<Router>, topology::ConnectError> {
     let router = Router::new(settings, pool).await?;
     router.watched_by(monitor::start(&router, settings));
     Ok(router)

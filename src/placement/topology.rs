@@ -63,7 +63,7 @@ impl ShardPool {
     }
 
     /// The live shard `name` at `endpoints`, connecting it if needed.
-    pub async fn get(&self, name: &str, endpoints: &[String]) -> Result<Arc<Shard>, String> {
+    pub async fn get(&self, name: &str, endpoints: &[String]) -> Result<Arc<Shard>, ConnectError> {
         if let Some((eps, weak)) = self.shards.lock().expect("pool lock").get(name) {
             if eps.as_slice() == endpoints {
                 if let Some(shard) = weak.upgrade() {
@@ -74,7 +74,10 @@ impl ShardPool {
         let s = self.settings.lock().expect("pool lock").clone();
         let conn = EtcdConn::connect(name, endpoints, s.timeout, s.connect_timeout)
             .await
-            .map_err(|e| format!("shard {name:?}: {e}"))?;
+            .map_err(|source| ConnectError {
+                shard: name.to_string(),
+                source,
+            })?;
         let shard = Arc::new(Shard::new(conn, &s.prefix, &self.cancel));
         self.shards.lock().expect("pool lock").insert(
             name.to_string(),
@@ -92,6 +95,17 @@ impl PoolSettings {
             connect_timeout: Duration::from_millis(s.etcd.connect_timeout_ms),
         }
     }
+}
+
+/// A shard's etcd client could not be built (a malformed endpoint that
+/// passed validation, or a TLS setup error); nothing is connected until
+/// the first call, so an unreachable shard is not this error.
+#[derive(Debug, thiserror::Error)]
+#[error("shard {shard:?}: {source}")]
+pub struct ConnectError {
+    pub shard: String,
+    #[source]
+    pub source: etcd_client::Error,
 }
 
 /// An open migration as recorded on the shards.
@@ -170,7 +184,7 @@ impl Router {
     pub(super) async fn new(
         settings: &Settings,
         pool: Arc<ShardPool>,
-    ) -> Result<Arc<Self>, String> {
+    ) -> Result<Arc<Self>, ConnectError> {
         let mut shards = Vec::new();
         for s in &settings.shards {
             shards.push(pool.get(&s.name, &s.endpoints).await?);
