@@ -30,6 +30,7 @@ fmt:
 lint: prereqs-build
 	cargo fmt --all -- --check
 	cargo clippy --workspace --all-targets -- -D warnings
+	RUSTDOCFLAGS="-D warnings" cargo doc --no-deps --workspace --document-private-items
 
 # prereqs-selftest.sh proves the checks refuse what they must (fake binaries,
 # a few seconds). The dashboard tests run Prometheus, etcd and a router under

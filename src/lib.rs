@@ -4,7 +4,22 @@
 //! # Layout
 //!
 //! Four layers, each a folder, each importing only from the layers below
-//! it (and from the leaf modules at the bottom of this list):
+//! it (and from the leaf modules at the bottom of this list); `layout.rs`
+//! holds tests that keep it so, and that this list names every file.
+//!
+//! ```text
+//! src/
+//!   main.rs     the binary: serve | exec | plan | config check
+//!   app.rs      Application: bind the listeners, connect, serve until shutdown
+//!   reload.rs   Reloader: apply a changed config file while serving
+//!   http/       routes, body, answers, api, admin, error, state
+//!   locks/      acquire, wait, renew, release, inspect, validate
+//!   placement/  ring, topology, migration, monitor
+//!   shard/      conn, keys, txn, records, scan, sessions, keepalive, verify
+//!   token/      fencing, lock_id
+//!   cli/        exec, plan, capacity
+//!   config.rs, metrics.rs   leaves any layer may use
+//! ```
 //!
 //! - [`app`]: building and running a router ([`Application`]), and
 //!   [`reload`]: applying a changed config file while it runs.
@@ -22,6 +37,10 @@
 //! (fencing-token and lockId formats), [`metrics`] (Prometheus series).
 //! [`cli`] holds the other subcommands (`exec`, `plan`), which use only the
 //! client crate and the capacity model.
+
+// The layout above links the layers, some crate-private: their docs are
+// built with `--document-private-items` (as `make test` does).
+#![allow(rustdoc::private_intra_doc_links)]
 
 pub mod app;
 pub mod cli;
@@ -43,12 +62,6 @@ pub use shard::conn::{release_risk, Risk};
 /// The data layout on a shard (keys and the records stored in them), for
 /// tools and tests that read or repair what lockrouter stores.
 pub use shard::keys;
-
-/// Older paths, kept while callers move to the ones above.
-pub mod etcd {
-    pub use crate::shard::conn::release_risk;
-}
-pub use token::lock_id;
 
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
@@ -72,3 +85,6 @@ impl Drop for TaskGuard {
         self.task.abort();
     }
 }
+
+#[cfg(test)]
+mod layout;

@@ -59,7 +59,7 @@ async fn sigterm_drains_and_exits_zero() {
     let out = Command::new("etcd").arg("--version").output().unwrap();
     let text = String::from_utf8_lossy(&out.stdout).to_string();
     let version = text.lines().next().unwrap().rsplit(' ').next().unwrap();
-    let expected = match lockrouter::etcd::release_risk(version) {
+    let expected = match lockrouter::release_risk(version) {
         Some(_) => "upgrade",
         None => "etcd version",
     };

@@ -4,9 +4,10 @@
 
 use std::net::SocketAddr;
 
-use super::answers::{Bumped, RingView};
+use super::answers::{json, Bumped, RingView};
+use super::api;
 use super::error::ApiError;
-use super::{api, json, AppState};
+use super::state::AppState;
 use crate::placement::migration::BumpRequest;
 use crate::reload::ReloadError;
 use bytes::Bytes;

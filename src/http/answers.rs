@@ -4,11 +4,26 @@
 
 use std::collections::BTreeMap;
 
+use bytes::Bytes;
+use http::{header, HeaderValue, Response, StatusCode};
+use http_body_util::Full;
 use serde::Serialize;
 
 use crate::locks::Expiry;
 use crate::placement::topology::{Router, ShardState};
 use crate::shard::{RingState, Shard};
+
+/// A JSON response.
+pub fn json(status: StatusCode, value: &impl serde::Serialize) -> Response<Full<Bytes>> {
+    let bytes = serde_json::to_vec(value).expect("answers serialise");
+    let mut resp = Response::new(Full::new(Bytes::from(bytes)));
+    *resp.status_mut() = status;
+    resp.headers_mut().insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("application/json"),
+    );
+    resp
+}
 
 /// `expiresAt` (RFC 3339 UTC, milliseconds) and `expiresInMs`, read off one
 /// clock sample.

@@ -8,11 +8,10 @@ use http_body_util::Full;
 use serde::Deserialize;
 
 use super::answers::{
-    BatchAnswer, BatchEntry, Granted, Inspected, NotAcquired, NotRenewed, RenewAnswer, Renewed,
-    Times,
+    json, BatchAnswer, BatchEntry, Granted, Inspected, NotAcquired, NotRenewed, RenewAnswer,
+    Renewed, Times,
 };
 use super::error::ApiError;
-use super::json;
 use crate::locks::{AcquireRequest, Acquired, Locks, RenewOutcome};
 
 pub type Answer = Result<(Response<Full<Bytes>>, &'static str), ApiError>;

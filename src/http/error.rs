@@ -4,7 +4,7 @@
 
 use std::time::Duration;
 
-use super::answers::{ErrorBody, ErrorDetail};
+use super::answers::{json, ErrorBody, ErrorDetail};
 use bytes::Bytes;
 use http::{header, HeaderValue, Response, StatusCode};
 use http_body_util::Full;
@@ -59,7 +59,7 @@ impl ApiError {
                 message: &self.message,
             },
         };
-        let mut resp = super::json(self.status, &body);
+        let mut resp = json(self.status, &body);
         if let Some(after) = self.retry_after {
             resp.headers_mut().insert(
                 header::RETRY_AFTER,

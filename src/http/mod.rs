@@ -2,7 +2,8 @@
 //! on one port, deadlines, and graceful shutdown. The route table is in
 //! [`routes`]; request bodies in [`body`]; the lock routes' handlers in
 //! [`api`], the admin routes' in [`admin`]; every answer body is a type in
-//! [`answers`]; [`error`] is the one place an error becomes a response.
+//! [`answers`]; [`error`] is the one place an error becomes a response;
+//! [`state`] is what every handler shares.
 
 pub mod admin;
 pub mod answers;
@@ -10,6 +11,7 @@ pub mod api;
 pub mod body;
 pub mod error;
 pub mod routes;
+pub mod state;
 
 use std::convert::Infallible;
 use std::net::SocketAddr;
@@ -17,35 +19,23 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
-use http::{header, HeaderValue, Method, Request, Response, StatusCode};
+use http::{header, Method, Request, Response, StatusCode};
 use http_body_util::Full;
 use hyper::body::Incoming;
 use hyper::service::service_fn;
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use hyper_util::server::graceful::GracefulShutdown;
-use metrics_exporter_prometheus::PrometheusHandle;
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
 
-use crate::config::HttpTimeouts;
 use crate::locks::Locks;
 use crate::metrics as m;
-use crate::reload::Reloader;
 use error::ApiError;
 
-/// What every request handler shares.
-pub struct AppState {
-    pub locks: Arc<Locks>,
-    pub reloader: Arc<Reloader>,
-    /// Bearer token for `/admin/v1/*`; without one, loopback clients only.
-    pub admin_token: Option<String>,
-    pub metrics: PrometheusHandle,
-    /// Header, body and whole-request deadlines.
-    pub timeouts: HttpTimeouts,
-}
-
+pub use answers::json;
 pub use routes::{Listener, Route};
+pub use state::AppState;
 
 /// Serves `listener` until `shutdown`, then lets in-flight requests finish
 /// for up to `grace`.
@@ -242,16 +232,4 @@ fn readyz(locks: &Locks) -> (Response<Full<Bytes>>, &'static str) {
     } else {
         (json(StatusCode::SERVICE_UNAVAILABLE, &body), "not_ready")
     }
-}
-
-/// A JSON response.
-pub fn json(status: StatusCode, value: &impl serde::Serialize) -> Response<Full<Bytes>> {
-    let bytes = serde_json::to_vec(value).expect("answers serialise");
-    let mut resp = Response::new(Full::new(Bytes::from(bytes)));
-    *resp.status_mut() = status;
-    resp.headers_mut().insert(
-        header::CONTENT_TYPE,
-        HeaderValue::from_static("application/json"),
-    );
-    resp
 }

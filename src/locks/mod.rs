@@ -2,16 +2,21 @@
 //!
 //! Each is a few etcd calls on the shard that owns the name (or that the
 //! lockId names), with no per-lock state in the router:
-//! - acquire: one txn that creates the key on the client's session lease
+//! - [`acquire`]: one txn that creates the key on the client's session lease
 //!   (with its held record) only if nobody holds the name, no lost holder's
 //!   lock-delay is pending, and the shard still records this router's ring
 //!   and identity; the session lease is renewed alongside (coalesced).
-//! - renew: a coalesced keepalive of the lock's lease plus a batched,
+//!   [`wait`]: the waiting acquire, a FIFO queue per name in etcd.
+//! - [`renew`]: a coalesced keepalive of the lock's lease plus a batched,
 //!   linearizable check that the key still has the lockId's create revision
 //!   and lease.
-//! - release: a txn deleting the key (and its held record) only if it still
-//!   has that create revision and lease, so a stale lockId never touches a
-//!   later holder.
+//! - [`release`]: a txn deleting the key (and its held record) only if it
+//!   still has that create revision and lease, so a stale lockId never
+//!   touches a later holder.
+//! - [`inspect`]: who holds a name; [`validate`]: the input rules.
+//!
+//! This file holds the shared types ([`Locks`], [`Active`], errors,
+//! answers); the submodules only add methods to [`Active`].
 //!
 //! Honest expiry: every expiry the router reports counts from the earlier of
 //! the keepalive's send and the send of the etcd request that saw the lock
@@ -64,6 +69,12 @@ impl From<EtcdError> for LockError {
             }
             other => LockError::Internal(other.to_string()),
         }
+    }
+}
+
+impl From<validate::Invalid> for LockError {
+    fn from(validate::Invalid(msg): validate::Invalid) -> Self {
+        LockError::InvalidArgument(msg)
     }
 }
 
@@ -214,7 +225,7 @@ impl Locks {
 impl Active {
     /// The lease TTL of a lock asked for `ttl_ms` under this config.
     pub(crate) fn ttl_secs(&self, ttl_ms: u64) -> Result<u32, LockError> {
-        validate::ttl_secs(&self.limits, ttl_ms)
+        Ok(validate::ttl_secs(&self.limits, ttl_ms)?)
     }
 
     /// Renewals of one lease closer together than this share a keepalive.

@@ -3,11 +3,19 @@
 //! characters) and TTLs (within the configured bounds, rounded up to the
 //! whole seconds etcd leases have).
 
-use super::{invalid, LockError};
 use crate::config::Limits;
 
+/// A request input that breaks a rule; the message says which and why.
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+#[error("{0}")]
+pub struct Invalid(pub String);
+
+fn invalid(msg: impl Into<String>) -> Invalid {
+    Invalid(msg.into())
+}
+
 /// 1 to `max` bytes of UTF-8 without control characters.
-pub(crate) fn check_text(field: &str, value: &str, max: usize) -> Result<(), LockError> {
+pub(crate) fn check_text(field: &str, value: &str, max: usize) -> Result<(), Invalid> {
     if value.is_empty() || value.len() > max {
         return Err(invalid(format!(
             "{field} must be 1 to {max} bytes, got {}",
@@ -24,7 +32,7 @@ pub(crate) fn check_text(field: &str, value: &str, max: usize) -> Result<(), Loc
 
 /// The lease TTL, in whole seconds, of a lock asked for `ttl_ms`: within
 /// the limits, rounded up so the lock lives at least `ttl_ms`.
-pub(crate) fn ttl_secs(limits: &Limits, ttl_ms: u64) -> Result<u32, LockError> {
+pub(crate) fn ttl_secs(limits: &Limits, ttl_ms: u64) -> Result<u32, Invalid> {
     let (min, max) = (limits.min_ttl_ms, limits.max_ttl_ms);
     if !(min..=max).contains(&ttl_ms) {
         return Err(invalid(format!(

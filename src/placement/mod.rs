@@ -4,6 +4,8 @@
 //!   of everything that decides placement.
 //! - [`topology`]: a router's shards, their states, and whether it may
 //!   grant on each (the ring it serves, and any open migration).
+//! - [`migration`]: the protocol that changes the shard set (open, follow,
+//!   close) and the epoch bump.
 //! - [`monitor`]: the task that reads what every shard records and acts on
 //!   it (initialise, verify identities, follow and close migrations).
 

@@ -34,8 +34,7 @@ pub fn hex(bytes: &[u8]) -> String {
     bytes.iter().map(|b| format!("{b:02x}")).collect()
 }
 
-/// The first 16 bytes of SHA-256 of a lock name.
-pub type NameHash = [u8; 16];
+pub use crate::token::lock_id::NameHash;
 
 pub fn name_hash(name: &str) -> NameHash {
     let digest = Sha256::digest(name.as_bytes());

@@ -15,7 +15,7 @@
 //! `scan.rs` the paged range reads (counts, moved names, the sweep of lost
 //! holders).
 
-use std::sync::{Arc, RwLock};
+use std::sync::RwLock;
 
 use etcd_client::{KeyValue, LeaseTimeToLiveOptions, Txn, TxnResponse};
 use tokio_util::sync::CancellationToken;
@@ -29,13 +29,11 @@ pub mod sessions;
 mod txn;
 pub mod verify;
 
-pub use records::classify;
-
 use conn::{EtcdConn, EtcdError};
 use keepalive::Keepalive;
 use keys::{Identity, Keys, NameHash, Recorded, Reservation};
 use sessions::Sessions;
-use verify::Verifier;
+use verify::{IdentityCell, Verifier};
 
 /// What this router knows of the ring recorded on the shard.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -72,10 +70,6 @@ impl IdentityProblem {
         }
     }
 }
-
-/// The verified identity bytes, shared with the verifier (which checks them
-/// on every batch of renewals).
-pub type IdentityCell = Arc<RwLock<Option<Vec<u8>>>>;
 
 /// What a grant compares: the ring and the identity the router verified.
 #[derive(Debug, Clone)]
@@ -290,5 +284,14 @@ impl Shard {
     pub(crate) async fn txn(&self, txn: Txn) -> Result<TxnResponse, EtcdError> {
         let mut kv = self.conn.client().kv_client();
         self.conn.call("Txn", kv.txn(txn)).await
+    }
+}
+
+/// What a shard's recorded ring means to a router serving `fingerprint`.
+pub fn classify(found: Option<Recorded>, fingerprint: &str) -> RingState {
+    match found {
+        None => RingState::Absent,
+        Some(r) if r.meta.ring == fingerprint => RingState::Ready(r),
+        Some(r) => RingState::Mismatch(r),
     }
 }

@@ -9,7 +9,7 @@ use etcd_client::{Compare, CompareOp, Txn, TxnOp};
 use super::conn::EtcdError;
 use super::keys::{Identity, Recorded, Reservation};
 use super::txn::gets;
-use super::{IdentityGuard, IdentityProblem, Probe, RingGuard, RingState, Shard};
+use super::{classify, IdentityGuard, IdentityProblem, Probe, RingGuard, RingState, Shard};
 
 impl Shard {
     /// Reads the shard-level keys (also the health probe).
@@ -217,14 +217,5 @@ impl Shard {
             }
             _ => RingState::Unknown, // looked at again next round
         }
-    }
-}
-
-/// What a shard's recorded ring means to a router serving `fingerprint`.
-pub fn classify(found: Option<Recorded>, fingerprint: &str) -> RingState {
-    match found {
-        None => RingState::Absent,
-        Some(r) if r.meta.ring == fingerprint => RingState::Ready(r),
-        Some(r) => RingState::Mismatch(r),
     }
 }

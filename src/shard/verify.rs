@@ -17,7 +17,10 @@ use tokio_util::sync::CancellationToken;
 
 use crate::metrics as m;
 use crate::shard::conn::{EtcdConn, EtcdError};
-use crate::shard::IdentityCell;
+
+/// The identity bytes the monitor verified on the shard, shared with the
+/// verifier, which checks them on every batch of renewals.
+pub type IdentityCell = Arc<std::sync::RwLock<Option<Vec<u8>>>>;
 
 /// etcd's default `--max-txn-ops`.
 pub const MAX_TXN_OPS: usize = 128;

@@ -13,8 +13,10 @@ use base64::engine::general_purpose::URL_SAFE_NO_PAD;
 use base64::Engine;
 use sha2::{Digest, Sha256};
 
-use crate::shard::keys::NameHash;
 use crate::token::fencing;
+
+/// The first 16 bytes of SHA-256 of a lock name (see the key layout).
+pub type NameHash = [u8; 16];
 
 const VERSION: u8 = 1;
 const FIXED_LEN: usize = 1 + 2 + 4 + 8 + 8 + 16 + 1;

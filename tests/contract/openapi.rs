@@ -212,7 +212,7 @@ async fn lock_routes_answer_as_documented() {
     );
 
     // A lockId naming a shard this router does not know.
-    let mut id = lockrouter::lock_id::LockId::decode(&b.0).unwrap();
+    let mut id = lockrouter::token::lock_id::LockId::decode(&b.0).unwrap();
     id.shard = "zz".into();
     let elsewhere = (id.encode(), b.1);
     let unknown = doc.post(RENEW, &lock_ref(&elsewhere)).await;
