@@ -112,6 +112,18 @@ fn describe() {
         "lock keys checked per read-only verification txn"
     );
     describe_counter!(
+        "lockrouter_cache_barriers_total",
+        "barriers written so that renewals may trust the lock-key cache"
+    );
+    describe_histogram!(
+        "lockrouter_cache_barrier_batch_size",
+        "renewal checks (per shard and request) sharing one cache barrier"
+    );
+    describe_counter!(
+        "lockrouter_renewal_checks_total",
+        "lock renewals checked by the lock-key cache or by a read of etcd"
+    );
+    describe_counter!(
         "lockrouter_lock_delays_total",
         "lock-delays set for holders lost without releasing (their lease ended)"
     );
@@ -137,6 +149,19 @@ pub fn start_upkeep(handle: PrometheusHandle, every: Duration) -> crate::TaskGua
         }
     });
     crate::TaskGuard::new(task, cancel)
+}
+
+/// A barrier of the lock-key cache was written for `renewals` waiting ones.
+pub fn cache_barrier(shard: &str, renewals: usize) {
+    counter!("lockrouter_cache_barriers_total", "shard" => shard.to_string()).increment(1);
+    histogram!("lockrouter_cache_barrier_batch_size", "shard" => shard.to_string())
+        .record(renewals as f64);
+}
+
+/// A renewal check answered by the cache (`cache`) or by a read (`read`).
+pub fn renewal_check(shard: &str, by: &'static str, n: usize) {
+    counter!("lockrouter_renewal_checks_total", "shard" => shard.to_string(), "by" => by)
+        .increment(n as u64);
 }
 
 /// A lost holder's name got its lock-delay.

@@ -415,3 +415,55 @@ async fn lost_holders_nobody_asks_about_get_their_delay_and_leave_no_records() {
     }
     router.api.must_acquire("forgotten-0", 2_000, "B").await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_renewal_sent_after_a_release_was_acknowledged_never_succeeds() {
+    let etcd = EtcdCluster::single();
+    let (a, b) = (
+        TestRouter::start(&[&etcd]).await,
+        TestRouter::start(&[&etcd]).await,
+    );
+    let mut late_renewals = 0;
+    for round in 0..60 {
+        let lock = a
+            .api
+            .must_acquire(&format!("race-{round}"), 10_000, "A")
+            .await;
+        // Renewals through the other replica, as fast as they go, while the
+        // release goes through the first.
+        let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let renewer = {
+            let (api, lock, stop) = (b.api.clone(), lock.clone(), stop.clone());
+            tokio::spawn(async move {
+                let mut seen = Vec::new();
+                while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                    let sent = Instant::now();
+                    let status = api.renew(&lock).await.status;
+                    seen.push((sent, status));
+                }
+                seen
+            })
+        };
+        sleep_ms(5 + round % 7).await;
+        assert_eq!(a.api.release(&lock).await.status, 204);
+        let acknowledged = Instant::now();
+        sleep_ms(30).await;
+        stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        for (sent, status) in renewer.await.unwrap() {
+            if sent > acknowledged {
+                late_renewals += 1;
+                assert_eq!(status, 409, "a renewal sent after the release succeeded");
+            }
+        }
+    }
+    assert!(
+        late_renewals > 20,
+        "only {late_renewals} renewals raced the releases"
+    );
+    // They were answered by the lock-key cache, not by reads.
+    let metrics = b.api.metrics().await;
+    assert!(
+        metrics.contains("lockrouter_renewal_checks_total{shard=\"a\",by=\"cache\"}"),
+        "{metrics}"
+    );
+}

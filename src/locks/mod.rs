@@ -121,6 +121,7 @@ pub enum Acquired {
     Held(Expiry),
 }
 
+#[derive(Debug, Clone, Copy)]
 pub enum RenewOutcome {
     Renewed(Expiry),
     Expired,

@@ -1,14 +1,18 @@
-//! Renew and renew-batch: a coalesced keepalive of the lock's lease and a
-//! batched linearizable check that the key still has the lockId's create
-//! revision and lease; a lock found gone is answered without waiting for
-//! the keepalive.
+//! Renew and renew-batch: a coalesced keepalive per lease and a check that
+//! each key still has its lockId's create revision and lease, answered by
+//! the shard's lock-key cache after a barrier (or by linearizable reads when
+//! the cache cannot vouch); a lock found gone is answered without waiting
+//! for its keepalive.
 
+use std::collections::HashMap;
 use std::time::Instant;
 
-use futures::future::{join_all, Either};
+use futures::future::join_all;
 
 use super::*;
+use crate::shard::cache::{Entry, Vouched};
 use crate::shard::conn::EtcdError;
+use crate::shard::keepalive::Renewal;
 use crate::shard::Shard;
 use crate::token::lock_id::LockId;
 
@@ -32,7 +36,8 @@ impl Active {
         // A shard no longer in any ring was drained: the lock is gone.
         let shard = self.shard_of(&id)?;
         check_up(&shard)?;
-        Ok(self.renew_on(&shard, &id).await?)
+        let mut outcomes = self.renew_on(&shard, &[&id]).await;
+        Ok(outcomes.pop().expect("one outcome per lock")?)
     }
 
     /// Renews every lock in `locks`; malformed entries fail the whole call
@@ -50,56 +55,111 @@ impl Active {
         let mut ids = Vec::with_capacity(locks.len());
         for (i, (lock_id, token)) in locks.iter().enumerate() {
             let id = decode(lock_id, *token).map_err(|e| invalid(format!("locks[{i}]: {e}")))?;
-            let shard = self.shard_of(&id).ok();
-            ids.push((id, shard));
+            ids.push(id);
         }
-        let results = join_all(ids.iter().map(|(id, shard)| async move {
-            let Some(shard) = shard else {
-                return Ok(RenewOutcome::Unavailable);
-            };
-            if !shard.conn.is_up() {
-                return Ok(RenewOutcome::Unavailable);
-            }
-            match self.renew_on(shard, id).await {
-                Err(EtcdError::Unavailable { .. }) => Ok(RenewOutcome::Unavailable),
-                other => other,
+        // One check and one keepalive per lease for each shard's locks.
+        let mut by_shard: HashMap<String, (Option<Arc<Shard>>, Vec<usize>)> = HashMap::new();
+        for (i, id) in ids.iter().enumerate() {
+            let entry = by_shard
+                .entry(id.shard.clone())
+                .or_insert_with(|| (self.shard_of(id).ok(), Vec::new()));
+            entry.1.push(i);
+        }
+        let mut results = vec![RenewOutcome::Unavailable; ids.len()];
+        let groups = join_all(by_shard.into_values().map(|(shard, at)| {
+            let ids = &ids;
+            async move {
+                let Some(shard) = shard.filter(|s| s.conn.is_up()) else {
+                    return (at, None);
+                };
+                let group: Vec<&LockId> = at.iter().map(|&i| &ids[i]).collect();
+                (at, Some(self.renew_on(&shard, &group).await))
             }
         }))
         .await;
-        results
-            .into_iter()
-            .map(|r| r.map_err(LockError::from))
-            .collect()
+        for (at, outcomes) in groups {
+            let Some(outcomes) = outcomes else { continue };
+            for (i, outcome) in at.into_iter().zip(outcomes) {
+                results[i] = match outcome {
+                    Ok(o) => o,
+                    Err(EtcdError::Unavailable { .. }) => RenewOutcome::Unavailable,
+                    Err(e) => return Err(e.into()),
+                };
+            }
+        }
+        Ok(results)
     }
 
-    /// The keepalive and the check run in parallel; a lock the check finds
-    /// gone is answered at once, without waiting for the keepalive.
-    async fn renew_on(&self, shard: &Shard, id: &LockId) -> Result<RenewOutcome, EtcdError> {
-        let key = shard.keys.lock(&id.name_hash);
+    /// Renews `ids`, all on `shard`: one check of their keys (the lock-key
+    /// cache after one barrier, or reads when it cannot vouch) and one
+    /// keepalive per distinct lease, in parallel. A lock the check finds
+    /// gone or taken is answered without waiting for its keepalive.
+    async fn renew_on(
+        &self,
+        shard: &Arc<Shard>,
+        ids: &[&LockId],
+    ) -> Vec<Result<RenewOutcome, EtcdError>> {
         let sent = Instant::now();
-        let keepalive = shard
-            .keepalive
-            .refresh(id.lease, self.window(id.ttl_secs), id.ttl_secs);
-        let verify = shard.verifier.get(key);
-        let (mut keepalive, verify) = (std::pin::pin!(keepalive), std::pin::pin!(verify));
-        let (current, early) = match futures::future::select(verify, &mut keepalive).await {
-            Either::Left((current, _)) => (current, None),
-            Either::Right((renewal, verify)) => (verify.await, Some(renewal)),
-        };
-        match current? {
-            None => Ok(RenewOutcome::Expired),
-            Some(kv) if kv.create_revision() == id.revision && kv.lease() == id.lease => {
-                let renewal = match early {
-                    Some(renewal) => renewal?,
-                    None => keepalive.await?,
-                };
-                if !renewal.alive() {
-                    return Ok(RenewOutcome::Expired);
+        let mut keepalives = HashMap::new();
+        for id in ids {
+            keepalives.entry(id.lease).or_insert_with(|| {
+                let (shard, lease, ttl) = (shard.clone(), id.lease, id.ttl_secs);
+                let window = self.window(ttl);
+                tokio::spawn(async move { shard.keepalive.refresh(lease, window, ttl).await })
+            });
+        }
+        let entries = check_keys(shard, ids).await;
+        let mut renewals: HashMap<i64, Result<Renewal, EtcdError>> = HashMap::new();
+        let mut outcomes = Vec::with_capacity(ids.len());
+        for (id, entry) in ids.iter().zip(entries) {
+            let outcome = match entry {
+                Err(e) => Err(e),
+                Ok(None) => Ok(RenewOutcome::Expired),
+                Ok(Some((revision, lease))) if revision == id.revision && lease == id.lease => {
+                    if let std::collections::hash_map::Entry::Vacant(slot) = renewals.entry(lease) {
+                        let task = keepalives.remove(&lease).expect("one keepalive per lease");
+                        let renewal = task.await.unwrap_or_else(|_| {
+                            Err(shard.conn.unavailable("keepalive task ended"))
+                        });
+                        slot.insert(renewal);
+                    }
+                    match &renewals[&lease] {
+                        Ok(r) if r.alive() => {
+                            shard.sessions.touch(lease);
+                            Ok(RenewOutcome::Renewed(Expiry::vouched(r, sent)))
+                        }
+                        Ok(_) => Ok(RenewOutcome::Expired),
+                        Err(e) => Err(e.clone()),
+                    }
                 }
-                shard.sessions.touch(id.lease);
-                Ok(RenewOutcome::Renewed(Expiry::vouched(&renewal, sent)))
-            }
-            Some(_) => Ok(RenewOutcome::Stolen),
+                Ok(Some(_)) => Ok(RenewOutcome::Stolen),
+            };
+            outcomes.push(outcome);
+        }
+        outcomes
+    }
+}
+
+/// The (create revision, lease) of each lock's key, or `None` if it is
+/// gone, as of a moment after this call began.
+async fn check_keys(shard: &Shard, ids: &[&LockId]) -> Vec<Result<Option<Entry>, EtcdError>> {
+    let hashes: Vec<_> = ids.iter().map(|id| id.name_hash).collect();
+    match shard.cache.lookup(&hashes).await {
+        Ok(Vouched::Entries(entries)) => {
+            crate::metrics::renewal_check(&shard.name, "cache", ids.len());
+            entries.into_iter().map(Ok).collect()
+        }
+        Err(e) => vec![Err(e); ids.len()],
+        Ok(Vouched::Unsure) => {
+            crate::metrics::renewal_check(&shard.name, "read", ids.len());
+            let reads = ids
+                .iter()
+                .map(|id| shard.verifier.get(shard.keys.lock(&id.name_hash)));
+            join_all(reads)
+                .await
+                .into_iter()
+                .map(|r| r.map(|kv| kv.map(|kv| (kv.create_revision(), kv.lease()))))
+                .collect()
         }
     }
 }

@@ -105,6 +105,18 @@ impl Keys {
         key
     }
 
+    /// The barrier key of the lock-key cache: just past every lock key, so
+    /// outside counts of `P/locks/` but inside the cache's watch.
+    pub fn barrier(&self) -> Vec<u8> {
+        format!("{}/locks0", self.prefix).into_bytes()
+    }
+
+    /// The end (exclusive) of the lock-key cache's watch, which starts at
+    /// `P/locks/` and takes in the barrier key.
+    pub fn cache_range_end(&self) -> Vec<u8> {
+        format!("{}/locks1", self.prefix).into_bytes()
+    }
+
     /// Start and end (exclusive) of the range holding every lock key.
     pub fn locks_range(&self) -> (Vec<u8>, Vec<u8>) {
         self.range("locks")

@@ -2,8 +2,9 @@
 //!
 //! Besides its connection ([`conn`]), a shard owns the background helpers
 //! that make the hot paths cheap (the multiplexed keepalive stream in
-//! [`keepalive`], batched verification in [`verify`], the session-lease
-//! cache in [`sessions`]), the ring state it last read from etcd, and the
+//! [`keepalive`], the lock-key cache renewals consult in [`cache`], batched
+//! verification for when the cache cannot vouch in [`verify`], the
+//! session-lease cache in [`sessions`]), the ring state it last read from etcd, and the
 //! shard identity it verified (`P/shard`, see [`keys`]). Every grant
 //! compares both byte for byte, so a router whose ring differs from the
 //! shard's, or whose endpoints for this shard reach another cluster, can
@@ -20,6 +21,7 @@ use std::sync::RwLock;
 use etcd_client::{KeyValue, LeaseTimeToLiveOptions, Txn, TxnResponse};
 use tokio_util::sync::CancellationToken;
 
+pub mod cache;
 pub mod conn;
 pub mod keepalive;
 pub mod keys;
@@ -29,6 +31,7 @@ pub mod sessions;
 mod txn;
 pub mod verify;
 
+use cache::LockCache;
 use conn::{EtcdConn, EtcdError};
 use keepalive::Keepalive;
 use keys::{Identity, Keys, NameHash, Recorded, Reservation};
@@ -187,6 +190,8 @@ pub struct Shard {
     pub keys: Keys,
     pub keepalive: Keepalive,
     pub verifier: Verifier,
+    /// The lock keys, for renewals (falls back to `verifier`).
+    pub cache: LockCache,
     pub sessions: Sessions,
     /// std `RwLock`: read on every acquire, written by the monitor, never
     /// held across an await.
@@ -208,6 +213,7 @@ impl Shard {
                 identity.clone(),
                 cancel.child_token(),
             ),
+            cache: LockCache::start(conn.clone(), keys.clone(), identity.clone(), cancel),
             keys,
             sessions: Sessions::default(),
             ring: RwLock::new(RingState::Unknown),

@@ -1,0 +1,332 @@
+//! The lock-key cache: every lock key of the shard with its create revision
+//! and lease, fed by one watch, so that renewals cost a lookup instead of a
+//! read per lock (`docs/design.md`, "The lock-key cache and its barriers").
+//!
+//! A renewal may use the cache only after a *barrier*: a put of the
+//! shard's barrier key (inside the watched range) sent after the renewal
+//! began, whose event the cache has applied. Every change committed before
+//! the renewal began has a lower revision, so the cache then reflects it.
+//! While the cache is loading, after its watch broke, or when a barrier is
+//! not applied in time, it does not vouch, and callers read etcd instead.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, RwLock};
+use std::time::Duration;
+
+use etcd_client::{Compare, CompareOp, EventType, GetOptions, Txn, TxnOp, WatchOptions};
+use tokio::sync::{mpsc, oneshot, watch};
+use tokio_util::sync::CancellationToken;
+
+use super::conn::{EtcdConn, EtcdError};
+use super::keys::{Keys, NameHash};
+use super::verify::IdentityCell;
+
+/// Longest a renewal waits for the cache to apply its barrier before it
+/// reads etcd instead.
+pub const LAG_BOUND: Duration = Duration::from_millis(500);
+
+/// A lock key as the cache knows it: (create revision, lease).
+pub type Entry = (i64, i64);
+
+/// What the cache says of some lock keys after a barrier.
+pub enum Vouched {
+    /// The entries of the keys asked for, as of a revision after the
+    /// barrier was asked for.
+    Entries(Vec<Option<Entry>>),
+    /// The cache cannot vouch now: read etcd.
+    Unsure,
+}
+
+/// The cache's state, shared by its feeder task and its readers.
+struct State {
+    /// std `RwLock`: lookups and event batches are short and never await.
+    keys: RwLock<HashMap<NameHash, Entry>>,
+    /// The revision up to which every change of the lock keys is applied.
+    applied: watch::Sender<i64>,
+    /// False while loading or after the watch broke.
+    usable: AtomicBool,
+}
+
+type BarrierReply = oneshot::Sender<Result<i64, EtcdError>>;
+
+/// Handle to a shard's lock-key cache; dropping it stops its tasks.
+pub struct LockCache {
+    state: Arc<State>,
+    barriers: mpsc::Sender<BarrierReply>,
+    _feeder: crate::TaskGuard,
+    _barrier: crate::TaskGuard,
+}
+
+/// What the cache's tasks need of the shard.
+#[derive(Clone)]
+struct Source {
+    conn: EtcdConn,
+    keys: Keys,
+    identity: IdentityCell,
+}
+
+impl LockCache {
+    pub fn start(
+        conn: EtcdConn,
+        keys: Keys,
+        identity: IdentityCell,
+        cancel: &CancellationToken,
+    ) -> Self {
+        let state = Arc::new(State {
+            keys: RwLock::new(HashMap::new()),
+            applied: watch::Sender::new(0),
+            usable: AtomicBool::new(false),
+        });
+        let source = Source {
+            conn,
+            keys,
+            identity,
+        };
+        let (tx, rx) = mpsc::channel(16_384);
+        let feeder_cancel = cancel.child_token();
+        let barrier_cancel = cancel.child_token();
+        let feeder = tokio::spawn(feed(source.clone(), state.clone(), feeder_cancel.clone()));
+        let barrier = tokio::spawn(barriers(source, rx, barrier_cancel.clone()));
+        Self {
+            state,
+            barriers: tx,
+            _feeder: crate::TaskGuard::new(feeder, feeder_cancel),
+            _barrier: crate::TaskGuard::new(barrier, barrier_cancel),
+        }
+    }
+
+    /// The entries of `hashes` as of a revision committed after this call
+    /// began, or `Unsure`. An error means the barrier could not be written
+    /// (the shard is unavailable, or is not the shard it was verified as).
+    pub async fn lookup(&self, hashes: &[NameHash]) -> Result<Vouched, EtcdError> {
+        if !self.state.usable.load(Ordering::Acquire) {
+            return Ok(Vouched::Unsure);
+        }
+        let (reply, rx) = oneshot::channel();
+        if self.barriers.send(reply).await.is_err() {
+            return Ok(Vouched::Unsure);
+        }
+        let Ok(barrier) = rx.await else {
+            return Ok(Vouched::Unsure);
+        };
+        let barrier = barrier?;
+        let mut applied = self.state.applied.subscribe();
+        let caught_up = applied.wait_for(|r| *r >= barrier);
+        if !matches!(tokio::time::timeout(LAG_BOUND, caught_up).await, Ok(Ok(_))) {
+            return Ok(Vouched::Unsure);
+        }
+        let keys = self.state.keys.read().expect("cache lock");
+        // Checked under the lock: a watch that broke after applying the
+        // barrier cleared `usable` before touching the map.
+        if !self.state.usable.load(Ordering::Acquire) {
+            return Ok(Vouched::Unsure);
+        }
+        Ok(Vouched::Entries(
+            hashes.iter().map(|h| keys.get(h).copied()).collect(),
+        ))
+    }
+
+    /// Lock keys the cache holds (for metrics), while it vouches.
+    pub fn len(&self) -> Option<usize> {
+        self.state
+            .usable
+            .load(Ordering::Acquire)
+            .then(|| self.state.keys.read().expect("cache lock").len())
+    }
+}
+
+/// Writes barriers: one at a time, each answering every request that
+/// arrived before it was sent.
+async fn barriers(source: Source, mut rx: mpsc::Receiver<BarrierReply>, cancel: CancellationToken) {
+    loop {
+        let first = tokio::select! {
+            r = rx.recv() => match r { Some(r) => r, None => return },
+            _ = cancel.cancelled() => return,
+        };
+        let mut waiting = vec![first];
+        while let Ok(r) = rx.try_recv() {
+            waiting.push(r);
+        }
+        let result = write_barrier(&source).await;
+        crate::metrics::cache_barrier(source.conn.shard(), waiting.len());
+        for w in waiting {
+            let _ = w.send(result.clone());
+        }
+    }
+}
+
+/// Puts the barrier key if the shard still carries its verified identity;
+/// returns the put's revision.
+async fn write_barrier(source: &Source) -> Result<i64, EtcdError> {
+    let identity = source.identity.read().expect("identity lock").clone();
+    let Some(identity) = identity else {
+        return Err(source
+            .conn
+            .unavailable("the shard's identity is not verified"));
+    };
+    let k = &source.keys;
+    let txn = Txn::new()
+        .when([Compare::value(k.identity(), CompareOp::Equal, identity)])
+        .and_then([TxnOp::put(k.barrier(), Vec::new(), None)]);
+    let mut kv = source.conn.client().kv_client();
+    let resp = source.conn.call("Txn", kv.txn(txn)).await?;
+    if !resp.succeeded() {
+        return Err(source
+            .conn
+            .unavailable("the cluster does not carry this shard's verified identity"));
+    }
+    Ok(resp.header().map(|h| h.revision()).unwrap_or(0))
+}
+
+/// Loads the cache and follows the watch; loads again whenever the watch
+/// breaks, backing off while the shard does not answer.
+async fn feed(source: Source, state: Arc<State>, cancel: CancellationToken) {
+    let mut backoff = Duration::from_millis(100);
+    loop {
+        state.usable.store(false, Ordering::Release);
+        let run = async {
+            let revision = load(&source, &state).await?;
+            follow(&source, &state, revision).await
+        };
+        let ended = tokio::select! {
+            r = run => r,
+            _ = cancel.cancelled() => return,
+        };
+        state.usable.store(false, Ordering::Release);
+        if let Err(e) = ended {
+            tracing::debug!(shard = %source.conn.shard(), error = %e, "lock-key cache stopped; loading it again");
+        }
+        tokio::select! {
+            _ = tokio::time::sleep(backoff) => {}
+            _ = cancel.cancelled() => return,
+        }
+        backoff = (backoff * 2).min(Duration::from_secs(5));
+    }
+}
+
+/// Reads every lock key (keys only), page by page at one revision, into the
+/// cache; returns that revision.
+async fn load(source: &Source, state: &State) -> Result<i64, EtcdError> {
+    let (start, end) = source.keys.locks_range();
+    let prefix = start.len();
+    let mut keys = HashMap::new();
+    let mut from = start;
+    let mut revision = 0;
+    loop {
+        let mut opts = GetOptions::new()
+            .with_range(end.clone())
+            .with_limit(10_000)
+            .with_keys_only();
+        if revision > 0 {
+            opts = opts.with_revision(revision);
+        }
+        let mut kv = source.conn.client().kv_client();
+        let mut resp = source
+            .conn
+            .call("Range", kv.get(from.clone(), Some(opts)))
+            .await?;
+        if revision == 0 {
+            revision = resp.header().map(|h| h.revision()).unwrap_or(0);
+        }
+        let more = resp.more();
+        let kvs = resp.take_kvs();
+        for kv in &kvs {
+            if let Some(hash) = hash_of(&kv.key()[prefix..]) {
+                keys.insert(hash, (kv.create_revision(), kv.lease()));
+            }
+        }
+        match kvs.last() {
+            Some(last) if more => {
+                from = last.key().to_vec();
+                from.push(0);
+            }
+            _ => break,
+        }
+    }
+    *state.keys.write().expect("cache lock") = keys;
+    state.applied.send_replace(revision);
+    Ok(revision)
+}
+
+/// Applies the watch's events from `revision + 1` until it breaks.
+async fn follow(source: &Source, state: &State, revision: i64) -> Result<(), EtcdError> {
+    let (start, _) = source.keys.locks_range();
+    let opts = WatchOptions::new()
+        .with_range(source.keys.cache_range_end())
+        .with_start_revision(revision + 1);
+    let mut client = source.conn.client().watch_client();
+    let mut stream = source
+        .conn
+        .call("Watch", client.watch(start.clone(), Some(opts)))
+        .await?;
+    state.usable.store(true, Ordering::Release);
+    loop {
+        let Some(resp) = stream
+            .message()
+            .await
+            .map_err(|e| source.conn.classify(e))?
+        else {
+            return Err(source.conn.unavailable("the watch ended"));
+        };
+        if resp.canceled() || resp.compact_revision() > 0 {
+            return Err(source.conn.unavailable(format!(
+                "the watch was cancelled (compacted at {})",
+                resp.compact_revision()
+            )));
+        }
+        let mut last = None;
+        {
+            let mut keys = state.keys.write().expect("cache lock");
+            for event in resp.events() {
+                let Some(kv) = event.kv() else { continue };
+                last = Some(kv.mod_revision());
+                let Some(hash) = kv.key().strip_prefix(start.as_slice()).and_then(hash_of) else {
+                    continue; // the barrier key
+                };
+                match event.event_type() {
+                    EventType::Put => {
+                        keys.insert(hash, (kv.create_revision(), kv.lease()));
+                    }
+                    EventType::Delete => {
+                        keys.remove(&hash);
+                    }
+                }
+            }
+        }
+        if let Some(rev) = last {
+            state.applied.send_if_modified(|a| {
+                let moved = rev > *a;
+                *a = (*a).max(rev);
+                moved
+            });
+        }
+    }
+}
+
+/// The name hash of a lock key's hex suffix.
+fn hash_of(hex: &[u8]) -> Option<NameHash> {
+    if hex.len() != 32 {
+        return None;
+    }
+    let mut hash = [0u8; 16];
+    for (i, byte) in hash.iter_mut().enumerate() {
+        let pair = std::str::from_utf8(&hex[2 * i..2 * i + 2]).ok()?;
+        *byte = u8::from_str_radix(pair, 16).ok()?;
+    }
+    Some(hash)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn lock_key_suffixes_parse_back_to_their_hash() {
+        let hash = crate::shard::keys::name_hash("process_order:42");
+        let hex = crate::shard::keys::hex(&hash);
+        assert_eq!(hash_of(hex.as_bytes()), Some(hash));
+        assert_eq!(hash_of(b"short"), None);
+        assert_eq!(hash_of(&[b'z'; 32]), None);
+    }
+}
