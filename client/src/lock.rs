@@ -19,7 +19,6 @@ use tokio::time::Instant;
 
 use crate::client::Client;
 use crate::error::{Error, LostReason};
-use crate::registry::Registry;
 use crate::release::{self, Until};
 use crate::renewal::Command;
 use crate::transport::LockRef;
@@ -57,14 +56,24 @@ pub(crate) struct Shared {
     /// Wakes a pending release from its backoff: an acquire that raced the
     /// release wants it settled now.
     pub retry_now: Notify,
-    /// The client's grants, so that this state can leave it when it goes.
-    registry: Arc<Registry>,
+    /// Where the client keeps its grants, so that this state can leave it
+    /// when it goes.
+    kept_in: Arc<dyn Forget>,
+}
+
+/// Where a client keeps the state of each grant it holds (its registry),
+/// told when a state goes so that its entry goes too. A trait, so that the
+/// state does not depend on the registry that holds it.
+pub(crate) trait Forget: Send + Sync {
+    /// The state of the grant `lock_id` is being dropped; `released`: the
+    /// router confirmed its release.
+    fn forget(&self, lock_id: &str, released: bool);
 }
 
 impl Drop for Shared {
     fn drop(&mut self) {
         let released = self.current().release == Release::Done;
-        self.registry.forget(&self.lock_ref.lock_id, released);
+        self.kept_in.forget(&self.lock_ref.lock_id, released);
     }
 }
 
@@ -76,7 +85,7 @@ impl Shared {
         ttl: Duration,
         margin: Duration,
         valid_until: Instant,
-        registry: Arc<Registry>,
+        kept_in: Arc<dyn Forget>,
     ) -> Arc<Self> {
         let (status, _) = watch::channel(Status {
             valid_until,
@@ -91,7 +100,7 @@ impl Shared {
             margin,
             status,
             retry_now: Notify::new(),
-            registry,
+            kept_in,
         })
     }
 
@@ -458,6 +467,7 @@ impl std::fmt::Debug for LockHandle {
 #[cfg(test)]
 pub(crate) mod tests {
     use super::*;
+    use crate::registry::Registry;
 
     /// State for a grant made in `registry` (not yet its entry).
     pub(crate) fn shared_in(

@@ -21,7 +21,7 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
-use crate::lock::{Release, Shared};
+use crate::lock::{Forget, Release, Shared};
 
 /// A client's grants by lockId.
 #[derive(Default)]
@@ -104,25 +104,6 @@ impl Registry {
         Some(shared.begin_release())
     }
 
-    /// Removes `lock_id`'s entry if its state is gone (called by that
-    /// state's drop; a newer live entry stays), remembering it if the
-    /// router confirmed its release.
-    pub fn forget(&self, lock_id: &str, released: bool) {
-        let mut grants = self.grants();
-        if grants.get(lock_id).is_some_and(|w| w.strong_count() == 0) {
-            grants.remove(lock_id);
-            if released {
-                let mut done = self.released();
-                let now = Instant::now();
-                done.retain(|_, at| now.saturating_duration_since(*at) < REMEMBER_RELEASED);
-                if done.len() >= MAX_RELEASED {
-                    done.clear();
-                }
-                done.insert(lock_id.to_string(), now);
-            }
-        }
-    }
-
     fn was_released(&self, lock_id: &str) -> bool {
         let done = self.released();
         done.get(lock_id)
@@ -142,6 +123,27 @@ impl Registry {
     #[cfg(test)]
     pub fn len(&self) -> usize {
         self.grants().len()
+    }
+}
+
+impl Forget for Registry {
+    /// Removes `lock_id`'s entry if its state is gone (called by that
+    /// state's drop; a newer live entry stays), remembering it if the
+    /// router confirmed its release.
+    fn forget(&self, lock_id: &str, released: bool) {
+        let mut grants = self.grants();
+        if grants.get(lock_id).is_some_and(|w| w.strong_count() == 0) {
+            grants.remove(lock_id);
+            if released {
+                let mut done = self.released();
+                let now = Instant::now();
+                done.retain(|_, at| now.saturating_duration_since(*at) < REMEMBER_RELEASED);
+                if done.len() >= MAX_RELEASED {
+                    done.clear();
+                }
+                done.insert(lock_id.to_string(), now);
+            }
+        }
     }
 }
 
