@@ -10,9 +10,10 @@ use tokio::sync::mpsc;
 use tokio::time::Instant;
 
 use crate::error::{Error, LostReason};
-use crate::lock::{Lock, LockHandle, Release, Shared};
+use crate::lock::{Lock, LockHandle};
 use crate::registry::{Claim, Registry};
 use crate::renewal::{Command, RenewalTask};
+use crate::state::{Release, Shared};
 use crate::transport::{LockRef, Transport};
 use crate::validity;
 

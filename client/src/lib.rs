@@ -34,7 +34,10 @@
 //! - [`client`](Client): the client id, acquiring (at once or waiting),
 //!   [`Client::with_lock`].
 //! - [`Lock`], [`LockHandle`]: a held lock, its validity and lost signal.
-//! - `registry`: one state per grant, shared by every `Lock` of it.
+//! - `registry`: the client's grants by lockId, so that every `Lock` of a
+//!   grant shares its one state.
+//! - `state`: that state: validity, why the lock was lost, where its
+//!   release stands.
 //! - `renewal`: the one background task per client that renews all locks
 //!   and delivers the releases handed to it.
 //! - `release`: retrying a release until the router confirms it, and why.
@@ -54,6 +57,7 @@ mod lock;
 mod registry;
 mod release;
 mod renewal;
+mod state;
 mod transport;
 mod validity;
 

@@ -6,7 +6,8 @@
 //!
 //! Entries are weak: a grant's state lives as long as a `Lock`, a handle or
 //! a pending release needs it, and removes its own entry when it goes
-//! (`Shared`'s drop), so the map holds no more than the grants in use.
+//! (`Shared`'s drop calls [`Forget`], which the registry implements), so the
+//! map holds no more than the grants in use.
 //!
 //! Deciding whether a grant is shared, superseded or being released happens
 //! under one lock, so an acquire and a drop on different threads cannot
@@ -14,6 +15,9 @@
 //! for a while after its state is gone: an acquire answered just before the
 //! release reached the router may name it, and must ask again rather than
 //! hand out a lock the router has already freed.
+//!
+//! It uses only the grant state (`state`) and the error types below it;
+//! the client and its locks call it.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, MutexGuard, Weak};
@@ -21,7 +25,8 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
-use crate::lock::{Forget, Release, Shared};
+use crate::error::LostReason;
+use crate::state::{Forget, Release, Shared};
 
 /// A client's grants by lockId.
 #[derive(Default)]
@@ -98,7 +103,7 @@ impl Registry {
             .get(&shared.lock_ref.lock_id)
             .is_some_and(|w| std::ptr::eq(w.as_ptr(), shared));
         if !current {
-            shared.mark_lost(crate::LostReason::Released);
+            shared.mark_lost(LostReason::Released);
             return None;
         }
         Some(shared.begin_release())
@@ -152,15 +157,14 @@ mod tests {
     use std::time::Duration;
 
     use super::*;
-    use crate::lock::tests::shared_in;
-    use crate::LostReason;
+    use crate::state::tests::shared_in;
 
     const TTL: Duration = Duration::from_secs(30);
 
     fn claim(registry: &Arc<Registry>, key: u64, valid_for: Duration) -> Claim {
         let until = Instant::now() + valid_for;
         registry.claim(&format!("id-{key}"), until, || {
-            shared_in(registry, key, TTL, valid_for)
+            shared_in(registry.clone(), key, TTL, valid_for)
         })
     }
 

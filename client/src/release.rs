@@ -14,6 +14,9 @@
 //! retries while the lock's validity lasts, at the renewal pace; the renewal
 //! task then carries on at up to a renewal interval (a third of the TTL)
 //! between attempts, for as long as the client lives.
+//!
+//! It retries whatever request it is handed, and touches only the grant's
+//! state (`state`), the validity clock and the error types.
 
 use std::future::Future;
 use std::time::Duration;
@@ -22,7 +25,7 @@ use tokio::sync::watch;
 use tokio::time::Instant;
 
 use crate::error::Error;
-use crate::lock::{Release, Shared};
+use crate::state::{Release, Shared};
 use crate::validity::{self, MAX_BACKOFF};
 
 /// When a release stops retrying.
@@ -136,7 +139,7 @@ mod tests {
     use std::sync::Arc;
 
     use super::*;
-    use crate::lock::tests::registered;
+    use crate::state::tests::shared;
 
     const TTL: Duration = Duration::from_secs(30);
 
@@ -171,7 +174,7 @@ mod tests {
 
     #[tokio::test(start_paused = true)]
     async fn retries_with_growing_backoff_until_the_router_confirms() {
-        let s = registered(1, TTL, Duration::from_secs(27));
+        let s = shared(1, TTL, Duration::from_secs(27));
         let times = std::sync::Mutex::new(Vec::new());
         let mut failures = 0;
         let r = retry(&s, scripted(5, &times), &mut failures, Until::ValidityEnds).await;
@@ -187,7 +190,7 @@ mod tests {
 
     #[tokio::test(start_paused = true)]
     async fn a_refusal_is_not_retried() {
-        let s = registered(1, TTL, Duration::from_secs(27));
+        let s = shared(1, TTL, Duration::from_secs(27));
         s.begin_release();
         let mut calls = 0;
         let refuse = || {
@@ -206,7 +209,7 @@ mod tests {
 
     #[tokio::test(start_paused = true)]
     async fn an_explicit_release_gives_up_when_validity_ends() {
-        let s = registered(1, TTL, Duration::from_secs(10));
+        let s = shared(1, TTL, Duration::from_secs(10));
         let start = Instant::now();
         let times = std::sync::Mutex::new(Vec::new());
         let mut failures = 0;
@@ -230,7 +233,7 @@ mod tests {
 
     #[tokio::test(start_paused = true)]
     async fn in_the_background_it_goes_on_past_validity_at_up_to_a_renewal_interval() {
-        let s = registered(1, TTL, Duration::from_secs(27));
+        let s = shared(1, TTL, Duration::from_secs(27));
         let (_gone_tx, gone) = watch::channel(false);
         let times = Arc::new(std::sync::Mutex::new(Vec::new()));
         let task = {
@@ -265,7 +268,7 @@ mod tests {
 
     #[tokio::test(start_paused = true)]
     async fn a_background_release_hurries_when_the_client_goes_and_stops_at_a_sibling_204() {
-        let s = registered(1, TTL, Duration::from_secs(1));
+        let s = shared(1, TTL, Duration::from_secs(1));
         let (gone_tx, gone) = watch::channel(false);
         let times = Arc::new(std::sync::Mutex::new(Vec::new()));
         let task = {
@@ -291,7 +294,7 @@ mod tests {
 
     #[tokio::test(start_paused = true)]
     async fn an_acquire_racing_the_release_wakes_it_from_its_backoff() {
-        let s = registered(1, TTL, Duration::from_secs(1));
+        let s = shared(1, TTL, Duration::from_secs(1));
         let (_gone_tx, gone) = watch::channel(false);
         let times = Arc::new(std::sync::Mutex::new(Vec::new()));
         let task = {

@@ -23,6 +23,10 @@
 //! and are dropped: a task must not outlive its client by more than that,
 //! and with no `Lock` left, nothing of this client renews its session
 //! leases any more, so its locks expire at their TTL.
+//!
+//! It works on the grants' shared state (`state`) through the transport,
+//! the validity clock and `release`; clients and locks reach it only by its
+//! [`Command`]s.
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -34,8 +38,8 @@ use tokio::sync::{mpsc, watch};
 use tokio::time::Instant;
 
 use crate::error::LostReason;
-use crate::lock::Shared;
 use crate::release::{self, Until};
+use crate::state::Shared;
 use crate::transport::{LockRef, Renewed, Transport};
 use crate::validity::{self, MAX_BACKOFF};
 
@@ -322,7 +326,7 @@ fn outcome(r: &Renewed) -> Outcome {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::lock::tests::shared;
+    use crate::state::tests::shared;
 
     fn task() -> RenewalTask {
         let (_tx, rx) = mpsc::unbounded_channel();

@@ -1,0 +1,226 @@
+//! The state every [`Lock`](crate::Lock) of one grant shares: its identity
+//! (name, lockId, fencing token), its validity as the client's own clock
+//! judges it, why it was lost, and where its release stands.
+//!
+//! Status lives in a `watch` channel shared by every `Lock` of one grant
+//! (one per acquire of a name the client already holds; see `registry`),
+//! their handles and the client's renewal task: the task moves
+//! `valid_until` forward on each confirmed renewal and records why a lock
+//! was lost; readers also compare `valid_until` with the clock themselves,
+//! so a lock is lost on time even if the renewal task is starved or the
+//! router is unreachable. Validity only moves forward, and the first reason
+//! a lock was lost is the one that stays.
+//!
+//! This module uses only the error and transport types below it. The
+//! registry that keeps each grant's state sits above it and is told when a
+//! state goes through the [`Forget`] trait it implements, so the two do not
+//! import each other.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::sync::{watch, Notify};
+use tokio::time::Instant;
+
+use crate::error::LostReason;
+use crate::transport::LockRef;
+
+/// Validity as last confirmed, why the lock was lost once it is, and where
+/// its release stands.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Status {
+    pub valid_until: Instant,
+    pub lost: Option<LostReason>,
+    pub release: Release,
+}
+
+/// Where a grant's release at the router stands.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Release {
+    NotStarted,
+    /// Under way, in [`Lock::release`](crate::Lock::release) or in the
+    /// renewal task.
+    Pending,
+    /// The router answered 204.
+    Done,
+    /// The router refused it (a 4xx other than 429): retrying cannot help.
+    GaveUp,
+}
+
+/// What every view of one grant shares.
+pub(crate) struct Shared {
+    /// Identifies the lock within its client's renewal task.
+    pub key: u64,
+    pub name: String,
+    pub lock_ref: LockRef,
+    pub ttl: Duration,
+    pub margin: Duration,
+    pub status: watch::Sender<Status>,
+    /// Wakes a pending release from its backoff: an acquire that raced the
+    /// release wants it settled now.
+    pub retry_now: Notify,
+    /// Where the client keeps its grants, so that this state can leave it
+    /// when it goes.
+    kept_in: Arc<dyn Forget>,
+}
+
+/// Where a client keeps the state of each grant it holds (its registry),
+/// told when a state goes so that its entry goes too. A trait, so that the
+/// state does not depend on the registry that holds it.
+pub(crate) trait Forget: Send + Sync {
+    /// The state of the grant `lock_id` is being dropped; `released`: the
+    /// router confirmed its release.
+    fn forget(&self, lock_id: &str, released: bool);
+}
+
+impl Drop for Shared {
+    fn drop(&mut self) {
+        let released = self.current().release == Release::Done;
+        self.kept_in.forget(&self.lock_ref.lock_id, released);
+    }
+}
+
+impl Shared {
+    pub fn new(
+        key: u64,
+        name: &str,
+        lock_ref: LockRef,
+        ttl: Duration,
+        margin: Duration,
+        valid_until: Instant,
+        kept_in: Arc<dyn Forget>,
+    ) -> Arc<Self> {
+        let (status, _) = watch::channel(Status {
+            valid_until,
+            lost: None,
+            release: Release::NotStarted,
+        });
+        Arc::new(Self {
+            key,
+            name: name.to_string(),
+            lock_ref,
+            ttl,
+            margin,
+            status,
+            retry_now: Notify::new(),
+            kept_in,
+        })
+    }
+
+    /// Marks the lock lost (`Released`, unless it was lost already) and its
+    /// release pending; true for the one call that started the release
+    /// (only the registry's `begin_release` calls this).
+    pub fn begin_release(&self) -> bool {
+        let mut started = false;
+        self.status.send_if_modified(|s| {
+            let lost = s.lost.is_none();
+            s.lost.get_or_insert(LostReason::Released);
+            if s.release == Release::NotStarted {
+                s.release = Release::Pending;
+                started = true;
+            }
+            lost || started
+        });
+        started
+    }
+
+    /// Records how the release ended. A 204 counts whoever got it.
+    pub fn end_release(&self, outcome: Release) {
+        self.status.send_if_modified(|s| {
+            let change =
+                s.release != outcome && (outcome == Release::Done || s.release == Release::Pending);
+            if change {
+                s.release = outcome;
+            }
+            change
+        });
+    }
+
+    /// Records that the lock is lost; the first reason wins.
+    pub fn mark_lost(&self, reason: LostReason) -> bool {
+        self.status.send_if_modified(|s| {
+            if s.lost.is_some() {
+                return false;
+            }
+            s.lost = Some(reason);
+            true
+        })
+    }
+
+    /// Moves validity forward (never back) after a confirmed renewal. A lock
+    /// already lost stays lost: a late answer cannot revive it.
+    pub fn confirm(&self, valid_until: Instant) {
+        let now = Instant::now();
+        self.status.send_if_modified(|s| {
+            if s.lost.is_some() {
+                return false;
+            }
+            if now >= s.valid_until {
+                // Validity ran out before this answer arrived: the lock
+                // already counted as lost, even if nobody looked.
+                s.lost = Some(LostReason::Unconfirmed);
+                return true;
+            }
+            if valid_until <= s.valid_until {
+                return false;
+            }
+            s.valid_until = valid_until;
+            true
+        });
+    }
+
+    pub fn current(&self) -> Status {
+        *self.status.borrow()
+    }
+
+    /// Lost by a recorded reason, or by the clock.
+    pub fn lost_now(&self) -> Option<LostReason> {
+        let s = self.current();
+        match s.lost {
+            Some(r) => Some(r),
+            None if Instant::now() >= s.valid_until => {
+                self.mark_lost(LostReason::Unconfirmed);
+                self.current().lost
+            }
+            None => None,
+        }
+    }
+}
+
+#[cfg(test)]
+pub(crate) mod tests {
+    use super::*;
+
+    /// Keeps nothing: for a state in no registry.
+    struct Nowhere;
+
+    impl Forget for Nowhere {
+        fn forget(&self, _lock_id: &str, _released: bool) {}
+    }
+
+    /// State for a grant kept in `kept_in` (not yet its entry).
+    pub(crate) fn shared_in(
+        kept_in: Arc<dyn Forget>,
+        key: u64,
+        ttl: Duration,
+        valid_for: Duration,
+    ) -> Arc<Shared> {
+        Shared::new(
+            key,
+            &format!("lock-{key}"),
+            LockRef {
+                lock_id: format!("id-{key}"),
+                fencing_token: key + 1,
+            },
+            ttl,
+            Duration::from_millis(100),
+            Instant::now() + valid_for,
+            kept_in,
+        )
+    }
+
+    /// State for a grant not in any registry (nobody can release it).
+    pub(crate) fn shared(key: u64, ttl: Duration, valid_for: Duration) -> Arc<Shared> {
+        shared_in(Arc::new(Nowhere), key, ttl, valid_for)
+    }
+}
