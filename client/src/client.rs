@@ -1,5 +1,8 @@
 //! [`Client`]: one identity (client id) talking to a lockrouter, with one
 //! background renewal task for all the locks it holds.
+//!
+//! The top of the crate: it starts the renewal task, builds the [`Keeper`]
+//! its locks share, and may use every module below; nothing imports it.
 
 use std::future::Future;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -10,8 +13,9 @@ use tokio::sync::mpsc;
 use tokio::time::Instant;
 
 use crate::error::{Error, LostReason};
+use crate::keeper::Keeper;
 use crate::lock::{Lock, LockHandle};
-use crate::registry::{Claim, Registry};
+use crate::registry::Claim;
 use crate::renewal::{Command, RenewalTask};
 use crate::state::{Release, Shared};
 use crate::transport::{LockRef, Transport};
@@ -47,21 +51,17 @@ const ACQUIRE_ROUNDS: u32 = 3;
 /// ```
 #[derive(Clone)]
 pub struct Client {
-    pub(crate) inner: Arc<Inner>,
+    inner: Arc<Inner>,
 }
 
-pub(crate) struct Inner {
-    pub transport: Transport,
-    pub client_id: String,
-    pub margin: Option<Duration>,
-    pub request_timeout: Duration,
-    /// To the renewal task; the task ends when the last sender (held by
-    /// clients and locks) is dropped.
-    pub commands: mpsc::UnboundedSender<Command>,
+struct Inner {
+    /// The transport, request timeout, renewal channel and registry, which
+    /// every `Lock` of this client holds too.
+    keeper: Arc<Keeper>,
+    client_id: String,
+    margin: Option<Duration>,
     /// Numbers the locks within the renewal task.
     next_key: AtomicU64,
-    /// One state per grant, shared by every `Lock` of it.
-    pub registry: Arc<Registry>,
 }
 
 /// Settings for a [`Client`] beyond the router URL.
@@ -121,13 +121,15 @@ impl ClientBuilder {
         runtime.spawn(RenewalTask::new(transport.clone(), self.request_timeout, rx).run());
         Ok(Client {
             inner: Arc::new(Inner {
-                transport,
+                keeper: Arc::new(Keeper {
+                    transport,
+                    request_timeout: self.request_timeout,
+                    commands,
+                    registry: Arc::default(),
+                }),
                 client_id,
                 margin: self.margin,
-                request_timeout: self.request_timeout,
-                commands,
                 next_key: AtomicU64::new(0),
-                registry: Arc::default(),
             }),
         })
     }
@@ -228,7 +230,7 @@ impl Client {
             match self.acquire_once(name, ttl, ttl_ms, wait_left).await? {
                 None => return Ok(None),
                 Some(Claim::Held(shared) | Claim::New(shared)) => {
-                    return Ok(Some(Lock::new(shared, self.clone())))
+                    return Ok(Some(Lock::new(shared, self.inner.keeper.clone())))
                 }
                 // The answer overtook this client's release of the same
                 // grant, which is about to free it: let the release finish,
@@ -255,15 +257,16 @@ impl Client {
         let wait_ms = u64::try_from(wait.as_millis())
             .map_err(|_| Error::Config(format!("wait {wait:?} out of range")))?;
         let inner = &self.inner;
+        let keeper = &inner.keeper;
         let sent_at = Instant::now();
-        let answer = inner
+        let answer = keeper
             .transport
             .acquire(
                 name,
                 ttl_ms,
                 &inner.client_id,
                 wait_ms,
-                inner.request_timeout.saturating_add(wait),
+                keeper.request_timeout.saturating_add(wait),
             )
             .await?;
         if !answer.acquired {
@@ -302,12 +305,7 @@ impl Client {
                     // client holds it already through another Lock.
                     if let Claim::New(shared) = self.claim(name, ttl, margin, lock_ref, valid_until)
                     {
-                        if inner.registry.begin_release(&shared) == Some(true) {
-                            let _ = inner.commands.send(Command::Release {
-                                shared,
-                                failures: 0,
-                            });
-                        }
+                        keeper.release_in_background(&shared);
                     }
                     return Err(e);
                 }
@@ -319,7 +317,7 @@ impl Client {
         if let Claim::New(shared) = &claim {
             // If the task is gone the lock is never renewed and is lost when
             // its validity runs out, which `lost()` reports by the clock.
-            let _ = inner.commands.send(Command::Track(shared.clone()));
+            let _ = keeper.commands.send(Command::Track(shared.clone()));
         }
         Ok(Some(claim))
     }
@@ -335,7 +333,7 @@ impl Client {
     ) -> Claim {
         let inner = &self.inner;
         let lock_id = lock_ref.lock_id.clone();
-        inner.registry.claim(&lock_id, valid_until, || {
+        inner.keeper.registry.claim(&lock_id, valid_until, || {
             Shared::new(
                 inner.next_key.fetch_add(1, Ordering::Relaxed),
                 name,
@@ -343,7 +341,7 @@ impl Client {
                 ttl,
                 margin,
                 valid_until,
-                inner.registry.clone(),
+                inner.keeper.registry.clone(),
             )
         })
     }
@@ -355,7 +353,7 @@ impl Client {
         shared.retry_now.notify_one();
         let mut status = shared.status.subscribe();
         let settled = status.wait_for(|s| s.release != Release::Pending);
-        let _ = tokio::time::timeout(self.inner.request_timeout, settled).await;
+        let _ = tokio::time::timeout(self.inner.keeper.request_timeout, settled).await;
     }
 
     /// One renewal of a fresh grant: its new validity if it still stands,
@@ -366,11 +364,8 @@ impl Client {
         margin: Duration,
     ) -> Result<Result<Instant, LostReason>, Error> {
         let sent_at = Instant::now();
-        let answer = self
-            .inner
-            .transport
-            .renew(lock, self.inner.request_timeout)
-            .await?;
+        let keeper = &self.inner.keeper;
+        let answer = keeper.transport.renew(lock, keeper.request_timeout).await?;
         Ok(match (answer.renewed, answer.expires_in_ms) {
             (true, Some(ms)) => Ok(validity::valid_until(
                 sent_at,

@@ -34,6 +34,8 @@
 //! - [`client`](Client): the client id, acquiring (at once or waiting),
 //!   [`Client::with_lock`].
 //! - [`Lock`], [`LockHandle`]: a held lock, its validity and lost signal.
+//! - `keeper`: what a client's locks need of it (transport, renewal
+//!   channel, registry), which each `Lock` holds instead of its `Client`.
 //! - `registry`: the client's grants by lockId, so that every `Lock` of a
 //!   grant shares its one state.
 //! - `state`: that state: validity, why the lock was lost, where its
@@ -53,6 +55,7 @@
 mod client;
 mod error;
 pub mod fencing;
+mod keeper;
 mod lock;
 mod registry;
 mod release;

@@ -4,6 +4,10 @@
 //! and their [`LockHandle`]s share with the client's renewal task.
 //! Releasing or dropping any `Lock` of a grant marks them all lost at once,
 //! and the grant is released at the router once.
+//!
+//! A `Lock` reaches its client only through the client's `Keeper`
+//! (transport, renewal channel, registry), never the `Client` itself; it
+//! uses the state, `release` and the renewal task's commands below it.
 
 use std::future::Future;
 use std::sync::Arc;
@@ -12,14 +16,14 @@ use std::time::Duration;
 use tokio::sync::mpsc;
 use tokio::time::Instant;
 
-use crate::client::Client;
 use crate::error::{Error, LostReason};
+use crate::keeper::Keeper;
 use crate::release::{self, Until};
 use crate::renewal::Command;
 use crate::state::Shared;
 
-/// A lock held through a [`Client`]. The client's background task renews it
-/// until it is released or lost.
+/// A lock held through a [`Client`](crate::Client). The client's background
+/// task renews it until it is released or lost.
 ///
 /// Dropping a `Lock` releases it: the drop never blocks, it hands the
 /// release to the client's background task, which retries it as
@@ -46,7 +50,9 @@ use crate::state::Shared;
 /// ```
 pub struct Lock {
     handle: LockHandle,
-    client: Client,
+    /// What this lock needs of its client (releasing, the renewal task);
+    /// holding it keeps the renewal task running.
+    keeper: Arc<Keeper>,
     /// Set once `release` took over, so the drop does nothing more.
     released: bool,
 }
@@ -60,10 +66,10 @@ pub struct LockHandle {
 }
 
 impl Lock {
-    pub(crate) fn new(shared: Arc<Shared>, client: Client) -> Self {
+    pub(crate) fn new(shared: Arc<Shared>, keeper: Arc<Keeper>) -> Self {
         Self {
             handle: LockHandle { shared },
-            client,
+            keeper,
             released: false,
         }
     }
@@ -148,28 +154,28 @@ impl Lock {
     pub async fn release(mut self) -> Result<(), Error> {
         self.released = true;
         let shared = self.handle.shared.clone();
-        let inner = self.client.inner.clone();
-        let Some(owner) = inner.registry.begin_release(&shared) else {
+        let keeper = self.keeper.clone();
+        let Some(owner) = keeper.registry.begin_release(&shared) else {
             return Err(Error::Lost {
                 name: shared.name.clone(),
                 reason: shared.current().lost.unwrap_or(LostReason::Released),
             });
         };
         if owner {
-            let _ = inner.commands.send(Command::Forget { key: shared.key });
+            let _ = keeper.commands.send(Command::Forget { key: shared.key });
         }
         // Whoever started the release delivers it; another `Lock` of the
         // grant may release it as well (the router's release is
         // idempotent), but leaves the background to the owner.
         let mut handoff = HandOff {
             shared: owner.then(|| shared.clone()),
-            commands: &inner.commands,
+            commands: &keeper.commands,
             failures: 0,
         };
         let attempt = || {
-            inner
+            keeper
                 .transport
-                .release(&shared.lock_ref, inner.request_timeout)
+                .release(&shared.lock_ref, keeper.request_timeout)
         };
         let result =
             release::retry(&shared, attempt, &mut handoff.failures, Until::ValidityEnds).await;
@@ -205,16 +211,7 @@ impl Drop for Lock {
         if self.released {
             return;
         }
-        let shared = &self.handle.shared;
-        let inner = &self.client.inner;
-        if inner.registry.begin_release(shared) == Some(true) {
-            // Unbounded send never blocks; if the task is gone (runtime
-            // shutting down) so is this process's hold on the session.
-            let _ = inner.commands.send(Command::Release {
-                shared: shared.clone(),
-                failures: 0,
-            });
-        }
+        self.keeper.release_in_background(&self.handle.shared);
     }
 }
 
