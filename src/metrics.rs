@@ -120,6 +120,14 @@ fn describe() {
         "renewal checks (per shard and request) sharing one cache barrier"
     );
     describe_counter!(
+        "lockrouter_commits_total",
+        "group commits (one etcd txn each) of grants (kind=acquire) or releases (kind=release)"
+    );
+    describe_histogram!(
+        "lockrouter_commit_batch_size",
+        "grants or releases sharing one group commit"
+    );
+    describe_counter!(
         "lockrouter_renewal_checks_total",
         "lock renewals checked by the lock-key cache or by a read of etcd"
     );
@@ -156,6 +164,13 @@ pub fn cache_barrier(shard: &str, renewals: usize) {
     counter!("lockrouter_cache_barriers_total", "shard" => shard.to_string()).increment(1);
     histogram!("lockrouter_cache_barrier_batch_size", "shard" => shard.to_string())
         .record(renewals as f64);
+}
+
+/// A group commit of `n` grants or releases (`kind`) went to etcd.
+pub fn commit_batch(shard: &str, kind: &'static str, n: usize) {
+    counter!("lockrouter_commits_total", "shard" => shard.to_string(), "kind" => kind).increment(1);
+    histogram!("lockrouter_commit_batch_size", "shard" => shard.to_string(), "kind" => kind)
+        .record(n as f64);
 }
 
 /// A renewal check answered by the cache (`cache`) or by a read (`read`).

@@ -11,6 +11,7 @@ mod support {
 }
 
 mod client;
+mod commit;
 mod contract;
 mod dashboards;
 mod exec;

@@ -4,7 +4,8 @@
 //! that make the hot paths cheap (the multiplexed keepalive stream in
 //! [`keepalive`], the lock-key cache renewals consult in [`cache`], batched
 //! verification for when the cache cannot vouch in [`verify`], the
-//! session-lease cache in [`sessions`]), the ring state it last read from etcd, and the
+//! session-lease cache in [`sessions`], the group commit of grants and
+//! releases in [`commit`]), the ring state it last read from etcd, and the
 //! shard identity it verified (`P/shard`, see [`keys`]). Every grant
 //! compares both byte for byte, so a router whose ring differs from the
 //! shard's, or whose endpoints for this shard reach another cluster, can
@@ -22,6 +23,7 @@ use etcd_client::{KeyValue, LeaseTimeToLiveOptions, Txn, TxnResponse};
 use tokio_util::sync::CancellationToken;
 
 pub mod cache;
+pub mod commit;
 pub mod conn;
 pub mod keepalive;
 pub mod keys;
@@ -32,6 +34,7 @@ mod txn;
 pub mod verify;
 
 use cache::LockCache;
+use commit::Committer;
 use conn::{EtcdConn, EtcdError};
 use keepalive::Keepalive;
 use keys::{Identity, Keys, NameHash, Recorded, Reservation};
@@ -192,6 +195,8 @@ pub struct Shard {
     pub verifier: Verifier,
     /// The lock keys, for renewals (falls back to `verifier`).
     pub cache: LockCache,
+    /// Group commit of grants and releases.
+    committer: Committer,
     pub sessions: Sessions,
     /// std `RwLock`: read on every acquire, written by the monitor, never
     /// held across an await.
@@ -214,6 +219,7 @@ impl Shard {
                 cancel.child_token(),
             ),
             cache: LockCache::start(conn.clone(), keys.clone(), identity.clone(), cancel),
+            committer: Committer::start(conn.clone(), keys.clone(), cancel),
             keys,
             sessions: Sessions::default(),
             ring: RwLock::new(RingState::Unknown),

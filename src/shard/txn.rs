@@ -11,7 +11,7 @@ use etcd_client::{
 };
 
 use super::conn::EtcdError;
-use super::keys::{HeldValue, LockValue, Recorded};
+use super::keys::{HeldValue, Keys, LockValue, Recorded};
 use super::{AcquireTxn, Grantable, NameKeys, NameState, QueueHead, Shard};
 use crate::config::LockDelay;
 
@@ -20,7 +20,8 @@ impl Shard {
     /// holder is pending, nobody is queued, and the shard still records
     /// `g`'s ring and identity; otherwise reads why not. `replace_held`:
     /// the mod revision of a lost holder's held record to overwrite (only
-    /// when lock-delay is off).
+    /// when lock-delay is off). Goes to etcd in whatever group commit it
+    /// joins (see [`commit`](super::commit)).
     pub async fn acquire_txn(
         &self,
         k: &NameKeys,
@@ -29,20 +30,9 @@ impl Shard {
         g: &Grantable,
         replace_held: Option<i64>,
     ) -> Result<AcquireTxn, EtcdError> {
-        let mut when = self.grant_compares(k, g, replace_held);
-        // No queued waiter: an empty range compares as revision 0.
-        when.push(Compare::create_revision(k.waiters.clone(), CompareOp::Equal, 0).with_prefix());
-        let txn = Txn::new()
-            .when(when)
-            .and_then(grant_ops(k, value, lease))
-            .or_else(self.name_reads(k));
-        let resp = self.txn(txn).await?;
-        if resp.succeeded() {
-            return Ok(AcquireTxn::Granted {
-                revision: revision(&resp),
-            });
-        }
-        Ok(classify_refusal(read_name(resp), g).unwrap_or(AcquireTxn::Queued))
+        self.committer
+            .acquire(k, value, lease, g, replace_held)
+            .await
     }
 
     /// Grants the name to the waiter `mine` if it is first in the queue and
@@ -57,7 +47,7 @@ impl Shard {
         mine: QueueHead<'_>,
         replace_held: Option<i64>,
     ) -> Result<AcquireTxn, EtcdError> {
-        let mut when = self.grant_compares(k, g, replace_held);
+        let mut when = grant_compares(&self.keys, k, g, replace_held);
         when.push(Compare::create_revision(
             mine.key,
             CompareOp::Equal,
@@ -75,7 +65,7 @@ impl Shard {
             .with_max_create_revision(mine.revision - 1)
             .with_sort(SortTarget::Create, SortOrder::Descend)
             .with_limit(1);
-        let mut reads = self.name_reads(k);
+        let mut reads = name_reads(&self.keys, k);
         reads.push(TxnOp::get(mine.key, None));
         reads.push(TxnOp::get(k.waiters.clone(), Some(predecessor)));
         let txn = Txn::new().when(when).and_then(then).or_else(reads);
@@ -99,42 +89,12 @@ impl Shard {
         })
     }
 
-    /// The compares every grant makes (the queue's are added by the caller).
-    fn grant_compares(
-        &self,
-        k: &NameKeys,
-        g: &Grantable,
-        replace_held: Option<i64>,
-    ) -> Vec<Compare> {
-        let held = match replace_held {
-            None => Compare::create_revision(k.held.clone(), CompareOp::Equal, 0),
-            Some(rev) => Compare::mod_revision(k.held.clone(), CompareOp::Equal, rev),
-        };
-        vec![
-            Compare::create_revision(k.lock.clone(), CompareOp::Equal, 0),
-            held,
-            Compare::create_revision(k.delay.clone(), CompareOp::Equal, 0),
-            Compare::value(self.keys.ring(), CompareOp::Equal, g.ring.bytes.clone()),
-            Compare::value(self.keys.identity(), CompareOp::Equal, g.identity.clone()),
-        ]
-    }
-
-    /// Reads of everything that decides whether a name is grantable, in
-    /// the order [`name_state`] takes them.
-    fn name_reads(&self, k: &NameKeys) -> Vec<TxnOp> {
-        vec![
-            TxnOp::get(k.lock.clone(), None),
-            TxnOp::get(k.held.clone(), None),
-            TxnOp::get(k.delay.clone(), None),
-            TxnOp::get(self.keys.ring(), None),
-            TxnOp::get(self.keys.identity(), None),
-        ]
-    }
-
     /// One linearizable read of a name's keys and the shard's ring and
     /// identity (the handoff check of a migration, and inspect).
     pub async fn read_name(&self, k: &NameKeys) -> Result<NameState, EtcdError> {
-        let resp = self.txn(Txn::new().and_then(self.name_reads(k))).await?;
+        let resp = self
+            .txn(Txn::new().and_then(name_reads(&self.keys, k)))
+            .await?;
         Ok(read_name(resp))
     }
 
@@ -178,23 +138,15 @@ impl Shard {
     }
 
     /// Deletes the lock key (and its held record) only if the key still has
-    /// this create revision and lease. Returns whether it deleted.
+    /// this create revision and lease, in whatever group commit it joins.
+    /// Returns whether it deleted.
     pub async fn release_txn(
         &self,
         k: &NameKeys,
         revision: i64,
         lease: i64,
     ) -> Result<bool, EtcdError> {
-        let txn = Txn::new()
-            .when([
-                Compare::create_revision(k.lock.clone(), CompareOp::Equal, revision),
-                Compare::lease(k.lock.clone(), CompareOp::Equal, lease),
-            ])
-            .and_then([
-                TxnOp::delete(k.lock.clone(), None),
-                TxnOp::delete(k.held.clone(), None),
-            ]);
-        Ok(self.txn(txn).await?.succeeded())
+        self.committer.release(k, revision, lease).await
     }
 
     /// Sets the lock-delay of a lost holder's name: grants a lease of `ttl`
@@ -254,9 +206,93 @@ impl Shard {
     }
 }
 
+/// The grant txn of one acquire on its own (see [`Shard::acquire_txn`]).
+pub(super) fn acquire_txn(
+    keys: &Keys,
+    k: &NameKeys,
+    value: &LockValue,
+    lease: i64,
+    g: &Grantable,
+    replace_held: Option<i64>,
+) -> Txn {
+    let mut when = grant_compares(keys, k, g, replace_held);
+    // No queued waiter: an empty range compares as revision 0.
+    when.push(Compare::create_revision(k.waiters.clone(), CompareOp::Equal, 0).with_prefix());
+    Txn::new()
+        .when(when)
+        .and_then(grant_ops(k, value, lease))
+        .or_else(name_reads(keys, k))
+}
+
+/// The release txn of one lock (see [`Shard::release_txn`]).
+pub(super) fn release_txn(k: &NameKeys, revision: i64, lease: i64) -> Txn {
+    Txn::new()
+        .when([
+            Compare::create_revision(k.lock.clone(), CompareOp::Equal, revision),
+            Compare::lease(k.lock.clone(), CompareOp::Equal, lease),
+        ])
+        .and_then([
+            TxnOp::delete(k.lock.clone(), None),
+            TxnOp::delete(k.held.clone(), None),
+        ])
+}
+
+/// The compares every grant makes on the name itself (the queue's are
+/// added by the caller).
+pub(super) fn name_compares(k: &NameKeys, replace_held: Option<i64>) -> Vec<Compare> {
+    let held = match replace_held {
+        None => Compare::create_revision(k.held.clone(), CompareOp::Equal, 0),
+        Some(rev) => Compare::mod_revision(k.held.clone(), CompareOp::Equal, rev),
+    };
+    vec![
+        Compare::create_revision(k.lock.clone(), CompareOp::Equal, 0),
+        held,
+        Compare::create_revision(k.delay.clone(), CompareOp::Equal, 0),
+    ]
+}
+
+/// The compares every grant makes: the name's, and the shard's ring and
+/// identity as `g` has them.
+fn grant_compares(
+    keys: &Keys,
+    k: &NameKeys,
+    g: &Grantable,
+    replace_held: Option<i64>,
+) -> Vec<Compare> {
+    let mut when = name_compares(k, replace_held);
+    when.extend(shard_compares(keys, g));
+    when
+}
+
+/// The compares of the shard-level records a grant depends on.
+pub(super) fn shard_compares(keys: &Keys, g: &Grantable) -> [Compare; 2] {
+    [
+        Compare::value(keys.ring(), CompareOp::Equal, g.ring.bytes.clone()),
+        Compare::value(keys.identity(), CompareOp::Equal, g.identity.clone()),
+    ]
+}
+
+/// Reads of the name's own keys, in the order [`name_state`] takes them.
+pub(super) fn own_reads(k: &NameKeys) -> Vec<TxnOp> {
+    vec![
+        TxnOp::get(k.lock.clone(), None),
+        TxnOp::get(k.held.clone(), None),
+        TxnOp::get(k.delay.clone(), None),
+    ]
+}
+
+/// Reads of everything that decides whether a name is grantable, in the
+/// order [`name_state`] takes them.
+fn name_reads(keys: &Keys, k: &NameKeys) -> Vec<TxnOp> {
+    let mut reads = own_reads(k);
+    reads.push(TxnOp::get(keys.ring(), None));
+    reads.push(TxnOp::get(keys.identity(), None));
+    reads
+}
+
 /// The ops of a grant: the lock key on the session lease, and its held
 /// record (no lease) that only a release deletes.
-fn grant_ops(k: &NameKeys, value: &LockValue, lease: i64) -> Vec<TxnOp> {
+pub(super) fn grant_ops(k: &NameKeys, value: &LockValue, lease: i64) -> Vec<TxnOp> {
     let held = HeldValue {
         name: value.name.clone(),
         ttl: value.ttl,
@@ -278,7 +314,7 @@ fn grant_ops(k: &NameKeys, value: &LockValue, lease: i64) -> Vec<TxnOp> {
 /// Why a grant txn did not grant, from what its `Else` read; `None` when
 /// the name is free of holders, delays and lost holders (so queued, or
 /// changed meanwhile).
-fn classify_refusal(state: NameState, g: &Grantable) -> Option<AcquireTxn> {
+pub(super) fn classify_refusal(state: NameState, g: &Grantable) -> Option<AcquireTxn> {
     if state.identity.as_deref() != Some(g.identity.as_slice()) {
         return Some(AcquireTxn::IdentityChanged);
     }
@@ -310,7 +346,7 @@ pub(super) fn read_name(resp: TxnResponse) -> NameState {
     name_state(&mut gets(resp))
 }
 
-/// Takes the answers of [`Shard::name_reads`] off `gets`.
+/// Takes the answers of [`name_reads`] off `gets`.
 pub(super) fn name_state(gets: &mut impl Iterator<Item = Option<KeyValue>>) -> NameState {
     let mut next = || gets.next().flatten();
     NameState {

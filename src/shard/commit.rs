@@ -1,0 +1,384 @@
+//! Group commit: the acquires (and, apart, the releases) of a shard that
+//! arrive while earlier ones are in flight go to etcd as one txn of nested
+//! txns, one raft write for all of them (`docs/design.md`, "Group
+//! commit").
+//!
+//! No request waits for a timer: a batch is whatever is waiting when a slot
+//! frees (at most [`IN_FLIGHT`] batches in flight per kind). Each acquire
+//! keeps its own compares in its nested txn; the ring and identity are
+//! compared once, by the outer txn, so only acquires that compare the same
+//! ring and identity share a batch. A name appears once per batch (etcd
+//! refuses a key twice in one txn); a later acquire of it waits for the
+//! next batch. A put naming a lease that is gone fails the whole txn and
+//! applies nothing: the batch is then sent again in halves, until only the
+//! acquire of the dead lease sees it.
+
+use std::collections::{HashSet, VecDeque};
+use std::sync::Arc;
+
+use etcd_client::{Compare, CompareOp, Txn, TxnOp, TxnOpResponse, TxnResponse};
+use tokio::sync::{mpsc, oneshot, Semaphore};
+use tokio_util::sync::CancellationToken;
+
+use super::conn::{EtcdConn, EtcdError};
+use super::keys::{Keys, LockValue, Recorded};
+use super::txn::{
+    acquire_txn, classify_refusal, gets, grant_ops, name_compares, name_state, own_reads,
+    release_txn, revision, shard_compares,
+};
+use super::{AcquireTxn, Grantable, NameKeys, NameState};
+
+/// Batches of each kind in flight at once per shard. More than one, so
+/// that at low load an acquire never waits behind another's round trip.
+pub const IN_FLIGHT: usize = 2;
+/// Most grants or releases in one txn. etcd (`--max-txn-ops`, default
+/// 128) counts a txn's ops and then gives each nested txn what is left:
+/// 100 outer ops leave 28, far above the 4 a nested grant needs. A batch
+/// that etcd refuses anyway (a lower limit, `--max-request-bytes`) is sent
+/// again in halves.
+const MAX_BATCH: usize = 100;
+
+/// One acquire waiting for its batch.
+pub struct AcquireJob {
+    pub k: NameKeys,
+    pub value: LockValue,
+    pub lease: i64,
+    pub g: Grantable,
+    pub replace_held: Option<i64>,
+    reply: oneshot::Sender<Result<AcquireTxn, EtcdError>>,
+}
+
+/// One release waiting for its batch.
+pub struct ReleaseJob {
+    pub k: NameKeys,
+    pub revision: i64,
+    pub lease: i64,
+    reply: oneshot::Sender<Result<bool, EtcdError>>,
+}
+
+/// Handle to a shard's committer tasks; dropping it stops them.
+pub struct Committer {
+    acquires: mpsc::Sender<AcquireJob>,
+    releases: mpsc::Sender<ReleaseJob>,
+    _acquire_task: crate::TaskGuard,
+    _release_task: crate::TaskGuard,
+}
+
+/// What the committer needs of the shard.
+#[derive(Clone)]
+struct Target {
+    conn: EtcdConn,
+    keys: Keys,
+}
+
+impl Committer {
+    pub fn start(conn: EtcdConn, keys: Keys, cancel: &CancellationToken) -> Self {
+        let target = Target { conn, keys };
+        let (acquires, arx) = mpsc::channel(16_384);
+        let (releases, rrx) = mpsc::channel(16_384);
+        let (ac, rc) = (cancel.child_token(), cancel.child_token());
+        let a = tokio::spawn(run_acquires(target.clone(), arx, ac.clone()));
+        let r = tokio::spawn(run_releases(target, rrx, rc.clone()));
+        Self {
+            acquires,
+            releases,
+            _acquire_task: crate::TaskGuard::new(a, ac),
+            _release_task: crate::TaskGuard::new(r, rc),
+        }
+    }
+
+    /// Runs the grant txn of one acquire, in whatever batch it joins.
+    pub async fn acquire(
+        &self,
+        k: &NameKeys,
+        value: &LockValue,
+        lease: i64,
+        g: &Grantable,
+        replace_held: Option<i64>,
+    ) -> Result<AcquireTxn, EtcdError> {
+        let (reply, rx) = oneshot::channel();
+        let job = AcquireJob {
+            k: k.clone(),
+            value: value.clone(),
+            lease,
+            g: g.clone(),
+            replace_held,
+            reply,
+        };
+        self.acquires.send(job).await.map_err(|_| stopped())?;
+        rx.await.map_err(|_| stopped())?
+    }
+
+    /// Runs the release txn of one lock, in whatever batch it joins.
+    pub async fn release(
+        &self,
+        k: &NameKeys,
+        revision: i64,
+        lease: i64,
+    ) -> Result<bool, EtcdError> {
+        let (reply, rx) = oneshot::channel();
+        let job = ReleaseJob {
+            k: k.clone(),
+            revision,
+            lease,
+            reply,
+        };
+        self.releases.send(job).await.map_err(|_| stopped())?;
+        rx.await.map_err(|_| stopped())?
+    }
+}
+
+fn stopped() -> EtcdError {
+    EtcdError::Other {
+        shard: String::new(),
+        detail: "committer task stopped".into(),
+    }
+}
+
+async fn run_acquires(
+    target: Target,
+    mut rx: mpsc::Receiver<AcquireJob>,
+    cancel: CancellationToken,
+) {
+    let slots = Arc::new(Semaphore::new(IN_FLIGHT));
+    // Jobs that could not join the last batch (another ring, or a name
+    // already in it), first in line for the next.
+    let mut carried: VecDeque<AcquireJob> = VecDeque::new();
+    loop {
+        let slot = tokio::select! {
+            s = slots.clone().acquire_owned() => s.expect("semaphore is never closed"),
+            _ = cancel.cancelled() => return,
+        };
+        let first = match carried.pop_front() {
+            Some(job) => job,
+            None => tokio::select! {
+                job = rx.recv() => match job { Some(j) => j, None => return },
+                _ = cancel.cancelled() => return,
+            },
+        };
+        let mut names: HashSet<Vec<u8>> = HashSet::from([first.k.lock.clone()]);
+        let mut batch = vec![first];
+        let mut waiting: VecDeque<AcquireJob> = std::mem::take(&mut carried);
+        while batch.len() < MAX_BATCH {
+            let job = match waiting.pop_front() {
+                Some(job) => job,
+                None => match rx.try_recv() {
+                    Ok(job) => job,
+                    Err(_) => break,
+                },
+            };
+            let same = job.g.ring == batch[0].g.ring && job.g.identity == batch[0].g.identity;
+            if same && names.insert(job.k.lock.clone()) {
+                batch.push(job);
+            } else {
+                carried.push_back(job);
+            }
+        }
+        carried.extend(waiting);
+        let target = target.clone();
+        tokio::spawn(async move {
+            crate::metrics::commit_batch(target.conn.shard(), "acquire", batch.len());
+            commit_acquires(&target, batch).await;
+            drop(slot);
+        });
+    }
+}
+
+/// Sends `batch` as one txn (a single acquire as its own txn), and answers
+/// each job. A dead lease in the batch fails the whole txn: then the batch
+/// is sent again in halves.
+async fn commit_acquires(target: &Target, batch: Vec<AcquireJob>) {
+    if batch.len() == 1 {
+        let job = batch.into_iter().next().expect("one job");
+        let txn = acquire_txn(
+            &target.keys,
+            &job.k,
+            &job.value,
+            job.lease,
+            &job.g,
+            job.replace_held,
+        );
+        let result = call(target, txn)
+            .await
+            .map(|resp| single_outcome(resp, &job.g));
+        let _ = job.reply.send(result);
+        return;
+    }
+    let g = batch[0].g.clone();
+    let nested: Vec<TxnOp> = batch
+        .iter()
+        .map(|j| TxnOp::txn(nested_acquire(&j.k, &j.value, j.lease, j.replace_held)))
+        .collect();
+    let k = &target.keys;
+    let txn = Txn::new()
+        .when(shard_compares(k, &g))
+        .and_then(nested)
+        .or_else([TxnOp::get(k.ring(), None), TxnOp::get(k.identity(), None)]);
+    match call(target, txn).await {
+        Ok(resp) if resp.succeeded() => {
+            let granted_at = revision(&resp);
+            for (job, op) in batch.into_iter().zip(resp.op_responses()) {
+                let outcome = match op {
+                    TxnOpResponse::Txn(inner) if inner.succeeded() => AcquireTxn::Granted {
+                        revision: granted_at,
+                    },
+                    TxnOpResponse::Txn(inner) => nested_refusal(inner, &job.g),
+                    _ => AcquireTxn::Queued, // not an answer a nested txn gives
+                };
+                let _ = job.reply.send(Ok(outcome));
+            }
+        }
+        Ok(resp) => {
+            // The ring or the identity changed: every acquire sees it.
+            let mut reads = gets(resp);
+            let ring = reads.next().flatten().map(|kv| Recorded::parse(kv.value()));
+            let identity = reads.next().flatten().map(|kv| kv.value().to_vec());
+            for job in batch {
+                let outcome = if identity.as_deref() != Some(job.g.identity.as_slice()) {
+                    AcquireTxn::IdentityChanged
+                } else {
+                    AcquireTxn::RingChanged(ring.clone())
+                };
+                let _ = job.reply.send(Ok(outcome));
+            }
+        }
+        // A dead lease (or anything else etcd refuses in one of the jobs)
+        // fails the whole txn and applies nothing: halve until it reaches
+        // only the jobs it concerns.
+        Err(EtcdError::LeaseNotFound | EtcdError::Other { .. }) => {
+            let (a, b) = halves(batch);
+            futures::future::join(
+                Box::pin(commit_acquires(target, a)),
+                Box::pin(commit_acquires(target, b)),
+            )
+            .await;
+        }
+        Err(e) => {
+            for job in batch {
+                let _ = job.reply.send(Err(e.clone()));
+            }
+        }
+    }
+}
+
+/// Splits a batch of two or more in two non-empty halves.
+fn halves<T>(mut batch: Vec<T>) -> (Vec<T>, Vec<T>) {
+    let second = batch.split_off(batch.len() / 2);
+    (batch, second)
+}
+
+/// One acquire's nested txn: its own compares and ops; the ring and
+/// identity are the outer txn's.
+fn nested_acquire(k: &NameKeys, value: &LockValue, lease: i64, replace_held: Option<i64>) -> Txn {
+    let mut when = name_compares(k, replace_held);
+    when.push(Compare::create_revision(k.waiters.clone(), CompareOp::Equal, 0).with_prefix());
+    Txn::new()
+        .when(when)
+        .and_then(grant_ops(k, value, lease))
+        .or_else(own_reads(k))
+}
+
+/// Why a nested acquire did not grant (the outer txn's compares held).
+fn nested_refusal(inner: TxnResponse, g: &Grantable) -> AcquireTxn {
+    let mut reads = gets(inner);
+    let mut next = || reads.next().flatten();
+    let state = NameState {
+        lock: next(),
+        held: next(),
+        delay: next(),
+        ring: Some(g.ring.clone()),
+        identity: Some(g.identity.clone()),
+    };
+    classify_refusal(state, g).unwrap_or(AcquireTxn::Queued)
+}
+
+fn single_outcome(resp: TxnResponse, g: &Grantable) -> AcquireTxn {
+    if resp.succeeded() {
+        return AcquireTxn::Granted {
+            revision: revision(&resp),
+        };
+    }
+    classify_refusal(name_state(&mut gets(resp)), g).unwrap_or(AcquireTxn::Queued)
+}
+
+async fn run_releases(
+    target: Target,
+    mut rx: mpsc::Receiver<ReleaseJob>,
+    cancel: CancellationToken,
+) {
+    let slots = Arc::new(Semaphore::new(IN_FLIGHT));
+    let mut carried: Option<ReleaseJob> = None;
+    loop {
+        let slot = tokio::select! {
+            s = slots.clone().acquire_owned() => s.expect("semaphore is never closed"),
+            _ = cancel.cancelled() => return,
+        };
+        let first = match carried.take() {
+            Some(job) => job,
+            None => tokio::select! {
+                job = rx.recv() => match job { Some(j) => j, None => return },
+                _ = cancel.cancelled() => return,
+            },
+        };
+        let mut names: HashSet<Vec<u8>> = HashSet::from([first.k.lock.clone()]);
+        let mut batch = vec![first];
+        while batch.len() < MAX_BATCH {
+            let Ok(job) = rx.try_recv() else { break };
+            if names.insert(job.k.lock.clone()) {
+                batch.push(job);
+            } else {
+                carried = Some(job);
+                break;
+            }
+        }
+        let target = target.clone();
+        tokio::spawn(async move {
+            crate::metrics::commit_batch(target.conn.shard(), "release", batch.len());
+            commit_releases(&target, batch).await;
+            drop(slot);
+        });
+    }
+}
+
+/// Sends `batch` as one txn of nested release txns (a single release as
+/// its own txn) and answers whether each deleted its key.
+async fn commit_releases(target: &Target, batch: Vec<ReleaseJob>) {
+    if batch.len() == 1 {
+        let job = batch.into_iter().next().expect("one job");
+        let txn = release_txn(&job.k, job.revision, job.lease);
+        let _ = job
+            .reply
+            .send(call(target, txn).await.map(|r| r.succeeded()));
+        return;
+    }
+    let nested: Vec<TxnOp> = batch
+        .iter()
+        .map(|j| TxnOp::txn(release_txn(&j.k, j.revision, j.lease)))
+        .collect();
+    match call(target, Txn::new().and_then(nested)).await {
+        Ok(resp) => {
+            for (job, op) in batch.into_iter().zip(resp.op_responses()) {
+                let deleted = matches!(op, TxnOpResponse::Txn(inner) if inner.succeeded());
+                let _ = job.reply.send(Ok(deleted));
+            }
+        }
+        Err(EtcdError::Other { .. }) => {
+            let (a, b) = halves(batch);
+            futures::future::join(
+                Box::pin(commit_releases(target, a)),
+                Box::pin(commit_releases(target, b)),
+            )
+            .await;
+        }
+        Err(e) => {
+            for job in batch {
+                let _ = job.reply.send(Err(e.clone()));
+            }
+        }
+    }
+}
+
+async fn call(target: &Target, txn: Txn) -> Result<TxnResponse, EtcdError> {
+    let mut kv = target.conn.client().kv_client();
+    target.conn.call("Txn", kv.txn(txn)).await
+}
