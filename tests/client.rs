@@ -14,9 +14,10 @@ use futures::FutureExt;
 use lockrouter_client::{Client, Error, Lock, LostReason};
 use serde_json::json;
 
+use lockrouter_testkit::config::config_toml;
 use lockrouter_testkit::etcd::EtcdCluster;
 use lockrouter_testkit::loopback::free_port;
-use lockrouter_testkit::router::{config_toml, TestRouter};
+use lockrouter_testkit::router::TestRouter;
 use lockrouter_testkit::router_process::RouterProcess;
 use lockrouter_testkit::sleep_ms;
 

@@ -283,7 +283,7 @@ async fn read_until_closed(
 async fn slow_clients_are_cut_off() {
     use tokio::io::AsyncWriteExt;
     let etcd = EtcdCluster::single();
-    let toml = lockrouter_testkit::router::config_toml(&[&etcd], "127.0.0.1:0", "").replace(
+    let toml = lockrouter_testkit::config::config_toml(&[&etcd], "127.0.0.1:0", "").replace(
         "[server]\n",
         "[server]\nheader_read_timeout_ms = 300\nbody_read_timeout_ms = 300\n",
     );

@@ -19,9 +19,9 @@ use std::time::{Duration, Instant};
 use serde_json::{json, Value};
 
 use lockrouter_testkit::api::Api;
+use lockrouter_testkit::config::shard_name;
 use lockrouter_testkit::etcd::EtcdCluster;
 use lockrouter_testkit::loopback::free_port;
-use lockrouter_testkit::router::shard_name;
 use lockrouter_testkit::router_process::RouterProcess;
 use lockrouter_testkit::sleep_ms;
 

@@ -11,9 +11,10 @@ use futures::future::join_all;
 use serde_json::json;
 
 use lockrouter_testkit::api::Api;
+use lockrouter_testkit::config::config_toml;
 use lockrouter_testkit::etcd::EtcdCluster;
 use lockrouter_testkit::history::{Grant, History};
-use lockrouter_testkit::router::{config_toml, TestRouter};
+use lockrouter_testkit::router::TestRouter;
 use lockrouter_testkit::sleep_ms;
 
 /// What a client subtracts from `expiresInMs` before trusting a lock.

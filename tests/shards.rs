@@ -7,8 +7,9 @@ use futures::future::join_all;
 use lockrouter::keys::{name_hash, Keys};
 use serde_json::json;
 
+use lockrouter_testkit::config::{config_toml, shard_name};
 use lockrouter_testkit::etcd::EtcdCluster;
-use lockrouter_testkit::router::{config_toml, shard_name, TestRouter};
+use lockrouter_testkit::router::TestRouter;
 use lockrouter_testkit::sleep_ms;
 
 fn three() -> [EtcdCluster; 3] {

@@ -7,8 +7,9 @@ use std::time::{Duration, Instant};
 use serde_json::{json, Value};
 
 use lockrouter_testkit::api::{Api, Reply};
+use lockrouter_testkit::config::config_toml;
 use lockrouter_testkit::etcd::EtcdCluster;
-use lockrouter_testkit::router::{config_toml, TestRouter};
+use lockrouter_testkit::router::TestRouter;
 use lockrouter_testkit::sleep_ms;
 
 fn waiting(api: &Api, name: &str, client: &str, wait_ms: u64) -> tokio::task::JoinHandle<Reply> {

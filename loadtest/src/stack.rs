@@ -12,9 +12,9 @@ use std::path::Path;
 use std::time::Duration;
 
 use anyhow::Result;
+use lockrouter_testkit::config::shards_toml;
 use lockrouter_testkit::etcd::EtcdCluster;
 use lockrouter_testkit::loopback::free_port;
-use lockrouter_testkit::router::shards_toml;
 use lockrouter_testkit::router_process::RouterProcess;
 
 /// Flags for every etcd shard, after the kit's test timings.

@@ -12,6 +12,7 @@
 //!
 //! # Layout
 //! - [`etcd`]: etcd clusters of one or more members, and faults on them.
+//! - [`config`]: router configs naming the kit's etcd clusters as shards.
 //! - [`router`]: routers in-process, built from [`lockrouter::Application`].
 //! - [`router_process`]: the `lockrouter` binary as a child process.
 //! - [`api`]: a small JSON client for the router's HTTP API.
@@ -30,6 +31,7 @@
 pub mod api;
 pub mod bins;
 pub mod child;
+pub mod config;
 pub mod error;
 pub mod etcd;
 pub mod history;

@@ -1,7 +1,6 @@
 //! Routers in-process for tests: [`TestRouter`] (built from a TOML string)
 //! and [`FileRouter`] (reading a config file it can be told to reload), both
-//! built with [`lockrouter::Application`] on a free port and stopped on drop;
-//! and the TOML that points a router at the kit's etcd clusters.
+//! built with [`lockrouter::Application`] on a free port and stopped on drop.
 
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
@@ -11,39 +10,9 @@ use serde_json::Value;
 use tokio_util::sync::CancellationToken;
 
 use crate::api::{Api, Reply};
+use crate::config::config_toml;
 use crate::etcd::EtcdCluster;
 use crate::sleep_ms;
-
-/// TOML for a router listening on `listen` over `shards` named a, b, c, ...,
-/// with short etcd deadlines so tests see failures fast; `extra` goes after
-/// the `[etcd]` keys.
-pub fn config_toml(shards: &[&EtcdCluster], listen: &str, extra: &str) -> String {
-    let mut toml = format!(
-        "[server]\nlisten = \"{listen}\"\n\n[etcd]\nprefix = \"/lockrouter\"\n\
-         request_timeout_ms = 1000\nconnect_timeout_ms = 500\nhealth_interval_ms = 200\n{extra}\n"
-    );
-    toml.push_str(&shards_toml(shards));
-    toml
-}
-
-/// The `[[shards]]` tables for `shards`, named a, b, c, ... in order.
-pub fn shards_toml(shards: &[&EtcdCluster]) -> String {
-    let mut toml = String::new();
-    for (i, s) in shards.iter().enumerate() {
-        let eps: Vec<String> = s.endpoints().iter().map(|e| format!("\"{e}\"")).collect();
-        toml.push_str(&format!(
-            "\n[[shards]]\nname = \"{}\"\nendpoints = [{}]\n",
-            shard_name(i),
-            eps.join(", ")
-        ));
-    }
-    toml
-}
-
-/// The name [`config_toml`] gives the `i`th shard.
-pub fn shard_name(i: usize) -> String {
-    ((b'a' + i as u8) as char).to_string()
-}
 
 pub struct TestRouter {
     pub api: Api,

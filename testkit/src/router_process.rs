@@ -13,9 +13,9 @@ use tempfile::TempDir;
 
 use crate::api::Api;
 use crate::child::{die_with_parent, log_tail, poll_until};
+use crate::config::config_toml;
 use crate::etcd::EtcdCluster;
 use crate::loopback;
-use crate::router::config_toml;
 use crate::Error;
 
 pub struct RouterProcess {

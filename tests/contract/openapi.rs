@@ -10,9 +10,10 @@ use std::time::{Duration, Instant};
 use serde_json::{json, Value};
 
 use lockrouter_testkit::api::Api;
+use lockrouter_testkit::config::config_toml;
 use lockrouter_testkit::etcd::EtcdCluster;
 use lockrouter_testkit::openapi::{Exchange, Spec};
-use lockrouter_testkit::router::{config_toml, FileRouter, TestRouter};
+use lockrouter_testkit::router::{FileRouter, TestRouter};
 use lockrouter_testkit::sleep_ms;
 
 use crate::rebalance::{moving_name, ring, toml, wait_granting};
