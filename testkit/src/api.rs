@@ -13,7 +13,9 @@ use crate::sleep_ms;
 #[derive(Debug, Clone)]
 pub struct Reply {
     pub status: u16,
+    /// `Null` when the answer had no body (204).
     pub body: Value,
+    /// The `Retry-After` header, which the router sends with 429 and 503.
     pub retry_after: Option<String>,
 }
 

@@ -46,6 +46,7 @@ impl Member {
 }
 
 pub struct EtcdCluster {
+    /// Member `i` is named `m{i}`: tests address members by index.
     members: Vec<Member>,
     /// Extra flags for every member, after the kit's own.
     args: Vec<String>,
@@ -60,8 +61,12 @@ pub struct EtcdCluster {
 /// How a cluster is started: its size, extra flags, and whether its members
 /// die with this process.
 pub struct EtcdBuilder {
+    /// How many members: 1 for a shard, 3 for a cluster that survives one
+    /// member's loss.
     size: usize,
+    /// See [`args`](Self::args).
     args: Vec<String>,
+    /// See [`die_with_parent`](Self::die_with_parent).
     die_with_parent: bool,
 }
 

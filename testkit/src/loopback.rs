@@ -23,6 +23,7 @@ pub(crate) fn try_free_port() -> io::Result<u16> {
 #[derive(Debug, Clone)]
 pub struct Response {
     pub status: u16,
+    /// Text: health, readiness, Prometheus text and admin JSON all are.
     pub body: String,
 }
 

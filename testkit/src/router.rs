@@ -15,6 +15,7 @@ use crate::etcd::EtcdCluster;
 use crate::sleep_ms;
 
 pub struct TestRouter {
+    /// Its HTTP API on the port it bound.
     pub api: Api,
     /// The settings it was built from.
     pub settings: Settings,
@@ -59,6 +60,7 @@ impl Drop for TestRouter {
 /// A router in-process reading its config from a file it can be told to
 /// reload (`POST /admin/v1/reload`) or that it polls for changes.
 pub struct FileRouter {
+    /// Its HTTP API on the port it bound.
     pub api: Api,
     /// The config file; write it and [`reload`](Self::reload).
     pub path: PathBuf,

@@ -21,6 +21,7 @@ use crate::Error;
 pub struct RouterProcess {
     /// The process: tests kill it, signal it and wait for it.
     pub child: Child,
+    /// The HTTP API on `port`, for tests.
     pub api: Api,
     /// Its port on 127.0.0.1 (its config's `server.listen`).
     pub port: u16,
@@ -35,8 +36,11 @@ pub struct RouterProcess {
 /// How the binary is started: which binary, extra environment, and whether
 /// it dies with this process.
 pub struct RouterBuilder {
+    /// See [`binary`](Self::binary).
     binary: PathBuf,
+    /// Set on top of this process's environment, which the router inherits.
     env: Vec<(OsString, OsString)>,
+    /// See [`die_with_parent`](Self::die_with_parent).
     die_with_parent: bool,
 }
 
