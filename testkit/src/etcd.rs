@@ -79,7 +79,7 @@ impl EtcdBuilder {
     }
 
     /// Members are killed by the kernel if this process dies, even by
-    /// SIGKILL; see [`die_with_parent`](crate::child::die_with_parent) for
+    /// SIGKILL; see [`child::die_with_parent`](crate::child::die_with_parent) for
     /// which thread must start them.
     pub fn die_with_parent(mut self) -> Self {
         self.die_with_parent = true;

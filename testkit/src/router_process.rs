@@ -58,7 +58,7 @@ impl RouterBuilder {
     }
 
     /// The kernel kills the router if this process dies, even by SIGKILL;
-    /// see [`die_with_parent`](crate::child::die_with_parent) for which
+    /// see [`child::die_with_parent`](crate::child::die_with_parent) for which
     /// thread must start it.
     pub fn die_with_parent(mut self) -> Self {
         self.die_with_parent = true;
