@@ -14,8 +14,12 @@ use futures::FutureExt;
 use lockrouter_client::{Client, Error, Lock, LostReason};
 use serde_json::json;
 
-use crate::support::etcd::{free_port, EtcdCluster};
-use crate::support::router::{config_toml, sleep_ms, RouterProcess, TestRouter};
+use lockrouter_testkit::config::config_toml;
+use lockrouter_testkit::etcd::EtcdCluster;
+use lockrouter_testkit::loopback::free_port;
+use lockrouter_testkit::router::TestRouter;
+use lockrouter_testkit::router_process::RouterProcess;
+use lockrouter_testkit::sleep_ms;
 
 fn secs(n: u64) -> Duration {
     Duration::from_secs(n)

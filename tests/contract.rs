@@ -7,8 +7,8 @@ mod openapi;
 
 use serde_json::{json, Value};
 
-use crate::support::etcd::EtcdCluster;
-use crate::support::router::TestRouter;
+use lockrouter_testkit::etcd::EtcdCluster;
+use lockrouter_testkit::router::TestRouter;
 
 const ACQUIRE: &str = "/api/v1/locks/acquire";
 
@@ -283,7 +283,7 @@ async fn read_until_closed(
 async fn slow_clients_are_cut_off() {
     use tokio::io::AsyncWriteExt;
     let etcd = EtcdCluster::single();
-    let toml = crate::support::router::config_toml(&[&etcd], "127.0.0.1:0", "").replace(
+    let toml = lockrouter_testkit::config::config_toml(&[&etcd], "127.0.0.1:0", "").replace(
         "[server]\n",
         "[server]\nheader_read_timeout_ms = 300\nbody_read_timeout_ms = 300\n",
     );

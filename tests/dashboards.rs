@@ -18,8 +18,12 @@ use std::time::{Duration, Instant};
 
 use serde_json::{json, Value};
 
-use crate::support::etcd::{free_port, EtcdCluster};
-use crate::support::router::{shard_name, sleep_ms, Api, RouterProcess};
+use lockrouter_testkit::api::Api;
+use lockrouter_testkit::config::shard_name;
+use lockrouter_testkit::etcd::EtcdCluster;
+use lockrouter_testkit::loopback::free_port;
+use lockrouter_testkit::router_process::RouterProcess;
+use lockrouter_testkit::sleep_ms;
 
 const DASHBOARDS: [&str; 2] = ["lockrouter-capacity.json", "lockrouter-operations.json"];
 

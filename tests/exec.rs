@@ -11,9 +11,11 @@ use std::time::Duration;
 use nix::sys::signal::Signal;
 use serde_json::Value;
 
-use crate::support::etcd::EtcdCluster;
-use crate::support::procs::{lockrouter, Proc};
-use crate::support::router::{sleep_ms, TestRouter};
+use lockrouter_testkit::bins::lockrouter;
+use lockrouter_testkit::etcd::EtcdCluster;
+use lockrouter_testkit::procs::Proc;
+use lockrouter_testkit::router::TestRouter;
+use lockrouter_testkit::sleep_ms;
 
 fn secs(n: u64) -> Duration {
     Duration::from_secs(n)

@@ -10,9 +10,12 @@ use std::time::{Duration, Instant};
 use futures::future::join_all;
 use serde_json::json;
 
-use crate::support::etcd::EtcdCluster;
-use crate::support::history::{Grant, History};
-use crate::support::router::{config_toml, sleep_ms, Api, TestRouter};
+use lockrouter_testkit::api::Api;
+use lockrouter_testkit::config::config_toml;
+use lockrouter_testkit::etcd::EtcdCluster;
+use lockrouter_testkit::history::{Grant, History};
+use lockrouter_testkit::router::TestRouter;
+use lockrouter_testkit::sleep_ms;
 
 /// What a client subtracts from `expiresInMs` before trusting a lock.
 const MARGIN: Duration = Duration::from_millis(200);

@@ -5,16 +5,17 @@
 //! it lost the lock. Once through the client SDK, once through
 //! `lockrouter exec`, whose child keeps running while its holder is paused.
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::Duration;
 
 use nix::sys::signal::Signal;
 use serde_json::Value;
 
-use crate::support::etcd::EtcdCluster;
-use crate::support::procs::{example, is, lockrouter, Proc};
-use crate::support::router::TestRouter;
+use lockrouter_testkit::bins::{example, lockrouter};
+use lockrouter_testkit::etcd::EtcdCluster;
+use lockrouter_testkit::procs::{is, Proc};
+use lockrouter_testkit::router::TestRouter;
 
 fn secs(n: u64) -> Duration {
     Duration::from_secs(n)
@@ -32,9 +33,14 @@ fn token(v: &Value) -> u64 {
     v["token"].as_u64().expect("event has a token")
 }
 
+/// The `fenced_worker` example of this package, built if it is stale.
+fn fenced_worker() -> PathBuf {
+    example(env!("CARGO_MANIFEST_DIR"), "fenced_worker")
+}
+
 /// `fenced_worker hold`: acquires `name` through the SDK and writes.
 fn holder(router: &str, db: &Path, name: &str, client: &str, extra: &[&str]) -> Command {
-    let mut cmd = Command::new(example("fenced_worker"));
+    let mut cmd = Command::new(fenced_worker());
     cmd.args(["hold", "--router", router, "--name", name, "--ttl", "2s"])
         .args(["--client-id", client, "--interval", "100ms", "--db"])
         .arg(db)
@@ -162,7 +168,7 @@ async fn exec_stops_the_command_of_a_paused_holder_that_lost_its_lock() {
         "exec", "--router", &url, "--name", "order:43", "--ttl", "2s",
     ])
     .args(["--client-id", "H", "--grace", "5s", "--"])
-    .arg(example("fenced_worker"))
+    .arg(fenced_worker())
     .args(["child", "--interval", "100ms", "--db"])
     .arg(&db);
     let mut exec = Proc::spawn("lockrouter exec", cmd);

@@ -11,12 +11,16 @@ use lockrouter::config::ShardSettings;
 use lockrouter::keys::{Keys, PreviousRing, Reservation, RingMeta};
 use serde_json::json;
 
+use lockrouter_testkit::etcd::EtcdCluster;
+use lockrouter_testkit::loopback::free_port;
+use lockrouter_testkit::router::{FileRouter, TestRouter};
+use lockrouter_testkit::router_process::RouterProcess;
+use lockrouter_testkit::sleep_ms;
+
 use crate::rebalance::{moving_name, ring, toml, wait_granting};
-use crate::support::etcd::{free_port, EtcdCluster};
-use crate::support::router::{sleep_ms, FileRouter, RouterProcess, TestRouter};
 
 /// Polls `/readyz` until it shows `state` for every shard, or panics.
-async fn wait_states(api: &crate::support::router::Api, state: &str) -> serde_json::Value {
+async fn wait_states(api: &lockrouter_testkit::api::Api, state: &str) -> serde_json::Value {
     let deadline = Instant::now() + Duration::from_secs(10);
     loop {
         let sent = api.http.get(format!("{}/readyz", api.base)).send().await;

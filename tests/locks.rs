@@ -7,8 +7,9 @@ use std::time::{Duration, Instant};
 use futures::future::join_all;
 use serde_json::json;
 
-use crate::support::etcd::EtcdCluster;
-use crate::support::router::{sleep_ms, TestRouter};
+use lockrouter_testkit::etcd::EtcdCluster;
+use lockrouter_testkit::router::TestRouter;
+use lockrouter_testkit::sleep_ms;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn exactly_one_of_many_concurrent_acquirers_wins() {
@@ -315,7 +316,7 @@ async fn a_lease_revoked_early_keeps_the_name_until_its_holder_surely_stopped() 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn with_lock_delay_off_a_lost_holders_name_is_free_at_once() {
     let etcd = EtcdCluster::single();
-    let toml = crate::support::router::config_toml(
+    let toml = lockrouter_testkit::config::config_toml(
         &[&etcd],
         "127.0.0.1:0",
         "\n[locks]\nlock_delay = \"off\"\n",
@@ -383,8 +384,11 @@ async fn count(etcd: &EtcdCluster, prefix: &str) -> i64 {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn lost_holders_nobody_asks_about_get_their_delay_and_leave_no_records() {
     let etcd = EtcdCluster::single();
-    let toml =
-        crate::support::router::config_toml(&[&etcd], "127.0.0.1:0", "count_interval_ms = 100\n");
+    let toml = lockrouter_testkit::config::config_toml(
+        &[&etcd],
+        "127.0.0.1:0",
+        "count_interval_ms = 100\n",
+    );
     let router = TestRouter::with_toml(&toml).await;
     for i in 0..5 {
         router

@@ -4,8 +4,9 @@
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use crate::support::etcd::{free_port, EtcdCluster};
-use crate::support::router::RouterProcess;
+use lockrouter_testkit::etcd::EtcdCluster;
+use lockrouter_testkit::loopback::free_port;
+use lockrouter_testkit::router_process::RouterProcess;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn killed_router_loses_no_lock_and_replicas_share_locks() {

@@ -10,9 +10,11 @@ use lockrouter::config::ShardSettings;
 use lockrouter::ring::Ring;
 use serde_json::json;
 
-use crate::support::etcd::EtcdCluster;
-use crate::support::history::{Grant, History};
-use crate::support::router::{sleep_ms, Api, FileRouter};
+use lockrouter_testkit::api::Api;
+use lockrouter_testkit::etcd::EtcdCluster;
+use lockrouter_testkit::history::{Grant, History};
+use lockrouter_testkit::router::FileRouter;
+use lockrouter_testkit::sleep_ms;
 
 /// A router config over `(name, cluster, weight)` shards.
 pub(crate) fn toml(shards: &[(&str, &EtcdCluster, u32)]) -> String {

@@ -11,8 +11,10 @@ use std::time::{Duration, Instant};
 use futures::future::join_all;
 use serde_json::json;
 
-use crate::support::etcd::EtcdCluster;
-use crate::support::router::{sleep_ms, Api, TestRouter};
+use lockrouter_testkit::api::Api;
+use lockrouter_testkit::etcd::EtcdCluster;
+use lockrouter_testkit::router::TestRouter;
+use lockrouter_testkit::sleep_ms;
 
 const MARGIN: Duration = Duration::from_millis(200);
 

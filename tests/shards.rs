@@ -7,8 +7,10 @@ use futures::future::join_all;
 use lockrouter::keys::{name_hash, Keys};
 use serde_json::json;
 
-use crate::support::etcd::EtcdCluster;
-use crate::support::router::{config_toml, shard_name, sleep_ms, TestRouter};
+use lockrouter_testkit::config::{config_toml, shard_name};
+use lockrouter_testkit::etcd::EtcdCluster;
+use lockrouter_testkit::router::TestRouter;
+use lockrouter_testkit::sleep_ms;
 
 fn three() -> [EtcdCluster; 3] {
     [
@@ -164,7 +166,7 @@ async fn a_router_with_another_ring_refuses_to_grant() {
     let toml = config_toml(&[&shards[0], &shards[1], &shards[2]], "127.0.0.1:0", "");
     let settings = lockrouter::Settings::from_toml(&toml).unwrap();
     let app = lockrouter::Application::build(settings).await.unwrap();
-    let api = crate::support::router::Api::new(app.local_addr());
+    let api = lockrouter_testkit::api::Api::new(app.local_addr());
     let stop = tokio_util::sync::CancellationToken::new();
     tokio::spawn(app.run(stop.clone()));
     let deadline = Instant::now() + Duration::from_secs(10);
@@ -310,7 +312,7 @@ async fn replicas_started_with_different_shard_sets_never_both_grant() {
         let build = |toml: String| async move {
             let settings = lockrouter::Settings::from_toml(&toml).unwrap();
             let app = lockrouter::Application::build(settings).await.unwrap();
-            let api = crate::support::router::Api::new(app.local_addr());
+            let api = lockrouter_testkit::api::Api::new(app.local_addr());
             let stop = tokio_util::sync::CancellationToken::new();
             tokio::spawn(app.run(stop.clone()));
             (api, stop)

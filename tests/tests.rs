@@ -1,14 +1,6 @@
-//! Integration tests: one binary, so the harness compiles once. Every test
+//! Integration tests: one binary, so everything compiles once. Every test
 //! starts its own etcd clusters (real processes on free loopback ports) and
-//! its own routers.
-
-mod support {
-    pub mod etcd;
-    pub mod history;
-    pub mod openapi;
-    pub mod procs;
-    pub mod router;
-}
+//! its own routers, with the harness in `lockrouter-testkit`.
 
 mod client;
 mod commit;

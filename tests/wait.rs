@@ -6,8 +6,11 @@ use std::time::{Duration, Instant};
 
 use serde_json::{json, Value};
 
-use crate::support::etcd::EtcdCluster;
-use crate::support::router::{config_toml, sleep_ms, Api, Reply, TestRouter};
+use lockrouter_testkit::api::{Api, Reply};
+use lockrouter_testkit::config::config_toml;
+use lockrouter_testkit::etcd::EtcdCluster;
+use lockrouter_testkit::router::TestRouter;
+use lockrouter_testkit::sleep_ms;
 
 fn waiting(api: &Api, name: &str, client: &str, wait_ms: u64) -> tokio::task::JoinHandle<Reply> {
     let (api, name, client) = (api.clone(), name.to_string(), client.to_string());
@@ -259,9 +262,11 @@ async fn a_waiter_keeps_its_session_alive_through_a_churn_of_waiters_ahead() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_queue_entry_never_outlives_its_router() {
     let etcd = EtcdCluster::single();
-    let doomed =
-        crate::support::router::RouterProcess::start(&[&etcd], crate::support::etcd::free_port())
-            .await;
+    let doomed = lockrouter_testkit::router_process::RouterProcess::start(
+        &[&etcd],
+        lockrouter_testkit::loopback::free_port(),
+    )
+    .await;
     let other = TestRouter::start(&[&etcd]).await;
     let held = other.api.must_acquire("contended", 30_000, "holder").await;
     // C's lock and C's wait ride on the same session of the doomed router.

@@ -12,7 +12,6 @@ use serde_json::{json, Value};
 
 use crate::attack::{self, Plan};
 use crate::options::Config;
-use crate::procs::Stack;
 use crate::report::{self, Record};
 use crate::scenarios::baselines::{self, EtcdBaseline, Kind};
 use crate::scenarios::contended::{self, Contended};
@@ -21,6 +20,7 @@ use crate::scenarios::hold::{self, Controller, Hold, Phases, Renewal};
 use crate::scenarios::lifecycle::{self, Lifecycle};
 use crate::scenarios::rebalance::{self, Rebalance};
 use crate::scrape::Snapshot;
+use crate::stack::Stack;
 use crate::stats::Stats;
 
 pub struct Bench<'a> {
@@ -145,7 +145,7 @@ impl<'a> Bench<'a> {
             n => format!("{}-{n}.html", file_name(name)),
         };
         Plan {
-            host: self.stack.router.base_url(),
+            host: self.stack.router.api.base.clone(),
             users,
             run_time_s,
             throttle,
@@ -330,7 +330,7 @@ impl<'a> Bench<'a> {
         // An upper bound only: the controller ends the attack.
         let bound = c.rebalance_before_s + c.rebalance_close_limit_s + c.rebalance_after_s + 60;
         let mut plan = self.plan(name, users, bound as usize, Some(2 * rate));
-        plan.host = stack.router.base_url();
+        plan.host = stack.router.api.base.clone();
         let before = Snapshot::take(&stack)?;
         let (metrics, timeline) = tokio::join!(
             attack::run(&plan, vec![rebalance::scenario(&ctx)]),
@@ -570,7 +570,7 @@ pub async fn run_all(cfg: &Config) -> Result<Vec<String>> {
     eprintln!(
         "{} etcd shards and the router at {} are up",
         stack.shards.len(),
-        stack.router.base_url()
+        stack.router.api.base
     );
     let outcome = Bench::new(cfg, &stack).run().await;
     let records = match outcome {

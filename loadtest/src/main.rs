@@ -6,7 +6,8 @@
 //!
 //! # Layout
 //! - `options`: command line and the smoke/full sizes.
-//! - `procs`: etcd and router processes, RSS and CPU time from `/proc`.
+//! - `stack`: the etcd shards and the router of a run (processes of
+//!   `lockrouter-testkit`, which also reads RSS and CPU time from `/proc`).
 //! - `scrape`: the servers' metrics before and after each scenario.
 //! - `stats`: what the load generator counts, HDR latency histograms.
 //! - `api`: the router's v1 API as goose users call it.
@@ -19,10 +20,10 @@ mod api;
 mod attack;
 mod bench;
 mod options;
-mod procs;
 mod report;
 mod scenarios;
 mod scrape;
+mod stack;
 mod stats;
 
 use std::process::ExitCode;

@@ -167,15 +167,9 @@ impl Cli {
             }
             self.scenarios
         };
-        let router_bin = match self.router_bin {
-            Some(p) => p,
-            None => std::env::current_exe()?
-                .parent()
-                .map(|d| d.join("lockrouter"))
-                .ok_or_else(|| {
-                    anyhow::anyhow!("cannot locate the lockrouter binary; pass --router-bin")
-                })?,
-        };
+        let router_bin = self
+            .router_bin
+            .unwrap_or_else(lockrouter_testkit::bins::lockrouter);
         anyhow::ensure!(
             router_bin.exists(),
             "{} does not exist; build it or pass --router-bin",

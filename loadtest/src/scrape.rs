@@ -7,24 +7,11 @@
 use std::time::Instant;
 
 use anyhow::Result;
+use lockrouter_testkit::metrics;
+use lockrouter_testkit::procfs::{cpu_seconds, machine_busy_seconds};
 use serde::Serialize;
 
-use crate::procs::{cpu_seconds, Stack};
-
-/// Sum of every sample of metric `name` whose labels contain all of
-/// `labels` (`key="value"` pairs); 0 when absent.
-pub fn metric(text: &str, name: &str, labels: &[(&str, &str)]) -> f64 {
-    text.lines()
-        .filter(|l| !l.starts_with('#'))
-        .filter(|l| l.split(['{', ' ']).next() == Some(name))
-        .filter(|l| {
-            labels
-                .iter()
-                .all(|(k, v)| l.contains(&format!("{k}=\"{v}\"")))
-        })
-        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
-        .sum()
-}
+use crate::stack::Stack;
 
 /// The etcd counters the benchmark reads, for one shard or summed.
 #[derive(Debug, Clone, Copy, Default, Serialize)]
@@ -42,11 +29,11 @@ pub struct EtcdCounters {
 impl EtcdCounters {
     fn parse(text: &str) -> Self {
         Self {
-            proposals: metric(text, "etcd_server_proposals_committed_total", &[]),
-            txn_rpcs: metric(text, "grpc_server_handled_total", &[("grpc_method", "Txn")]),
-            lease_grants: metric(text, "etcd_debugging_lease_granted_total", &[]),
-            lease_revokes: metric(text, "etcd_debugging_lease_revoked_total", &[]),
-            lease_renewals: metric(text, "etcd_debugging_lease_renewed_total", &[]),
+            proposals: metrics::sum(text, "etcd_server_proposals_committed_total", &[]),
+            txn_rpcs: metrics::sum(text, "grpc_server_handled_total", &[("grpc_method", "Txn")]),
+            lease_grants: metrics::sum(text, "etcd_debugging_lease_granted_total", &[]),
+            lease_revokes: metrics::sum(text, "etcd_debugging_lease_revoked_total", &[]),
+            lease_renewals: metrics::sum(text, "etcd_debugging_lease_renewed_total", &[]),
         }
     }
 
@@ -87,10 +74,10 @@ pub struct RouterCounters {
 impl RouterCounters {
     fn parse(text: &str) -> Self {
         Self {
-            keepalives_sent: metric(text, "lockrouter_keepalives_sent_total", &[]),
-            lease_renewals: metric(text, "lockrouter_lease_renewals_total", &[]),
-            requests: metric(text, "lockrouter_requests_total", &[]),
-            session_leases: metric(text, "lockrouter_session_leases", &[]),
+            keepalives_sent: metrics::sum(text, "lockrouter_keepalives_sent_total", &[]),
+            lease_renewals: metrics::sum(text, "lockrouter_lease_renewals_total", &[]),
+            requests: metrics::sum(text, "lockrouter_requests_total", &[]),
+            session_leases: metrics::sum(text, "lockrouter_session_leases", &[]),
         }
     }
 }
@@ -103,33 +90,6 @@ pub struct Cpu {
     pub router: f64,
     pub etcd: f64,
     pub machine: f64,
-}
-
-/// Busy CPU seconds of the whole machine, from the first line of /proc/stat.
-fn machine_busy_seconds() -> f64 {
-    let Ok(stat) = std::fs::read_to_string("/proc/stat") else {
-        return 0.0;
-    };
-    let Some(cpu) = stat.lines().next() else {
-        return 0.0;
-    };
-    let ticks: Vec<f64> = cpu
-        .split_whitespace()
-        .skip(1)
-        .filter_map(|t| t.parse().ok())
-        .collect();
-    // user nice system idle iowait irq softirq steal ...: idle and iowait
-    // are not busy; guest time is already inside user.
-    let busy: f64 = ticks
-        .iter()
-        .take(8)
-        .enumerate()
-        .filter(|(i, _)| *i != 3 && *i != 4)
-        .map(|(_, t)| t)
-        .sum();
-    // SAFETY: sysconf has no preconditions.
-    let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) } as f64;
-    busy / hz.max(1.0)
 }
 
 /// Everything read at one moment.
@@ -146,8 +106,8 @@ impl Snapshot {
         let etcd = stack
             .shards
             .iter()
-            .map(|s| s.metrics_text().map(|t| EtcdCounters::parse(&t)))
-            .collect::<Result<Vec<_>>>()?;
+            .map(|s| s.metrics_text(0).map(|t| EtcdCounters::parse(&t)))
+            .collect::<std::io::Result<Vec<_>>>()?;
         let router = RouterCounters::parse(&stack.router.metrics_text()?);
         let cpu = Cpu {
             loadgen: cpu_seconds(std::process::id()).unwrap_or(0.0),
@@ -155,7 +115,7 @@ impl Snapshot {
             etcd: stack
                 .shards
                 .iter()
-                .filter_map(|s| cpu_seconds(s.pid()))
+                .filter_map(|s| s.pid(0).and_then(cpu_seconds))
                 .sum(),
             machine: machine_busy_seconds(),
         };
@@ -208,28 +168,4 @@ pub struct Delta {
     pub etcd_per_shard: Vec<EtcdCounters>,
     pub router: RouterCounters,
     pub cores: Cpu,
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn sums_matching_samples_only() {
-        let text = "# HELP x\n\
-            grpc_server_handled_total{grpc_code=\"OK\",grpc_method=\"Txn\",grpc_service=\"etcdserverpb.KV\",grpc_type=\"unary\"} 7\n\
-            grpc_server_handled_total{grpc_code=\"Unavailable\",grpc_method=\"Txn\",grpc_service=\"etcdserverpb.KV\",grpc_type=\"unary\"} 2\n\
-            grpc_server_handled_total{grpc_code=\"OK\",grpc_method=\"Range\",grpc_service=\"etcdserverpb.KV\",grpc_type=\"unary\"} 5\n\
-            etcd_server_proposals_committed_total 1.2e+06\n\
-            etcd_server_proposals_committed_total_other 3\n";
-        assert_eq!(
-            metric(text, "grpc_server_handled_total", &[("grpc_method", "Txn")]),
-            9.0
-        );
-        assert_eq!(
-            metric(text, "etcd_server_proposals_committed_total", &[]),
-            1.2e6
-        );
-        assert_eq!(metric(text, "absent", &[]), 0.0);
-    }
 }

@@ -9,11 +9,17 @@ use std::time::{Duration, Instant};
 
 use serde_json::{json, Value};
 
-use crate::rebalance::{moving_name, ring, toml, wait_granting};
-use crate::support::etcd::EtcdCluster;
-use crate::support::openapi::{Exchange, Spec};
-use crate::support::router::{config_toml, sleep_ms, Api, FileRouter, TestRouter};
+use lockrouter_testkit::api::Api;
+use lockrouter_testkit::config::config_toml;
+use lockrouter_testkit::etcd::EtcdCluster;
+use lockrouter_testkit::openapi::{Exchange, Spec};
+use lockrouter_testkit::router::{FileRouter, TestRouter};
+use lockrouter_testkit::sleep_ms;
 
+use crate::rebalance::{moving_name, ring, toml, wait_granting};
+
+/// The document the answers are held to.
+const SPEC: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/docs/openapi.yaml");
 const ACQUIRE: &str = "/api/v1/locks/acquire";
 const RENEW: &str = "/api/v1/locks/renew";
 const BATCH: &str = "/api/v1/locks/renew-batch";
@@ -31,7 +37,7 @@ struct Checked {
 impl Checked {
     fn new(api: &Api) -> Self {
         Self {
-            spec: Spec::load(),
+            spec: Spec::load(SPEC),
             http: api.http.clone(),
             base: api.base.clone(),
         }
@@ -544,7 +550,7 @@ async fn deadlines_and_admin_auth_answer_as_documented() {
 /// Every example in the document is valid for the schema beside it.
 #[test]
 fn the_examples_match_their_schemas() {
-    let spec = Spec::load();
+    let spec = Spec::load(SPEC);
     let doc = spec.doc();
     let mut media = Vec::new(); // (where, media type object)
     for (path, item) in doc["paths"].as_object().unwrap() {

@@ -23,8 +23,8 @@ use serde::Serialize;
 
 use crate::api::throttle;
 use crate::attack::transaction;
-use crate::procs::Stack;
 use crate::scrape::{Delta, Snapshot};
+use crate::stack::Stack;
 use crate::stats::Stats;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

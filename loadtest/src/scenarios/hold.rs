@@ -20,12 +20,13 @@ use std::time::{Duration, Instant};
 
 use anyhow::Result;
 use goose::prelude::*;
+use lockrouter_testkit::procfs::{peak_rss_bytes, reset_peak_rss, rss_bytes};
 use serde::Serialize;
 
 use crate::api::{self, Acquire, Held};
 use crate::attack::transaction;
-use crate::procs::{peak_rss_bytes, reset_peak_rss, rss_bytes, Stack};
 use crate::scrape::{Delta, Snapshot};
+use crate::stack::Stack;
 use crate::stats::Stats;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -16,11 +16,12 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result};
 use goose::prelude::*;
+use lockrouter_testkit::loopback;
 use serde_json::{json, Value};
 
 use crate::api::{self, Held};
 use crate::attack::transaction;
-use crate::procs::{RouterProcess, Stack};
+use crate::stack::Stack;
 use crate::stats::{Latency, Percentiles, Stats};
 
 /// One acquire: when it was sent and answered, and its status (0: no answer).
@@ -135,6 +136,13 @@ pub struct Timeline {
     pub ended: Instant,
 }
 
+/// `GET /admin/v1/ring` of the router on `port`, as JSON.
+async fn ring(port: u16) -> Result<Value> {
+    let answer = tokio::task::spawn_blocking(move || loopback::get(port, "/admin/v1/ring")).await?;
+    let ring = answer.and_then(|r| Ok(serde_json::from_str(&r.body)?));
+    ring.context("GET /admin/v1/ring")
+}
+
 /// Drives the run: churn, rewrite and reload, poll the ring until the
 /// migration closes, churn a little more, then stop the users.
 pub async fn control(stack: &Stack, phases: &Phases) -> Result<Timeline> {
@@ -145,11 +153,13 @@ pub async fn control(stack: &Stack, phases: &Phases) -> Result<Timeline> {
 
 async fn control_inner(stack: &Stack, phases: &Phases) -> Result<Timeline> {
     tokio::time::sleep(phases.before).await;
-    stack.router.rewrite_config(&stack.shards)?;
+    stack.route_all_shards()?;
     let reload_sent = Instant::now();
     let port = stack.router.port;
-    let (reload_status, reload_body) =
-        tokio::task::spawn_blocking(move || RouterProcess::reload_port(port)).await??;
+    // Loopback needs no admin token.
+    let reload =
+        tokio::task::spawn_blocking(move || loopback::post(port, "/admin/v1/reload")).await??;
+    let (reload_status, reload_body) = (reload.status, reload.body);
     let reload_answered = Instant::now();
     let mut granting_again = None;
     let mut saw_not_granting = false;
@@ -157,9 +167,7 @@ async fn control_inner(stack: &Stack, phases: &Phases) -> Result<Timeline> {
     let mut last_open = reload_answered;
     let deadline = reload_answered + phases.close_limit;
     while Instant::now() < deadline && closed.is_none() {
-        let ring = tokio::task::spawn_blocking(move || RouterProcess::ring_port(port))
-            .await?
-            .context("GET /admin/v1/ring")?;
+        let ring = ring(port).await?;
         let at = Instant::now();
         if ring["granting"] == true {
             granting_again.get_or_insert(at);
@@ -181,9 +189,7 @@ async fn control_inner(stack: &Stack, phases: &Phases) -> Result<Timeline> {
         // record, and the router may stop granting for a moment again.
         let end = Instant::now() + phases.after;
         while Instant::now() < end {
-            let ring = tokio::task::spawn_blocking(move || RouterProcess::ring_port(port))
-                .await?
-                .context("GET /admin/v1/ring")?;
+            let ring = ring(port).await?;
             let at = Instant::now();
             if let Some((_, resumed @ None)) = &mut close_fence {
                 if ring["granting"] == true {

@@ -15,10 +15,15 @@ use std::time::{Duration, Instant};
 #[derive(Debug, Clone)]
 pub struct Grant {
     pub name: String,
+    /// Answers with one lockId are one grant (an idempotent re-acquire).
     pub lock_id: String,
     pub token: u64,
+    /// When the acquire was sent: the lease is judged from here, as the
+    /// SDK judges it.
     pub sent: Instant,
+    /// When its answer arrived: the grant is valid from here.
     pub received: Instant,
+    /// The answer's `expiresInMs`.
     pub expires_in: Duration,
     /// When the holder sent its release, if it did.
     pub released: Option<Instant>,
@@ -47,15 +52,20 @@ impl Grant {
 #[derive(Debug, Clone)]
 pub struct Refusal {
     pub status: u16,
+    /// The error code of the body.
     pub code: String,
+    /// When the answer arrived, to place it inside or outside a window.
     pub at: Instant,
 }
 
 #[derive(Default)]
 struct Inner {
     grants: Vec<Grant>,
+    /// Error answers; each must fall in one of `windows`.
     refusals: Vec<Refusal>,
+    /// Where 503 `shard_unavailable` is expected (declared fences).
     windows: Vec<(Instant, Instant)>,
+    /// Every acquire sent, so a test can show it did real work.
     attempts: usize,
 }
 

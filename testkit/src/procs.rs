@@ -1,10 +1,9 @@
-//! Separate processes for client-side tests: the `fenced_worker` example and
-//! `lockrouter exec`, each killed and reaped on drop, with their JSON-line
-//! stdout collected by a thread so a test can wait for an event (bounded)
-//! while the process runs.
+//! Separate processes for client-side tests (the `fenced_worker` example,
+//! `lockrouter exec`): each [`Proc`] is killed and reaped on drop, and its
+//! JSON-line stdout is collected by a thread so a test can wait for an event
+//! (bounded) while the process runs. [`crate::bins`] finds the programs.
 
 use std::io::{BufRead, BufReader};
-use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus, Stdio};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
@@ -13,59 +12,18 @@ use nix::sys::signal::{kill, Signal};
 use nix::unistd::Pid;
 use serde_json::Value;
 
-/// The path of an example binary of this package, built now if it is
-/// missing or older than its sources: `cargo test` builds examples only
-/// when it builds every target, not for `--test tests` alone.
-pub fn example(name: &str) -> PathBuf {
-    let exe = std::env::current_exe().expect("test binary path");
-    // target/<profile>/deps/tests-<hash> -> target/<profile>/examples/<name>
-    let profile_dir = exe
-        .parent()
-        .and_then(|deps| deps.parent())
-        .expect("test binary lives in target/<profile>/deps");
-    let path = profile_dir.join("examples").join(name);
-    if is_stale(&path, name) {
-        let mut cargo = Command::new(env!("CARGO"));
-        cargo
-            .args(["build", "--example", name, "--manifest-path"])
-            .arg(concat!(env!("CARGO_MANIFEST_DIR"), "/Cargo.toml"));
-        if profile_dir.ends_with("release") {
-            cargo.arg("--release");
-        }
-        let status = cargo.status().expect("run cargo build --example");
-        assert!(status.success(), "cargo build --example {name} failed");
-    }
-    assert!(path.exists(), "example {name} not found at {path:?}");
-    path
-}
-
-/// Missing, or older than a source it is built from (its own folder and
-/// the client crate).
-fn is_stale(binary: &Path, name: &str) -> bool {
-    let Ok(built) = binary.metadata().and_then(|m| m.modified()) else {
-        return true;
-    };
-    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
-    let dirs = [root.join("examples").join(name), root.join("client/src")];
-    dirs.iter()
-        .filter_map(|d| std::fs::read_dir(d).ok())
-        .flatten()
-        .filter_map(|e| e.ok()?.metadata().ok()?.modified().ok())
-        .any(|changed| changed > built)
-}
-
-/// The `lockrouter` binary.
-pub fn lockrouter() -> PathBuf {
-    env!("CARGO_BIN_EXE_lockrouter").into()
-}
+use crate::procfs::threads_stopped;
 
 /// A child process whose stdout is read as JSON lines (other lines are
 /// kept as strings).
 pub struct Proc {
+    /// The process: tests signal it and wait for it.
     pub child: Child,
+    /// Lines parsed by the reader thread, in order.
     events: mpsc::Receiver<Value>,
     /// Every event seen so far, for assertions and failure messages.
     pub seen: Vec<Value>,
+    /// Names it in failure messages.
     label: String,
 }
 
@@ -145,9 +103,8 @@ impl Proc {
     /// asynchronously, thread by thread).
     pub fn pause(&self) {
         self.signal(Signal::SIGSTOP);
-        let tasks = format!("/proc/{}/task", self.child.id());
         let deadline = Instant::now() + Duration::from_secs(10);
-        while !all_stopped(Path::new(&tasks)) {
+        while !threads_stopped(self.child.id()) {
             assert!(Instant::now() < deadline, "{} did not stop", self.label);
             std::thread::sleep(Duration::from_millis(5));
         }
@@ -189,21 +146,6 @@ impl Drop for Proc {
         let _ = self.child.kill();
         let _ = self.child.wait();
     }
-}
-
-/// True if every thread under `/proc/<pid>/task` is in state `T`.
-fn all_stopped(tasks: &Path) -> bool {
-    let Ok(entries) = std::fs::read_dir(tasks) else {
-        return false;
-    };
-    entries.filter_map(Result::ok).all(|task| {
-        let stat = std::fs::read_to_string(task.path().join("stat")).unwrap_or_default();
-        // The state follows the parenthesised command name.
-        let state = stat
-            .rsplit_once(") ")
-            .and_then(|(_, rest)| rest.chars().next());
-        state == Some('T')
-    })
 }
 
 /// Predicate: an event named `name`.

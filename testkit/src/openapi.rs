@@ -5,6 +5,8 @@
 //! asserted) covers them; `$ref`s to `components/...` resolve because each
 //! checked schema is compiled beside the document's `components`.
 
+use std::path::Path;
+
 use serde_json::{json, Map, Value};
 
 /// One answer as it came off the wire.
@@ -47,13 +49,16 @@ impl Exchange {
 }
 
 pub struct Spec {
+    /// The whole document as JSON, `components` included for `$ref`s.
     doc: Value,
 }
 
 impl Spec {
-    pub fn load() -> Self {
-        let path = concat!(env!("CARGO_MANIFEST_DIR"), "/docs/openapi.yaml");
-        let text = std::fs::read_to_string(path).unwrap();
+    /// Reads the document at `path` (the package's `docs/openapi.yaml`).
+    pub fn load(path: impl AsRef<Path>) -> Self {
+        let path = path.as_ref();
+        let text = std::fs::read_to_string(path)
+            .unwrap_or_else(|e| panic!("read {}: {e}", path.display()));
         let docs = yaml_rust2::YamlLoader::load_from_str(&text).expect("openapi.yaml parses");
         let doc = to_json(&docs[0]);
         assert_eq!(doc["openapi"].as_str().map(|v| &v[..4]), Some("3.1."));

@@ -1,0 +1,137 @@
+//! A small JSON client for the router's HTTP API, for tests: each call
+//! returns the status, the JSON body and `Retry-After`, and panics if the
+//! router cannot be reached (a test asserts on answers, not on transport).
+
+use std::net::SocketAddr;
+use std::time::{Duration, Instant};
+
+use serde_json::{json, Value};
+
+use crate::sleep_ms;
+
+/// A status code and a JSON body (Null when empty).
+#[derive(Debug, Clone)]
+pub struct Reply {
+    pub status: u16,
+    /// `Null` when the answer had no body (204).
+    pub body: Value,
+    /// The `Retry-After` header, which the router sends with 429 and 503.
+    pub retry_after: Option<String>,
+}
+
+#[derive(Clone)]
+pub struct Api {
+    /// `http://<addr>`, for clients a test builds itself.
+    pub base: String,
+    /// Shared, so tests can send requests the helpers do not cover.
+    pub http: reqwest::Client,
+}
+
+impl Api {
+    pub fn new(addr: SocketAddr) -> Self {
+        Self {
+            base: format!("http://{addr}"),
+            http: reqwest::Client::builder()
+                .timeout(Duration::from_secs(20))
+                .build()
+                .unwrap(),
+        }
+    }
+
+    pub async fn wait_ready(&self) {
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while Instant::now() < deadline {
+            if let Ok(r) = self.http.get(format!("{}/readyz", self.base)).send().await {
+                if r.status() == 200 {
+                    return;
+                }
+            }
+            sleep_ms(50).await;
+        }
+        panic!("router at {} did not become ready", self.base);
+    }
+
+    pub async fn send(&self, req: reqwest::RequestBuilder) -> Reply {
+        let resp = req.send().await.expect("request reaches the router");
+        let status = resp.status().as_u16();
+        let retry_after = resp
+            .headers()
+            .get("retry-after")
+            .map(|v| v.to_str().unwrap().to_string());
+        let text = resp.text().await.unwrap();
+        let body = if text.is_empty() {
+            Value::Null
+        } else {
+            serde_json::from_str(&text).expect("JSON body")
+        };
+        Reply {
+            status,
+            body,
+            retry_after,
+        }
+    }
+
+    pub async fn post(&self, path: &str, body: Value) -> Reply {
+        self.send(self.http.post(format!("{}{path}", self.base)).json(&body))
+            .await
+    }
+
+    pub async fn get(&self, path: &str) -> Reply {
+        self.send(self.http.get(format!("{}{path}", self.base)))
+            .await
+    }
+
+    pub async fn acquire(&self, name: &str, ttl_ms: u64, client: &str) -> Reply {
+        self.post(
+            "/api/v1/locks/acquire",
+            json!({"name": name, "ttlMs": ttl_ms, "clientId": client}),
+        )
+        .await
+    }
+
+    /// Acquires and asserts the grant; returns `(lockId, token)`.
+    pub async fn must_acquire(&self, name: &str, ttl_ms: u64, client: &str) -> (String, u64) {
+        let r = self.acquire(name, ttl_ms, client).await;
+        assert_eq!(r.status, 200, "{r:?}");
+        assert_eq!(
+            r.body["acquired"], true,
+            "{name} should be granted to {client}: {r:?}"
+        );
+        (
+            r.body["lockId"].as_str().unwrap().to_string(),
+            r.body["fencingToken"].as_u64().unwrap(),
+        )
+    }
+
+    pub async fn renew(&self, lock: &(String, u64)) -> Reply {
+        self.post(
+            "/api/v1/locks/renew",
+            json!({"lockId": lock.0, "fencingToken": lock.1}),
+        )
+        .await
+    }
+
+    pub async fn release(&self, lock: &(String, u64)) -> Reply {
+        self.post(
+            "/api/v1/locks/release",
+            json!({"lockId": lock.0, "fencingToken": lock.1}),
+        )
+        .await
+    }
+
+    /// The router's Prometheus text.
+    pub async fn metrics(&self) -> String {
+        let resp = self
+            .http
+            .get(format!("{}/metrics", self.base))
+            .send()
+            .await
+            .unwrap();
+        resp.text().await.unwrap()
+    }
+
+    pub async fn inspect(&self, name: &str) -> Reply {
+        let enc = percent_encoding::utf8_percent_encode(name, percent_encoding::NON_ALPHANUMERIC);
+        self.get(&format!("/api/v1/locks/{enc}")).await
+    }
+}

@@ -1,0 +1,35 @@
+//! Router configs for the kit's etcd clusters: the TOML a router (in-process
+//! or a process) serves, with shards named a, b, c, ... in the order given.
+
+use crate::etcd::EtcdCluster;
+
+/// TOML for a router listening on `listen` over `shards` named a, b, c, ...,
+/// with short etcd deadlines so tests see failures fast; `extra` goes after
+/// the `[etcd]` keys.
+pub fn config_toml(shards: &[&EtcdCluster], listen: &str, extra: &str) -> String {
+    let mut toml = format!(
+        "[server]\nlisten = \"{listen}\"\n\n[etcd]\nprefix = \"/lockrouter\"\n\
+         request_timeout_ms = 1000\nconnect_timeout_ms = 500\nhealth_interval_ms = 200\n{extra}\n"
+    );
+    toml.push_str(&shards_toml(shards));
+    toml
+}
+
+/// The `[[shards]]` tables for `shards`, named a, b, c, ... in order.
+pub fn shards_toml(shards: &[&EtcdCluster]) -> String {
+    let mut toml = String::new();
+    for (i, s) in shards.iter().enumerate() {
+        let eps: Vec<String> = s.endpoints().iter().map(|e| format!("\"{e}\"")).collect();
+        toml.push_str(&format!(
+            "\n[[shards]]\nname = \"{}\"\nendpoints = [{}]\n",
+            shard_name(i),
+            eps.join(", ")
+        ));
+    }
+    toml
+}
+
+/// The name [`config_toml`] gives the `i`th shard.
+pub fn shard_name(i: usize) -> String {
+    ((b'a' + i as u8) as char).to_string()
+}

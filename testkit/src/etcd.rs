@@ -1,0 +1,337 @@
+//! Real etcd clusters: each `EtcdCluster` owns its member processes and
+//! their temp dir (on tmpfs when there is one), on free loopback ports;
+//! dropping it kills and reaps them. Readiness is polled on `/health`; a
+//! member that does not come up is an [`Error`] carrying the end of its log.
+//! Members can be paused, killed, wiped and restarted on the same ports, and
+//! the cluster says which member leads.
+//!
+//! Members run with short raft timings (heartbeat 50 ms, election 500 ms) so
+//! tests elect fast; extra flags come after them and win.
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::Duration;
+
+use nix::sys::signal::Signal;
+use tempfile::TempDir;
+
+use crate::child::{die_with_parent, log_tail, poll_until};
+use crate::loopback::{self, try_free_port};
+use crate::Error;
+
+/// How long a member may take to answer healthy after it starts.
+const HEALTHY_WITHIN: Duration = Duration::from_secs(30);
+/// How long one `/health` probe waits: probes are repeated, so a member
+/// that accepts but does not answer must not hold one up.
+const PROBE_WITHIN: Duration = Duration::from_secs(2);
+
+struct Member {
+    /// Its etcd member name: m0, m1, ...
+    name: String,
+    /// Fixed for the cluster's life, so a restarted member is where the
+    /// others and the routers' configs expect it.
+    client_port: u16,
+    /// Likewise fixed: the other members know it by this port.
+    peer_port: u16,
+    /// Its data dir and log, kept across kills until a wipe.
+    dir: PathBuf,
+    /// `None` while killed.
+    child: Option<Child>,
+}
+
+impl Member {
+    fn log(&self) -> PathBuf {
+        self.dir.join("etcd.log")
+    }
+}
+
+pub struct EtcdCluster {
+    /// Member `i` is named `m{i}`: tests address members by index.
+    members: Vec<Member>,
+    /// Extra flags for every member, after the kit's own.
+    args: Vec<String>,
+    /// The `--initial-cluster` value every member starts with.
+    initial_cluster: String,
+    /// Whether members are killed by the kernel if this process dies.
+    die_with_parent: bool,
+    /// Holds every member's dir; removed after they are killed.
+    dir: TempDir,
+}
+
+/// How a cluster is started: its size, extra flags, and whether its members
+/// die with this process.
+pub struct EtcdBuilder {
+    /// How many members: 1 for a shard, 3 for a cluster that survives one
+    /// member's loss.
+    size: usize,
+    /// See [`args`](Self::args).
+    args: Vec<String>,
+    /// See [`die_with_parent`](Self::die_with_parent).
+    die_with_parent: bool,
+}
+
+impl EtcdBuilder {
+    /// Adds flags for every member (e.g. `--quota-backend-bytes`); later
+    /// flags win over the kit's and earlier ones.
+    pub fn args(mut self, args: &[&str]) -> Self {
+        self.args.extend(args.iter().map(|a| a.to_string()));
+        self
+    }
+
+    /// Members are killed by the kernel if this process dies, even by
+    /// SIGKILL; see [`child::die_with_parent`](crate::child::die_with_parent) for
+    /// which thread must start them.
+    pub fn die_with_parent(mut self) -> Self {
+        self.die_with_parent = true;
+        self
+    }
+
+    /// Starts every member and waits until each answers healthy.
+    pub fn start(self) -> Result<EtcdCluster, Error> {
+        // tmpfs when there is one: fsync there is cheap, so tests run faster.
+        let base = if Path::new("/dev/shm").is_dir() {
+            "/dev/shm"
+        } else {
+            "/tmp"
+        };
+        let dir = tempfile::Builder::new()
+            .prefix("lockrouter-etcd-")
+            .tempdir_in(base)
+            .map_err(Error::prepare("etcd's temp dir"))?;
+        let members = (0..self.size)
+            .map(|i| {
+                Ok(Member {
+                    name: format!("m{i}"),
+                    client_port: try_free_port()?,
+                    peer_port: try_free_port()?,
+                    dir: dir.path().join(format!("m{i}")),
+                    child: None,
+                })
+            })
+            .collect::<std::io::Result<Vec<_>>>()
+            .map_err(Error::prepare("etcd's ports"))?;
+        let initial_cluster = members
+            .iter()
+            .map(|m| format!("{}=http://127.0.0.1:{}", m.name, m.peer_port))
+            .collect::<Vec<_>>()
+            .join(",");
+        let mut cluster = EtcdCluster {
+            members,
+            args: self.args,
+            initial_cluster,
+            die_with_parent: self.die_with_parent,
+            dir,
+        };
+        cluster.start_all()?;
+        Ok(cluster)
+    }
+}
+
+fn etcd_binary() -> Result<PathBuf, Error> {
+    ["/usr/bin/etcd", "/usr/local/bin/etcd"]
+        .into_iter()
+        .map(PathBuf::from)
+        .find(|p| p.exists())
+        .ok_or(Error::EtcdMissing)
+}
+
+impl EtcdCluster {
+    /// A cluster of `size` members, to start with [`EtcdBuilder::start`].
+    pub fn builder(size: usize) -> EtcdBuilder {
+        EtcdBuilder {
+            size,
+            args: Vec::new(),
+            die_with_parent: false,
+        }
+    }
+
+    pub fn single() -> Self {
+        Self::start(1)
+    }
+
+    pub fn start(size: usize) -> Self {
+        Self::start_with(size, &[])
+    }
+
+    /// A cluster whose members also get `args` (later flags win).
+    pub fn start_with(size: usize, args: &[&str]) -> Self {
+        Self::builder(size)
+            .args(args)
+            .start()
+            .unwrap_or_else(|e| panic!("{e}"))
+    }
+
+    /// Starts every member that is not running, then waits for each.
+    fn start_all(&mut self) -> Result<(), Error> {
+        for i in 0..self.members.len() {
+            self.spawn(i)?;
+        }
+        for i in 0..self.members.len() {
+            self.wait_healthy(i)?;
+        }
+        Ok(())
+    }
+
+    fn spawn(&mut self, i: usize) -> Result<(), Error> {
+        let binary = etcd_binary()?;
+        let m = &mut self.members[i];
+        std::fs::create_dir_all(&m.dir).map_err(Error::prepare("etcd's data dir"))?;
+        let log = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(m.log())
+            .map_err(Error::prepare("etcd's log"))?;
+        let client = format!("http://127.0.0.1:{}", m.client_port);
+        let peer = format!("http://127.0.0.1:{}", m.peer_port);
+        let mut cmd = Command::new(&binary);
+        cmd.args(["--name", &m.name])
+            .arg("--data-dir")
+            .arg(m.dir.join("data"))
+            .args(["--listen-client-urls", &client])
+            .args(["--advertise-client-urls", &client])
+            .args(["--listen-peer-urls", &peer])
+            .args(["--initial-advertise-peer-urls", &peer])
+            .args(["--initial-cluster", &self.initial_cluster])
+            .args(["--initial-cluster-token", "lockrouter-test"])
+            .args(["--heartbeat-interval", "50", "--election-timeout", "500"])
+            .args(&self.args)
+            .stdout(Stdio::null())
+            .stderr(log);
+        if self.die_with_parent {
+            die_with_parent(&mut cmd);
+        }
+        let child = cmd.spawn().map_err(|source| Error::Spawn {
+            program: binary,
+            source,
+        })?;
+        m.child = Some(child);
+        Ok(())
+    }
+
+    fn wait_healthy(&self, i: usize) -> Result<(), Error> {
+        let m = &self.members[i];
+        let healthy = || {
+            loopback::request(m.client_port, "GET", "/health", PROBE_WITHIN)
+                .is_ok_and(|r| r.body.contains("\"health\":\"true\""))
+        };
+        if poll_until(HEALTHY_WITHIN, healthy) {
+            return Ok(());
+        }
+        Err(Error::NotReady {
+            what: format!("etcd member {}", m.name),
+            state: "healthy",
+            within: HEALTHY_WITHIN,
+            log: log_tail(&m.log()),
+        })
+    }
+
+    /// Client URLs of every member.
+    pub fn endpoints(&self) -> Vec<String> {
+        self.members
+            .iter()
+            .map(|m| format!("http://127.0.0.1:{}", m.client_port))
+            .collect()
+    }
+
+    /// The process id of member `i`, while it runs.
+    pub fn pid(&self, i: usize) -> Option<u32> {
+        self.members[i].child.as_ref().map(Child::id)
+    }
+
+    /// Member `i`'s `/metrics`, as Prometheus text.
+    pub fn metrics_text(&self, i: usize) -> std::io::Result<String> {
+        loopback::get(self.members[i].client_port, "/metrics").map(|r| r.body)
+    }
+
+    /// One counter or gauge from the first member's `/metrics` (summed over
+    /// label sets), 0 if absent.
+    pub fn metric(&self, name: &str) -> f64 {
+        let text = self.metrics_text(0).unwrap_or_default();
+        crate::metrics::sum(&text, name, &[])
+    }
+
+    /// Kills every member (SIGKILL), keeping the data.
+    pub fn kill(&mut self) {
+        for i in 0..self.members.len() {
+            self.kill_member(i);
+        }
+    }
+
+    /// Kills one member (SIGKILL), keeping its data.
+    pub fn kill_member(&mut self, i: usize) {
+        if let Some(mut c) = self.members[i].child.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+
+    /// Stops one member with SIGSTOP (a process paused by GC, swap or a
+    /// stalled disk): its connections stay open but nothing is answered.
+    pub fn pause_member(&self, i: usize) {
+        self.signal_member(i, Signal::SIGSTOP);
+    }
+
+    /// Resumes a member stopped by [`pause_member`](Self::pause_member).
+    pub fn resume_member(&self, i: usize) {
+        self.signal_member(i, Signal::SIGCONT);
+    }
+
+    fn signal_member(&self, i: usize, sig: Signal) {
+        let pid = self.pid(i).expect("member is running");
+        let pid = nix::unistd::Pid::from_raw(pid as i32);
+        nix::sys::signal::kill(pid, sig).unwrap_or_else(|e| panic!("{sig} to member {i}: {e}"));
+    }
+
+    /// Index of the member that is leader now, as the members themselves
+    /// report it (`None` while there is none or none answers).
+    pub async fn leader(&self) -> Option<usize> {
+        for (i, ep) in self.endpoints().iter().enumerate() {
+            let opts = etcd_client::ConnectOptions::new()
+                .with_connect_timeout(Duration::from_millis(300))
+                .with_timeout(Duration::from_millis(500));
+            let Ok(mut c) = etcd_client::Client::connect([ep], Some(opts)).await else {
+                continue;
+            };
+            if let Ok(status) = c.status().await {
+                let me = status.header().map(|h| h.member_id());
+                if me == Some(status.leader()) {
+                    return Some(i);
+                }
+            }
+        }
+        None
+    }
+
+    /// Kills every member and deletes its data, then starts it empty on the
+    /// same ports (a shard that lost its data, or a fresh replacement).
+    pub fn wipe(&mut self) {
+        self.kill();
+        for m in &self.members {
+            let _ = std::fs::remove_dir_all(m.dir.join("data"));
+        }
+        self.start_all().unwrap_or_else(|e| panic!("{e}"));
+    }
+
+    /// Starts every member again on the same ports and data.
+    pub fn restart(&mut self) {
+        self.kill();
+        self.start_all().unwrap_or_else(|e| panic!("{e}"));
+    }
+
+    pub async fn client(&self) -> etcd_client::Client {
+        etcd_client::Client::connect(self.endpoints(), None)
+            .await
+            .unwrap()
+    }
+}
+
+impl Drop for EtcdCluster {
+    fn drop(&mut self) {
+        self.kill();
+        if std::thread::panicking() && std::env::var_os("LOCKROUTER_KEEP_ETCD_LOGS").is_some() {
+            let kept = self.dir.path().with_extension("kept");
+            let _ = std::fs::rename(self.dir.path(), &kept);
+            eprintln!("etcd data and logs kept in {}", kept.display());
+        }
+    }
+}

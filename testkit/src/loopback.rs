@@ -1,0 +1,62 @@
+//! Loopback plumbing: free ports, and a tiny blocking HTTP/1.0 client for
+//! etcd's `/health` and `/metrics` and the router's `/readyz`, `/metrics`
+//! and admin routes, so the kit needs no runtime to start or watch a
+//! process. Every address is 127.0.0.1.
+
+use std::io::{self, Read, Write};
+use std::net::{TcpListener, TcpStream};
+use std::time::Duration;
+
+/// How long a call waits for its whole answer.
+pub const ANSWER_WITHIN: Duration = Duration::from_secs(30);
+
+/// A loopback port that was free a moment ago.
+pub fn free_port() -> u16 {
+    try_free_port().expect("bind a free loopback port")
+}
+
+pub(crate) fn try_free_port() -> io::Result<u16> {
+    Ok(TcpListener::bind("127.0.0.1:0")?.local_addr()?.port())
+}
+
+/// A status code and the body as text.
+#[derive(Debug, Clone)]
+pub struct Response {
+    pub status: u16,
+    /// Text: health, readiness, Prometheus text and admin JSON all are.
+    pub body: String,
+}
+
+/// `GET path` on `port`, answered within [`ANSWER_WITHIN`].
+pub fn get(port: u16, path: &str) -> io::Result<Response> {
+    request(port, "GET", path, ANSWER_WITHIN)
+}
+
+/// `POST path` on `port` with an empty body, answered within
+/// [`ANSWER_WITHIN`].
+pub fn post(port: u16, path: &str) -> io::Result<Response> {
+    request(port, "POST", path, ANSWER_WITHIN)
+}
+
+/// One HTTP/1.0 request with no body; the server closes the connection
+/// after its answer, which ends the read.
+pub fn request(port: u16, method: &str, path: &str, within: Duration) -> io::Result<Response> {
+    let mut s = TcpStream::connect(("127.0.0.1", port))?;
+    s.set_read_timeout(Some(within))?;
+    write!(
+        s,
+        "{method} {path} HTTP/1.0\r\nHost: 127.0.0.1\r\nContent-Length: 0\r\n\r\n"
+    )?;
+    let mut raw = String::new();
+    s.read_to_string(&mut raw)?;
+    let status = raw
+        .split_whitespace()
+        .nth(1)
+        .and_then(|c| c.parse().ok())
+        .ok_or_else(|| io::Error::new(io::ErrorKind::InvalidData, "malformed status line"))?;
+    let body = raw
+        .split_once("\r\n\r\n")
+        .map(|(_, b)| b.to_string())
+        .unwrap_or_default();
+    Ok(Response { status, body })
+}
