@@ -13,8 +13,10 @@ use std::collections::{BTreeMap, BTreeSet};
 use futures::future::join_all;
 use serde_json::Value;
 
-use crate::support::etcd::EtcdCluster;
-use crate::support::router::{sleep_ms, Api, Reply, TestRouter};
+use lockrouter_testkit::api::{Api, Reply};
+use lockrouter_testkit::etcd::EtcdCluster;
+use lockrouter_testkit::router::TestRouter;
+use lockrouter_testkit::sleep_ms;
 
 /// How long etcd stays paused while requests queue (the test routers'
 /// etcd deadline is 1 s).
