@@ -7,8 +7,8 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 
-/// The layers, bottom (0) to top. A module may import from modules of a
-/// lower rank, and from its own top-level module.
+/// The router's layers, bottom (0) to top. A module may import from modules
+/// of a lower rank, and from its own top-level module.
 const RANKS: &[(&str, u32)] = &[
     ("config", 0),
     ("metrics", 0),
@@ -34,9 +34,9 @@ fn src() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("src")
 }
 
-fn modules() -> Vec<Module> {
+fn modules(src: &Path) -> Vec<Module> {
     let mut out = Vec::new();
-    walk(&src(), &mut Vec::new(), &mut out);
+    walk(src, &mut Vec::new(), &mut out);
     out
 }
 
@@ -136,27 +136,34 @@ fn edges(modules: &[Module]) -> BTreeMap<Vec<String>, BTreeSet<Vec<String>>> {
     graph
 }
 
-fn rank(top: &str) -> u32 {
-    RANKS
+fn rank(ranks: &[(&str, u32)], top: &str) -> u32 {
+    ranks
         .iter()
         .find(|(name, _)| *name == top)
         .unwrap_or_else(|| panic!("module {top} has no layer in layout.rs"))
         .1
 }
 
-#[test]
-fn every_layer_imports_only_from_layers_below_it() {
-    let modules = modules();
+/// Imports, in the crate at `src`, from a layer of `ranks` above or beside
+/// the importing module's.
+fn upward_imports(src: &Path, ranks: &[(&str, u32)]) -> Vec<String> {
+    let modules = modules(src);
     let mut wrong = Vec::new();
     for (from, refs) in edges(&modules) {
         let Some(top) = from.first() else { continue }; // lib.rs
         for to in refs {
             let target = &to[0];
-            if target != top && rank(target) >= rank(top) {
+            if target != top && rank(ranks, target) >= rank(ranks, top) {
                 wrong.push(format!("{} imports {}", from.join("::"), to.join("::")));
             }
         }
     }
+    wrong
+}
+
+#[test]
+fn every_layer_imports_only_from_layers_below_it() {
+    let wrong = upward_imports(&src(), RANKS);
     assert!(
         wrong.is_empty(),
         "imports from a layer above (or beside):\n{}",
@@ -166,7 +173,13 @@ fn every_layer_imports_only_from_layers_below_it() {
 
 #[test]
 fn no_modules_import_each_other_in_a_cycle() {
-    let graph = edges(&modules());
+    let cycles = cycles(&src());
+    assert!(cycles.is_empty(), "import cycles:\n{}", cycles.join("\n"));
+}
+
+/// Import cycles among the modules of the crate at `src`.
+fn cycles(src: &Path) -> Vec<String> {
+    let graph = edges(&modules(src));
     // Depth-first search; a grey node met again closes a cycle.
     fn visit<'a>(
         node: &'a Vec<String>,
@@ -198,12 +211,12 @@ fn no_modules_import_each_other_in_a_cycle() {
     for node in graph.keys() {
         visit(node, &graph, &mut state, &mut Vec::new(), &mut cycles);
     }
-    assert!(cycles.is_empty(), "import cycles:\n{}", cycles.join("\n"));
+    cycles
 }
 
 #[test]
 fn the_layout_doc_names_every_module() {
-    let modules = modules();
+    let modules = modules(&src());
     let lib = std::fs::read_to_string(src().join("lib.rs")).unwrap();
     let mut missing = Vec::new();
     for m in modules.iter().filter(|m| m.path.len() == 1) {
