@@ -94,7 +94,44 @@ fn paths_after(code: &str, prefix: &str) -> Vec<Vec<String>> {
     found
 }
 
-/// Module paths each module refers to (the longest prefix that is a module).
+/// Names the crate root re-exports (`pub use a::b::{C, D}`), each with the
+/// module it comes from, so that `crate::C` counts as an import of `a::b`
+/// rather than of the root.
+fn reexports(modules: &[Module], longest: impl Fn(Vec<String>) -> Vec<String>) -> Reexports {
+    let mut out = BTreeMap::new();
+    let Some(root) = modules.iter().find(|m| m.path.is_empty()) else {
+        return out;
+    };
+    for statement in root.code.split(';') {
+        let Some(at) = statement.find("pub use ") else {
+            continue;
+        };
+        let used = statement[at + "pub use ".len()..].trim();
+        let (prefix, items) = match used.split_once("::{") {
+            Some((prefix, items)) => (prefix, items.trim_end_matches('}')),
+            None => ("", used),
+        };
+        for item in items.split(',').map(str::trim).filter(|i| !i.is_empty()) {
+            let (item, name) = match item.split_once(" as ") {
+                Some((item, alias)) => (item.trim(), alias.trim()),
+                None => (item, item.rsplit("::").next().unwrap_or(item)),
+            };
+            let full: Vec<String> = prefix
+                .split("::")
+                .chain(item.split("::"))
+                .filter(|s| !s.is_empty() && *s != "crate")
+                .map(str::to_string)
+                .collect();
+            out.insert(name.to_string(), longest(full));
+        }
+    }
+    out
+}
+
+type Reexports = BTreeMap<String, Vec<String>>;
+
+/// Module paths each module refers to (the longest prefix that is a module,
+/// or for a name the root re-exports, the module it comes from).
 fn edges(modules: &[Module]) -> BTreeMap<Vec<String>, BTreeSet<Vec<String>>> {
     let known: BTreeSet<Vec<String>> = modules.iter().map(|m| m.path.clone()).collect();
     let longest = |mut p: Vec<String>| {
@@ -103,11 +140,19 @@ fn edges(modules: &[Module]) -> BTreeMap<Vec<String>, BTreeSet<Vec<String>>> {
         }
         p
     };
+    let reexported = reexports(modules, longest);
+    let resolve = |p: Vec<String>| {
+        let module = longest(p.clone());
+        match p.first().and_then(|name| reexported.get(name)) {
+            Some(source) if module.is_empty() => source.clone(),
+            _ => module,
+        }
+    };
     let mut graph = BTreeMap::new();
     for m in modules {
         let mut refs = BTreeSet::new();
         for p in paths_after(&m.code, "crate::") {
-            refs.insert(longest(p));
+            refs.insert(resolve(p));
         }
         let is_mod_rs = m.file.file_name().is_some_and(|f| f == "mod.rs");
         // `super` of a/b.rs is a, and of a/mod.rs the crate root.
@@ -115,7 +160,7 @@ fn edges(modules: &[Module]) -> BTreeMap<Vec<String>, BTreeSet<Vec<String>>> {
         for p in paths_after(&m.code, "super::") {
             let mut full = parent.clone();
             full.extend(p);
-            refs.insert(longest(full));
+            refs.insert(resolve(full));
         }
         // A folder's mod.rs naming its children (`child::Item`, `use child::…`).
         if is_mod_rs || m.path.is_empty() {
