@@ -3,6 +3,10 @@
 //! layers below it, and no modules import each other in a cycle. They read
 //! the source files, so a `use` that breaks the layering fails the build's
 //! tests, not a review.
+//!
+//! The same checks, with their own rank table, hold the client crate
+//! (`client/src`, a flat crate: one layer entry per file) to the layers its
+//! `lib.rs` describes.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
@@ -22,6 +26,22 @@ const RANKS: &[(&str, u32)] = &[
     ("app", 7),
 ];
 
+/// The client crate's layers, bottom (0) to top, one entry per file. Files
+/// of one rank are independent of each other.
+const CLIENT_RANKS: &[(&str, u32)] = &[
+    ("error", 0),
+    ("validity", 0),
+    ("fencing", 0),
+    ("transport", 1),
+    ("state", 2),
+    ("registry", 3),
+    ("release", 3),
+    ("renewal", 4),
+    ("keeper", 5),
+    ("lock", 6),
+    ("client", 7),
+];
+
 /// A source file and the module path it defines.
 struct Module {
     path: Vec<String>,
@@ -32,6 +52,11 @@ struct Module {
 
 fn src() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("src")
+}
+
+/// The client crate's sources (`../client/src` from this crate's `src`).
+fn client_src() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("client/src")
 }
 
 fn modules(src: &Path) -> Vec<Module> {
@@ -217,9 +242,29 @@ fn every_layer_imports_only_from_layers_below_it() {
 }
 
 #[test]
+fn every_client_file_imports_only_from_layers_below_it() {
+    let wrong = upward_imports(&client_src(), CLIENT_RANKS);
+    assert!(
+        wrong.is_empty(),
+        "client: imports from a layer above (or beside):\n{}",
+        wrong.join("\n")
+    );
+}
+
+#[test]
 fn no_modules_import_each_other_in_a_cycle() {
     let cycles = cycles(&src());
     assert!(cycles.is_empty(), "import cycles:\n{}", cycles.join("\n"));
+}
+
+#[test]
+fn no_client_files_import_each_other_in_a_cycle() {
+    let cycles = cycles(&client_src());
+    assert!(
+        cycles.is_empty(),
+        "client: import cycles:\n{}",
+        cycles.join("\n")
+    );
 }
 
 /// Import cycles among the modules of the crate at `src`.
@@ -297,5 +342,25 @@ fn the_layout_doc_names_every_module() {
             ));
         }
     }
+    assert!(missing.is_empty(), "{}", missing.join("\n"));
+}
+
+#[test]
+fn the_client_layout_doc_names_every_file() {
+    let lib = std::fs::read_to_string(client_src().join("lib.rs")).unwrap();
+    let layout: String = lib
+        .lines()
+        .filter_map(|l| l.strip_prefix("//!"))
+        .skip_while(|l| l.trim() != "# Layout")
+        .skip(1)
+        .take_while(|l| !l.trim_start().starts_with('#'))
+        .collect::<Vec<_>>()
+        .join("\n");
+    let missing: Vec<String> = modules(&client_src())
+        .iter()
+        .filter_map(|m| m.path.first())
+        .filter(|name| !layout.contains(&format!("`{name}`")))
+        .map(|name| format!("the # Layout of client/src/lib.rs does not name {name}"))
+        .collect();
     assert!(missing.is_empty(), "{}", missing.join("\n"));
 }

@@ -31,23 +31,32 @@
 //! ```
 //!
 //! # Layout
-//! - [`client`](Client): the client id, acquiring (at once or waiting),
-//!   [`Client::with_lock`].
-//! - [`Lock`], [`LockHandle`]: a held lock, its validity and lost signal.
-//! - `keeper`: what a client's locks need of it (transport, renewal
-//!   channel, registry), which each `Lock` holds instead of its `Client`.
-//! - `registry`: the client's grants by lockId, so that every `Lock` of a
-//!   grant shares its one state.
-//! - `state`: that state: validity, why the lock was lost, where its
-//!   release stands.
+//!
+//! One file per concept, in layers, top to bottom. A file imports only from
+//! the layers below it, never from beside or above, so no two files import
+//! each other (the router crate's `layout.rs` tests keep it so).
+//!
+//! - `client`: [`Client`] and [`ClientBuilder`]: the client id, acquiring
+//!   (at once or waiting), [`Client::with_lock`].
+//! - `lock`: [`Lock`], [`LockHandle`]: a held lock, its validity and lost
+//!   signal.
+//! - `keeper`: what a client's locks need of it (transport, request
+//!   timeout, renewal channel, registry); each `Lock` holds it instead of
+//!   its `Client`.
 //! - `renewal`: the one background task per client that renews all locks
-//!   and delivers the releases handed to it.
-//! - `release`: retrying a release until the router confirms it, and why.
-//! - `validity`: the client-side clock rules (margin, renewal interval,
-//!   backoff).
+//!   (up to [`MAX_BATCH`] a request) and delivers the releases handed to
+//!   it.
+//! - `registry`: the client's grants by lockId, so that every `Lock` of a
+//!   grant shares its one state; and, beside it, `release`: retrying a
+//!   release until the router confirms it, and why.
+//! - `state`: that state: validity, why the lock was lost, where its
+//!   release stands. It tells the registry it is gone through a trait the
+//!   registry implements, so it need not import it.
 //! - `transport`: the v1 HTTP API over a pooled HTTP/1.1 client.
-//! - [`fencing`]: what the protected resource must do, with helpers.
-//! - [`Error`], [`LostReason`]: typed failures.
+//! - Leaves any layer may use: `error` ([`Error`], [`LostReason`]: typed
+//!   failures), `validity` (the client-side clock rules: margin, at least
+//!   [`MIN_MARGIN`], renewal interval, backoff) and [`fencing`] (what the
+//!   protected resource must do, with helpers).
 //!
 //! [`Client::acquire_wait`] queues for a held lock at the router (the API's
 //! `waitMs`: first come, first served across router replicas).
