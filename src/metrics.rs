@@ -128,6 +128,10 @@ fn describe() {
         "grants or releases sharing one group commit"
     );
     describe_counter!(
+        "lockrouter_acquire_reads_first_total",
+        "acquires of names the lock-key cache showed held, read before any txn (answered=true: the read answered, no txn)"
+    );
+    describe_counter!(
         "lockrouter_renewal_checks_total",
         "lock renewals checked by the lock-key cache or by a read of etcd"
     );
@@ -171,6 +175,14 @@ pub fn commit_batch(shard: &str, kind: &'static str, n: usize) {
     counter!("lockrouter_commits_total", "shard" => shard.to_string(), "kind" => kind).increment(1);
     histogram!("lockrouter_commit_batch_size", "shard" => shard.to_string(), "kind" => kind)
         .record(n as f64);
+}
+
+/// An acquire read its name before any txn; `answered`: the read answered
+/// it (held, or waiting out a lock-delay).
+pub fn acquire_read_first(shard: &str, answered: bool) {
+    let answered = if answered { "true" } else { "false" };
+    counter!("lockrouter_acquire_reads_first_total", "shard" => shard.to_string(), "answered" => answered)
+        .increment(1);
 }
 
 /// A renewal check answered by the cache (`cache`) or by a read (`read`).

@@ -372,6 +372,53 @@ async fn a_lock_life_is_still_two_raft_writes_with_its_held_record() {
     );
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn acquires_refused_because_the_name_is_held_cost_no_raft_write() {
+    let etcd = EtcdCluster::single();
+    let router = TestRouter::start(&[&etcd]).await;
+    let api = &router.api;
+    let held = api.must_acquire("hot", 30_000, "A").await;
+    // B's session lease first, so that only the acquires are counted.
+    api.must_acquire("warm-up", 30_000, "B").await;
+    // Once the router's lock-key cache has seen the grant, B's acquires of
+    // the held name are answered by a read.
+    let started = Instant::now();
+    while !api
+        .metrics()
+        .await
+        .contains("lockrouter_acquire_reads_first_total")
+    {
+        let r = api.acquire("hot", 30_000, "B").await;
+        assert_eq!(r.body["acquired"], false, "{r:?}");
+        assert!(
+            started.elapsed() < Duration::from_secs(10),
+            "never read first"
+        );
+        sleep_ms(50).await;
+    }
+    let before = etcd.metric("etcd_server_proposals_committed_total");
+    for _ in 0..30 {
+        let r = api.acquire("hot", 30_000, "B").await;
+        assert_eq!(r.status, 200, "{r:?}");
+        assert_eq!(r.body["acquired"], false, "{r:?}");
+        assert!(r.body["expiresAt"].is_string(), "{r:?}");
+    }
+    // The holder's re-acquire is answered by the read too: the same lock.
+    let again = api.must_acquire("hot", 30_000, "A").await;
+    assert_eq!(again, held);
+    let writes = etcd.metric("etcd_server_proposals_committed_total") - before;
+    // A txn per acquire (etcd 3.4 proposes a txn whose compare fails) would
+    // be 31.
+    assert!(
+        writes <= 2.0,
+        "{writes} raft writes for 31 acquires of a held name"
+    );
+    // Released, the name is granted at once: the cache was only a hint.
+    assert_eq!(api.release(&held).await.status, 204);
+    let b = api.must_acquire("hot", 30_000, "B").await;
+    assert!(b.1 > held.1);
+}
+
 /// Keys under `prefix` on `etcd`.
 async fn count(etcd: &EtcdCluster, prefix: &str) -> i64 {
     let mut c = etcd.client().await;

@@ -48,6 +48,9 @@ impl Active {
             if let Some(answer) = self.handoff(&req.name, shard, &req.client_id, &k).await? {
                 return Ok(answer);
             }
+            if let Some(answer) = self.look_first(shard, &k, &req.client_id, &g).await? {
+                return Ok(answer);
+            }
             let value = lock_value(req, &g.ring, ttl_secs)?;
             let session = shard
                 .sessions
@@ -86,6 +89,43 @@ impl Active {
             shard,
             "the shard's ring, session lease or lock records kept changing; retry",
         ))
+    }
+
+    /// A name the lock-key cache says is held (a hint, maybe stale) is
+    /// read first, with a read-only txn: if it is held (or waits out a
+    /// lock-delay) the answer comes from that read, and the acquire costs
+    /// no raft write (etcd 3.4 proposes every txn that may write, even one
+    /// whose compare fails). `None`: go on with the grant txn, which
+    /// decides. A refusal (or the caller's own grant, as an idempotent
+    /// re-acquire) read at the shard the router verified, under the ring it
+    /// serves, is what the txn would have answered.
+    async fn look_first(
+        &self,
+        shard: &Shard,
+        k: &NameKeys,
+        client_id: &str,
+        g: &Grantable,
+    ) -> Result<Option<Acquired>, LockError> {
+        if shard.cache.hint(&k.hash).is_none() {
+            return Ok(None);
+        }
+        let sent = Instant::now();
+        let state = shard.read_name(k).await?;
+        let verified = state.identity.as_deref() == Some(g.identity.as_slice())
+            && state.ring.as_ref() == Some(&g.ring);
+        if !verified {
+            return Ok(None); // the txn finds out what changed
+        }
+        let answered = state.lock.is_some() || state.delay.is_some();
+        crate::metrics::acquire_read_first(&shard.name, answered);
+        match (state.lock, state.delay) {
+            (Some(holder), _) => self
+                .held(shard, client_id, holder, k, None, sent)
+                .await
+                .map(Some),
+            (None, Some(delay)) => Ok(Some(Acquired::Held(lease_end(shard, &delay).await?))),
+            _ => Ok(None),
+        }
     }
 
     /// Turns a refused grant txn into an answer (or a retry).

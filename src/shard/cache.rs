@@ -127,6 +127,22 @@ impl LockCache {
         ))
     }
 
+    /// The entry of `hash` as the cache has it now, with no barrier: a
+    /// hint that may be stale either way, never the basis of an answer.
+    /// Acquires use it to look before they write (a held name is refused
+    /// by a read instead of a txn).
+    pub fn hint(&self, hash: &NameHash) -> Option<Entry> {
+        if !self.state.usable.load(Ordering::Acquire) {
+            return None;
+        }
+        self.state
+            .keys
+            .read()
+            .expect("cache lock")
+            .get(hash)
+            .copied()
+    }
+
     /// Lock keys the cache holds (for metrics), while it vouches.
     pub fn len(&self) -> Option<usize> {
         self.state
