@@ -15,8 +15,8 @@
 //!   http/       routes, body, answers, api, admin, error, state
 //!   locks/      acquire, wait, renew, release, inspect, validate
 //!   placement/  ring, topology, migration, monitor
-//!   shard/      conn, keys, txn, commit, records, scan, cache, sessions, keepalive,
-//!               verify
+//!   shard/      conn, keys, name, txn, commit, records, scan, cache, sessions,
+//!               keepalive, verify
 //!   token/      fencing, lock_id
 //!   cli/        exec, plan, capacity
 //!   config.rs, metrics.rs   leaves any layer may use

@@ -22,11 +22,11 @@ use tokio_util::sync::CancellationToken;
 
 use super::conn::{EtcdConn, EtcdError};
 use super::keys::{Keys, LockValue, Recorded};
-use super::txn::{
+use super::name::{
     acquire_txn, classify_refusal, gets, grant_ops, name_compares, name_state, own_reads,
     release_txn, revision, shard_compares,
 };
-use super::{AcquireTxn, Grantable, NameKeys, NameState};
+use super::name::{AcquireTxn, Grantable, NameKeys, NameState};
 
 /// Batches of each kind in flight at once per shard. More than one, so
 /// that at low load an acquire never waits behind another's round trip.

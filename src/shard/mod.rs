@@ -11,8 +11,9 @@
 //! shard's, or whose endpoints for this shard reach another cluster, can
 //! never grant here.
 //!
-//! The calls themselves: `txn.rs` holds the transactions on one lock name
-//! (grants, releases, lost holders), `records.rs` those on the shard's own
+//! The calls themselves: [`name`] builds the txns of one lock name as
+//! values, `txn.rs` holds the calls on one lock name (grants, releases,
+//! lost holders), `records.rs` those on the shard's own
 //! records (ring, identity, epoch reservation) and the identity check, and
 //! `scan.rs` the paged range reads (counts, moved names, the sweep of lost
 //! holders).
@@ -27,6 +28,7 @@ pub mod commit;
 pub mod conn;
 pub mod keepalive;
 pub mod keys;
+pub mod name;
 mod records;
 mod scan;
 pub mod sessions;
@@ -38,6 +40,7 @@ use commit::Committer;
 use conn::{EtcdConn, EtcdError};
 use keepalive::Keepalive;
 use keys::{Identity, Keys, NameHash, Recorded, Reservation};
+pub use name::{AcquireTxn, Grantable, NameKeys, QueueHead};
 use sessions::Sessions;
 use verify::{IdentityCell, Verifier};
 
@@ -77,13 +80,6 @@ impl IdentityProblem {
     }
 }
 
-/// What a grant compares: the ring and the identity the router verified.
-#[derive(Debug, Clone)]
-pub struct Grantable {
-    pub ring: Recorded,
-    pub identity: Vec<u8>,
-}
-
 /// An identity record as read: parsed with its bytes, or unreadable bytes.
 pub type ReadIdentity = Result<(Identity, Vec<u8>), Vec<u8>>;
 
@@ -104,58 +100,6 @@ impl Probe {
         let reserved = self.reservation.as_ref().map_or(0, |(r, _)| r.epoch);
         ring.max(reserved)
     }
-}
-
-/// The keys of one name on one shard.
-#[derive(Debug, Clone)]
-pub struct NameKeys {
-    pub hash: NameHash,
-    pub lock: Vec<u8>,
-    pub held: Vec<u8>,
-    pub delay: Vec<u8>,
-    /// Prefix of the name's queue of waiters.
-    pub waiters: Vec<u8>,
-}
-
-/// Outcome of a grant txn (plain or at the head of the queue).
-#[derive(Debug)]
-pub enum AcquireTxn {
-    /// The key was created at this revision (the token's low bits).
-    Granted { revision: i64 },
-    /// Someone (maybe the caller itself) holds the name.
-    Held(KeyValue),
-    /// The name waits out a lost holder's lock-delay (this key's lease).
-    Delayed(KeyValue),
-    /// The holder was lost (its lease ended) and no lock-delay was set yet:
-    /// this is its held record.
-    Lost(KeyValue),
-    /// Nobody holds it, but callers are queued for it (no barging).
-    Queued,
-    /// A waiter's own entry is gone (its lease ended).
-    Gone,
-    /// A waiter must wait for this key (the entry ahead of it) to go; the
-    /// name's holder, if any, is given too.
-    Behind(Vec<u8>, Option<KeyValue>),
-    /// The shard's ring is not the one the router compared against.
-    RingChanged(Option<Recorded>),
-    /// The shard's identity is not the one the router verified.
-    IdentityChanged,
-}
-
-/// What a lock name looks like on a shard (one read-only txn).
-#[derive(Debug, Default)]
-pub struct NameState {
-    pub lock: Option<KeyValue>,
-    pub held: Option<KeyValue>,
-    pub delay: Option<KeyValue>,
-    pub ring: Option<Recorded>,
-    pub identity: Option<Vec<u8>>,
-}
-
-/// A waiter's queue entry, for the head-of-queue grant.
-pub struct QueueHead<'a> {
-    pub key: &'a [u8],
-    pub revision: i64,
 }
 
 /// What a ring replacement must also hold for.

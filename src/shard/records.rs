@@ -8,7 +8,7 @@ use etcd_client::{Compare, CompareOp, Txn, TxnOp};
 
 use super::conn::EtcdError;
 use super::keys::{Identity, Recorded, Reservation};
-use super::txn::gets;
+use super::name::gets;
 use super::{classify, IdentityGuard, IdentityProblem, Probe, RingGuard, RingState, Shard};
 
 impl Shard {

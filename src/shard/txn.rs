@@ -1,18 +1,22 @@
-//! The transactions on one lock name: the grant (plain and at the head of
-//! a waiting queue), the release, the read of everything that decides
+//! The shard's calls on one lock name: the grant (plain and at the head
+//! of a waiting queue), the release, the read of everything that decides
 //! whether a name is grantable, and the lost-holder txns behind the
-//! lock-delay (see `docs/design.md`, sections 3, 7 and 13).
+//! lock-delay (see `docs/design.md`, sections 3, 7 and 13). The txns
+//! themselves are built in `name.rs`.
 
 use std::time::{Duration, Instant};
 
 use etcd_client::{
     Compare, CompareOp, GetOptions, KeyValue, PutOptions, SortOrder, SortTarget, Txn, TxnOp,
-    TxnOpResponse, TxnResponse,
 };
 
 use super::conn::EtcdError;
-use super::keys::{HeldValue, Keys, LockValue, Recorded};
-use super::{AcquireTxn, Grantable, NameKeys, NameState, QueueHead, Shard};
+use super::keys::{HeldValue, LockValue};
+use super::name::{
+    classify_refusal, gets, grant_compares, grant_ops, name_reads, name_state, read_name, revision,
+    AcquireTxn, Grantable, NameKeys, NameState, QueueHead,
+};
+use super::Shard;
 use crate::config::LockDelay;
 
 impl Shard {
@@ -203,157 +207,5 @@ impl Shard {
                 return; // the shard is struggling; next round
             }
         }
-    }
-}
-
-/// The grant txn of one acquire on its own (see [`Shard::acquire_txn`]).
-pub(super) fn acquire_txn(
-    keys: &Keys,
-    k: &NameKeys,
-    value: &LockValue,
-    lease: i64,
-    g: &Grantable,
-    replace_held: Option<i64>,
-) -> Txn {
-    let mut when = grant_compares(keys, k, g, replace_held);
-    // No queued waiter: an empty range compares as revision 0.
-    when.push(Compare::create_revision(k.waiters.clone(), CompareOp::Equal, 0).with_prefix());
-    Txn::new()
-        .when(when)
-        .and_then(grant_ops(k, value, lease))
-        .or_else(name_reads(keys, k))
-}
-
-/// The release txn of one lock (see [`Shard::release_txn`]).
-pub(super) fn release_txn(k: &NameKeys, revision: i64, lease: i64) -> Txn {
-    Txn::new()
-        .when([
-            Compare::create_revision(k.lock.clone(), CompareOp::Equal, revision),
-            Compare::lease(k.lock.clone(), CompareOp::Equal, lease),
-        ])
-        .and_then([
-            TxnOp::delete(k.lock.clone(), None),
-            TxnOp::delete(k.held.clone(), None),
-        ])
-}
-
-/// The compares every grant makes on the name itself (the queue's are
-/// added by the caller).
-pub(super) fn name_compares(k: &NameKeys, replace_held: Option<i64>) -> Vec<Compare> {
-    let held = match replace_held {
-        None => Compare::create_revision(k.held.clone(), CompareOp::Equal, 0),
-        Some(rev) => Compare::mod_revision(k.held.clone(), CompareOp::Equal, rev),
-    };
-    vec![
-        Compare::create_revision(k.lock.clone(), CompareOp::Equal, 0),
-        held,
-        Compare::create_revision(k.delay.clone(), CompareOp::Equal, 0),
-    ]
-}
-
-/// The compares every grant makes: the name's, and the shard's ring and
-/// identity as `g` has them.
-fn grant_compares(
-    keys: &Keys,
-    k: &NameKeys,
-    g: &Grantable,
-    replace_held: Option<i64>,
-) -> Vec<Compare> {
-    let mut when = name_compares(k, replace_held);
-    when.extend(shard_compares(keys, g));
-    when
-}
-
-/// The compares of the shard-level records a grant depends on.
-pub(super) fn shard_compares(keys: &Keys, g: &Grantable) -> [Compare; 2] {
-    [
-        Compare::value(keys.ring(), CompareOp::Equal, g.ring.bytes.clone()),
-        Compare::value(keys.identity(), CompareOp::Equal, g.identity.clone()),
-    ]
-}
-
-/// Reads of the name's own keys, in the order [`name_state`] takes them.
-pub(super) fn own_reads(k: &NameKeys) -> Vec<TxnOp> {
-    vec![
-        TxnOp::get(k.lock.clone(), None),
-        TxnOp::get(k.held.clone(), None),
-        TxnOp::get(k.delay.clone(), None),
-    ]
-}
-
-/// Reads of everything that decides whether a name is grantable, in the
-/// order [`name_state`] takes them.
-fn name_reads(keys: &Keys, k: &NameKeys) -> Vec<TxnOp> {
-    let mut reads = own_reads(k);
-    reads.push(TxnOp::get(keys.ring(), None));
-    reads.push(TxnOp::get(keys.identity(), None));
-    reads
-}
-
-/// The ops of a grant: the lock key on the session lease, and its held
-/// record (no lease) that only a release deletes.
-pub(super) fn grant_ops(k: &NameKeys, value: &LockValue, lease: i64) -> Vec<TxnOp> {
-    let held = HeldValue {
-        name: value.name.clone(),
-        ttl: value.ttl,
-    };
-    vec![
-        TxnOp::put(
-            k.lock.clone(),
-            serde_json::to_vec(value).expect("LockValue serialises"),
-            Some(PutOptions::new().with_lease(lease)),
-        ),
-        TxnOp::put(
-            k.held.clone(),
-            serde_json::to_vec(&held).expect("HeldValue serialises"),
-            None,
-        ),
-    ]
-}
-
-/// Why a grant txn did not grant, from what its `Else` read; `None` when
-/// the name is free of holders, delays and lost holders (so queued, or
-/// changed meanwhile).
-pub(super) fn classify_refusal(state: NameState, g: &Grantable) -> Option<AcquireTxn> {
-    if state.identity.as_deref() != Some(g.identity.as_slice()) {
-        return Some(AcquireTxn::IdentityChanged);
-    }
-    if state.ring.as_ref() != Some(&g.ring) {
-        return Some(AcquireTxn::RingChanged(state.ring));
-    }
-    if let Some(kv) = state.lock {
-        return Some(AcquireTxn::Held(kv));
-    }
-    if let Some(kv) = state.delay {
-        return Some(AcquireTxn::Delayed(kv));
-    }
-    state.held.map(AcquireTxn::Lost)
-}
-
-pub(super) fn revision(resp: &TxnResponse) -> i64 {
-    resp.header().map(|h| h.revision()).unwrap_or(0)
-}
-
-/// The first key of each get in a txn's answers, in order.
-pub(super) fn gets(resp: TxnResponse) -> impl Iterator<Item = Option<KeyValue>> {
-    resp.op_responses().into_iter().map(|op| match op {
-        TxnOpResponse::Get(mut g) => g.take_kvs().into_iter().next(),
-        _ => None,
-    })
-}
-
-pub(super) fn read_name(resp: TxnResponse) -> NameState {
-    name_state(&mut gets(resp))
-}
-
-/// Takes the answers of [`name_reads`] off `gets`.
-pub(super) fn name_state(gets: &mut impl Iterator<Item = Option<KeyValue>>) -> NameState {
-    let mut next = || gets.next().flatten();
-    NameState {
-        lock: next(),
-        held: next(),
-        delay: next(),
-        ring: next().map(|kv| Recorded::parse(kv.value())),
-        identity: next().map(|kv| kv.value().to_vec()),
     }
 }

@@ -1,0 +1,221 @@
+//! One lock name on a shard: its keys, what a grant compares, the txns
+//! of a grant and a release built as values, and how their answers read
+//! (`docs/design.md`, section 3). Nothing here calls etcd: the shard's
+//! calls (`txn.rs`) and its group commit (`commit.rs`) send these.
+
+use etcd_client::{
+    Compare, CompareOp, KeyValue, PutOptions, Txn, TxnOp, TxnOpResponse, TxnResponse,
+};
+
+use super::keys::{HeldValue, Keys, LockValue, NameHash, Recorded};
+
+/// What a grant compares: the ring and the identity the router verified.
+#[derive(Debug, Clone)]
+pub struct Grantable {
+    pub ring: Recorded,
+    pub identity: Vec<u8>,
+}
+
+/// The keys of one name on one shard.
+#[derive(Debug, Clone)]
+pub struct NameKeys {
+    pub hash: NameHash,
+    pub lock: Vec<u8>,
+    pub held: Vec<u8>,
+    pub delay: Vec<u8>,
+    /// Prefix of the name's queue of waiters.
+    pub waiters: Vec<u8>,
+}
+
+/// Outcome of a grant txn (plain or at the head of the queue).
+#[derive(Debug)]
+pub enum AcquireTxn {
+    /// The key was created at this revision (the token's low bits).
+    Granted { revision: i64 },
+    /// Someone (maybe the caller itself) holds the name.
+    Held(KeyValue),
+    /// The name waits out a lost holder's lock-delay (this key's lease).
+    Delayed(KeyValue),
+    /// The holder was lost (its lease ended) and no lock-delay was set yet:
+    /// this is its held record.
+    Lost(KeyValue),
+    /// Nobody holds it, but callers are queued for it (no barging).
+    Queued,
+    /// A waiter's own entry is gone (its lease ended).
+    Gone,
+    /// A waiter must wait for this key (the entry ahead of it) to go; the
+    /// name's holder, if any, is given too.
+    Behind(Vec<u8>, Option<KeyValue>),
+    /// The shard's ring is not the one the router compared against.
+    RingChanged(Option<Recorded>),
+    /// The shard's identity is not the one the router verified.
+    IdentityChanged,
+}
+
+/// What a lock name looks like on a shard (one read-only txn).
+#[derive(Debug, Default)]
+pub struct NameState {
+    pub lock: Option<KeyValue>,
+    pub held: Option<KeyValue>,
+    pub delay: Option<KeyValue>,
+    pub ring: Option<Recorded>,
+    pub identity: Option<Vec<u8>>,
+}
+
+/// A waiter's queue entry, for the head-of-queue grant.
+pub struct QueueHead<'a> {
+    pub key: &'a [u8],
+    pub revision: i64,
+}
+
+/// The grant txn of one acquire on its own (`Shard::acquire_txn`).
+pub fn acquire_txn(
+    keys: &Keys,
+    k: &NameKeys,
+    value: &LockValue,
+    lease: i64,
+    g: &Grantable,
+    replace_held: Option<i64>,
+) -> Txn {
+    let mut when = grant_compares(keys, k, g, replace_held);
+    // No queued waiter: an empty range compares as revision 0.
+    when.push(Compare::create_revision(k.waiters.clone(), CompareOp::Equal, 0).with_prefix());
+    Txn::new()
+        .when(when)
+        .and_then(grant_ops(k, value, lease))
+        .or_else(name_reads(keys, k))
+}
+
+/// The release txn of one lock (`Shard::release_txn`).
+pub fn release_txn(k: &NameKeys, revision: i64, lease: i64) -> Txn {
+    Txn::new()
+        .when([
+            Compare::create_revision(k.lock.clone(), CompareOp::Equal, revision),
+            Compare::lease(k.lock.clone(), CompareOp::Equal, lease),
+        ])
+        .and_then([
+            TxnOp::delete(k.lock.clone(), None),
+            TxnOp::delete(k.held.clone(), None),
+        ])
+}
+
+/// The compares every grant makes on the name itself (the queue's are
+/// added by the caller).
+pub fn name_compares(k: &NameKeys, replace_held: Option<i64>) -> Vec<Compare> {
+    let held = match replace_held {
+        None => Compare::create_revision(k.held.clone(), CompareOp::Equal, 0),
+        Some(rev) => Compare::mod_revision(k.held.clone(), CompareOp::Equal, rev),
+    };
+    vec![
+        Compare::create_revision(k.lock.clone(), CompareOp::Equal, 0),
+        held,
+        Compare::create_revision(k.delay.clone(), CompareOp::Equal, 0),
+    ]
+}
+
+/// The compares every grant makes: the name's, and the shard's ring and
+/// identity as `g` has them.
+pub fn grant_compares(
+    keys: &Keys,
+    k: &NameKeys,
+    g: &Grantable,
+    replace_held: Option<i64>,
+) -> Vec<Compare> {
+    let mut when = name_compares(k, replace_held);
+    when.extend(shard_compares(keys, g));
+    when
+}
+
+/// The compares of the shard-level records a grant depends on.
+pub fn shard_compares(keys: &Keys, g: &Grantable) -> [Compare; 2] {
+    [
+        Compare::value(keys.ring(), CompareOp::Equal, g.ring.bytes.clone()),
+        Compare::value(keys.identity(), CompareOp::Equal, g.identity.clone()),
+    ]
+}
+
+/// Reads of the name's own keys, in the order [`name_state`] takes them.
+pub fn own_reads(k: &NameKeys) -> Vec<TxnOp> {
+    vec![
+        TxnOp::get(k.lock.clone(), None),
+        TxnOp::get(k.held.clone(), None),
+        TxnOp::get(k.delay.clone(), None),
+    ]
+}
+
+/// Reads of everything that decides whether a name is grantable, in the
+/// order [`name_state`] takes them.
+pub fn name_reads(keys: &Keys, k: &NameKeys) -> Vec<TxnOp> {
+    let mut reads = own_reads(k);
+    reads.push(TxnOp::get(keys.ring(), None));
+    reads.push(TxnOp::get(keys.identity(), None));
+    reads
+}
+
+/// The ops of a grant: the lock key on the session lease, and its held
+/// record (no lease) that only a release deletes.
+pub fn grant_ops(k: &NameKeys, value: &LockValue, lease: i64) -> Vec<TxnOp> {
+    let held = HeldValue {
+        name: value.name.clone(),
+        ttl: value.ttl,
+    };
+    vec![
+        TxnOp::put(
+            k.lock.clone(),
+            serde_json::to_vec(value).expect("LockValue serialises"),
+            Some(PutOptions::new().with_lease(lease)),
+        ),
+        TxnOp::put(
+            k.held.clone(),
+            serde_json::to_vec(&held).expect("HeldValue serialises"),
+            None,
+        ),
+    ]
+}
+
+/// Why a grant txn did not grant, from what its `Else` read; `None` when
+/// the name is free of holders, delays and lost holders (so queued, or
+/// changed meanwhile).
+pub fn classify_refusal(state: NameState, g: &Grantable) -> Option<AcquireTxn> {
+    if state.identity.as_deref() != Some(g.identity.as_slice()) {
+        return Some(AcquireTxn::IdentityChanged);
+    }
+    if state.ring.as_ref() != Some(&g.ring) {
+        return Some(AcquireTxn::RingChanged(state.ring));
+    }
+    if let Some(kv) = state.lock {
+        return Some(AcquireTxn::Held(kv));
+    }
+    if let Some(kv) = state.delay {
+        return Some(AcquireTxn::Delayed(kv));
+    }
+    state.held.map(AcquireTxn::Lost)
+}
+
+pub fn revision(resp: &TxnResponse) -> i64 {
+    resp.header().map(|h| h.revision()).unwrap_or(0)
+}
+
+/// The first key of each get in a txn's answers, in order.
+pub fn gets(resp: TxnResponse) -> impl Iterator<Item = Option<KeyValue>> {
+    resp.op_responses().into_iter().map(|op| match op {
+        TxnOpResponse::Get(mut g) => g.take_kvs().into_iter().next(),
+        _ => None,
+    })
+}
+
+pub fn read_name(resp: TxnResponse) -> NameState {
+    name_state(&mut gets(resp))
+}
+
+/// Takes the answers of [`name_reads`] off `gets`.
+pub fn name_state(gets: &mut impl Iterator<Item = Option<KeyValue>>) -> NameState {
+    let mut next = || gets.next().flatten();
+    NameState {
+        lock: next(),
+        held: next(),
+        delay: next(),
+        ring: next().map(|kv| Recorded::parse(kv.value())),
+        identity: next().map(|kv| kv.value().to_vec()),
+    }
+}
