@@ -173,6 +173,26 @@ mod tests {
     const PINNED_FINGERPRINT: &str = "79e3bc25da5afb7458ffdef8";
 
     #[test]
+    fn adding_a_shard_moves_names_only_onto_it() {
+        // What a migration relies on: a name either stays where it was or
+        // moves to the new shard, never between two old ones.
+        let before = Ring::new(&shards(&["a", "b", "c"]), 160);
+        let after = Ring::new(&shards(&["a", "b", "c", "d"]), 160);
+        let mut moved = 0;
+        for i in 0..10_000 {
+            let n = format!("name-{i}");
+            let (old, new) = (before.shard_name(&n), after.shard_name(&n));
+            if old != new {
+                assert_eq!(new, "d", "{n} moved from {old} to {new}");
+                moved += 1;
+            }
+        }
+        // About a quarter of the names move: no more than consistent
+        // hashing needs.
+        assert!((1_800..3_200).contains(&moved), "{moved} of 10000 moved");
+    }
+
+    #[test]
     fn config_order_does_not_matter() {
         let a = Ring::new(&shards(&["a", "b", "c"]), 160);
         let b = Ring::new(&shards(&["c", "a", "b"]), 160);

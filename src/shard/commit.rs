@@ -382,3 +382,17 @@ async fn call(target: &Target, txn: Txn) -> Result<TxnResponse, EtcdError> {
     let mut kv = target.conn.client().kv_client();
     target.conn.call("Txn", kv.txn(txn)).await
 }
+
+#[cfg(test)]
+mod tests {
+    use super::halves;
+
+    #[test]
+    fn halves_are_non_empty_and_keep_every_job_once_in_order() {
+        for n in 2..40 {
+            let (a, b) = halves((0..n).collect::<Vec<_>>());
+            assert!(!a.is_empty() && !b.is_empty(), "{n}");
+            assert_eq!([a, b].concat(), (0..n).collect::<Vec<_>>());
+        }
+    }
+}

@@ -251,3 +251,53 @@ pub fn classify(found: Option<Recorded>, fingerprint: &str) -> RingState {
         Some(r) => RingState::Mismatch(r),
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use keys::{Reservation, RingMeta};
+
+    fn recorded(epoch: u64, fingerprint: &str) -> Recorded {
+        Recorded::new(RingMeta {
+            epoch,
+            ring: fingerprint.into(),
+            previous: None,
+        })
+    }
+
+    #[test]
+    fn only_a_recorded_ring_with_our_fingerprint_is_ready() {
+        assert_eq!(classify(None, "r1"), RingState::Absent);
+        assert!(
+            matches!(classify(Some(recorded(3, "r1")), "r1"), RingState::Ready(r) if r.meta.epoch == 3)
+        );
+        assert!(matches!(
+            classify(Some(recorded(3, "r2")), "r1"),
+            RingState::Mismatch(_)
+        ));
+    }
+
+    #[test]
+    fn the_top_epoch_counts_reservations_never_used() {
+        let probe = |ring: Option<u64>, reserved: Option<u64>| Probe {
+            ring: ring.map(|e| recorded(e, "r")),
+            identity: None,
+            reservation: reserved.map(|epoch| {
+                (
+                    Reservation {
+                        epoch,
+                        by: "x".into(),
+                    },
+                    Vec::new(),
+                )
+            }),
+            cluster_id: 1,
+        };
+        assert_eq!(probe(None, None).top_epoch(), 0);
+        assert_eq!(probe(Some(4), None).top_epoch(), 4);
+        // A reservation above the ring: an opening that crashed before its
+        // ring write; its epoch may have been used elsewhere.
+        assert_eq!(probe(Some(4), Some(7)).top_epoch(), 7);
+        assert_eq!(probe(Some(9), Some(7)).top_epoch(), 9);
+    }
+}

@@ -219,3 +219,84 @@ pub fn name_state(gets: &mut impl Iterator<Item = Option<KeyValue>>) -> NameStat
         identity: next().map(|kv| kv.value().to_vec()),
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::shard::keys::RingMeta;
+
+    fn ring(fingerprint: &str) -> Recorded {
+        Recorded::new(RingMeta {
+            epoch: 1,
+            ring: fingerprint.into(),
+            previous: None,
+        })
+    }
+
+    fn kv(key: &str) -> KeyValue {
+        let pb = etcd_client::proto::PbKeyValue {
+            key: key.as_bytes().to_vec(),
+            ..Default::default()
+        };
+        <&KeyValue>::from(&pb).clone()
+    }
+
+    fn grantable() -> Grantable {
+        Grantable {
+            ring: ring("r1"),
+            identity: b"id".to_vec(),
+        }
+    }
+
+    fn state(lock: bool, held: bool, delay: bool) -> NameState {
+        NameState {
+            lock: lock.then(|| kv("K")),
+            held: held.then(|| kv("H")),
+            delay: delay.then(|| kv("D")),
+            ring: Some(ring("r1")),
+            identity: Some(b"id".to_vec()),
+        }
+    }
+
+    #[test]
+    fn a_refusal_names_the_shard_first_then_the_name() {
+        let g = grantable();
+        // Identity before ring before the name's own keys: an answer read
+        // from another cluster or under another ring says nothing about the
+        // name.
+        let mut other_cluster = state(true, true, true);
+        other_cluster.identity = Some(b"other".to_vec());
+        other_cluster.ring = Some(ring("r2"));
+        assert!(matches!(
+            classify_refusal(other_cluster, &g),
+            Some(AcquireTxn::IdentityChanged)
+        ));
+        let mut other_ring = state(true, true, true);
+        other_ring.ring = Some(ring("r2"));
+        assert!(matches!(
+            classify_refusal(other_ring, &g),
+            Some(AcquireTxn::RingChanged(Some(_)))
+        ));
+        let mut no_ring = state(false, false, false);
+        no_ring.ring = None;
+        assert!(matches!(
+            classify_refusal(no_ring, &g),
+            Some(AcquireTxn::RingChanged(None))
+        ));
+        // Then a holder before a lock-delay before a lost holder's record.
+        assert!(matches!(
+            classify_refusal(state(true, true, true), &g),
+            Some(AcquireTxn::Held(_))
+        ));
+        assert!(matches!(
+            classify_refusal(state(false, true, true), &g),
+            Some(AcquireTxn::Delayed(_))
+        ));
+        assert!(matches!(
+            classify_refusal(state(false, true, false), &g),
+            Some(AcquireTxn::Lost(_))
+        ));
+        // Free of all three: only a queue (or a change meanwhile) refused it.
+        assert!(classify_refusal(state(false, false, false), &g).is_none());
+    }
+}
