@@ -291,7 +291,7 @@ pub(crate) async fn grant_session(shard: &Shard, ttl_secs: u32) -> Result<Sessio
         sent_at,
         ttl_secs: granted,
     };
-    shard.keepalive.seed(id, renewal).await;
+    shard.keepalive.seed(id, renewal);
     Ok(SessionLease { id, ttl_secs })
 }
 

@@ -73,7 +73,7 @@ impl Entry {
             sent_at,
             ttl_secs: granted,
         };
-        shard.keepalive.seed(lease, renewal).await;
+        shard.keepalive.seed(lease, renewal);
         let nonce = NONCE.fetch_add(1, Ordering::Relaxed) ^ process_salt();
         let mut entry = Entry {
             shard: shard.clone(),

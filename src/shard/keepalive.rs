@@ -18,7 +18,10 @@
 //! from memory and never sent again.
 //!
 //! The task's loop never waits on the network: streams are opened, written
-//! and read by tasks of their own, which report back as events.
+//! and read by tasks of their own, which report back as events. What the
+//! task learnt ([`Known`]) is shared with callers, so a renewal that a
+//! recent answer already covers (or of a lease known gone) is answered in
+//! the caller's own task, with no message to the keepalive task.
 //!
 //! Honest expiry: a [`Renewal`] counts the lease's time from the instant the
 //! keepalive (or grant) was *sent*, never from when etcd answered, so the
@@ -28,7 +31,7 @@
 //! the old stream never completes the re-send.
 
 use std::collections::HashMap;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use etcd_client::{LeaseKeepAliveStream, LeaseKeeper};
@@ -90,8 +93,6 @@ enum Msg {
         ttl_secs: u32,
         reply: Reply,
     },
-    /// A lease was just granted: its grant counts as a keepalive.
-    Seed { lease: i64, renewal: Renewal },
 }
 
 enum Event {
@@ -112,9 +113,76 @@ enum Event {
     },
 }
 
+/// What the router learnt of leases from etcd: the last confirmed renewal
+/// of each live lease, and the leases etcd said are gone. Written by the
+/// keepalive task, read by callers too. std `Mutex`: never held across an
+/// await, every access a map operation.
+#[derive(Default)]
+struct Known {
+    inner: Mutex<KnownLeases>,
+}
+
+#[derive(Default)]
+struct KnownLeases {
+    /// Last confirmed renewal per live lease (pruned once expired).
+    recent: HashMap<i64, Renewal>,
+    /// Leases etcd reported gone, and when.
+    dead: HashMap<i64, Instant>,
+}
+
+impl Known {
+    fn lock(&self) -> std::sync::MutexGuard<'_, KnownLeases> {
+        self.inner.lock().expect("known leases lock")
+    }
+
+    /// The answer to a renewal of `lease` that needs no keepalive: gone, or
+    /// confirmed less than `window` ago.
+    fn answer(&self, lease: i64, window: Duration, now: Instant) -> Option<Renewal> {
+        let known = self.lock();
+        if known.dead.contains_key(&lease) {
+            return Some(Renewal::gone(now));
+        }
+        known
+            .recent
+            .get(&lease)
+            .filter(|r| now.saturating_duration_since(r.sent_at) < window)
+            .copied()
+    }
+
+    /// The last confirmed renewal of `lease`, if it is not known gone.
+    fn recent(&self, lease: i64) -> Option<Renewal> {
+        self.lock().recent.get(&lease).copied()
+    }
+
+    /// Records what etcd said of `lease`.
+    fn learn(&self, lease: i64, renewal: Renewal) {
+        let mut known = self.lock();
+        if renewal.alive() {
+            known.dead.remove(&lease);
+            known.recent.insert(lease, renewal);
+        } else {
+            known.recent.remove(&lease);
+            if known.dead.len() >= MAX_DEAD {
+                known.dead.clear();
+            }
+            known.dead.insert(lease, Instant::now());
+        }
+    }
+
+    /// Forgets renewals that have run out and dead leases past `DEAD_FOR`.
+    fn prune(&self, now: Instant) {
+        let mut known = self.lock();
+        known.recent.retain(|_, r| r.deadline() > now);
+        known
+            .dead
+            .retain(|_, at| now.saturating_duration_since(*at) < DEAD_FOR);
+    }
+}
+
 /// Handle to the shard's keepalive task; dropping it stops the task.
 pub struct Keepalive {
     tx: mpsc::Sender<Msg>,
+    known: Arc<Known>,
     /// Longest a caller waits for an answer (a fail-over may send twice).
     deadline: Duration,
     shard: String,
@@ -126,9 +194,11 @@ impl Keepalive {
         let (tx, rx) = mpsc::channel(4096);
         let deadline = conn.timeout() * 2;
         let shard = conn.shard().to_string();
-        let task = tokio::spawn(Task::new(conn.clone()).run(rx, cancel.clone()));
+        let known = Arc::new(Known::default());
+        let task = tokio::spawn(Task::new(conn.clone(), known.clone()).run(rx, cancel.clone()));
         Self {
             tx,
+            known,
             deadline,
             shard,
             _task: crate::TaskGuard::new(task, cancel),
@@ -144,6 +214,10 @@ impl Keepalive {
         window: Duration,
         ttl_secs: u32,
     ) -> Result<Renewal, EtcdError> {
+        if let Some(answer) = self.known.answer(lease, window, Instant::now()) {
+            m::lease_renewals(&self.shard, 1);
+            return Ok(answer);
+        }
         let ask = async {
             let (reply, rx) = oneshot::channel();
             let msg = Msg::Refresh {
@@ -164,9 +238,9 @@ impl Keepalive {
         }
     }
 
-    pub async fn seed(&self, lease: i64, renewal: Renewal) {
-        let _ =
-            tokio::time::timeout(self.deadline, self.tx.send(Msg::Seed { lease, renewal })).await;
+    /// A lease was just granted: its grant counts as a keepalive.
+    pub fn seed(&self, lease: i64, renewal: Renewal) {
+        self.known.learn(lease, renewal);
     }
 
     fn stopped(&self) -> EtcdError {
@@ -215,16 +289,13 @@ struct Task {
     queued: HashMap<i64, Queued>,
     probes: HashMap<i64, Vec<Reply>>,
     probe_slots: Arc<Semaphore>,
-    /// Last confirmed renewal per live lease (pruned once expired).
-    recent: HashMap<i64, Renewal>,
-    /// Leases etcd reported gone, and when.
-    dead: HashMap<i64, Instant>,
+    known: Arc<Known>,
     events_tx: mpsc::UnboundedSender<Event>,
     events_rx: mpsc::UnboundedReceiver<Event>,
 }
 
 impl Task {
-    fn new(conn: EtcdConn) -> Self {
+    fn new(conn: EtcdConn, known: Arc<Known>) -> Self {
         let (events_tx, events_rx) = mpsc::unbounded_channel();
         Self {
             conn,
@@ -234,8 +305,7 @@ impl Task {
             queued: HashMap::new(),
             probes: HashMap::new(),
             probe_slots: Arc::new(Semaphore::new(MAX_PROBES)),
-            recent: HashMap::new(),
-            dead: HashMap::new(),
+            known,
             events_tx,
             events_rx,
         }
@@ -248,10 +318,6 @@ impl Task {
                 msg = rx.recv() => match msg {
                     Some(Msg::Refresh { lease, window, ttl_secs, reply }) => {
                         self.refresh(lease, window, ttl_secs, reply)
-                    }
-                    Some(Msg::Seed { lease, renewal }) => {
-                        self.dead.remove(&lease);
-                        self.recent.insert(lease, renewal);
                     }
                     None => break,
                 },
@@ -266,17 +332,12 @@ impl Task {
     fn refresh(&mut self, lease: i64, window: Duration, ttl_secs: u32, reply: Reply) {
         m::lease_renewals(self.conn.shard(), 1);
         let now = Instant::now();
-        if self.dead.contains_key(&lease) {
-            let _ = reply.send(Ok(Renewal::gone(now)));
+        // Checked again: an answer may have come since the caller looked.
+        if let Some(answer) = self.known.answer(lease, window, now) {
+            let _ = reply.send(Ok(answer));
             return;
         }
-        let known = self.recent.get(&lease).copied();
-        if let Some(r) = known {
-            if now.saturating_duration_since(r.sent_at) < window {
-                let _ = reply.send(Ok(r));
-                return;
-            }
-        }
+        let known = self.known.recent(lease);
         if let Some(inflight) = self.inflight.get_mut(&lease) {
             inflight.waiters.push(reply);
             return;
@@ -474,15 +535,7 @@ impl Task {
 
     /// Records what etcd said of `lease`.
     fn learn(&mut self, lease: i64, renewal: Renewal) {
-        if renewal.alive() {
-            self.recent.insert(lease, renewal);
-        } else {
-            self.recent.remove(&lease);
-            if self.dead.len() >= MAX_DEAD {
-                self.dead.clear();
-            }
-            self.dead.insert(lease, Instant::now());
-        }
+        self.known.learn(lease, renewal);
     }
 
     fn main_generation(&self) -> Option<u64> {
@@ -494,9 +547,7 @@ impl Task {
 
     fn on_tick(&mut self) {
         let now = Instant::now();
-        self.recent.retain(|_, r| r.deadline() > now);
-        self.dead
-            .retain(|_, at| now.saturating_duration_since(*at) < DEAD_FOR);
+        self.known.prune(now);
         let timeout = self.conn.timeout();
         if self
             .inflight
@@ -601,7 +652,7 @@ mod tests {
         let conn = EtcdConn::connect("t", &endpoints, second, second)
             .await
             .expect("connecting is lazy");
-        Task::new(conn)
+        Task::new(conn, Arc::default())
     }
 
     #[tokio::test]
@@ -634,11 +685,33 @@ mod tests {
         assert_eq!(renewal.ttl_secs, 30);
     }
 
+    #[test]
+    fn only_a_recent_answer_or_a_known_death_answers_without_a_keepalive() {
+        let known = Known::default();
+        let now = Instant::now();
+        let window = Duration::from_millis(500);
+        assert!(known.answer(1, window, now).is_none(), "unknown lease");
+        let fresh = Renewal {
+            sent_at: now - Duration::from_millis(100),
+            ttl_secs: 10,
+        };
+        known.learn(1, fresh);
+        let answer = known.answer(1, window, now).expect("within the window");
+        // The answer keeps the instant its keepalive was sent.
+        assert_eq!(answer.sent_at, fresh.sent_at);
+        assert!(known.answer(1, window, now + window).is_none(), "past it");
+        known.learn(1, Renewal::gone(now));
+        assert!(!known.answer(1, window, now).unwrap().alive(), "gone");
+        // A lease granted again under the same id (never, but) comes back.
+        known.learn(1, fresh);
+        assert!(known.answer(1, window, now).unwrap().alive());
+    }
+
     #[tokio::test]
     async fn leases_known_dead_or_near_their_end_stay_off_the_main_stream() {
         let mut task = task().await;
         // Gone, as etcd said: answered from memory, nothing sent.
-        task.dead.insert(1, Instant::now());
+        task.known.learn(1, Renewal::gone(Instant::now()));
         let (reply, mut rx) = oneshot::channel();
         task.refresh(1, Duration::ZERO, 10, reply);
         assert!(!rx.try_recv().unwrap().unwrap().alive());
@@ -648,7 +721,7 @@ mod tests {
             sent_at: Instant::now(),
             ttl_secs: 10,
         };
-        task.recent.insert(2, fresh);
+        task.known.learn(2, fresh);
         let (reply, _rx) = oneshot::channel();
         task.refresh(2, Duration::ZERO, 10, reply);
         assert!(task.queued.contains_key(&2), "queued for the main stream");
@@ -657,7 +730,7 @@ mod tests {
             sent_at: Instant::now() - Duration::from_millis(9_800),
             ttl_secs: 10,
         };
-        task.recent.insert(3, ending);
+        task.known.learn(3, ending);
         let (reply, _rx) = oneshot::channel();
         task.refresh(3, Duration::ZERO, 10, reply);
         let (reply, _rx) = oneshot::channel();
