@@ -518,3 +518,45 @@ async fn a_renewal_sent_after_a_release_was_acknowledged_never_succeeds() {
         "{metrics}"
     );
 }
+
+/// A client idle past its TTL comes back to a session lease the router
+/// still caches (idle sessions are swept only after twice the TTL) but
+/// etcd has let expire. For up to half a second etcd has not revoked such a
+/// lease yet, and a grant txn still attaches a key to it, which then goes
+/// with the lease: the lock key vanishes and its held record stays behind,
+/// looking like a holder lost without release. A fresh name must still be
+/// granted, not refused for a lock-delay the router set against itself.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_back_after_its_session_lease_ran_out_is_granted_a_free_name() {
+    let etcd = EtcdCluster::single();
+    let router = TestRouter::start(&[&etcd]).await;
+    const CLIENTS: u64 = 48;
+    for c in 0..CLIENTS {
+        let lock = router
+            .api
+            .must_acquire(&format!("first-{c}"), 2_000, &format!("idle-{c}"))
+            .await;
+        assert_eq!(router.api.release(&lock).await.status, 204);
+    }
+    // Leases run out 2 s after their last keepalive; etcd revokes expired
+    // leases every 500 ms. Clients come back spread over that span.
+    let released = Instant::now();
+    let comebacks = (0..CLIENTS).map(|c| {
+        let api = router.api.clone();
+        async move {
+            let at = released + Duration::from_millis(1_700 + c * 30);
+            tokio::time::sleep_until(at.into()).await;
+            let r = api
+                .acquire(&format!("second-{c}"), 2_000, &format!("idle-{c}"))
+                .await;
+            (c, r)
+        }
+    });
+    for (c, r) in join_all(comebacks).await {
+        assert_eq!(r.status, 200, "{r:?}");
+        assert_eq!(
+            r.body["acquired"], true,
+            "client idle-{c}, back after its lease ran out, was refused a free name: {r:?}"
+        );
+    }
+}

@@ -57,10 +57,30 @@ impl Active {
                 .get_or_grant(&req.client_id, ttl_secs, || grant_session(shard, ttl_secs))
                 .await?;
             let sent = Instant::now();
-            let (txn, renewal) = tokio::join!(
-                shard.acquire_txn(&k, &value, session.id, &g, replace_held),
-                shard.keepalive.refresh(session.id, window, ttl_secs),
-            );
+            let (txn, renewal) = if shard.keepalive.lasts(session.id, shard.conn.timeout()) {
+                tokio::join!(
+                    shard.acquire_txn(&k, &value, session.id, &g, replace_held),
+                    shard.keepalive.refresh(session.id, window, ttl_secs),
+                )
+            } else {
+                // The session's client was idle: its lease may have run out
+                // without etcd having revoked it yet, and etcd would still
+                // attach a key to it (which then goes with the lease and
+                // leaves a held record that looks like a lost holder). Renew
+                // first; only a live lease gets the txn.
+                let renewal = shard
+                    .keepalive
+                    .refresh(session.id, window, ttl_secs)
+                    .await?;
+                if renewal.alive() {
+                    let txn = shard
+                        .acquire_txn(&k, &value, session.id, &g, replace_held)
+                        .await;
+                    (txn, Ok(renewal))
+                } else {
+                    (Err(EtcdError::LeaseNotFound), Ok(renewal))
+                }
+            };
             let lease_gone = matches!(txn, Err(EtcdError::LeaseNotFound))
                 || matches!(renewal, Ok(r) if !r.alive());
             if lease_gone {

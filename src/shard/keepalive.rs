@@ -149,6 +149,18 @@ impl Known {
             .copied()
     }
 
+    /// Whether the last confirmed renewal of `lease` keeps it alive past
+    /// `until` (etcd expires a lease no earlier than that renewal's
+    /// [`Renewal::deadline`]).
+    fn lasts(&self, lease: i64, until: Instant) -> bool {
+        let known = self.lock();
+        !known.dead.contains_key(&lease)
+            && known
+                .recent
+                .get(&lease)
+                .is_some_and(|r| r.deadline() > until)
+    }
+
     /// The last confirmed renewal of `lease`, if it is not known gone.
     fn recent(&self, lease: i64) -> Option<Renewal> {
         self.lock().recent.get(&lease).copied()
@@ -236,6 +248,12 @@ impl Keepalive {
                 detail: "no keepalive answer in time".into(),
             }),
         }
+    }
+
+    /// Whether `lease` is known to stay alive for at least `margin` more,
+    /// by its last confirmed renewal, with no keepalive sent.
+    pub fn lasts(&self, lease: i64, margin: Duration) -> bool {
+        self.known.lasts(lease, Instant::now() + margin)
     }
 
     /// A lease was just granted: its grant counts as a keepalive.
