@@ -48,6 +48,7 @@ pub async fn post(
         return None;
     }
     let throttled = std::mem::replace(&mut user.is_throttled, false);
+    let flight = stats.sending();
     let started = Instant::now();
     let sent = user.post_json(path, body).await;
     user.is_throttled = throttled;
@@ -73,6 +74,7 @@ pub async fn post(
         }
     };
     let took = started.elapsed();
+    drop(flight);
     if text.is_empty() {
         return Some((status, Value::Null, took));
     }

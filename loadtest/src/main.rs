@@ -8,23 +8,35 @@
 //! - `options`: command line and the smoke/full sizes.
 //! - `stack`: the etcd shards and the router of a run (processes of
 //!   `lockrouter-testkit`, which also reads RSS and CPU time from `/proc`).
-//! - `scrape`: the servers' metrics before and after each scenario.
+//! - `pinning`: which CPUs each process gets (`taskset`).
+//! - `scrape`: the servers' metrics before and after each window.
+//! - `idle`: leases revoked and etcd checked idle before each window.
 //! - `stats`: what the load generator counts, HDR latency histograms.
 //! - `api`: the router's v1 API as goose users call it.
 //! - `attack`: running one goose attack.
 //! - `scenarios`: uncontested, contended, contended-wait, churn, hold,
-//!   per-lock-renew, rebalance and the direct and naive baselines.
-//! - `bench`: the run; `report`: records, targets, checks, files.
+//!   per-lock-renew, rebalance, the direct and naive baselines, client
+//!   pools and the session warm-up.
+//! - `bench`: the run; `paired`: the paired rounds of router and
+//!   baselines; `single`: the scenarios that run once.
+//! - `report`: records and files; `targets`: the targets; `checks`: what
+//!   `--check` insists on.
 
 mod api;
 mod attack;
 mod bench;
+mod checks;
+mod idle;
 mod options;
+mod paired;
+mod pinning;
 mod report;
 mod scenarios;
 mod scrape;
+mod single;
 mod stack;
 mod stats;
+mod targets;
 
 use std::process::ExitCode;
 

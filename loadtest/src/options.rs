@@ -9,11 +9,13 @@ use clap::{Parser, ValueEnum};
 pub enum Profile {
     /// Small and quick: every scenario and baseline in about a minute.
     Smoke,
-    /// As large as a 2-core machine allows in about 20 minutes.
+    /// As large as a 2-core machine allows in about half an hour.
     Full,
 }
 
-/// Every scenario, in the order a run executes them.
+/// Every scenario, in the order a run executes them. `direct`, `naive`,
+/// `uncontested` and `latency` run as paired rounds; `pinned` runs those
+/// rounds again, last, with etcd on a core of its own.
 pub const SCENARIOS: &[&str] = &[
     "direct",
     "naive",
@@ -26,6 +28,7 @@ pub const SCENARIOS: &[&str] = &[
     "per-lock-renew",
     "naive-hold",
     "rebalance",
+    "pinned",
 ];
 
 #[derive(Debug, Parser)]
@@ -38,7 +41,7 @@ pub struct Cli {
     pub profile: Profile,
     /// Comma-separated scenarios to run (default: all). Known: direct, naive,
     /// uncontested, latency, contended, contended-wait, churn, hold,
-    /// per-lock-renew, naive-hold, rebalance.
+    /// per-lock-renew, naive-hold, rebalance, pinned.
     #[arg(long, value_delimiter = ',')]
     pub scenarios: Vec<String>,
     /// Where summary.json, summary.md and goose's HTML reports go.
@@ -61,10 +64,19 @@ pub struct Cli {
     /// Seconds each round of a throughput scenario runs.
     #[arg(long)]
     pub duration_s: Option<usize>,
-    /// Rounds of the throughput and latency comparisons; router and
-    /// baselines take turns and each keeps its median round.
+    /// Paired rounds of the throughput and latency comparisons: each round
+    /// runs the router and the baselines back to back, and the report takes
+    /// the median of the per-round ratios.
     #[arg(long)]
     pub rounds: Option<usize>,
+    /// Distinct clientIds of the acquire scenarios (uncontested, latency,
+    /// contended, churn), used in turn.
+    #[arg(long)]
+    pub acquire_clients: Option<usize>,
+    /// Idle check before each measured window: etcd counts as idle when its
+    /// proposals and keepalives stand still for this many ms.
+    #[arg(long)]
+    pub idle_ms: Option<u64>,
     /// Acquires/s at which router and direct latency are compared.
     #[arg(long)]
     pub fixed_rate: Option<usize>,
@@ -123,8 +135,13 @@ pub struct Config {
     pub shards: usize,
     pub users: usize,
     pub duration_s: usize,
-    /// Rounds of the throughput and latency comparisons (median kept).
+    /// Paired rounds of the throughput and latency comparisons.
     pub rounds: usize,
+    pub acquire_clients: usize,
+    pub idle_ms: u64,
+    /// How long the idle check waits for etcd to stand still before it
+    /// reports "not idle" and the window starts anyway.
+    pub idle_limit_s: u64,
     pub fixed_rate: usize,
     pub ttl_ms: u64,
     pub locks: u64,
@@ -181,11 +198,17 @@ impl Cli {
             out: self.out,
             router_bin,
             check: self.check,
-            max_minutes: self.max_minutes.unwrap_or(pick(smoke, 10, 60)),
+            max_minutes: self.max_minutes.unwrap_or(pick(smoke, 10, 90)),
             shards: self.shards.unwrap_or(3),
             users: self.users.unwrap_or(pick(smoke, 8, 64)),
             duration_s: self.duration_s.unwrap_or(pick(smoke, 4, 10)),
-            rounds: self.rounds.unwrap_or(pick(smoke, 1, 3)),
+            rounds: self.rounds.unwrap_or(pick(smoke, 2, 5)).max(1),
+            acquire_clients: self
+                .acquire_clients
+                .unwrap_or(pick(smoke, 100, 10_000))
+                .max(1),
+            idle_ms: self.idle_ms.unwrap_or(pick(smoke, 300, 1_000)),
+            idle_limit_s: pick(smoke, 10, 60),
             fixed_rate: self.fixed_rate.unwrap_or(pick(smoke, 100, 1000)),
             ttl_ms: self.ttl_ms.unwrap_or(pick(smoke, 6_000, 30_000)),
             locks: self.locks.unwrap_or(pick(smoke, 2_000, 1_000_000)),

@@ -1,6 +1,7 @@
 //! Accounting from the servers' own metrics: each shard's etcd `/metrics`
-//! (raft proposals, Txn RPCs, lease grants, revokes and keepalives) and the
-//! router's `/metrics` (keepalives it sent, renewals asked of it, requests),
+//! (raft proposals, Txn RPCs, lease grants, revokes and keepalives,
+//! compactions) and the router's `/metrics` (keepalives it sent, renewals
+//! asked of it, requests, group commits, cache barriers and renewal checks),
 //! plus the CPU time of every process. A [`Snapshot`] is taken before and
 //! after each scenario; the [`Delta`] between two is what the scenario cost.
 
@@ -9,12 +10,12 @@ use std::time::Instant;
 use anyhow::Result;
 use lockrouter_testkit::metrics;
 use lockrouter_testkit::procfs::{cpu_seconds, machine_busy_seconds};
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 use crate::stack::Stack;
 
 /// The etcd counters the benchmark reads, for one shard or summed.
-#[derive(Debug, Clone, Copy, Default, Serialize)]
+#[derive(Debug, Clone, Copy, Default, Serialize, Deserialize)]
 pub struct EtcdCounters {
     /// Raft entries committed (every write: put, txn with a write, grant, revoke).
     pub proposals: f64,
@@ -24,6 +25,8 @@ pub struct EtcdCounters {
     pub lease_revokes: f64,
     /// Keepalives the leader handled.
     pub lease_renewals: f64,
+    /// History compactions run (the periodic compactor's, here).
+    pub compactions: f64,
 }
 
 impl EtcdCounters {
@@ -34,16 +37,22 @@ impl EtcdCounters {
             lease_grants: metrics::sum(text, "etcd_debugging_lease_granted_total", &[]),
             lease_revokes: metrics::sum(text, "etcd_debugging_lease_revoked_total", &[]),
             lease_renewals: metrics::sum(text, "etcd_debugging_lease_renewed_total", &[]),
+            compactions: metrics::sum(
+                text,
+                "etcd_debugging_mvcc_db_compaction_total_duration_milliseconds_count",
+                &[],
+            ),
         }
     }
 
-    fn minus(&self, o: &Self) -> Self {
+    pub fn minus(&self, o: &Self) -> Self {
         Self {
             proposals: self.proposals - o.proposals,
             txn_rpcs: self.txn_rpcs - o.txn_rpcs,
             lease_grants: self.lease_grants - o.lease_grants,
             lease_revokes: self.lease_revokes - o.lease_revokes,
             lease_renewals: self.lease_renewals - o.lease_renewals,
+            compactions: self.compactions - o.compactions,
         }
     }
 
@@ -54,12 +63,22 @@ impl EtcdCounters {
             lease_grants: self.lease_grants + o.lease_grants,
             lease_revokes: self.lease_revokes + o.lease_revokes,
             lease_renewals: self.lease_renewals + o.lease_renewals,
+            compactions: self.compactions + o.compactions,
         }
+    }
+
+    /// Every shard's counters now, summed (the idle check reads only these).
+    pub fn read(stack: &Stack) -> Result<Self> {
+        let mut sum = Self::default();
+        for s in &stack.shards {
+            sum = sum.plus(&Self::parse(&s.metrics_text(0)?));
+        }
+        Ok(sum)
     }
 }
 
 /// The router counters the benchmark reads.
-#[derive(Debug, Clone, Copy, Default, Serialize)]
+#[derive(Debug, Clone, Copy, Default, Serialize, Deserialize)]
 pub struct RouterCounters {
     /// Keepalives the router sent to etcd (after coalescing).
     pub keepalives_sent: f64,
@@ -67,8 +86,20 @@ pub struct RouterCounters {
     pub lease_renewals: f64,
     /// API requests served, all operations and outcomes.
     pub requests: f64,
-    /// Session leases cached (a gauge).
+    /// Session leases cached (a gauge: a delta keeps the later value).
     pub session_leases: f64,
+    /// Session leases the router granted.
+    pub session_grants: f64,
+    /// Group commits (one etcd txn each) of grants and releases, and the
+    /// grants and releases they carried.
+    pub commits: f64,
+    pub committed: f64,
+    /// Barriers written so that renewals may trust the lock-key cache.
+    pub cache_barriers: f64,
+    /// Lock renewals checked by the cache, and by reads of etcd when the
+    /// cache could not vouch.
+    pub renewal_checks_cache: f64,
+    pub renewal_checks_read: f64,
 }
 
 impl RouterCounters {
@@ -78,13 +109,47 @@ impl RouterCounters {
             lease_renewals: metrics::sum(text, "lockrouter_lease_renewals_total", &[]),
             requests: metrics::sum(text, "lockrouter_requests_total", &[]),
             session_leases: metrics::sum(text, "lockrouter_session_leases", &[]),
+            session_grants: metrics::sum(text, "lockrouter_session_grants_total", &[]),
+            commits: metrics::sum(text, "lockrouter_commits_total", &[]),
+            committed: metrics::sum(text, "lockrouter_commit_batch_size_sum", &[]),
+            cache_barriers: metrics::sum(text, "lockrouter_cache_barriers_total", &[]),
+            renewal_checks_cache: metrics::sum(
+                text,
+                "lockrouter_renewal_checks_total",
+                &[("by", "cache")],
+            ),
+            renewal_checks_read: metrics::sum(
+                text,
+                "lockrouter_renewal_checks_total",
+                &[("by", "read")],
+            ),
         }
+    }
+
+    fn minus(&self, o: &Self) -> Self {
+        Self {
+            keepalives_sent: self.keepalives_sent - o.keepalives_sent,
+            lease_renewals: self.lease_renewals - o.lease_renewals,
+            requests: self.requests - o.requests,
+            session_leases: self.session_leases,
+            session_grants: self.session_grants - o.session_grants,
+            commits: self.commits - o.commits,
+            committed: self.committed - o.committed,
+            cache_barriers: self.cache_barriers - o.cache_barriers,
+            renewal_checks_cache: self.renewal_checks_cache - o.renewal_checks_cache,
+            renewal_checks_read: self.renewal_checks_read - o.renewal_checks_read,
+        }
+    }
+
+    /// Lock renewals checked, by the cache or by reads.
+    pub fn renewal_checks(&self) -> f64 {
+        self.renewal_checks_cache + self.renewal_checks_read
     }
 }
 
 /// CPU seconds used so far by each process of the run, and by the whole
 /// machine (anything else running shows as the difference).
-#[derive(Debug, Clone, Copy, Default, Serialize)]
+#[derive(Debug, Clone, Copy, Default, Serialize, Deserialize)]
 pub struct Cpu {
     pub loadgen: f64,
     pub router: f64,
@@ -139,33 +204,38 @@ impl Snapshot {
             .iter()
             .fold(EtcdCounters::default(), |acc, s| acc.plus(s));
         let seconds = self.at.duration_since(before.at).as_secs_f64();
+        let cpu = Cpu {
+            loadgen: self.cpu.loadgen - before.cpu.loadgen,
+            router: self.cpu.router - before.cpu.router,
+            etcd: self.cpu.etcd - before.cpu.etcd,
+            machine: self.cpu.machine - before.cpu.machine,
+        };
+        let per_s = |x: f64| x / seconds.max(1e-9);
         Delta {
             seconds,
             etcd,
             etcd_per_shard: per_shard,
-            router: RouterCounters {
-                keepalives_sent: self.router.keepalives_sent - before.router.keepalives_sent,
-                lease_renewals: self.router.lease_renewals - before.router.lease_renewals,
-                requests: self.router.requests - before.router.requests,
-                session_leases: self.router.session_leases,
-            },
+            router: self.router.minus(&before.router),
             cores: Cpu {
-                loadgen: (self.cpu.loadgen - before.cpu.loadgen) / seconds.max(1e-9),
-                router: (self.cpu.router - before.cpu.router) / seconds.max(1e-9),
-                etcd: (self.cpu.etcd - before.cpu.etcd) / seconds.max(1e-9),
-                machine: (self.cpu.machine - before.cpu.machine) / seconds.max(1e-9),
+                loadgen: per_s(cpu.loadgen),
+                router: per_s(cpu.router),
+                etcd: per_s(cpu.etcd),
+                machine: per_s(cpu.machine),
             },
+            cpu_seconds: cpu,
         }
     }
 }
 
-/// Counters over a window, summed over shards, and the cores each process
-/// used on average in it (2.0 is all of this machine).
-#[derive(Debug, Clone, Serialize)]
+/// Counters over a window, summed over shards, the CPU seconds each process
+/// used in it, and the cores that is on average (the machine's CPU count is
+/// all of it).
+#[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct Delta {
     pub seconds: f64,
     pub etcd: EtcdCounters,
     pub etcd_per_shard: Vec<EtcdCounters>,
     pub router: RouterCounters,
     pub cores: Cpu,
+    pub cpu_seconds: Cpu,
 }

@@ -6,7 +6,8 @@
 //! [`Stack`] drops, and by the kernel if this process is killed outright, so
 //! a failed or interrupted run leaves nothing behind. The router may serve
 //! only some of the shards, and its config file can be rewritten to list
-//! all of them and reloaded (`rebalance`).
+//! all of them and reloaded (`rebalance`). A stack can also be started with
+//! etcd on a CPU of its own ([`Stack::start_pinned`]).
 
 use std::path::Path;
 use std::time::Duration;
@@ -16,6 +17,8 @@ use lockrouter_testkit::config::shards_toml;
 use lockrouter_testkit::etcd::EtcdCluster;
 use lockrouter_testkit::loopback::free_port;
 use lockrouter_testkit::router_process::RouterProcess;
+
+use crate::pinning::{self, Placement, Restore, Split};
 
 /// Flags for every etcd shard, after the kit's test timings.
 const ETCD_FLAGS: &[&str] = &[
@@ -29,6 +32,12 @@ const ETCD_FLAGS: &[&str] = &[
     // of the 2 GiB default (the data lives in memory anyway).
     "--quota-backend-bytes",
     "8589934592",
+    // The compaction docs/capacity.md assumes (the planner's default
+    // `--compaction-retention-secs 300`): history is kept five minutes.
+    "--auto-compaction-mode",
+    "periodic",
+    "--auto-compaction-retention",
+    "5m",
 ];
 
 /// How long the router may take to reach every shard and record its ring.
@@ -40,6 +49,11 @@ pub struct Stack {
     pub router: RouterProcess,
     /// Named a, b, c, ... in the router's config.
     pub shards: Vec<EtcdCluster>,
+    /// The CPUs each process may use, as the kernel reports them.
+    pub placement: Placement,
+    /// For a pinned stack: puts the load generator back on every CPU once
+    /// the processes are gone (declared last, so it drops last).
+    _restore: Option<Restore>,
 }
 
 impl Stack {
@@ -51,25 +65,54 @@ impl Stack {
     /// `shards` etcd clusters, and a router whose config lists only the
     /// first `routed` of them.
     pub fn start_partial(router_bin: &Path, shards: usize, routed: usize) -> Result<Self> {
-        let shards = (0..shards)
-            .map(|_| {
-                EtcdCluster::builder(1)
-                    .args(ETCD_FLAGS)
-                    .die_with_parent()
-                    .start()
-            })
-            .collect::<Result<Vec<_>, _>>()?;
-        let port = free_port();
-        let router = RouterProcess::builder()
-            .binary(router_bin)
-            .env("RUST_LOG", "warn")
-            .die_with_parent()
-            .spawn(
-                &config_toml(port, &shards[..routed.min(shards.len())]),
-                port,
-            )?;
-        router.wait_ready(READY_WITHIN)?;
-        Ok(Self { router, shards })
+        let shards = start_shards(shards)?;
+        let router = start_router(router_bin, &shards[..routed.min(shards.len())])?;
+        Ok(Self::assemble(router, shards, None))
+    }
+
+    /// Like [`start`](Self::start), with every etcd process on `split.etcd`
+    /// and the router and this load generator on `split.rest`, until the
+    /// stack drops. Call it from the main thread: the children inherit the
+    /// CPUs of the thread that starts them (and are moved if they did not).
+    pub fn start_pinned(router_bin: &Path, shards: usize, split: &Split) -> Result<Self> {
+        let me = std::process::id();
+        // From here on, whatever fails puts this process back.
+        let restore = Restore {
+            cpus: split.all.clone(),
+        };
+        pinning::pin(me, &split.etcd, false)?;
+        let shards = start_shards(shards)?;
+        pinning::pin(me, &split.rest, false)?;
+        let router = start_router(router_bin, &shards)?;
+        pinning::pin(me, &split.rest, true)?;
+        for s in &shards {
+            if let Some(pid) = s.pid(0) {
+                pinning::ensure(pid, &split.etcd)?;
+            }
+        }
+        pinning::ensure(router.pid(), &split.rest)?;
+        Ok(Self::assemble(router, shards, Some(restore)))
+    }
+
+    fn assemble(router: RouterProcess, shards: Vec<EtcdCluster>, restore: Option<Restore>) -> Self {
+        let cpus = |pid: Option<u32>| {
+            pid.and_then(pinning::cpus_allowed)
+                .unwrap_or_else(|| "?".into())
+        };
+        let etcd: Vec<String> = shards.iter().map(|s| cpus(s.pid(0))).collect();
+        let mut distinct = etcd.clone();
+        distinct.dedup();
+        let placement = Placement {
+            etcd: distinct.join(" / "),
+            router: cpus(Some(router.pid())),
+            loadgen: cpus(Some(std::process::id())),
+        };
+        Self {
+            router,
+            shards,
+            placement,
+            _restore: restore,
+        }
     }
 
     pub fn endpoints(&self) -> Vec<String> {
@@ -85,6 +128,31 @@ impl Stack {
         let toml = config_toml(self.router.port, &self.shards);
         Ok(self.router.rewrite_config(&toml)?)
     }
+}
+
+/// `n` single-node etcd clusters, each started from this thread.
+fn start_shards(n: usize) -> Result<Vec<EtcdCluster>> {
+    let shards = (0..n)
+        .map(|_| {
+            EtcdCluster::builder(1)
+                .args(ETCD_FLAGS)
+                .die_with_parent()
+                .start()
+        })
+        .collect::<Result<Vec<_>, _>>()?;
+    Ok(shards)
+}
+
+/// A router over `shards`, ready.
+fn start_router(router_bin: &Path, shards: &[EtcdCluster]) -> Result<RouterProcess> {
+    let port = free_port();
+    let router = RouterProcess::builder()
+        .binary(router_bin)
+        .env("RUST_LOG", "warn")
+        .die_with_parent()
+        .spawn(&config_toml(port, shards), port)?;
+    router.wait_ready(READY_WITHIN)?;
+    Ok(router)
 }
 
 /// The router's config: its port and `shards`. The file is not polled for

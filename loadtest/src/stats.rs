@@ -1,13 +1,15 @@
 //! What the load generator itself counts during one scenario: outcomes of
-//! lock operations, active locks, and acquire latency in an HDR histogram at
-//! microsecond resolution (etcd answers in well under a millisecond here).
+//! lock operations, active locks, requests in flight, and acquire latency
+//! in an HDR histogram at microsecond resolution (etcd answers in well under
+//! a millisecond here).
 //!
-//! Coordinated omission: a goose user waits for each answer before sending
-//! the next request, so a stall hides the requests it delayed. When a
-//! scenario runs at a fixed rate, each user's expected interval is known
-//! (users / rate) and [`hdrhistogram::Histogram::record_correct`] back-fills
-//! the samples a stalled user would have taken; both the raw and corrected
-//! percentiles are reported.
+//! Latency is each acquire's own: from just before the request is sent
+//! (after any throttle slot was granted) to its whole answer read. Nothing
+//! is back-filled. A goose user waits for each answer before it sends again,
+//! so at a fixed rate a slow answer can only hold sends back when every user
+//! is waiting at once; the most requests in flight at once is kept beside
+//! the histogram, and a peak below the number of users means no send of
+//! that window waited for an earlier answer.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
@@ -27,42 +29,34 @@ pub struct Percentiles {
     pub max_ms: f64,
 }
 
-/// Acquire latency: raw, and corrected for coordinated omission when the
-/// expected interval between one user's samples is known.
+/// Latencies of one kind of operation.
 pub struct Latency {
     /// std `Mutex`: held for one `record` (nanoseconds), never across an await.
-    raw: Mutex<Histogram<u64>>,
-    corrected: Mutex<Histogram<u64>>,
-    expected_interval_us: Option<u64>,
+    histogram: Mutex<Histogram<u64>>,
+}
+
+impl Default for Latency {
+    fn default() -> Self {
+        Self::new()
+    }
 }
 
 impl Latency {
-    pub fn new(expected_interval: Option<Duration>) -> Self {
+    pub fn new() -> Self {
         // 1 µs to 10 min, 3 significant digits.
-        let h = || Histogram::new_with_bounds(1, 600_000_000, 3).expect("valid bounds");
+        let h = Histogram::new_with_bounds(1, 600_000_000, 3).expect("valid bounds");
         Self {
-            raw: Mutex::new(h()),
-            corrected: Mutex::new(h()),
-            expected_interval_us: expected_interval.map(|d| d.as_micros().max(1) as u64),
+            histogram: Mutex::new(h),
         }
     }
 
     pub fn record(&self, took: Duration) {
         let us = (took.as_micros() as u64).clamp(1, 600_000_000);
-        let _ = self.raw.lock().expect("histogram").record(us);
-        let mut c = self.corrected.lock().expect("histogram");
-        let _ = match self.expected_interval_us {
-            Some(interval) => c.record_correct(us, interval),
-            None => c.record(us),
-        };
+        let _ = self.histogram.lock().expect("histogram").record(us);
     }
 
-    pub fn raw(&self) -> Percentiles {
-        percentiles(&self.raw.lock().expect("histogram"))
-    }
-
-    pub fn corrected(&self) -> Percentiles {
-        percentiles(&self.corrected.lock().expect("histogram"))
+    pub fn percentiles(&self) -> Percentiles {
+        percentiles(&self.histogram.lock().expect("histogram"))
     }
 }
 
@@ -104,6 +98,9 @@ pub struct Stats {
     pub active_peak: AtomicU64,
     /// Worst lateness of a scheduled renewal, in ms.
     pub renew_lag_max_ms: AtomicU64,
+    /// Requests sent and not yet answered, and the most at once.
+    in_flight: AtomicU64,
+    pub in_flight_peak: AtomicU64,
     pub latency: Latency,
     /// Grants per user, to judge fairness under contention.
     grants_by_user: Mutex<HashMap<usize, u64>>,
@@ -112,8 +109,14 @@ pub struct Stats {
     span: Mutex<Option<(Instant, Instant)>>,
 }
 
+impl Default for Stats {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
 impl Stats {
-    pub fn new(expected_interval: Option<Duration>) -> Self {
+    pub fn new() -> Self {
         Self {
             acquired: AtomicU64::new(0),
             not_acquired: AtomicU64::new(0),
@@ -126,7 +129,9 @@ impl Stats {
             active: AtomicU64::new(0),
             active_peak: AtomicU64::new(0),
             renew_lag_max_ms: AtomicU64::new(0),
-            latency: Latency::new(expected_interval),
+            in_flight: AtomicU64::new(0),
+            in_flight_peak: AtomicU64::new(0),
+            latency: Latency::new(),
             grants_by_user: Mutex::new(HashMap::new()),
             span: Mutex::new(None),
         }
@@ -172,6 +177,13 @@ impl Stats {
         *span = Some(span.map_or((now, now), |(first, _)| (first, now)));
     }
 
+    /// Counts a request in flight until the guard drops.
+    pub fn sending(&self) -> InFlight<'_> {
+        let now = self.in_flight.fetch_add(1, Relaxed) + 1;
+        self.in_flight_peak.fetch_max(now, Relaxed);
+        InFlight(self)
+    }
+
     /// Seconds from the first request to the latest.
     pub fn seconds(&self) -> f64 {
         self.span
@@ -210,32 +222,50 @@ impl Stats {
     }
 }
 
+/// A request in flight; see [`Stats::sending`].
+pub struct InFlight<'a>(&'a Stats);
+
+impl Drop for InFlight<'_> {
+    fn drop(&mut self) {
+        self.0.in_flight.fetch_sub(1, Relaxed);
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
 
     #[test]
-    fn corrected_latency_backfills_stalls() {
-        let l = Latency::new(Some(Duration::from_millis(10)));
+    fn latency_is_what_was_recorded() {
+        let l = Latency::new();
         for _ in 0..99 {
             l.record(Duration::from_micros(500));
         }
         l.record(Duration::from_secs(1));
-        assert_eq!(l.raw().count, 100);
-        // The one-second stall hid ~99 samples a 10 ms cadence would have taken.
-        assert!(l.corrected().count > 190, "{:?}", l.corrected());
-        assert!(l.corrected().p99_ms > l.raw().p99_ms);
-        assert!(l.raw().p50_ms < 1.0);
+        let p = l.percentiles();
+        assert_eq!(p.count, 100);
+        assert!(p.p50_ms < 1.0 && p.max_ms > 999.0, "{p:?}");
+    }
+
+    #[test]
+    fn in_flight_peak() {
+        let s = Stats::new();
+        {
+            let _a = s.sending();
+            let _b = s.sending();
+        }
+        let _c = s.sending();
+        assert_eq!(Stats::get(&s.in_flight_peak), 2);
     }
 
     #[test]
     fn fairness_index() {
-        let s = Stats::new(None);
+        let s = Stats::new();
         for u in 0..4 {
             s.granted(u, Duration::from_micros(100));
         }
         assert!((s.fairness(4).0 - 1.0).abs() < 1e-9);
-        let s = Stats::new(None);
+        let s = Stats::new();
         s.granted(0, Duration::from_micros(100));
         assert!((s.fairness(4).0 - 0.25).abs() < 1e-9);
     }

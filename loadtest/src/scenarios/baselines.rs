@@ -155,6 +155,7 @@ async fn lifecycle(user: &mut GooseUser, ctx: &EtcdBaseline) {
     if !throttle(user).await {
         return;
     }
+    let flight = stats.sending();
     let started = Instant::now();
     let acquired: Result<(i64, Option<i64>)> = async {
         let lease = match ctx.kind {
@@ -169,6 +170,7 @@ async fn lifecycle(user: &mut GooseUser, ctx: &EtcdBaseline) {
     }
     .await;
     let took = started.elapsed();
+    drop(flight);
     let (lease, revision) = match acquired {
         Ok((lease, Some(rev))) => {
             stats.granted(user.weighted_users_index, took);
@@ -184,6 +186,7 @@ async fn lifecycle(user: &mut GooseUser, ctx: &EtcdBaseline) {
 
     // Release even when the throttle has closed: the key must not linger.
     throttle(user).await;
+    let flight = stats.sending();
     let started = Instant::now();
     stats.request();
     let released = match ctx.kind {
@@ -192,6 +195,7 @@ async fn lifecycle(user: &mut GooseUser, ctx: &EtcdBaseline) {
             .unwrap_or(false),
         Kind::Naive => c.lease_revoke(lease).await.is_ok(),
     };
+    drop(flight);
     record(user, "release", started.elapsed(), released).await;
     if released {
         stats.released_one();
@@ -229,7 +233,7 @@ pub async fn naive_hold(
         Kind::Naive,
         ttl_secs,
         "naive-hold",
-        Stats::new(None),
+        Stats::new(),
     )
     .await?;
     let base = Arc::new(base);

@@ -53,7 +53,7 @@ impl ContendedWait {
             hold,
             tag,
             released_at,
-            handover: Latency::new(None),
+            handover: Latency::new(),
             cold_grants: AtomicU64::new(0),
         }
     }

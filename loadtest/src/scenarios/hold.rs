@@ -25,6 +25,7 @@ use serde::Serialize;
 
 use crate::api::{self, Acquire, Held};
 use crate::attack::transaction;
+use crate::scenarios::clients::Clients;
 use crate::scrape::{Delta, Snapshot};
 use crate::stack::Stack;
 use crate::stats::Stats;
@@ -78,6 +79,11 @@ impl Hold {
         }
     }
 
+    /// The holding clients' ids (churn on hold acquires for them too).
+    pub fn client_ids(&self) -> Clients {
+        Clients::new(&self.tag, self.clients)
+    }
+
     fn period(&self) -> Duration {
         Duration::from_millis(self.ttl_ms / 3)
     }
@@ -119,10 +125,11 @@ async fn run_user(user: &mut GooseUser, ctx: &Hold) {
         tokio::time::sleep(Duration::from_millis(50)).await;
         return;
     }
+    let ids = ctx.client_ids();
     let mut clients: Vec<Client> = (me * ctx.clients / ctx.users
         ..(me + 1) * ctx.clients / ctx.users)
         .map(|c| Client {
-            id: format!("{}-c{c}", ctx.tag),
+            id: ids.id(c as u64),
             locks: Vec::new(),
             next_renew: None,
         })
@@ -229,6 +236,10 @@ pub struct HoldOutcome {
     pub ramp: Delta,
     /// Counters over the steady hold window (no acquires, only renewals).
     pub window: Delta,
+    /// Lock renewals the load generator saw confirmed in that window.
+    pub window_renewed: u64,
+    /// Worst lateness of a scheduled renewal in that window, in ms.
+    pub window_renew_lag_max_ms: u64,
     /// Counters over the window with churn on top, if it ran.
     pub churn_window: Option<Delta>,
 }
@@ -283,10 +294,14 @@ impl Controller<'_> {
         let rss_full = settled_rss(pid, Duration::from_secs(1)).await;
         rss_samples.push((locks_reached, rss_full));
 
+        let renewed_before = Stats::get(&ctx.stats.renewed);
+        ctx.recent_lag_ms.store(0, Relaxed);
         let s0 = Snapshot::take(self.stack)?;
         tokio::time::sleep(self.phases.hold).await;
         let s1 = Snapshot::take(self.stack)?;
         let window = s1.since(&s0);
+        let window_renewed = Stats::get(&ctx.stats.renewed) - renewed_before;
+        let window_renew_lag_max_ms = ctx.recent_lag_ms.load(Relaxed);
 
         let churn_window = match &self.phases.churn {
             Some((length, gate)) => {
@@ -330,6 +345,8 @@ impl Controller<'_> {
             sessions,
             ramp,
             window,
+            window_renewed,
+            window_renew_lag_max_ms,
             churn_window,
         })
     }

@@ -225,7 +225,7 @@ pub fn windows(ctx: &Rebalance, t: &Timeline, before: Duration) -> Value {
             || close_fence.is_some_and(|(a, b)| s.answered >= a && s.sent <= b)
     };
     let window = |from: Instant, to: Instant| {
-        let lat = Latency::new(None);
+        let lat = Latency::new();
         let (mut n, mut errors, mut s503, mut s5xx) = (0u64, 0u64, 0u64, 0u64);
         for s in samples.iter().filter(|s| s.sent >= from && s.sent < to) {
             n += 1;
@@ -241,7 +241,7 @@ pub fn windows(ctx: &Rebalance, t: &Timeline, before: Duration) -> Value {
                 s5xx += 1;
             }
         }
-        let p: Percentiles = lat.raw();
+        let p: Percentiles = lat.percentiles();
         json!({
             "seconds": crate::report::round(to.saturating_duration_since(from).as_secs_f64(), 3),
             "acquires": n,

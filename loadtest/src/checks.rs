@@ -1,0 +1,151 @@
+//! What `--check` insists on: no failed request anywhere, and accounting
+//! that adds up. Costs per lock life are checked against what each design
+//! can cost, not against what a fast machine reaches: `direct` is two raft
+//! writes per lock life (acquire txn, release txn), `naive` three (grant,
+//! txn, revoke), and the router anything above 0 up to 2.1, since group
+//! commit puts queued grants and releases of a shard in one txn (alone, a
+//! lock life is two raft writes; sessions are warm before the window).
+
+use serde_json::Value;
+
+use crate::report::Record;
+
+/// Problems found in `records`; empty when everything adds up.
+pub fn check(records: &[Record]) -> Vec<String> {
+    let mut problems = Vec::new();
+    for r in records {
+        if r.scenario == "rebalance" {
+            problems.extend(check_rebalance(r));
+            continue;
+        }
+        let at = where_(r);
+        if r.errors_total > 0 || r.server_errors_total > 0 {
+            problems.push(format!(
+                "{at}: {} errors, {} 5xx",
+                r.errors_total, r.server_errors_total
+            ));
+        }
+        if r.acquires_total == 0 {
+            problems.push(format!("{at}: no lock was acquired"));
+        }
+        let is_router = !(r.scenario.starts_with("direct") || r.scenario.starts_with("naive"));
+        if is_router && r.router_requests_total < r.requests_total as f64 * 0.99 {
+            problems.push(format!(
+                "{at}: the router counted {} requests, the load generator sent {}",
+                r.router_requests_total, r.requests_total
+            ));
+        }
+        match r.scenario.as_str() {
+            "uncontested" => problems.extend(lock_life(r, (0.0, 2.1), (0.0, 2.1))),
+            "direct" => problems.extend(lock_life(r, (1.5, 2.5), (1.99, 2.5))),
+            "naive" => problems.extend(lock_life(r, (2.5, 4.5), (0.99, 1.5))),
+            "hold" | "per-lock-renew" => problems.extend(check_hold(r)),
+            _ => {}
+        }
+    }
+    problems
+}
+
+fn where_(r: &Record) -> String {
+    match r.round {
+        Some(n) => format!("{} ({} cores, round {n})", r.scenario, r.table),
+        None => r.scenario.clone(),
+    }
+}
+
+/// Raft writes and Txn RPCs per lock life within `(lo, hi]`.
+fn lock_life(r: &Record, writes: (f64, f64), txns: (f64, f64)) -> Vec<String> {
+    let mut problems = Vec::new();
+    for (what, value, (lo, hi)) in [
+        ("etcd raft writes", r.etcd_proposals_per_acquire, writes),
+        ("Txn RPCs", r.etcd_txn_rpcs_per_acquire, txns),
+    ] {
+        if !(value > lo && value <= hi) {
+            problems.push(format!(
+                "{}: {value} {what} per lock life, expected more than {lo} and at most {hi}",
+                where_(r)
+            ));
+        }
+    }
+    problems
+}
+
+fn check_hold(h: &Record) -> Vec<String> {
+    let mut problems = Vec::new();
+    let name = &h.scenario;
+    if h.etcd_keepalives_per_s <= 0.0 || h.renewed_total == 0 {
+        problems.push(format!("{name}: no renewals reached etcd"));
+    }
+    if let Some(reached) = h.detail.get("locks_reached").and_then(Value::as_u64) {
+        let want = h
+            .detail
+            .get("locks_target")
+            .and_then(Value::as_u64)
+            .unwrap_or(0);
+        if reached < want {
+            problems.push(format!("{name}: reached {reached} of {want} locks"));
+        }
+    }
+    problems
+}
+
+/// `rebalance` may fail acquires while the router does not grant: from the
+/// reload until it grants on the new ring, and from the migration's close
+/// until it grants on the closed ring (the fence windows); outside them
+/// every acquire must succeed, and the migration must close.
+fn check_rebalance(r: &Record) -> Vec<String> {
+    let mut problems = Vec::new();
+    let d = &r.detail;
+    let n = |k: &str| d.get(k).and_then(Value::as_u64).unwrap_or(0);
+    if d.get("reload_status").and_then(Value::as_u64) != Some(200) {
+        problems.push(format!(
+            "rebalance: the reload answered {}",
+            d.get("reload_status").unwrap_or(&Value::Null)
+        ));
+    }
+    if d.get("migration_closed") != Some(&Value::Bool(true)) {
+        problems.push("rebalance: the migration did not close".into());
+    }
+    if n("server_errors_outside_fence") > 0 || n("errors_outside_fence") > 0 {
+        problems.push(format!(
+            "rebalance: {} errors, {} 5xx outside the fence window",
+            n("errors_outside_fence"),
+            n("server_errors_outside_fence")
+        ));
+    }
+    if r.acquires_total == 0 {
+        problems.push("rebalance: no lock was acquired".into());
+    }
+    problems
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn life(scenario: &str, writes: f64, txns: f64) -> Record {
+        Record {
+            scenario: scenario.into(),
+            acquires_total: 100,
+            etcd_proposals_per_acquire: writes,
+            etcd_txn_rpcs_per_acquire: txns,
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn group_commit_may_take_a_lock_life_below_one_raft_write() {
+        assert!(check(&[life("uncontested", 0.3, 0.3)]).is_empty());
+        assert!(check(&[life("uncontested", 2.0, 2.0)]).is_empty());
+        assert_eq!(check(&[life("uncontested", 0.0, 0.0)]).len(), 2);
+        assert_eq!(check(&[life("uncontested", 2.5, 2.0)]).len(), 1);
+    }
+
+    #[test]
+    fn baselines_cost_what_their_design_costs() {
+        assert!(check(&[life("direct", 2.0, 2.0)]).is_empty());
+        assert!(!check(&[life("direct", 1.0, 1.0)]).is_empty());
+        assert!(check(&[life("naive", 3.0, 1.0)]).is_empty());
+        assert!(!check(&[life("naive", 2.0, 1.0)]).is_empty());
+    }
+}

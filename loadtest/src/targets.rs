@@ -1,0 +1,294 @@
+//! The benchmark's targets, each computed from this run's records and
+//! paired rounds, with whether it was met and, for a miss, what the run
+//! shows about its cause (where the CPU went, why a ramp stopped). A target
+//! whose scenario did not run is left out.
+
+use serde::Serialize;
+use serde_json::Value;
+
+use crate::options::Config;
+use crate::paired::Paired;
+use crate::report::{round, Record};
+use crate::scrape::{Cpu, Delta};
+
+/// One target and this run's figure for it.
+#[derive(Debug, Clone, Serialize)]
+pub struct Target {
+    pub name: String,
+    pub measured: f64,
+    /// How `measured` compares with `limit`: ">=", "<=" or "<".
+    pub rule: String,
+    pub limit: f64,
+    pub met: bool,
+    /// How it was measured.
+    pub note: String,
+    /// For a miss: what the run shows about why (empty when met).
+    pub cause: String,
+}
+
+fn target(name: &str, measured: f64, rule: &str, limit: f64, note: String) -> Target {
+    let met = match rule {
+        ">=" => measured >= limit,
+        "<" => measured < limit,
+        _ => measured <= limit,
+    };
+    Target {
+        name: name.to_string(),
+        measured: round(measured, 3),
+        rule: rule.to_string(),
+        limit,
+        met,
+        note,
+        cause: String::new(),
+    }
+}
+
+impl Target {
+    /// Sets the cause, kept only for a miss.
+    fn because(mut self, cause: String) -> Self {
+        if !self.met {
+            self.cause = cause;
+        }
+        self
+    }
+}
+
+fn find<'a>(records: &'a [Record], name: &str) -> Option<&'a Record> {
+    records.iter().find(|r| r.scenario == name)
+}
+
+/// Where the CPU went in a window: what bounds every throughput figure on
+/// a machine whose processes share the cores.
+fn cpu(c: &Cpu, cpus: usize) -> String {
+    format!(
+        "machine {:.2} of {cpus} cores busy (load generator {:.2}, router {:.2}, etcd {:.2})",
+        c.machine, c.loadgen, c.router, c.etcd
+    )
+}
+
+/// Every target this run measured, the issue's first, then the others.
+pub fn targets(records: &[Record], shared: Option<&Paired>, cfg: &Config) -> Vec<Target> {
+    let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let mut out = Vec::new();
+    if let Some(h) = find(records, "hold") {
+        out.extend(hold(h, cfg, cpus));
+    }
+    if let (Some(alone), Some(on_hold)) = (find(records, "churn"), find(records, "churn-on-hold")) {
+        out.push(
+            target(
+                "churn on hold / churn alone (acquires/s)",
+                on_hold.acquires_per_s / alone.acquires_per_s.max(1e-9),
+                ">=",
+                0.8,
+                format!(
+                    "{:.0} vs {:.0} acquires/s, target {}/s",
+                    on_hold.acquires_per_s, alone.acquires_per_s, cfg.churn_rate
+                ),
+            )
+            .because(format!("on hold: {}", cpu(&on_hold.cores, cpus))),
+        );
+    }
+    if let Some(p) = shared {
+        out.extend(p.targets());
+    }
+    if let Some(c) = find(records, "contended") {
+        out.push(
+            target(
+                "raft writes per granted acquire, contended",
+                c.etcd_proposals_per_acquire,
+                "<=",
+                1.5,
+                format!(
+                    "{} users, {} names; {} granted of {} attempts",
+                    c.users,
+                    c.detail.get("names").unwrap_or(&Value::Null),
+                    c.acquires_total,
+                    c.acquires_total + c.not_acquired_total
+                ),
+            )
+            .because(format!(
+                "{:.2} Txn RPCs per grant; refused attempts that reach a txn are raft writes",
+                c.etcd_txn_rpcs_per_acquire
+            )),
+        );
+    }
+    if let Some(b) = find(records, "hold").and_then(|h| h.router_bytes_per_lock) {
+        out.push(target(
+            "router RSS per held lock (bytes)",
+            b,
+            "<=",
+            120.0,
+            "least-squares slope of RSS over locks held, once every session exists".into(),
+        ));
+    }
+    out.extend(others(records, cfg));
+    out
+}
+
+/// `hold`: how many locks, renewals on schedule, and the CPU each lock
+/// renewal cost etcd and the router in the steady window.
+fn hold(h: &Record, cfg: &Config, cpus: usize) -> Vec<Target> {
+    let d = &h.detail;
+    let num = |k: &str| d.get(k).and_then(Value::as_u64).unwrap_or(0);
+    let reached = num("locks_reached");
+    let lag = num("renew_lag_max_ms");
+    let on_schedule = lag <= cfg.ttl_ms / 6;
+    let mut locks = target(
+        "locks held, renewals on schedule, none lost",
+        reached as f64,
+        ">=",
+        cfg.locks as f64,
+        format!(
+            "{} clients, TTL {} s; worst renewal {lag} ms late (limit TTL/6 = {} ms); {} lost",
+            h.clients,
+            cfg.ttl_ms / 1000,
+            cfg.ttl_ms / 6,
+            h.lost_total
+        ),
+    );
+    locks.met = locks.met && on_schedule && h.lost_total == 0;
+    let stopped = d
+        .get("ramp_stopped_by")
+        .and_then(Value::as_str)
+        .unwrap_or("?");
+    let ramp: Option<Delta> = d
+        .get("ramp")
+        .and_then(|v| serde_json::from_value(v.clone()).ok());
+    let mut out = vec![locks.because(format!(
+        "the ramp stopped on \"{stopped}\" at {reached} locks; during the ramp {}",
+        ramp.map_or("?".into(), |r| cpu(&r.cores, cpus))
+    ))];
+    let Some(w) = d
+        .get("window")
+        .and_then(|v| serde_json::from_value::<Delta>(v.clone()).ok())
+    else {
+        return out;
+    };
+    let checks = w.router.renewal_checks();
+    if checks <= 0.0 {
+        return out;
+    }
+    let note = format!(
+        "steady window: {:.0} lock renewals/s ({:.1}% checked by the cache), {:.0} barriers/s, {:.0} keepalives/s",
+        checks / w.seconds,
+        100.0 * w.router.renewal_checks_cache / checks,
+        w.router.cache_barriers / w.seconds,
+        w.etcd.lease_renewals / w.seconds
+    );
+    for (name, part, limit) in [
+        (
+            "etcd CPU per lock renewal, hold steady state (µs)",
+            w.cpu_seconds.etcd,
+            3.0,
+        ),
+        (
+            "router CPU per lock renewal (µs)",
+            w.cpu_seconds.router,
+            2.0,
+        ),
+    ] {
+        out.push(
+            target(name, part * 1e6 / checks, "<=", limit, note.clone())
+                .because(cpu(&w.cores, cpus)),
+        );
+    }
+    out
+}
+
+/// Targets kept from earlier issues: keepalives per session, handover
+/// latency, and no 5xx where none may happen.
+fn others(records: &[Record], cfg: &Config) -> Vec<Target> {
+    let mut out = Vec::new();
+    let period_s = cfg.ttl_ms as f64 / 3000.0;
+    for (name, factor) in [("hold", 1.1), ("per-lock-renew", 2.2)] {
+        if let Some(h) = find(records, name) {
+            let bound = h.clients as f64 * cfg.shards as f64 / period_s;
+            out.push(target(
+                &format!("{name}: etcd keepalives/s / (C x shards / (TTL/3))"),
+                h.etcd_keepalives_per_s / bound.max(1e-9),
+                "<=",
+                factor,
+                format!(
+                    "{:.0} keepalives/s for {} locks, {} clients",
+                    h.etcd_keepalives_per_s, h.active_leases_peak, h.clients
+                ),
+            ));
+        }
+    }
+    if let Some(w) = find(records, "contended-wait") {
+        let h = w.detail.get("handover_p99_ms").and_then(Value::as_f64);
+        out.push(target(
+            "contended-wait: handover p99 (ms)",
+            h.unwrap_or(f64::MAX),
+            "<=",
+            20.0,
+            "release sent to the next waiter's grant answered".into(),
+        ));
+    }
+    if let Some(r) = find(records, "rebalance") {
+        let n = r
+            .detail
+            .get("server_errors_outside_fence")
+            .and_then(Value::as_u64)
+            .unwrap_or(0);
+        out.push(target(
+            "rebalance: 5xx outside the fence window",
+            n as f64,
+            "<=",
+            0.0,
+            format!(
+                "{} 503 in all; fence windows: {} ms at the reload, {} ms at the close",
+                r.detail.get("status_503").unwrap_or(&Value::Null),
+                r.detail.get("fence_window_ms").unwrap_or(&Value::Null),
+                r.detail
+                    .get("close_fence_window_ms")
+                    .unwrap_or(&Value::Null)
+            ),
+        ));
+    }
+    for r in records
+        .iter()
+        .filter(|r| r.scenario.starts_with("contended") || r.scenario.starts_with("churn"))
+    {
+        out.push(target(
+            &format!("{}: 5xx answers", r.scenario),
+            r.server_errors_total as f64,
+            "<=",
+            0.0,
+            String::new(),
+        ));
+    }
+    out
+}
+
+/// The targets as a Markdown table.
+pub fn markdown(targets: &[Target]) -> String {
+    let mut s = String::from(
+        "| target | measured | rule | met | how | cause of a miss |\n|---|---|---|---|---|---|\n",
+    );
+    for t in targets {
+        s.push_str(&format!(
+            "| {} | {} | {} {} | {} | {} | {} |\n",
+            t.name,
+            t.measured,
+            t.rule,
+            t.limit,
+            if t.met { "yes" } else { "**no**" },
+            t.note,
+            t.cause
+        ));
+    }
+    s
+}
+
+/// Builds a target for the paired comparison (see `paired`).
+pub fn paired_target(
+    name: &str,
+    measured: f64,
+    rule: &str,
+    limit: f64,
+    note: String,
+    cause: String,
+) -> Target {
+    target(name, measured, rule, limit, note).because(cause)
+}
