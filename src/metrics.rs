@@ -3,10 +3,12 @@
 //! or client id, so the number of series stays fixed however many locks
 //! exist. `docs/metrics.md` lists them.
 
-use std::sync::OnceLock;
+use std::collections::HashMap;
+use std::hash::Hash;
+use std::sync::{LazyLock, OnceLock, RwLock};
 use std::time::Duration;
 
-use metrics::{counter, gauge, histogram};
+use metrics::{counter, gauge, histogram, Counter, Histogram};
 use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle};
 
 const LATENCY_BUCKETS: &[f64] = &[
@@ -185,27 +187,128 @@ pub fn acquire_read_first(shard: &str, answered: bool) {
         .increment(1);
 }
 
-/// A renewal check answered by the cache (`cache`) or by a read (`read`).
-pub fn renewal_check(shard: &str, by: &'static str, n: usize) {
-    counter!("lockrouter_renewal_checks_total", "shard" => shard.to_string(), "by" => by)
-        .increment(n as u64);
-}
-
 /// A lost holder's name got its lock-delay.
 pub fn lock_delay_set(shard: &str) {
     counter!("lockrouter_lock_delays_total", "shard" => shard.to_string()).increment(1);
 }
 
-pub fn request(op: &'static str, outcome: &'static str, elapsed: Duration) {
-    counter!("lockrouter_requests_total", "op" => op, "outcome" => outcome).increment(1);
-    histogram!("lockrouter_request_duration_seconds", "op" => op).record(elapsed.as_secs_f64());
+/// Handles of one family of series, one per set of label values,
+/// registered on first use and kept. Naming a series by its labels on every
+/// call (allocating the shard label, building and hashing the key, the
+/// registry's lookup) costs about 0.8 µs; a kept handle about 0.06 µs, and
+/// the hot paths count several series per request.
+struct Handles<K, H> {
+    map: RwLock<HashMap<K, H>>,
 }
 
-/// An acquire's outcome on its shard: acquired, not_acquired (held or
-/// queued), shard_unavailable, rate_limited or error.
-pub fn acquire(shard: &str, outcome: &'static str) {
-    counter!("lockrouter_acquires_total", "shard" => shard.to_string(), "outcome" => outcome)
+impl<K, H> Default for Handles<K, H> {
+    fn default() -> Self {
+        Self {
+            map: RwLock::new(HashMap::new()),
+        }
+    }
+}
+
+impl<K: Hash + Eq + Copy, H: Clone> Handles<K, H> {
+    fn get(&self, key: K, register: impl FnOnce() -> H) -> H {
+        if let Some(h) = self.map.read().expect("metric handles").get(&key) {
+            return h.clone();
+        }
+        let mut map = self.map.write().expect("metric handles");
+        map.entry(key).or_insert_with(register).clone()
+    }
+}
+
+#[derive(Default)]
+struct RequestSeries {
+    requests: Handles<(&'static str, &'static str), Counter>,
+    seconds: Handles<&'static str, Histogram>,
+}
+
+static REQUESTS: LazyLock<RequestSeries> = LazyLock::new(RequestSeries::default);
+
+pub fn request(op: &'static str, outcome: &'static str, elapsed: Duration) {
+    let r = &*REQUESTS;
+    r.requests
+        .get(
+            (op, outcome),
+            || counter!("lockrouter_requests_total", "op" => op, "outcome" => outcome),
+        )
         .increment(1);
+    r.seconds
+        .get(
+            op,
+            || histogram!("lockrouter_request_duration_seconds", "op" => op),
+        )
+        .record(elapsed.as_secs_f64());
+}
+
+/// The series of one shard that are counted on every request, renewal or
+/// etcd call, by handle (see [`Handles`]). Each shard's connection owns one.
+#[derive(Default)]
+pub struct ShardMetrics {
+    shard: String,
+    rpcs: Handles<(&'static str, &'static str), Counter>,
+    rpc_seconds: Handles<&'static str, Histogram>,
+    acquires: Handles<&'static str, Counter>,
+    renewal_checks: Handles<&'static str, Counter>,
+    lease_renewals: Handles<(), Counter>,
+}
+
+impl ShardMetrics {
+    pub fn new(shard: &str) -> Self {
+        Self {
+            shard: shard.to_string(),
+            ..Self::default()
+        }
+    }
+
+    /// An etcd call's outcome and latency.
+    pub fn etcd_rpc(&self, rpc: &'static str, outcome: &'static str, elapsed: Duration) {
+        let shard = &self.shard;
+        self.rpcs
+            .get((rpc, outcome), || {
+                counter!("lockrouter_etcd_requests_total", "shard" => shard.clone(), "rpc" => rpc, "outcome" => outcome)
+            })
+            .increment(1);
+        self.rpc_seconds
+            .get(rpc, || {
+                histogram!("lockrouter_etcd_request_duration_seconds", "shard" => shard.clone(), "rpc" => rpc)
+            })
+            .record(elapsed.as_secs_f64());
+    }
+
+    /// An acquire's outcome on this shard: acquired, not_acquired (held or
+    /// queued), shard_unavailable, rate_limited or error.
+    pub fn acquire(&self, outcome: &'static str) {
+        let shard = &self.shard;
+        self.acquires
+            .get(outcome, || {
+                counter!("lockrouter_acquires_total", "shard" => shard.clone(), "outcome" => outcome)
+            })
+            .increment(1);
+    }
+
+    /// Renewal checks answered by the cache (`cache`) or by a read (`read`).
+    pub fn renewal_check(&self, by: &'static str, n: usize) {
+        let shard = &self.shard;
+        self.renewal_checks
+            .get(by, || {
+                counter!("lockrouter_renewal_checks_total", "shard" => shard.clone(), "by" => by)
+            })
+            .increment(n as u64);
+    }
+
+    /// Lease renewals asked of the keepalive machinery.
+    pub fn lease_renewals(&self, n: u64) {
+        let shard = &self.shard;
+        self.lease_renewals
+            .get(
+                (),
+                || counter!("lockrouter_lease_renewals_total", "shard" => shard.clone()),
+            )
+            .increment(n);
+    }
 }
 
 /// A config reload: reloaded, refused (try again later) or invalid.
@@ -218,20 +321,8 @@ pub fn migration_open(open: bool) {
     gauge!("lockrouter_migration_open").set(if open { 1.0 } else { 0.0 });
 }
 
-pub fn etcd_rpc(shard: &str, rpc: &'static str, outcome: &'static str, elapsed: Duration) {
-    let shard = shard.to_string();
-    counter!("lockrouter_etcd_requests_total", "shard" => shard.clone(), "rpc" => rpc, "outcome" => outcome)
-        .increment(1);
-    histogram!("lockrouter_etcd_request_duration_seconds", "shard" => shard, "rpc" => rpc)
-        .record(elapsed.as_secs_f64());
-}
-
 pub fn keepalive_sent(shard: &str) {
     counter!("lockrouter_keepalives_sent_total", "shard" => shard.to_string()).increment(1);
-}
-
-pub fn lease_renewals(shard: &str, n: u64) {
-    counter!("lockrouter_lease_renewals_total", "shard" => shard.to_string()).increment(n);
 }
 
 pub fn session_leases(shard: &str, n: usize) {

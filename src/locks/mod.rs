@@ -194,7 +194,12 @@ impl Locks {
             Err(LockError::Internal(_)) => "error",
             Err(LockError::InvalidArgument(_)) => return result, // no shard to speak of
         };
-        crate::metrics::acquire(&active.router.shard_for(&req.name).name, outcome);
+        active
+            .router
+            .shard_for(&req.name)
+            .conn
+            .metrics()
+            .acquire(outcome);
         result
     }
 

@@ -146,12 +146,12 @@ async fn check_keys(shard: &Shard, ids: &[&LockId]) -> Vec<Result<Option<Entry>,
     let hashes: Vec<_> = ids.iter().map(|id| id.name_hash).collect();
     match shard.cache.lookup(&hashes).await {
         Ok(Vouched::Entries(entries)) => {
-            crate::metrics::renewal_check(&shard.name, "cache", ids.len());
+            shard.conn.metrics().renewal_check("cache", ids.len());
             entries.into_iter().map(Ok).collect()
         }
         Err(e) => vec![Err(e); ids.len()],
         Ok(Vouched::Unsure) => {
-            crate::metrics::renewal_check(&shard.name, "read", ids.len());
+            shard.conn.metrics().renewal_check("read", ids.len());
             let reads = ids
                 .iter()
                 .map(|id| shard.verifier.get(shard.keys.lock(&id.name_hash)));

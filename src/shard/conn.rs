@@ -29,6 +29,7 @@ pub enum EtcdError {
 
 struct Inner {
     shard: String,
+    metrics: m::ShardMetrics,
     client: Client,
     /// One single-endpoint client per member, to probe members one by one
     /// (only for shards with several endpoints).
@@ -76,6 +77,7 @@ impl EtcdConn {
         Ok(Self {
             inner: Arc::new(Inner {
                 shard: shard.to_string(),
+                metrics: m::ShardMetrics::new(shard),
                 client,
                 members,
                 in_rotation: Mutex::new(endpoints.iter().cloned().collect()),
@@ -88,6 +90,11 @@ impl EtcdConn {
 
     pub fn shard(&self) -> &str {
         &self.inner.shard
+    }
+
+    /// The shard's hot metric series.
+    pub fn metrics(&self) -> &m::ShardMetrics {
+        &self.inner.metrics
     }
 
     pub fn client(&self) -> &Client {
@@ -204,7 +211,7 @@ impl EtcdConn {
             Err(EtcdError::Unavailable { .. }) => "unavailable",
             Err(EtcdError::Other { .. }) => "error",
         };
-        m::etcd_rpc(&self.inner.shard, rpc, outcome, started.elapsed());
+        self.inner.metrics.etcd_rpc(rpc, outcome, started.elapsed());
         match &result {
             Err(EtcdError::Unavailable { detail, .. }) => {
                 tracing::debug!(shard = %self.inner.shard, rpc, %detail, "etcd call failed");

@@ -197,7 +197,7 @@ pub struct Keepalive {
     known: Arc<Known>,
     /// Longest a caller waits for an answer (a fail-over may send twice).
     deadline: Duration,
-    shard: String,
+    conn: EtcdConn,
     _task: crate::TaskGuard,
 }
 
@@ -205,14 +205,13 @@ impl Keepalive {
     pub fn start(conn: EtcdConn, cancel: CancellationToken) -> Self {
         let (tx, rx) = mpsc::channel(4096);
         let deadline = conn.timeout() * 2;
-        let shard = conn.shard().to_string();
         let known = Arc::new(Known::default());
         let task = tokio::spawn(Task::new(conn.clone(), known.clone()).run(rx, cancel.clone()));
         Self {
             tx,
             known,
             deadline,
-            shard,
+            conn,
             _task: crate::TaskGuard::new(task, cancel),
         }
     }
@@ -227,7 +226,7 @@ impl Keepalive {
         ttl_secs: u32,
     ) -> Result<Renewal, EtcdError> {
         if let Some(answer) = self.known.answer(lease, window, Instant::now()) {
-            m::lease_renewals(&self.shard, 1);
+            self.conn.metrics().lease_renewals(1);
             return Ok(answer);
         }
         let ask = async {
@@ -244,7 +243,7 @@ impl Keepalive {
         match tokio::time::timeout(self.deadline, ask).await {
             Ok(answer) => answer,
             Err(_) => Err(EtcdError::Unavailable {
-                shard: self.shard.clone(),
+                shard: self.conn.shard().to_string(),
                 detail: "no keepalive answer in time".into(),
             }),
         }
@@ -263,7 +262,7 @@ impl Keepalive {
 
     fn stopped(&self) -> EtcdError {
         EtcdError::Other {
-            shard: self.shard.clone(),
+            shard: self.conn.shard().to_string(),
             detail: "keepalive task stopped".into(),
         }
     }
@@ -348,7 +347,7 @@ impl Task {
     }
 
     fn refresh(&mut self, lease: i64, window: Duration, ttl_secs: u32, reply: Reply) {
-        m::lease_renewals(self.conn.shard(), 1);
+        self.conn.metrics().lease_renewals(1);
         let now = Instant::now();
         // Checked again: an answer may have come since the caller looked.
         if let Some(answer) = self.known.answer(lease, window, now) {
