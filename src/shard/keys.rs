@@ -31,7 +31,7 @@ use crate::config::ShardSettings;
 
 /// Lower-case hex of `bytes`.
 pub fn hex(bytes: &[u8]) -> String {
-    bytes.iter().map(|b| format!("{b:02x}")).collect()
+    hex::encode(bytes)
 }
 
 pub use crate::token::lock_id::NameHash;
@@ -71,12 +71,12 @@ impl Keys {
     /// The held record of a name: created with its lock key, deleted only
     /// by a release.
     pub fn held(&self, hash: &NameHash) -> Vec<u8> {
-        format!("{}/held/{}", self.prefix, hex(hash)).into_bytes()
+        self.name_key("held", hash, "")
     }
 
     /// The lock-delay of a name whose holder was lost.
     pub fn delay(&self, hash: &NameHash) -> Vec<u8> {
-        format!("{}/delay/{}", self.prefix, hex(hash)).into_bytes()
+        self.name_key("delay", hash, "")
     }
 
     /// Start and end (exclusive) of the range of held records.
@@ -90,12 +90,12 @@ impl Keys {
     }
 
     pub fn lock(&self, hash: &NameHash) -> Vec<u8> {
-        format!("{}/locks/{}", self.prefix, hex(hash)).into_bytes()
+        self.name_key("locks", hash, "")
     }
 
     /// Prefix of the queue of waiters for a name (`P/waiters/<hash>/`).
     pub fn waiters(&self, hash: &NameHash) -> Vec<u8> {
-        format!("{}/waiters/{}/", self.prefix, hex(hash)).into_bytes()
+        self.name_key("waiters", hash, "/")
     }
 
     /// One waiter's key: unique per wait, ordered by its create revision.
@@ -120,6 +120,22 @@ impl Keys {
     /// Start and end (exclusive) of the range holding every lock key.
     pub fn locks_range(&self) -> (Vec<u8>, Vec<u8>) {
         self.range("locks")
+    }
+
+    /// `P/<kind>/<hex of hash><tail>`, built without the formatting
+    /// machinery: every acquire and release builds several of these.
+    fn name_key(&self, kind: &str, hash: &NameHash, tail: &str) -> Vec<u8> {
+        let hex_len = 2 * hash.len();
+        let mut key = Vec::with_capacity(self.prefix.len() + kind.len() + 2 + hex_len + tail.len());
+        key.extend_from_slice(self.prefix.as_bytes());
+        key.push(b'/');
+        key.extend_from_slice(kind.as_bytes());
+        key.push(b'/');
+        let start = key.len();
+        key.resize(start + hex_len, 0);
+        hex::encode_to_slice(hash, &mut key[start..]).expect("sized for the hash");
+        key.extend_from_slice(tail.as_bytes());
+        key
     }
 
     fn range(&self, kind: &str) -> (Vec<u8>, Vec<u8>) {
@@ -259,5 +275,36 @@ impl Recorded {
             meta,
             bytes: bytes.to_vec(),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The keys are on every shard's disk: building them differently must
+    /// not change a byte.
+    #[test]
+    fn name_keys_keep_their_layout() {
+        let keys = Keys::new("/lockrouter");
+        let hash = name_hash("process_order:42");
+        let h: String = hash.iter().map(|b| format!("{b:02x}")).collect();
+        assert_eq!(hex(&hash), h);
+        assert_eq!(
+            keys.lock(&hash),
+            format!("/lockrouter/locks/{h}").into_bytes()
+        );
+        assert_eq!(
+            keys.held(&hash),
+            format!("/lockrouter/held/{h}").into_bytes()
+        );
+        assert_eq!(
+            keys.delay(&hash),
+            format!("/lockrouter/delay/{h}").into_bytes()
+        );
+        assert_eq!(
+            keys.waiters(&hash),
+            format!("/lockrouter/waiters/{h}/").into_bytes()
+        );
     }
 }
