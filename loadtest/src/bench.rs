@@ -122,12 +122,20 @@ impl<'a> Bench<'a> {
     }
 
     /// Revokes every lease first if `revoke`, then waits for etcd to stand
-    /// still (see [`idle`]).
+    /// still (see [`idle`]). Without `revoke` the router's warm sessions
+    /// are kept for the next window, so the wait is cut at a quarter of the
+    /// TTL: waiting longer would let them expire (their leases' revocations
+    /// are what keeps etcd busy) and turn the window's acquires into
+    /// session grants.
     pub async fn settle(&self, revoke: bool) -> Result<IdleCheck> {
+        let mut limit = Duration::from_secs(self.cfg.idle_limit_s);
+        if !revoke {
+            limit = limit.min(Duration::from_millis(self.cfg.ttl_ms / 4));
+        }
         let rest = Rest {
             revoke,
             interval: Duration::from_millis(self.cfg.idle_ms),
-            limit: Duration::from_secs(self.cfg.idle_limit_s),
+            limit,
         };
         idle::settle(self.stack, rest).await
     }
