@@ -66,7 +66,7 @@ fn cpu(c: &Cpu, cpus: usize) -> String {
     )
 }
 
-/// Every target this run measured, the issue's first, then the others.
+/// Every target this run measured: the scale targets first, then the others.
 pub fn targets(records: &[Record], shared: Option<&Paired>, cfg: &Config) -> Vec<Target> {
     let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
     let mut out = Vec::new();
@@ -195,7 +195,7 @@ fn hold(h: &Record, cfg: &Config, cpus: usize) -> Vec<Target> {
     out
 }
 
-/// Targets kept from earlier issues: keepalives per session, handover
+/// Targets kept from earlier runs: keepalives per session, handover
 /// latency, and no 5xx where none may happen.
 fn others(records: &[Record], cfg: &Config) -> Vec<Target> {
     let mut out = Vec::new();
