@@ -84,6 +84,16 @@ fn json_output_matches_the_worked_example() {
         keepalives >= sessions / 10.0,
         "{keepalives} < {sessions} / 10"
     );
+    // Renewals cost barriers (raft writes, at most one per renew-batch:
+    // 10K clients every 10 s), no reads; refusals alone read.
+    let barriers = all["barrierWritesPerSec"].as_f64().unwrap();
+    assert!(
+        barriers > 0.0 && barriers <= 1_000.0 * shards as f64,
+        "{barriers}"
+    );
+    assert!(all["raftWritesPerSec"].as_f64().unwrap() >= 20_000.0 + barriers);
+    assert_eq!(all["readsPerSec"].as_f64(), Some(0.0));
+    assert!(all.get("lockChecksPerSec").is_none(), "renamed");
     // One lease per lock: a keepalive per lock every 10 s, three writes per lock.
     let naive = &p["oneLeasePerLock"]["allShards"];
     assert_eq!(naive["keepalivesPerSec"].as_f64(), Some(100_000.0));
@@ -98,6 +108,34 @@ fn json_output_matches_the_worked_example() {
     let p: Value = serde_json::from_slice(&plan(&args).stdout).unwrap();
     assert!(p["lockrouter"]["growthToTarget"].as_f64().unwrap() < 1.0);
     assert_eq!(p["recommendedShards"].as_u64(), Some(shards));
+}
+
+#[test]
+fn refused_acquires_are_reads_not_raft_writes() {
+    let base = [
+        "--locks",
+        "1000000",
+        "--clients",
+        "10000",
+        "--acquires-per-sec",
+        "10000",
+        "--json",
+    ];
+    let calm: Value = serde_json::from_slice(&plan(&base).stdout).unwrap();
+    let mut args = base.to_vec();
+    args.extend(["--refused-acquires-per-sec", "20000"]);
+    let out = plan(&args);
+    assert!(out.status.success(), "{out:?}");
+    let busy: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(busy["recommendedShards"], calm["recommendedShards"]);
+    let (c, b) = (
+        &calm["lockrouter"]["allShards"],
+        &busy["lockrouter"]["allShards"],
+    );
+    assert_eq!(b["raftWritesPerSec"], c["raftWritesPerSec"]);
+    assert_eq!(b["keepalivesPerSec"], c["keepalivesPerSec"]);
+    let reads = b["readsPerSec"].as_f64().unwrap();
+    assert!((reads - 20_000.0).abs() < 1e-6, "{reads}");
 }
 
 #[test]

@@ -47,6 +47,9 @@ pub mod calibration {
 pub const MAX_SHARDS: u32 = 1_024;
 /// Lock names hashed onto a ring to measure its imbalance.
 const SAMPLE_NAMES: usize = 50_000;
+/// Most locks the client SDK puts in one `renew-batch` (its `MAX_BATCH`,
+/// the router's default `limits.max_batch`).
+const MAX_BATCH: f64 = 1_000.0;
 
 /// How clients renew their locks.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
@@ -87,6 +90,9 @@ pub struct Workload {
     pub client_lifetime_secs: f64,
     /// The routers' `etcd.keepalive_coalesce_ms`.
     pub coalesce_ms: f64,
+    /// How long one lock-key cache barrier (a one-key `Put`) takes from
+    /// send to answer, in milliseconds.
+    pub barrier_latency_ms: f64,
     /// The routers' `ring.vnodes`.
     pub vnodes: u32,
     /// Raft writes/s one shard sustains.
@@ -107,10 +113,18 @@ pub struct Workload {
 pub struct ShardLoad {
     pub locks: f64,
     pub leases: f64,
+    /// Every raft write: acquire and release txns (an upper bound: group
+    /// commit shares txns under load), session grants and revokes, and
+    /// the renewals' barriers.
     pub raft_writes_per_sec: f64,
     pub keepalives_per_sec: f64,
-    /// Linearizable lock-key reads of renewals (batched, no raft write).
-    pub lock_checks_per_sec: f64,
+    /// The part of `raft_writes_per_sec` that renewals cost: lock-key
+    /// cache barriers, one per shard per router replica at a time.
+    pub barrier_writes_per_sec: f64,
+    /// Linearizable read-only txns (no raft write): one per refused acquire
+    /// of a held name, read first. Renewals read nothing while the
+    /// lock-key cache vouches.
+    pub reads_per_sec: f64,
     /// `raft writes / limit + keepalives / limit`: both load the leader's CPU.
     pub utilisation: f64,
     pub db_bytes: f64,
@@ -166,6 +180,7 @@ impl Workload {
             ("--locks", self.locks),
             ("--acquires-per-sec", self.acquires_per_sec),
             ("--refused-acquires-per-sec", self.refused_acquires_per_sec),
+            ("--barrier-latency-ms", self.barrier_latency_ms),
         ];
         for (name, v) in nonneg {
             if !(v.is_finite() && v >= 0.0) {
@@ -219,45 +234,53 @@ impl Workload {
         // Renewals of one lease closer together than this share a keepalive
         // (the router caps the window at a tenth of the TTL).
         let window = (self.coalesce_ms / 1_000.0).min(self.ttl_secs / 10.0);
-        let (leases, writes, keepalives) = match design {
+        let (leases, writes, keepalives, barriers, reads) = match design {
             Design::LeasePerLock => (
                 locks,
                 3.0 * (acquires + refused), // grant + txn + revoke
                 locks / renew,
+                0.0,
+                0.0,
             ),
             Design::Coalesced => {
                 let sessions = self.sessions(share);
                 let churn = 2.0 * sessions / self.client_lifetime_secs; // grant + revoke
+                                                                        // Refused acquires of held names are answered from a
+                                                                        // read-only txn: no raft write, no keepalive of the
+                                                                        // caller's session.
                 let per_session = if sessions > 0.0 {
                     let by_renewal = match self.renewal {
                         Renewal::Batch => 1.0 / renew,
                         Renewal::Each => dead_time(locks / sessions / renew, window),
                     };
-                    by_renewal + dead_time((acquires + refused) / sessions, window)
+                    by_renewal + dead_time(acquires / sessions, window)
                 } else {
                     0.0
                 };
+                let barriers = self.barrier_writes(share);
                 (
                     sessions,
-                    2.0 * acquires + refused + churn, // acquire txn + release txn
+                    // Acquire txn + release txn per lock: an upper bound,
+                    // since group commit packs concurrent ones into one txn.
+                    2.0 * acquires + churn + barriers,
                     sessions * per_session,
+                    barriers,
+                    refused,
                 )
             }
         };
-        // A lock's put and its delete are revisions; periodic compaction
-        // keeps up to two retention periods of them.
-        let revisions = 2.0 * acquires * 2.0 * self.compaction_retention_secs;
+        // A lock's put and its delete are revisions, and so is every
+        // barrier; periodic compaction keeps up to two retention periods
+        // of them.
+        let revisions = (2.0 * acquires + barriers) * 2.0 * self.compaction_retention_secs;
         use calibration as c;
         ShardLoad {
             locks,
             leases,
             raft_writes_per_sec: writes,
             keepalives_per_sec: keepalives,
-            lock_checks_per_sec: if design == Design::Coalesced {
-                locks / renew
-            } else {
-                0.0
-            },
+            barrier_writes_per_sec: barriers,
+            reads_per_sec: reads,
             utilisation: writes / self.max_raft_writes_per_sec
                 + keepalives / self.max_keepalives_per_sec,
             db_bytes: locks * c::DB_BYTES_PER_KEY
@@ -268,6 +291,32 @@ impl Workload {
                 + revisions * c::MEM_BYTES_PER_REVISION
                 + leases * c::MEM_BYTES_PER_LEASE,
         }
+    }
+
+    /// Renewal requests per second that touch a shard with `share` of the
+    /// names, over all router replicas. A `renew-batch` (up to
+    /// [`MAX_BATCH`] locks) touches every shard one of its locks is on.
+    fn renew_requests(&self, share: f64) -> f64 {
+        let renew = self.renew_every();
+        match self.renewal {
+            Renewal::Each => self.locks * share / renew,
+            Renewal::Batch => {
+                let per_client = self.locks / self.clients;
+                let batches = (per_client / MAX_BATCH).ceil().max(1.0);
+                let per_batch = per_client / batches;
+                self.clients * batches * (1.0 - (1.0 - share).powf(per_batch)) / renew
+            }
+        }
+    }
+
+    /// Barrier writes/s on a shard with `share` of the names: each router
+    /// replica keeps its own cache and writes one barrier at a time per
+    /// shard, shared by every renewal that arrived while the previous one
+    /// was in flight. Renewals are spread evenly over the replicas.
+    fn barrier_writes(&self, share: f64) -> f64 {
+        let replicas = f64::from(self.router_replicas);
+        let per_replica = self.renew_requests(share) / replicas;
+        replicas * one_in_flight(per_replica, self.barrier_latency_ms / 1_000.0)
     }
 
     /// Expected session leases on a shard with `share` of the names: each of
@@ -288,7 +337,8 @@ impl Workload {
             leases: mean.leases * n,
             raft_writes_per_sec: mean.raft_writes_per_sec * n,
             keepalives_per_sec: mean.keepalives_per_sec * n,
-            lock_checks_per_sec: mean.lock_checks_per_sec * n,
+            barrier_writes_per_sec: mean.barrier_writes_per_sec * n,
+            reads_per_sec: mean.reads_per_sec * n,
             utilisation: mean.utilisation * n,
             db_bytes: mean.db_bytes * n,
             memory_bytes: mean.memory_bytes * n,
@@ -307,8 +357,10 @@ impl Workload {
     /// The fewest shards whose busiest shard stays within the target
     /// utilisation and the same share of the backend quota.
     fn fewest_shards(&self, design: Design, rings: &mut RingCache) -> Option<u32> {
-        // Total load never shrinks as shards are added (sessions only
-        // multiply), so one shard's load over the target is a lower bound.
+        // Total load never shrinks as shards are added (sessions and the
+        // renewal requests that touch a shard only multiply, and splitting
+        // requests over more caches never shares barriers better), so one
+        // shard's load over the target is a lower bound.
         let one = self.shard_load(design, 1.0);
         let floor = (one.utilisation / self.target_utilisation)
             .max(one.db_bytes / (self.target_utilisation * self.quota_bytes))
@@ -326,6 +378,23 @@ impl Workload {
 /// time: `r / (1 + r·w)` for evenly random renewals).
 fn dead_time(rate: f64, window: f64) -> f64 {
     rate / (1.0 + rate * window)
+}
+
+/// Writes/s for requests arriving at random at `rate` per second when one
+/// write is in flight at a time, each taking `latency` seconds, and a write
+/// serves every request that arrived before it was sent: a request that
+/// arrives during a write waits for the next one, which starts as soon as
+/// the current one is answered. Each write is followed by another at once
+/// with probability `1 − e^(−r·b)` and otherwise by an idle wait of `1/r`,
+/// so writes/s is `r / (r·b + e^(−r·b))`: `r` when requests are sparse,
+/// `1/b` when they always queue, and never more than `r`. (Not
+/// [`dead_time`]: a request during a write is not covered by it.)
+fn one_in_flight(rate: f64, latency: f64) -> f64 {
+    if rate <= 0.0 {
+        return 0.0;
+    }
+    let x = rate * latency;
+    rate / (x + (-x).exp())
 }
 
 /// Imbalance of real rings (shards named a, b, c, ...), computed once each.
@@ -462,7 +531,95 @@ mod tests {
         let ours = a.shard_load(Design::Coalesced, 1.0);
         // 10K clients with 100 locks each on one shard: 10K sessions.
         assert!((ours.leases - 10_000.0).abs() < 1.0, "{ours:?}");
-        assert!(ours.raft_writes_per_sec < 20_011.0 && ours.raft_writes_per_sec >= 20_000.0);
+        // Acquire and release txns, session churn, and the barriers.
+        let txns = ours.raft_writes_per_sec - ours.barrier_writes_per_sec;
+        assert!((20_000.0..20_011.0).contains(&txns), "{ours:?}");
+    }
+
+    #[test]
+    fn barriers_never_exceed_renew_requests() {
+        for renewal in ["batch", "each"] {
+            for replicas in ["1", "2", "8"] {
+                for latency in ["0", "1", "5", "50"] {
+                    let a = args(&[
+                        "--renewal",
+                        renewal,
+                        "--router-replicas",
+                        replicas,
+                        "--barrier-latency-ms",
+                        latency,
+                    ]);
+                    for share in [1.0, 0.3, 0.01, 1e-6] {
+                        let requests = a.renew_requests(share);
+                        let barriers = a.barrier_writes(share);
+                        assert!(barriers > 0.0, "{renewal} {replicas} {latency} {share}");
+                        assert!(
+                            barriers <= requests * (1.0 + 1e-12),
+                            "{barriers} > {requests}: {renewal} {replicas} {latency} {share}"
+                        );
+                        // At most one barrier in flight per replica.
+                        if latency != "0" {
+                            let most = a.router_replicas as f64 * 1_000.0 / a.barrier_latency_ms;
+                            assert!(barriers <= most, "{barriers} > {most}");
+                        }
+                    }
+                }
+            }
+        }
+        // Sparse requests each write their own barrier; back-to-back ones
+        // one per latency.
+        assert!((one_in_flight(1.0, 0.005) - 1.0).abs() < 0.01);
+        assert!((one_in_flight(1e6, 0.005) - 200.0).abs() < 0.01);
+        assert_eq!(one_in_flight(0.0, 0.005), 0.0);
+        assert_eq!(one_in_flight(7.0, 0.0), 7.0);
+    }
+
+    #[test]
+    fn refused_acquires_cost_reads_not_raft_writes() {
+        let calm = args(&[]);
+        let contended = args(&["--refused-acquires-per-sec", "50000"]);
+        for share in [1.0, 0.2] {
+            let (c, h) = (
+                calm.shard_load(Design::Coalesced, share),
+                contended.shard_load(Design::Coalesced, share),
+            );
+            assert_eq!(h.raft_writes_per_sec, c.raft_writes_per_sec);
+            assert_eq!(h.keepalives_per_sec, c.keepalives_per_sec);
+            assert_eq!(h.utilisation, c.utilisation);
+            assert_eq!(c.reads_per_sec, 0.0);
+            assert!((h.reads_per_sec - 50_000.0 * share).abs() < 1e-6);
+        }
+        // One lease per lock still pays grant, txn and revoke for them.
+        let naive = contended.shard_load(Design::LeasePerLock, 1.0);
+        assert_eq!(naive.raft_writes_per_sec, 3.0 * 60_000.0);
+    }
+
+    #[test]
+    fn batch_renewals_cost_per_client_not_per_lock() {
+        // 1M locks on 10K clients, one shard, one replica: renewals are 10K
+        // renew-batches per 10 s, so keepalives are one per session per
+        // round plus the acquires', and barriers at most one per batch.
+        let a = args(&["--router-replicas", "1"]);
+        let l = a.shard_load(Design::Coalesced, 1.0);
+        assert_eq!(a.renew_requests(1.0), 1_000.0);
+        assert!(l.barrier_writes_per_sec <= 1_000.0, "{l:?}");
+        assert_eq!(l.reads_per_sec, 0.0);
+        let acquires = 10_000.0;
+        assert!(l.keepalives_per_sec <= 10_000.0 / 10.0 + acquires, "{l:?}");
+        // Ten times the locks on the same clients: the renewal cost does
+        // not move (it would be 100K reads/s, then 1M, one per lock).
+        let more = args(&["--router-replicas", "1", "--locks", "10000000"]);
+        let m = more.shard_load(Design::Coalesced, 1.0);
+        assert_eq!(m.barrier_writes_per_sec, l.barrier_writes_per_sec);
+        assert_eq!(m.keepalives_per_sec, l.keepalives_per_sec);
+        // Past MAX_BATCH locks a client sends several batches a round.
+        let huge = args(&["--router-replicas", "1", "--clients", "100"]);
+        assert_eq!(huge.renew_requests(1.0), 100.0 * 10.0 / 10.0);
+        // One renew per lock is O(locks) requests, but barriers stay
+        // bounded by one in flight per replica.
+        let each = args(&["--router-replicas", "1", "--renewal", "each"]);
+        assert_eq!(each.renew_requests(1.0), 100_000.0);
+        assert!(each.barrier_writes(1.0) <= 200.0);
     }
 
     #[test]
@@ -482,7 +639,9 @@ mod tests {
         let l = a.layout(Design::Coalesced, fewer, ring_imbalance(fewer, 160));
         assert!(l.growth_to_target < 1.0);
         assert!(p.one_lease_per_lock.shards > p.recommended_shards);
-        assert!(p.keepalive_saving > 3.0 && p.raft_write_saving > 1.4);
+        // Renewals' barriers are raft writes too, so the write saving is
+        // smaller than the keepalive saving.
+        assert!(p.keepalive_saving > 3.0 && p.raft_write_saving > 1.2);
     }
 
     #[test]
@@ -502,5 +661,6 @@ mod tests {
         assert!(plan(&args(&["--target-utilisation", "0"])).is_err());
         assert!(plan(&args(&["--clients", "0"])).is_err());
         assert!(plan(&args(&["--shards", "0"])).is_err());
+        assert!(plan(&args(&["--barrier-latency-ms=-1"])).is_err());
     }
 }

@@ -55,6 +55,10 @@ pub struct PlanArgs {
     /// The routers' `etcd.keepalive_coalesce_ms`.
     #[arg(long, default_value_t = 1_000.0)]
     pub coalesce_ms: f64,
+    /// How long one lock-key cache barrier (a one-key `Put`) takes from
+    /// send to answer, in milliseconds.
+    #[arg(long, default_value_t = 5.0)]
+    pub barrier_latency_ms: f64,
     /// The routers' `ring.vnodes`.
     #[arg(long, default_value_t = 160)]
     pub vnodes: u32,
@@ -92,6 +96,7 @@ impl From<&PlanArgs> for Workload {
             ttls_per_client: a.ttls_per_client,
             client_lifetime_secs: a.client_lifetime_secs,
             coalesce_ms: a.coalesce_ms,
+            barrier_latency_ms: a.barrier_latency_ms,
             vnodes: a.vnodes,
             max_raft_writes_per_sec: a.max_raft_writes_per_sec,
             max_keepalives_per_sec: a.max_keepalives_per_sec,
@@ -150,11 +155,12 @@ pub fn render(p: &Plan) -> String {
     );
     let _ = writeln!(
         out,
-        "limits per shard: {} raft writes/s, {} keepalives/s, {} backend quota; \
-         target utilisation {:.0}%",
+        "limits per shard: {} raft writes/s, {} keepalives/s, {} backend quota, \
+         {} ms per barrier write; target utilisation {:.0}%",
         num(w.max_raft_writes_per_sec),
         num(w.max_keepalives_per_sec),
         bytes(w.quota_bytes),
+        w.barrier_latency_ms,
         w.target_utilisation * 100.0
     );
     let _ = writeln!(out, "calibration: {}", p.calibration_source);
@@ -173,12 +179,15 @@ pub fn render(p: &Plan) -> String {
         format!("1 lease/lock ({})", n.shards)
     );
     type Row = (&'static str, fn(&ShardLoad) -> String);
-    let rows: [Row; 8] = [
+    let rows: [Row; 9] = [
         ("lock keys", |s| num(s.locks)),
         ("leases", |s| num(s.leases)),
         ("raft writes/s", |s| num(s.raft_writes_per_sec)),
+        ("  of which renewal barriers", |s| {
+            num(s.barrier_writes_per_sec)
+        }),
         ("keepalives/s", |s| num(s.keepalives_per_sec)),
-        ("lock checks/s (reads)", |s| num(s.lock_checks_per_sec)),
+        ("reads/s (refused acquires)", |s| num(s.reads_per_sec)),
         ("utilisation (100% = 1 shard)", |s| {
             format!("{:.0}%", s.utilisation * 100.0)
         }),
