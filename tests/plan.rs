@@ -58,17 +58,20 @@ fn capacity_doc_examples_are_real_output() {
     }
 }
 
+/// docs/capacity.md's worked example: 1M locks, 10K clients, 10K acquires/s.
+const WORKED_EXAMPLE: [&str; 7] = [
+    "--locks",
+    "1000000",
+    "--clients",
+    "10000",
+    "--acquires-per-sec",
+    "10000",
+    "--json",
+];
+
 #[test]
 fn json_output_matches_the_worked_example() {
-    let args = [
-        "--locks",
-        "1000000",
-        "--clients",
-        "10000",
-        "--acquires-per-sec",
-        "10000",
-        "--json",
-    ];
+    let args = WORKED_EXAMPLE;
     let out = plan(&args);
     assert!(out.status.success(), "{out:?}");
     let p: Value = serde_json::from_slice(&out.stdout).expect("JSON");
@@ -112,15 +115,7 @@ fn json_output_matches_the_worked_example() {
 
 #[test]
 fn refused_acquires_are_reads_not_raft_writes() {
-    let base = [
-        "--locks",
-        "1000000",
-        "--clients",
-        "10000",
-        "--acquires-per-sec",
-        "10000",
-        "--json",
-    ];
+    let base = WORKED_EXAMPLE;
     let calm: Value = serde_json::from_slice(&plan(&base).stdout).unwrap();
     let mut args = base.to_vec();
     args.extend(["--refused-acquires-per-sec", "20000"]);
