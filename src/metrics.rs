@@ -106,6 +106,14 @@ fn describe() {
         "lock keys on the shard (all routers' locks), sampled every etcd.count_interval_ms"
     );
     describe_gauge!(
+        "lockrouter_cache_vouching",
+        "1 while this replica's lock-key cache of the shard may answer renewals, else 0"
+    );
+    describe_gauge!(
+        "lockrouter_cache_lock_keys",
+        "lock keys this replica's lock-key cache of the shard holds (0 while it does not vouch)"
+    );
+    describe_gauge!(
         "lockrouter_migration_moved_locks",
         "during a migration: locks of moved names still held on this previous shard"
     );
@@ -361,6 +369,14 @@ pub fn migration_moved_held(shard: &str, n: i64) {
 
 pub fn active_locks(shard: &str, n: i64) {
     gauge!("lockrouter_active_locks", "shard" => shard.to_string()).set(n as f64);
+}
+
+/// The lock-key cache's state: `Some(keys)` while it vouches.
+pub fn cache_state(shard: &str, keys: Option<usize>) {
+    let vouching = if keys.is_some() { 1.0 } else { 0.0 };
+    gauge!("lockrouter_cache_vouching", "shard" => shard.to_string()).set(vouching);
+    gauge!("lockrouter_cache_lock_keys", "shard" => shard.to_string())
+        .set(keys.unwrap_or(0) as f64);
 }
 
 pub fn verify_batch(shard: &str, size: usize) {

@@ -560,3 +560,41 @@ async fn a_client_back_after_its_session_lease_ran_out_is_granted_a_free_name() 
         );
     }
 }
+
+/// Operators see whether each replica's lock-key cache vouches, and how
+/// many keys it holds against the shard's count.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_lock_key_cache_reports_that_it_vouches_and_what_it_holds() {
+    let etcd = EtcdCluster::single();
+    let toml = lockrouter_testkit::config::config_toml(
+        &[&etcd],
+        "127.0.0.1:0",
+        "count_interval_ms = 200\n",
+    );
+    let router = TestRouter::with_toml(&toml).await;
+    for i in 0..3 {
+        router
+            .api
+            .must_acquire(&format!("cached-{i}"), 10_000, "A")
+            .await;
+    }
+    let started = Instant::now();
+    loop {
+        let text = router.api.metrics().await;
+        let has = |line: &str| text.lines().any(|l| l == line);
+        if has("lockrouter_cache_vouching{shard=\"a\"} 1")
+            && has("lockrouter_cache_lock_keys{shard=\"a\"} 3")
+        {
+            break;
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(10),
+            "no vouching cache of 3 keys reported:\n{}",
+            text.lines()
+                .filter(|l| l.starts_with("lockrouter_cache_"))
+                .collect::<Vec<_>>()
+                .join("\n")
+        );
+        sleep_ms(100).await;
+    }
+}

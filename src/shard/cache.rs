@@ -164,17 +164,16 @@ async fn barriers(source: Source, mut rx: mpsc::Receiver<BarrierReply>, cancel: 
         while let Ok(r) = rx.try_recv() {
             waiting.push(r);
         }
-        let result = write_barrier(&source).await;
-        crate::metrics::cache_barrier(source.conn.shard(), waiting.len());
+        let result = write_barrier(&source, waiting.len()).await;
         for w in waiting {
             let _ = w.send(result.clone());
         }
     }
 }
 
-/// Puts the barrier key if the shard still carries its verified identity;
-/// returns the put's revision.
-async fn write_barrier(source: &Source) -> Result<i64, EtcdError> {
+/// Puts the barrier key, for `renewals` waiting ones, if the shard still
+/// carries its verified identity; returns the put's revision.
+async fn write_barrier(source: &Source, renewals: usize) -> Result<i64, EtcdError> {
     let identity = source.identity.read().expect("identity lock").clone();
     let Some(identity) = identity else {
         return Err(source
@@ -186,6 +185,7 @@ async fn write_barrier(source: &Source) -> Result<i64, EtcdError> {
         .when([Compare::value(k.identity(), CompareOp::Equal, identity)])
         .and_then([TxnOp::put(k.barrier(), Vec::new(), None)]);
     let mut kv = source.conn.client().kv_client();
+    crate::metrics::cache_barrier(source.conn.shard(), renewals);
     let resp = source.conn.call("Txn", kv.txn(txn)).await?;
     if !resp.succeeded() {
         return Err(source
@@ -211,7 +211,8 @@ async fn feed(source: Source, state: Arc<State>, cancel: CancellationToken) {
         };
         state.usable.store(false, Ordering::Release);
         if let Err(e) = ended {
-            tracing::debug!(shard = %source.conn.shard(), error = %e, "lock-key cache stopped; loading it again");
+            // Renewals fall back to reads meanwhile: worth an operator's eye.
+            tracing::info!(shard = %source.conn.shard(), error = %e, "lock-key cache stopped; loading it again");
         }
         tokio::select! {
             _ = tokio::time::sleep(backoff) => {}
