@@ -1,13 +1,15 @@
 //! The baselines, sent straight to the same etcd shards with etcd-client:
 //!
-//! - `direct`: the router's own acquire txn — `If(create_revision(key) == 0
-//!   and the ring key matches) Then(Put key with lease) Else(Get key, Get
-//!   ring)` on a lease granted once per shard — and its release txn. No
-//!   HTTP, no router: the physical limit of this machine.
+//! - `direct`: the router's own grant and release txns, with the same
+//!   compares, writes and reads (see [`acquire_txn`]), on a lease granted
+//!   once per shard as a router session would be. No HTTP, no router, no
+//!   group commit: one txn per acquire and per release, the physical limit
+//!   of this machine for that work.
 //! - `naive`: one lease per lock, the design lockrouter replaces: grant, then
-//!   the txn on that lease; release revokes the lease (which deletes the key).
-//!   [`naive_hold`] holds leases the naive way, one keepalive per lock every
-//!   TTL/3, to count what that costs etcd.
+//!   the same grant txn on that lease without the held record (the lease is
+//!   the lock's only record); release revokes the lease (which deletes the
+//!   key). [`naive_hold`] holds leases the naive way, one keepalive per lock
+//!   every TTL/3, to count what that costs etcd.
 //!
 //! `direct` and `naive` run as goose scenarios with custom requests, so they
 //! share the router scenarios' users, throttle and reports.
@@ -45,9 +47,33 @@ pub struct EtcdBaseline {
 }
 
 const RING_VALUE: &[u8] = br#"{"epoch":1,"ring":"bench"}"#;
+const IDENTITY_VALUE: &[u8] = br#"{"shard":"bench","clusterId":"1"}"#;
 
 fn ring_key(prefix: &str) -> String {
     format!("{prefix}/ring")
+}
+
+fn identity_key(prefix: &str) -> String {
+    format!("{prefix}/shard")
+}
+
+/// The keys of lock `n`, laid out as the router lays out a name's keys.
+struct NameKeys {
+    lock: String,
+    held: String,
+    delay: String,
+    waiters: String,
+}
+
+impl NameKeys {
+    fn new(prefix: &str, n: u64) -> Self {
+        Self {
+            lock: format!("{prefix}/locks/{n}"),
+            held: format!("{prefix}/held/{n}"),
+            delay: format!("{prefix}/delay/{n}"),
+            waiters: format!("{prefix}/waiters/{n}/"),
+        }
+    }
 }
 
 impl EtcdBaseline {
@@ -66,6 +92,7 @@ impl EtcdBaseline {
                 .await
                 .with_context(|| format!("connect to etcd at {ep}"))?;
             c.put(ring_key(&prefix), RING_VALUE, None).await?;
+            c.put(identity_key(&prefix), IDENTITY_VALUE, None).await?;
             if kind == Kind::Direct {
                 // Outlives any one attack; revoked in `finish`.
                 leases.push(c.lease_grant(3600, None).await?.id());
@@ -91,35 +118,68 @@ impl EtcdBaseline {
     }
 }
 
-/// The router's acquire txn, on `lease`. Returns the create revision.
-async fn acquire_txn(c: &mut Client, prefix: &str, key: &str, lease: i64) -> Result<Option<i64>> {
+/// The router's grant txn (`shard::name::acquire_txn`), on `lease`: the
+/// name has no lock key, held record, lock-delay or queued waiter, and the
+/// shard's ring and identity records match; then the lock key on the lease
+/// and (`held`) the held record; else the five reads that tell why.
+/// Returns the create revision.
+async fn acquire_txn(
+    c: &mut Client,
+    prefix: &str,
+    k: &NameKeys,
+    lease: i64,
+    held: bool,
+) -> Result<Option<i64>> {
     let ring = ring_key(prefix);
-    let value = format!(r#"{{"client":"bench","epoch":1,"name":"{key}"}}"#);
+    let identity = identity_key(prefix);
+    let value = format!(r#"{{"client":"bench","epoch":1,"name":"{}"}}"#, k.lock);
+    let mut writes = vec![TxnOp::put(
+        k.lock.as_str(),
+        value,
+        Some(PutOptions::new().with_lease(lease)),
+    )];
+    if held {
+        writes.push(TxnOp::put(
+            k.held.as_str(),
+            r#"{"name":"bench","ttl":30}"#,
+            None,
+        ));
+    }
     let txn = Txn::new()
         .when([
-            Compare::create_revision(key, CompareOp::Equal, 0),
-            Compare::value(ring.clone(), CompareOp::Equal, RING_VALUE),
+            Compare::create_revision(k.lock.as_str(), CompareOp::Equal, 0),
+            Compare::create_revision(k.held.as_str(), CompareOp::Equal, 0),
+            Compare::create_revision(k.delay.as_str(), CompareOp::Equal, 0),
+            Compare::value(ring.as_str(), CompareOp::Equal, RING_VALUE),
+            Compare::value(identity.as_str(), CompareOp::Equal, IDENTITY_VALUE),
+            Compare::create_revision(k.waiters.as_str(), CompareOp::Equal, 0).with_prefix(),
         ])
-        .and_then([TxnOp::put(
-            key,
-            value,
-            Some(PutOptions::new().with_lease(lease)),
-        )])
-        .or_else([TxnOp::get(key, None), TxnOp::get(ring, None)]);
+        .and_then(writes)
+        .or_else([
+            TxnOp::get(k.lock.as_str(), None),
+            TxnOp::get(k.held.as_str(), None),
+            TxnOp::get(k.delay.as_str(), None),
+            TxnOp::get(ring, None),
+            TxnOp::get(identity, None),
+        ]);
     let resp = c.txn(txn).await?;
     Ok(resp
         .succeeded()
         .then(|| resp.header().map(|h| h.revision()).unwrap_or(0)))
 }
 
-/// The router's release txn: delete only if still this grant.
-async fn release_txn(c: &mut Client, key: &str, revision: i64, lease: i64) -> Result<bool> {
+/// The router's release txn (`shard::name::release_txn`): delete the lock
+/// key and its held record only if the key is still this grant.
+async fn release_txn(c: &mut Client, k: &NameKeys, revision: i64, lease: i64) -> Result<bool> {
     let txn = Txn::new()
         .when([
-            Compare::create_revision(key, CompareOp::Equal, revision),
-            Compare::lease(key, CompareOp::Equal, lease),
+            Compare::create_revision(k.lock.as_str(), CompareOp::Equal, revision),
+            Compare::lease(k.lock.as_str(), CompareOp::Equal, lease),
         ])
-        .and_then([TxnOp::delete(key, None)]);
+        .and_then([
+            TxnOp::delete(k.lock.as_str(), None),
+            TxnOp::delete(k.held.as_str(), None),
+        ]);
     Ok(c.txn(txn).await?.succeeded())
 }
 
@@ -148,7 +208,7 @@ pub fn scenario(name: &str, ctx: &Arc<EtcdBaseline>) -> Scenario {
 async fn lifecycle(user: &mut GooseUser, ctx: &EtcdBaseline) {
     let n = ctx.seq.fetch_add(1, Relaxed);
     let shard = (n % ctx.clients.len() as u64) as usize;
-    let key = format!("{}/locks/{n}", ctx.prefix);
+    let keys = NameKeys::new(&ctx.prefix, n);
     let mut c = ctx.clients[shard].clone();
     let stats = &ctx.stats;
 
@@ -166,7 +226,11 @@ async fn lifecycle(user: &mut GooseUser, ctx: &EtcdBaseline) {
             }
         };
         stats.request();
-        Ok((lease, acquire_txn(&mut c, &ctx.prefix, &key, lease).await?))
+        let held = ctx.kind == Kind::Direct;
+        Ok((
+            lease,
+            acquire_txn(&mut c, &ctx.prefix, &keys, lease, held).await?,
+        ))
     }
     .await;
     let took = started.elapsed();
@@ -190,7 +254,7 @@ async fn lifecycle(user: &mut GooseUser, ctx: &EtcdBaseline) {
     let started = Instant::now();
     stats.request();
     let released = match ctx.kind {
-        Kind::Direct => release_txn(&mut c, &key, revision, lease)
+        Kind::Direct => release_txn(&mut c, &keys, revision, lease)
             .await
             .unwrap_or(false),
         Kind::Naive => c.lease_revoke(lease).await.is_ok(),
@@ -253,10 +317,10 @@ pub async fn naive_hold(
                     }
                     let shard = (n % base.clients.len() as u64) as usize;
                     let mut c = base.clients[shard].clone();
-                    let key = format!("{}/locks/{n}", base.prefix);
+                    let keys = NameKeys::new(&base.prefix, n);
                     let got = async {
                         let lease = c.lease_grant(base.ttl_secs, None).await?.id();
-                        acquire_txn(&mut c, &base.prefix, &key, lease).await?;
+                        acquire_txn(&mut c, &base.prefix, &keys, lease, false).await?;
                         anyhow::Ok(lease)
                     }
                     .await;
