@@ -1,8 +1,10 @@
 //! Session warm-up, before the measured window of an acquire scenario:
-//! each client of the pool acquires (and releases) fresh names until it has
-//! been granted a lock on every shard (the shard is read from the lockId),
-//! so every (client, shard) session lease exists, as it does for clients
-//! that have been running for a while. The window that follows then pays
+//! each client of the pool acquires (and releases) one fresh name on each
+//! shard, picked with the router's own placement (the suite's shards under
+//! the default ring), so every (client, shard) session lease exists, as it
+//! does for clients that have been running for a while. The shard of each
+//! grant is read back from its lockId, so a placement that disagreed with
+//! the router's would show as clients not covered. The window that follows then pays
 //! what a steady state pays per acquire, not the first acquires' grants.
 //! What the warm-up itself cost is reported apart.
 
@@ -12,6 +14,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use goose::prelude::*;
+use lockrouter::config::{RingSettings, ShardSettings};
+use lockrouter::ring::Ring;
 use lockrouter::token::lock_id::LockId;
 use serde::Serialize;
 
@@ -20,9 +24,8 @@ use crate::attack::transaction;
 use crate::scenarios::clients::Clients;
 use crate::stats::Stats;
 
-/// Acquires one client may make before it gives up covering every shard
-/// (with 3 shards, it takes 5.5 on average).
-const MAX_TRIES_PER_SHARD: usize = 10;
+/// Candidate names looked at (locally) per shard before giving up on it.
+const MAX_CANDIDATES_PER_SHARD: usize = 1_000;
 
 /// How long a warm-up may take at most (it ends as soon as every client
 /// is done).
@@ -32,6 +35,8 @@ pub struct Warmup {
     pub stats: Stats,
     pub clients: Clients,
     pub shards: usize,
+    /// The placement the router uses for the suite's shards.
+    ring: Ring,
     pub ttl_ms: u64,
     /// Prefix of the names it acquires.
     pub tag: String,
@@ -58,10 +63,18 @@ pub struct WarmupOutcome {
 
 impl Warmup {
     pub fn new(clients: Clients, shards: usize, ttl_ms: u64, tag: &str) -> Self {
+        let settings: Vec<ShardSettings> = (0..shards)
+            .map(|i| ShardSettings {
+                name: lockrouter_testkit::config::shard_name(i),
+                endpoints: Vec::new(),
+                weight: 1,
+            })
+            .collect();
         Self {
             stats: Stats::new(),
             clients,
             shards,
+            ring: Ring::new(&settings, RingSettings::default().vnodes),
             ttl_ms,
             tag: tag.to_string(),
             next: AtomicUsize::new(0),
@@ -91,13 +104,23 @@ pub fn scenario(ctx: &Arc<Warmup>) -> Scenario {
     }))
 }
 
-/// Acquires and releases fresh names for client `c` until it was granted
-/// on every shard.
+/// Acquires and releases one fresh name per shard for client `c`.
 async fn warm(user: &mut GooseUser, ctx: &Warmup, c: usize) {
     let client = ctx.clients.id(c as u64);
     let mut seen = HashSet::new();
-    for j in 0..MAX_TRIES_PER_SHARD * ctx.shards {
-        let name = format!("{}:{c}:{j}", ctx.tag);
+    let mut j = 0;
+    for shard in 0..ctx.shards {
+        let name = loop {
+            let name = format!("{}:{c}:{j}", ctx.tag);
+            j += 1;
+            if ctx.ring.shard_index(&name) == shard {
+                break Some(name);
+            }
+            if j >= MAX_CANDIDATES_PER_SHARD * ctx.shards {
+                break None;
+            }
+        };
+        let Some(name) = name else { break };
         if let Acquire::Granted(lock) =
             api::acquire(user, &ctx.stats, &name, &client, ctx.ttl_ms).await
         {
@@ -106,9 +129,8 @@ async fn warm(user: &mut GooseUser, ctx: &Warmup, c: usize) {
             }
             api::release(user, &ctx.stats, &lock).await;
         }
-        if seen.len() >= ctx.shards {
-            ctx.covered.fetch_add(1, Relaxed);
-            return;
-        }
+    }
+    if seen.len() >= ctx.shards {
+        ctx.covered.fetch_add(1, Relaxed);
     }
 }
