@@ -11,6 +11,14 @@ use lockrouter_testkit::etcd::EtcdCluster;
 use lockrouter_testkit::router::TestRouter;
 use lockrouter_testkit::sleep_ms;
 
+/// A router on `etcd` whose monitor counts locks (and samples the
+/// lock-key cache, and sweeps lost holders) every `every_ms`.
+async fn counting_router(etcd: &EtcdCluster, every_ms: u64) -> TestRouter {
+    let extra = format!("count_interval_ms = {every_ms}\n");
+    let toml = lockrouter_testkit::config::config_toml(&[etcd], "127.0.0.1:0", &extra);
+    TestRouter::with_toml(&toml).await
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn exactly_one_of_many_concurrent_acquirers_wins() {
     let etcd = EtcdCluster::single();
@@ -431,12 +439,7 @@ async fn count(etcd: &EtcdCluster, prefix: &str) -> i64 {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn lost_holders_nobody_asks_about_get_their_delay_and_leave_no_records() {
     let etcd = EtcdCluster::single();
-    let toml = lockrouter_testkit::config::config_toml(
-        &[&etcd],
-        "127.0.0.1:0",
-        "count_interval_ms = 100\n",
-    );
-    let router = TestRouter::with_toml(&toml).await;
+    let router = counting_router(&etcd, 100).await;
     for i in 0..5 {
         router
             .api
@@ -566,12 +569,7 @@ async fn a_client_back_after_its_session_lease_ran_out_is_granted_a_free_name() 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_lock_key_cache_reports_that_it_vouches_and_what_it_holds() {
     let etcd = EtcdCluster::single();
-    let toml = lockrouter_testkit::config::config_toml(
-        &[&etcd],
-        "127.0.0.1:0",
-        "count_interval_ms = 200\n",
-    );
-    let router = TestRouter::with_toml(&toml).await;
+    let router = counting_router(&etcd, 200).await;
     for i in 0..3 {
         router
             .api
