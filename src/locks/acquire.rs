@@ -2,7 +2,7 @@
 //! the handoff check of a moved name during a migration, idempotent
 //! re-acquire by the holder, and the lock-delay of a holder found lost.
 
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use etcd_client::KeyValue;
 
@@ -57,7 +57,14 @@ impl Active {
                 .get_or_grant(&req.client_id, ttl_secs, || grant_session(shard, ttl_secs))
                 .await?;
             let sent = Instant::now();
-            let (txn, renewal) = if shard.keepalive.lasts(session.id, shard.conn.timeout()) {
+            // The txn is applied within the etcd deadline or fails; with a
+            // TTL shorter than that, half the TTL (a txn slower than that
+            // only risks a refusal, never a double grant).
+            let margin = shard
+                .conn
+                .timeout()
+                .min(Duration::from_millis(u64::from(ttl_secs) * 500));
+            let (txn, renewal) = if shard.keepalive.lasts(session.id, margin) {
                 tokio::join!(
                     shard.acquire_txn(&k, &value, session.id, &g, replace_held),
                     shard.keepalive.refresh(session.id, window, ttl_secs),
