@@ -260,7 +260,7 @@ pub struct ShardMetrics {
     rpc_seconds: Handles<&'static str, Histogram>,
     acquires: Handles<&'static str, Counter>,
     renewal_checks: Handles<&'static str, Counter>,
-    lease_renewals: Handles<(), Counter>,
+    lease_renewals: OnceLock<Counter>,
 }
 
 impl ShardMetrics {
@@ -311,10 +311,7 @@ impl ShardMetrics {
     pub fn lease_renewals(&self, n: u64) {
         let shard = &self.shard;
         self.lease_renewals
-            .get(
-                (),
-                || counter!("lockrouter_lease_renewals_total", "shard" => shard.clone()),
-            )
+            .get_or_init(|| counter!("lockrouter_lease_renewals_total", "shard" => shard.clone()))
             .increment(n);
     }
 }

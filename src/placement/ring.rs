@@ -14,7 +14,6 @@ use sha2::{Digest, Sha256};
 use siphasher::sip::SipHasher13;
 
 use crate::config::ShardSettings;
-use crate::shard::keys::hex;
 
 /// Fixed SipHash keys: changing them moves every name, so they never change.
 const SIP_K0: u64 = 0x6c6f_636b_726f_7574; // "lockrout"
@@ -139,7 +138,7 @@ fn fingerprint(shards: &[ShardSettings], vnodes: u32) -> String {
     for (name, weight) in parts {
         h.update(format!(";{name}={weight}").as_bytes());
     }
-    hex(&h.finalize()[..12])
+    hex::encode(&h.finalize()[..12])
 }
 
 #[cfg(test)]

@@ -323,14 +323,8 @@ async fn follow(source: &Source, state: &State, revision: i64) -> Result<(), Etc
 
 /// The name hash of a lock key's hex suffix.
 fn hash_of(hex: &[u8]) -> Option<NameHash> {
-    if hex.len() != 32 {
-        return None;
-    }
-    let mut hash = [0u8; 16];
-    for (i, byte) in hash.iter_mut().enumerate() {
-        let pair = std::str::from_utf8(&hex[2 * i..2 * i + 2]).ok()?;
-        *byte = u8::from_str_radix(pair, 16).ok()?;
-    }
+    let mut hash = NameHash::default();
+    hex::decode_to_slice(hex, &mut hash).ok()?;
     Some(hash)
 }
 
@@ -341,7 +335,7 @@ mod tests {
     #[test]
     fn lock_key_suffixes_parse_back_to_their_hash() {
         let hash = crate::shard::keys::name_hash("process_order:42");
-        let hex = crate::shard::keys::hex(&hash);
+        let hex = hex::encode(hash);
         assert_eq!(hash_of(hex.as_bytes()), Some(hash));
         assert_eq!(hash_of(b"short"), None);
         assert_eq!(hash_of(&[b'z'; 32]), None);

@@ -29,11 +29,6 @@ use sha2::{Digest, Sha256};
 
 use crate::config::ShardSettings;
 
-/// Lower-case hex of `bytes`.
-pub fn hex(bytes: &[u8]) -> String {
-    hex::encode(bytes)
-}
-
 pub use crate::token::lock_id::NameHash;
 
 pub fn name_hash(name: &str) -> NameHash {
@@ -289,7 +284,7 @@ mod tests {
         let keys = Keys::new("/lockrouter");
         let hash = name_hash("process_order:42");
         let h: String = hash.iter().map(|b| format!("{b:02x}")).collect();
-        assert_eq!(hex(&hash), h);
+        assert_eq!(hex::encode(hash), h);
         assert_eq!(
             keys.lock(&hash),
             format!("/lockrouter/locks/{h}").into_bytes()
