@@ -596,3 +596,67 @@ async fn the_lock_key_cache_reports_that_it_vouches_and_what_it_holds() {
         sleep_ms(100).await;
     }
 }
+
+/// The value of the sample `series` (name and labels, exactly as exposed)
+/// in a Prometheus text page, 0 if absent.
+fn sample(text: &str, series: &str) -> f64 {
+    text.lines()
+        .find_map(|l| l.strip_prefix(series)?.strip_prefix(' ')?.parse().ok())
+        .unwrap_or(0.0)
+}
+
+/// Renewals back to back share barriers: one shard writes at most one
+/// barrier per 20 ms however fast renewals come, so etcd's raft writes for
+/// renewals stay bounded while renewals grow. Each renewal is still
+/// answered from the cache (its barrier was sent after it began).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn renewals_back_to_back_share_barriers_at_most_one_per_20_ms() {
+    let etcd = EtcdCluster::single();
+    let router = TestRouter::start(&[&etcd]).await;
+    let lock = router.api.must_acquire("spaced", 30_000, "A").await;
+    // Wait until the cache vouches (renewals answered by it).
+    let started = Instant::now();
+    loop {
+        assert_eq!(router.api.renew(&lock).await.status, 200);
+        let text = router.api.metrics().await;
+        if sample(
+            &text,
+            "lockrouter_renewal_checks_total{shard=\"a\",by=\"cache\"}",
+        ) > 0.0
+        {
+            break;
+        }
+        assert!(started.elapsed() < Duration::from_secs(10), "{text}");
+        sleep_ms(50).await;
+    }
+    let barriers = |text: &str| sample(text, "lockrouter_cache_barriers_total{shard=\"a\"}");
+    let checks = |text: &str| {
+        sample(
+            text,
+            "lockrouter_renewal_checks_total{shard=\"a\",by=\"cache\"}",
+        )
+    };
+    let before = router.api.metrics().await;
+    let began = Instant::now();
+    // Four renewers back to back: without spacing each renewal could take
+    // a barrier of its own.
+    let renewers = (0..4).map(|_| {
+        let (api, lock) = (router.api.clone(), lock.clone());
+        async move {
+            for _ in 0..25 {
+                assert_eq!(api.renew(&lock).await.status, 200);
+            }
+        }
+    });
+    join_all(renewers).await;
+    let elapsed = began.elapsed();
+    let after = router.api.metrics().await;
+    let written = barriers(&after) - barriers(&before);
+    let answered = checks(&after) - checks(&before);
+    assert_eq!(answered, 100.0, "every renewal answered by the cache");
+    let most = (elapsed.as_secs_f64() / 0.020).floor() + 1.0;
+    assert!(
+        written >= 1.0 && written <= most,
+        "{written} barriers for 100 renewals in {elapsed:?}: at most {most}"
+    );
+}
