@@ -50,6 +50,9 @@ pub struct Hold {
     target_per_client: AtomicU64,
     /// Worst renewal lateness since the controller last looked, in ms.
     recent_lag_ms: AtomicU64,
+    /// Set by the controller while renewals run late: users make no new
+    /// acquires until they catch up (renewals are what is being measured).
+    acquires_paused: AtomicBool,
     /// Set by the controller: users stop renewing and return.
     stop: AtomicBool,
     next_user: AtomicUsize,
@@ -74,6 +77,7 @@ impl Hold {
             tag: tag.to_string(),
             target_per_client: AtomicU64::new(0),
             recent_lag_ms: AtomicU64::new(0),
+            acquires_paused: AtomicBool::new(false),
             stop: AtomicBool::new(false),
             next_user: AtomicUsize::new(0),
         }
@@ -153,7 +157,11 @@ async fn run_user(user: &mut GooseUser, ctx: &Hold) {
             clients[i].next_renew = Some(if next > now { next } else { now + period });
             continue;
         }
-        let target = ctx.target_per_client.load(Relaxed) as usize;
+        let target = if ctx.acquires_paused.load(Relaxed) {
+            0
+        } else {
+            ctx.target_per_client.load(Relaxed) as usize
+        };
         let n = clients.len();
         // Round-robin: every client ramps in step, so none sits without
         // an acquire for long (the router forgets idle sessions).
@@ -215,6 +223,8 @@ pub struct HoldOutcome {
     pub locks_reached: u64,
     pub clients: usize,
     pub ramp_s: f64,
+    /// Seconds of the ramp in which acquires waited for renewals to catch up.
+    pub ramp_paused_s: f64,
     pub ramp_acquires_per_s: f64,
     pub rss_before_bytes: u64,
     /// What the ramp stopped on: "target", "renewals behind", "ramp limit"
@@ -281,11 +291,13 @@ impl Controller<'_> {
 
         let ramp_start = Snapshot::take(self.stack)?;
         ctx.target_per_client.store(per_client, Relaxed);
+        let mut paused = Duration::ZERO;
         let (stopped_by, mut rss_samples) = self
-            .ramp(per_client * ctx.clients as u64, started, pid)
+            .ramp(per_client * ctx.clients as u64, started, pid, &mut paused)
             .await;
         // Hold what was reached: no more acquires.
         ctx.target_per_client.store(0, Relaxed);
+        ctx.acquires_paused.store(false, Relaxed);
         tokio::time::sleep(Duration::from_millis(500)).await;
         let ramp_s = started.elapsed().as_secs_f64();
         let locks_reached = ctx.stats.active.load(Relaxed);
@@ -333,6 +345,7 @@ impl Controller<'_> {
             locks_reached,
             clients: ctx.clients,
             ramp_s,
+            ramp_paused_s: paused.as_secs_f64(),
             ramp_acquires_per_s: locks_reached as f64 / ramp_s.max(1e-9),
             ramp_stopped_by: stopped_by.to_string(),
             rss_before_bytes: rss_before,
@@ -359,6 +372,7 @@ impl Controller<'_> {
         locks: u64,
         started: Instant,
         pid: u32,
+        paused: &mut Duration,
     ) -> (&'static str, Vec<(u64, u64)>) {
         let mut samples = Vec::new();
         let mut last = (0, Instant::now());
@@ -374,9 +388,16 @@ impl Controller<'_> {
             if started.elapsed() > self.phases.ramp_limit {
                 return ("ramp limit", samples);
             }
-            let lag = self.ctx.recent_lag_ms.swap(0, Relaxed);
-            if Duration::from_millis(lag) > behind {
+            let lag = Duration::from_millis(self.ctx.recent_lag_ms.swap(0, Relaxed));
+            if lag > behind {
                 return ("renewals behind", samples);
+            }
+            // Acquires yield to renewals: past a third of the allowed
+            // lateness, no new acquires until renewals are on time again.
+            let pause = lag > behind / 3;
+            self.ctx.acquires_paused.store(pause, Relaxed);
+            if pause {
+                *paused += Duration::from_millis(500);
             }
             if held != last.0 {
                 last = (held, Instant::now());
