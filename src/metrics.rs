@@ -74,6 +74,10 @@ fn describe() {
         "etcd RPC latency by shard and RPC"
     );
     describe_counter!(
+        "lockrouter_etcd_hedged_requests_total",
+        "etcd requests that did not answer in time and went to other members too (reads, barriers), and keepalive streams reopened on another member after going silent"
+    );
+    describe_counter!(
         "lockrouter_keepalives_sent_total",
         "lease keepalives sent to etcd"
     );
@@ -260,6 +264,7 @@ pub struct ShardMetrics {
     rpc_seconds: Handles<&'static str, Histogram>,
     acquires: Handles<&'static str, Counter>,
     renewal_checks: Handles<&'static str, Counter>,
+    hedges: Handles<&'static str, Counter>,
     lease_renewals: OnceLock<Counter>,
 }
 
@@ -269,6 +274,24 @@ impl ShardMetrics {
             shard: shard.to_string(),
             ..Self::default()
         }
+    }
+
+    /// An idempotent etcd call that did not answer within the hedge delay
+    /// and went to other members too.
+    pub fn hedged(&self, rpc: &'static str) {
+        let shard = &self.shard;
+        self.hedges
+            .get(rpc, || counter!("lockrouter_etcd_hedged_requests_total", "shard" => shard.clone(), "rpc" => rpc))
+            .increment(1);
+    }
+
+    /// A keepalive stream that went silent and was reopened on another
+    /// member.
+    pub fn keepalive_stream_silent(&self) {
+        let shard = &self.shard;
+        self.hedges
+            .get("LeaseKeepAlive", || counter!("lockrouter_etcd_hedged_requests_total", "shard" => shard.clone(), "rpc" => "LeaseKeepAlive"))
+            .increment(1);
     }
 
     /// An etcd call's outcome and latency.

@@ -206,3 +206,136 @@ async fn a_paused_leader_never_lets_two_clients_hold_one_name() {
         "no lock-delay was set: the faults did not bite"
     );
 }
+
+/// One client of [`a_silent_member_costs_renewals_little`]: holds `locks`
+/// names with TTL 2 s and renews them all with one `renew-batch` every
+/// 500 ms, judging each by its own clock. Returns the renewal latencies
+/// and the worst moment it would have had to stop trusting a lock (None:
+/// never).
+async fn renewer(
+    api: Api,
+    client: String,
+    locks: usize,
+    stop: Instant,
+) -> (Vec<Duration>, Option<String>) {
+    let mut held = Vec::new();
+    let mut valid_until = Vec::new();
+    for i in 0..locks {
+        let sent = Instant::now();
+        let r = api
+            .post(
+                "/api/v1/locks/acquire",
+                json!({"name": format!("{client}-{i}"), "ttlMs": 2_000, "clientId": client}),
+            )
+            .await;
+        assert_eq!(r.status, 200, "{:?}", r.body);
+        assert_eq!(r.body["acquired"], true, "{:?}", r.body);
+        held.push(lock_of(&r.body));
+        let ms = r.body["expiresInMs"].as_u64().unwrap();
+        valid_until.push(sent + Duration::from_millis(ms).saturating_sub(MARGIN));
+    }
+    let mut latencies = Vec::new();
+    let mut lost = None;
+    while Instant::now() < stop && lost.is_none() {
+        sleep_ms(500).await;
+        let body = json!({"locks": held
+            .iter()
+            .map(|(id, token)| json!({"lockId": id, "fencingToken": token}))
+            .collect::<Vec<_>>()});
+        let sent = Instant::now();
+        let r = api.post("/api/v1/locks/renew-batch", body).await;
+        let received = Instant::now();
+        latencies.push(received - sent);
+        if received - sent > Duration::from_millis(300) {
+            eprintln!(
+                "{client}: renew-batch took {:?} ({}): {}",
+                received - sent,
+                r.status,
+                r.body
+            );
+        }
+        if r.status != 200 {
+            assert_eq!(r.status, 503, "{client}: {:?}", r.body);
+            continue;
+        }
+        for (i, result) in r.body["results"].as_array().unwrap().iter().enumerate() {
+            if received > valid_until[i] {
+                lost = Some(format!(
+                    "{client}: lock {i} lapsed by {:?} before its renewal came back",
+                    received - valid_until[i]
+                ));
+            }
+            match result["renewed"].as_bool() {
+                Some(true) => {
+                    let ms = result["expiresInMs"].as_u64().unwrap();
+                    let until = sent + Duration::from_millis(ms).saturating_sub(MARGIN);
+                    valid_until[i] = valid_until[i].max(until);
+                }
+                _ if result["reason"] == "shard_unavailable" => {}
+                _ => lost = Some(format!("{client}: lock {i} refused: {result}")),
+            }
+        }
+    }
+    (latencies, lost)
+}
+
+/// A member that goes silent (its connections held open, nothing
+/// forwarded either way, as when packets are lost on a dead link) must not
+/// cost clients their locks: reads, barriers and keepalive streams go to
+/// another member after a short delay, and the member leaves the rotation
+/// within about a second. The router's etcd deadline is the default 3 s,
+/// longer than the TTL, so waiting it out on the silent member would lose
+/// every lock renewed through it. A follower is silenced, then the leader
+/// (seen from the router only: the members still reach each other).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_silent_member_costs_renewals_little() {
+    use lockrouter_testkit::proxy::SilentProxy;
+    let etcd = EtcdCluster::start(3);
+    let mut proxies = Vec::new();
+    for ep in etcd.endpoints() {
+        proxies.push(SilentProxy::start(&ep).await);
+    }
+    let endpoints: Vec<String> = proxies.iter().map(|p| format!("\"{}\"", p.url())).collect();
+    let toml = format!(
+        "[server]\nlisten = \"127.0.0.1:0\"\n\n[etcd]\nprefix = \"/lockrouter\"\n\
+         request_timeout_ms = 3000\nconnect_timeout_ms = 500\nhealth_interval_ms = 200\n\n\
+         [[shards]]\nname = \"a\"\nendpoints = [{}]\n",
+        endpoints.join(", ")
+    );
+    let router = TestRouter::with_toml(&toml).await;
+    let leader = etcd.leader().await.expect("a leader");
+    let follower = (leader + 1) % 3;
+    let started = Instant::now();
+    let stop = started + Duration::from_secs(14);
+    let renewers: Vec<_> = (0..8)
+        .map(|c| tokio::spawn(renewer(router.api.clone(), format!("silent-{c}"), 3, stop)))
+        .collect();
+    for (member, role) in [(follower, "follower"), (leader, "leader")] {
+        sleep_ms(2_000).await;
+        eprintln!("silencing the {role} (member {member}) for 4 s");
+        proxies[member].set_silent(true);
+        sleep_ms(4_000).await;
+        proxies[member].set_silent(false);
+    }
+    let mut latencies = Vec::new();
+    for r in join_all(renewers).await {
+        let (l, lost) = r.unwrap();
+        assert!(lost.is_none(), "{}", lost.unwrap());
+        latencies.extend(l);
+    }
+    latencies.sort();
+    let at = |q: f64| latencies[((latencies.len() - 1) as f64 * q) as usize];
+    eprintln!(
+        "{} renew-batches: p50 {:?}, p99 {:?}, max {:?}",
+        latencies.len(),
+        at(0.5),
+        at(0.99),
+        at(1.0)
+    );
+    // The faults bit: requests or keepalive streams were hedged.
+    let hedged = metric_sum(
+        &router.api.metrics().await,
+        "lockrouter_etcd_hedged_requests_total",
+    );
+    assert!(hedged > 0.0, "nothing was hedged: the silence did not bite");
+}

@@ -597,46 +597,29 @@ async fn the_lock_key_cache_reports_that_it_vouches_and_what_it_holds() {
     }
 }
 
-/// The value of the sample `series` (name and labels, exactly as exposed)
-/// in a Prometheus text page, 0 if absent.
-fn sample(text: &str, series: &str) -> f64 {
-    text.lines()
-        .find_map(|l| l.strip_prefix(series)?.strip_prefix(' ')?.parse().ok())
-        .unwrap_or(0.0)
-}
-
 /// Renewals back to back share barriers: one shard writes at most one
 /// barrier per 20 ms however fast renewals come, so etcd's raft writes for
-/// renewals stay bounded while renewals grow. Each renewal is still
-/// answered from the cache (its barrier was sent after it began).
+/// renewals stay bounded while renewals grow. Counted by etcd itself (the
+/// router's metrics are shared by every test in this process): while only
+/// renewals run, barriers are the only raft writes.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn renewals_back_to_back_share_barriers_at_most_one_per_20_ms() {
     let etcd = EtcdCluster::single();
     let router = TestRouter::start(&[&etcd]).await;
     let lock = router.api.must_acquire("spaced", 30_000, "A").await;
-    // Wait until the cache vouches (renewals answered by it).
+    let proposals = || etcd.metric("etcd_server_proposals_committed_total");
+    // Wait until the cache vouches: a renewal then writes a barrier.
     let started = Instant::now();
     loop {
+        let before = proposals();
         assert_eq!(router.api.renew(&lock).await.status, 200);
-        let text = router.api.metrics().await;
-        if sample(
-            &text,
-            "lockrouter_renewal_checks_total{shard=\"a\",by=\"cache\"}",
-        ) > 0.0
-        {
+        if proposals() > before {
             break;
         }
-        assert!(started.elapsed() < Duration::from_secs(10), "{text}");
+        assert!(started.elapsed() < Duration::from_secs(10), "no barrier");
         sleep_ms(50).await;
     }
-    let barriers = |text: &str| sample(text, "lockrouter_cache_barriers_total{shard=\"a\"}");
-    let checks = |text: &str| {
-        sample(
-            text,
-            "lockrouter_renewal_checks_total{shard=\"a\",by=\"cache\"}",
-        )
-    };
-    let before = router.api.metrics().await;
+    let before = proposals();
     let began = Instant::now();
     // Four renewers back to back: without spacing each renewal could take
     // a barrier of its own.
@@ -650,10 +633,7 @@ async fn renewals_back_to_back_share_barriers_at_most_one_per_20_ms() {
     });
     join_all(renewers).await;
     let elapsed = began.elapsed();
-    let after = router.api.metrics().await;
-    let written = barriers(&after) - barriers(&before);
-    let answered = checks(&after) - checks(&before);
-    assert_eq!(answered, 100.0, "every renewal answered by the cache");
+    let written = proposals() - before;
     let most = (elapsed.as_secs_f64() / 0.020).floor() + 1.0;
     assert!(
         written >= 1.0 && written <= most,

@@ -76,7 +76,6 @@ async fn run(router: Weak<Router>, every: Intervals, cancel: CancellationToken) 
 async fn tick(router: &Router, count_due: bool, sweep_due: bool) {
     let fp = router.ring.fingerprint().to_string();
     let shards = &router.shards;
-    join_all(router.all_shards().iter().map(|s| s.conn.check_members())).await;
     join_all(router.all_shards().iter().map(|s| s.conn.check_version())).await;
     let probes = join_all(shards.iter().map(|s| s.probe())).await;
     let mut states = Vec::with_capacity(shards.len());

@@ -11,8 +11,8 @@
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, RwLock};
-use std::time::Duration;
+use std::sync::{Arc, Mutex, RwLock};
+use std::time::{Duration, Instant};
 
 use etcd_client::{Compare, CompareOp, EventType, GetOptions, Txn, TxnOp, WatchOptions};
 use tokio::sync::{mpsc, oneshot, watch};
@@ -25,6 +25,12 @@ use super::verify::IdentityCell;
 /// Longest a renewal waits for the cache to apply its barrier before it
 /// reads etcd instead.
 pub const LAG_BOUND: Duration = Duration::from_millis(500);
+
+/// A watch counts as silent when a barrier was answered this long ago and
+/// nothing at all came on the watch since (a watch that is merely behind
+/// keeps delivering): the cache loads again, on another member, and
+/// renewals waiting for it read etcd instead.
+const SILENT_WATCH: Duration = Duration::from_millis(150);
 
 /// Least time between two barriers of one shard. Renewals tolerate a few
 /// ms of waiting (they come every third of a TTL); etcd pays for every
@@ -53,6 +59,10 @@ struct State {
     applied: watch::Sender<i64>,
     /// False while loading or after the watch broke.
     usable: AtomicBool,
+    /// The last barrier answered: its revision and when its answer came.
+    last_barrier: Mutex<Option<(i64, Instant)>>,
+    /// Wakes lookups waiting for a barrier when the watch stops.
+    stopped: tokio::sync::Notify,
 }
 
 type BarrierReply = oneshot::Sender<Result<i64, EtcdError>>;
@@ -84,6 +94,8 @@ impl LockCache {
             keys: RwLock::new(HashMap::new()),
             applied: watch::Sender::new(0),
             usable: AtomicBool::new(false),
+            last_barrier: Mutex::new(None),
+            stopped: tokio::sync::Notify::new(),
         });
         let source = Source {
             conn,
@@ -94,7 +106,7 @@ impl LockCache {
         let feeder_cancel = cancel.child_token();
         let barrier_cancel = cancel.child_token();
         let feeder = tokio::spawn(feed(source.clone(), state.clone(), feeder_cancel.clone()));
-        let barrier = tokio::spawn(barriers(source, rx, barrier_cancel.clone()));
+        let barrier = tokio::spawn(barriers(source, state.clone(), rx, barrier_cancel.clone()));
         Self {
             state,
             barriers: tx,
@@ -119,9 +131,18 @@ impl LockCache {
         };
         let barrier = barrier?;
         let mut applied = self.state.applied.subscribe();
-        let caught_up = applied.wait_for(|r| *r >= barrier);
-        if !matches!(tokio::time::timeout(LAG_BOUND, caught_up).await, Ok(Ok(_))) {
+        let stopped = self.state.stopped.notified();
+        if !self.state.usable.load(Ordering::Acquire) {
             return Ok(Vouched::Unsure);
+        }
+        let caught_up = applied.wait_for(|r| *r >= barrier);
+        tokio::select! {
+            r = tokio::time::timeout(LAG_BOUND, caught_up) => {
+                if !matches!(r, Ok(Ok(_))) {
+                    return Ok(Vouched::Unsure);
+                }
+            }
+            _ = stopped => return Ok(Vouched::Unsure),
         }
         let keys = self.state.keys.read().expect("cache lock");
         // Checked under the lock: a watch that broke after applying the
@@ -161,7 +182,12 @@ impl LockCache {
 
 /// Writes barriers: one at a time, at least [`BARRIER_SPACING`] apart, each
 /// answering every request that arrived before it was sent.
-async fn barriers(source: Source, mut rx: mpsc::Receiver<BarrierReply>, cancel: CancellationToken) {
+async fn barriers(
+    source: Source,
+    state: Arc<State>,
+    mut rx: mpsc::Receiver<BarrierReply>,
+    cancel: CancellationToken,
+) {
     let mut last_sent: Option<tokio::time::Instant> = None;
     loop {
         let first = tokio::select! {
@@ -181,6 +207,9 @@ async fn barriers(source: Source, mut rx: mpsc::Receiver<BarrierReply>, cancel: 
             waiting.push(r);
         }
         let result = write_barrier(&source, waiting.len()).await;
+        if let Ok(revision) = result {
+            *state.last_barrier.lock().expect("barrier lock") = Some((revision, Instant::now()));
+        }
         for w in waiting {
             let _ = w.send(result.clone());
         }
@@ -200,9 +229,16 @@ async fn write_barrier(source: &Source, renewals: usize) -> Result<i64, EtcdErro
     let txn = Txn::new()
         .when([Compare::value(k.identity(), CompareOp::Equal, identity)])
         .and_then([TxnOp::put(k.barrier(), Vec::new(), None)]);
-    let mut kv = source.conn.client().kv_client();
     crate::metrics::cache_barrier(source.conn.shard(), renewals);
-    let resp = source.conn.call("Txn", kv.txn(txn)).await?;
+    // Hedged: a barrier put twice is two barriers, either of which proves
+    // the cache current once applied; the first answer's revision counts.
+    let resp = source
+        .conn
+        .call_hedged("Txn", |client| {
+            let txn = txn.clone();
+            async move { client.kv_client().txn(txn).await }
+        })
+        .await?;
     if !resp.succeeded() {
         return Err(source
             .conn
@@ -215,17 +251,24 @@ async fn write_barrier(source: &Source, renewals: usize) -> Result<i64, EtcdErro
 /// breaks, backing off while the shard does not answer.
 async fn feed(source: Source, state: Arc<State>, cancel: CancellationToken) {
     let mut backoff = Duration::from_millis(100);
+    let mut member = None;
     loop {
         state.usable.store(false, Ordering::Release);
+        // Each load watches through a member of its own, in turn, so a
+        // watch that went silent is not opened on the same member again.
+        let picked = source.conn.member(member);
+        member = picked.as_ref().map(|(i, _)| *i);
+        let client = picked.map_or_else(|| source.conn.client().clone(), |(_, c)| c);
         let run = async {
             let revision = load(&source, &state).await?;
-            follow(&source, &state, revision).await
+            follow(&source, &state, &client, revision).await
         };
         let ended = tokio::select! {
             r = run => r,
             _ = cancel.cancelled() => return,
         };
         state.usable.store(false, Ordering::Release);
+        state.stopped.notify_waiters();
         if let Err(e) = ended {
             // Renewals fall back to reads meanwhile: worth an operator's eye.
             tracing::info!(shard = %source.conn.shard(), error = %e, "lock-key cache stopped; loading it again");
@@ -254,10 +297,13 @@ async fn load(source: &Source, state: &State) -> Result<i64, EtcdError> {
         if revision > 0 {
             opts = opts.with_revision(revision);
         }
-        let mut kv = source.conn.client().kv_client();
+        let key = from.clone();
         let mut resp = source
             .conn
-            .call("Range", kv.get(from.clone(), Some(opts)))
+            .call_hedged("Range", |client| {
+                let (key, opts) = (key.clone(), opts.clone());
+                async move { client.kv_client().get(key, Some(opts)).await }
+            })
             .await?;
         if revision == 0 {
             revision = resp.header().map(|h| h.revision()).unwrap_or(0);
@@ -282,26 +328,42 @@ async fn load(source: &Source, state: &State) -> Result<i64, EtcdError> {
     Ok(revision)
 }
 
-/// Applies the watch's events from `revision + 1` until it breaks.
-async fn follow(source: &Source, state: &State, revision: i64) -> Result<(), EtcdError> {
+/// Applies the watch's events from `revision + 1` until it breaks or goes
+/// silent.
+async fn follow(
+    source: &Source,
+    state: &State,
+    client: &etcd_client::Client,
+    revision: i64,
+) -> Result<(), EtcdError> {
     let (start, _) = source.keys.locks_range();
     let opts = WatchOptions::new()
         .with_range(source.keys.cache_range_end())
         .with_start_revision(revision + 1);
-    let mut client = source.conn.client().watch_client();
+    let mut watcher = client.watch_client();
     let mut stream = source
         .conn
-        .call("Watch", client.watch(start.clone(), Some(opts)))
+        .call("Watch", watcher.watch(start.clone(), Some(opts)))
         .await?;
     state.usable.store(true, Ordering::Release);
+    let mut look = tokio::time::interval(SILENT_WATCH / 4);
+    let mut last_message = Instant::now();
     loop {
-        let Some(resp) = stream
-            .message()
-            .await
-            .map_err(|e| source.conn.classify(e))?
-        else {
+        let message = tokio::select! {
+            m = stream.message() => m,
+            _ = look.tick() => {
+                if let Some(missing) = silent(state, last_message) {
+                    return Err(source.conn.unavailable(format!(
+                        "the watch went silent: barrier {missing} answered but not delivered"
+                    )));
+                }
+                continue;
+            }
+        };
+        let Some(resp) = message.map_err(|e| source.conn.classify(e))? else {
             return Err(source.conn.unavailable("the watch ended"));
         };
+        last_message = Instant::now();
         if resp.canceled() || resp.compact_revision() > 0 {
             return Err(source.conn.unavailable(format!(
                 "the watch was cancelled (compacted at {})",
@@ -335,6 +397,16 @@ async fn follow(source: &Source, state: &State, revision: i64) -> Result<(), Etc
             });
         }
     }
+}
+
+/// The revision of a barrier answered more than [`SILENT_WATCH`] ago
+/// whose event the watch has not delivered, when nothing at all came on
+/// the watch since (its last message at `last_message`).
+fn silent(state: &State, last_message: Instant) -> Option<i64> {
+    let (revision, answered) = (*state.last_barrier.lock().expect("barrier lock"))?;
+    let applied = *state.applied.borrow();
+    let quiet = last_message < answered;
+    (applied < revision && quiet && answered.elapsed() > SILENT_WATCH).then_some(revision)
 }
 
 /// The name hash of a lock key's hex suffix.

@@ -5,13 +5,25 @@
 
 use std::collections::HashSet;
 use std::future::Future;
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, Weak};
 use std::time::{Duration, Instant};
 
 use etcd_client::{Client, ConnectOptions};
 
 use crate::metrics as m;
+
+/// How long an idempotent request (a read, a barrier) waits for its first
+/// answer before it also goes to other members: a member that went silent
+/// costs such a request this much, not the shard's whole deadline.
+pub const HEDGE_AFTER: Duration = Duration::from_millis(100);
+/// Members a hedged request also goes to (besides the first try).
+const HEDGE_FANOUT: usize = 2;
+/// How often each member of a shard with several is probed.
+const MEMBER_PROBE_EVERY: Duration = Duration::from_millis(250);
+/// A member whose probe takes longer is taken out of rotation until a
+/// probe answers in time again.
+const MEMBER_PROBE_TIMEOUT: Duration = Duration::from_millis(500);
 
 /// Why an etcd call failed, as far as callers need to know.
 #[derive(Debug, Clone, thiserror::Error)]
@@ -37,6 +49,8 @@ struct Inner {
     /// Members currently in `client`'s balanced channel. etcd-client keeps
     /// sending to a dead member, so dead ones are taken out until they answer.
     in_rotation: Mutex<HashSet<String>>,
+    /// Round-robin cursor over `members` for hedges and keepalive streams.
+    next_member: AtomicUsize,
     timeout: Duration,
     /// False after a call failed for unavailability, until a probe succeeds.
     up: AtomicBool,
@@ -61,7 +75,7 @@ impl EtcdConn {
         let options = ConnectOptions::new()
             .with_connect_timeout(connect_timeout)
             // HTTP/2 pings notice a dead member even when no call is running.
-            .with_keep_alive(Duration::from_secs(2), Duration::from_secs(2))
+            .with_keep_alive(Duration::from_secs(1), Duration::from_secs(1))
             .with_keep_alive_while_idle(true);
         let client = Client::connect(endpoints, Some(options.clone())).await?;
         let mut members = Vec::new();
@@ -81,11 +95,92 @@ impl EtcdConn {
                 client,
                 members,
                 in_rotation: Mutex::new(endpoints.iter().cloned().collect()),
+                next_member: AtomicUsize::new(0),
                 timeout,
                 up: AtomicBool::new(false),
                 version_checked: AtomicBool::new(false),
             }),
-        })
+        }
+        .watching_members())
+    }
+
+    /// With several members, probes them every [`MEMBER_PROBE_EVERY`] for
+    /// as long as the connection lives, so that a member that goes silent
+    /// leaves the rotation within about a second.
+    fn watching_members(self) -> Self {
+        if self.inner.members.len() > 1 {
+            let weak: Weak<Inner> = Arc::downgrade(&self.inner);
+            tokio::spawn(async move {
+                loop {
+                    tokio::time::sleep(MEMBER_PROBE_EVERY).await;
+                    let Some(inner) = weak.upgrade() else { return };
+                    EtcdConn { inner }.check_members().await;
+                }
+            });
+        }
+        self
+    }
+
+    /// A member's own client, in rotation, taken in turn; `avoid` (an
+    /// index returned before) is skipped when another is in rotation.
+    /// `None` for a shard with one endpoint.
+    pub fn member(&self, avoid: Option<usize>) -> Option<(usize, Client)> {
+        let members = &self.inner.members;
+        if members.is_empty() {
+            return None;
+        }
+        let live = self.inner.in_rotation.lock().expect("members lock");
+        let start = self.inner.next_member.fetch_add(1, Ordering::Relaxed);
+        let candidates = (0..members.len()).map(|k| (start + k) % members.len());
+        let in_rotation: Vec<usize> = candidates
+            .filter(|&i| live.contains(&members[i].0))
+            .collect();
+        let pick = in_rotation
+            .iter()
+            .copied()
+            .find(|&i| Some(i) != avoid)
+            .or(in_rotation.first().copied())?;
+        Some((pick, members[pick].1.clone()))
+    }
+
+    /// Runs an RPC that may safely run twice (a read, a barrier put) under
+    /// the shard's deadline, hedged: when the balanced channel has not
+    /// answered within [`HEDGE_AFTER`], the same request also goes to up
+    /// to two members in rotation, and the first success counts. A silent
+    /// member then costs the request [`HEDGE_AFTER`], not the deadline.
+    pub async fn call_hedged<T, F, Fut>(&self, rpc: &'static str, make: F) -> Result<T, EtcdError>
+    where
+        F: Fn(Client) -> Fut,
+        Fut: Future<Output = Result<T, etcd_client::Error>>,
+    {
+        use futures::stream::{FuturesUnordered, StreamExt};
+        let hedged = async {
+            let mut tries = FuturesUnordered::new();
+            tries.push(make(self.inner.client.clone()));
+            if let Ok(Some(first)) = tokio::time::timeout(HEDGE_AFTER, tries.next()).await {
+                return first;
+            }
+            let mut seen = HashSet::new();
+            for _ in 0..HEDGE_FANOUT {
+                if let Some((i, client)) = self.member(None) {
+                    if seen.insert(i) {
+                        tries.push(make(client));
+                    }
+                }
+            }
+            if tries.len() > 1 {
+                self.inner.metrics.hedged(rpc);
+            }
+            let mut last = None;
+            while let Some(r) = tries.next().await {
+                match r {
+                    Ok(v) => return Ok(v),
+                    Err(e) => last = Some(e),
+                }
+            }
+            Err(last.expect("at least one try"))
+        };
+        self.call(rpc, hedged).await
     }
 
     pub fn shard(&self) -> &str {
@@ -123,7 +218,7 @@ impl EtcdConn {
     /// Probes each member; takes members that do not answer out of the
     /// balanced channel (never the last one) and puts back those that do.
     pub async fn check_members(&self) {
-        let timeout = self.inner.timeout;
+        let timeout = self.inner.timeout.min(MEMBER_PROBE_TIMEOUT);
         let probes = self.inner.members.iter().map(|(ep, client)| async move {
             let mut m = client.maintenance_client();
             let ok = matches!(tokio::time::timeout(timeout, m.status()).await, Ok(Ok(_)));

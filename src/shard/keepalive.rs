@@ -50,6 +50,13 @@ const MAIN_MARGIN: Duration = Duration::from_millis(500);
 /// Keepalives queued for the main stream's writer before callers are told
 /// the shard is overloaded.
 const WRITER_QUEUE: usize = 8_192;
+/// The main stream counts as silent when a keepalive on it has waited
+/// this long and no answer at all came on it meanwhile: it is reopened on
+/// another member (a stream answers every keepalive in order, so a stream
+/// that is merely busy keeps answering).
+const SILENT_STREAM: Duration = Duration::from_millis(250);
+/// How often in-flight keepalives are looked at.
+const TICK: Duration = Duration::from_millis(50);
 /// How long a lease etcd reported gone is remembered.
 const DEAD_FOR: Duration = Duration::from_secs(600);
 /// Most dead leases remembered.
@@ -302,6 +309,10 @@ struct Task {
     conn: EtcdConn,
     main: Main,
     generation: u64,
+    /// The member the main stream was opened on (shards with several).
+    main_member: Option<usize>,
+    /// The last answer on the main stream, or when it opened.
+    last_answer: Instant,
     inflight: HashMap<i64, Inflight>,
     queued: HashMap<i64, Queued>,
     probes: HashMap<i64, Vec<Reply>>,
@@ -318,6 +329,8 @@ impl Task {
             conn,
             main: Main::Closed,
             generation: 0,
+            main_member: None,
+            last_answer: Instant::now(),
             inflight: HashMap::new(),
             queued: HashMap::new(),
             probes: HashMap::new(),
@@ -329,7 +342,8 @@ impl Task {
     }
 
     async fn run(mut self, mut rx: mpsc::Receiver<Msg>, cancel: CancellationToken) {
-        let mut tick = tokio::time::interval(Duration::from_millis(250));
+        let mut tick = tokio::time::interval(TICK);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
             tokio::select! {
                 msg = rx.recv() => match msg {
@@ -414,9 +428,14 @@ impl Task {
         self.generation += 1;
         let generation = self.generation;
         self.main = Main::Opening { generation };
+        // On a member of its own, in turn, never the one a silent stream
+        // was on while another is in rotation.
+        let member = self.conn.member(self.main_member);
+        self.main_member = member.as_ref().map(|(i, _)| *i);
+        let client = member.map_or_else(|| self.conn.client().clone(), |(_, c)| c);
         let (conn, events) = (self.conn.clone(), self.events_tx.clone());
         tokio::spawn(async move {
-            let mut client = conn.client().lease_client();
+            let mut client = client.lease_client();
             let result = conn.call("LeaseKeepAlive", client.keep_alive(opener)).await;
             let _ = events.send(Event::Opened {
                 generation,
@@ -436,9 +455,13 @@ impl Task {
             let result = match tokio::time::timeout(conn.timeout(), slots.acquire_owned()).await {
                 Ok(Ok(_permit)) => {
                     let sent_at = Instant::now();
-                    let mut client = conn.client().lease_client();
                     m::keepalive_sent(conn.shard());
-                    match conn.call("LeaseKeepAlive", client.keep_alive(lease)).await {
+                    // Hedged (a keepalive may be sent twice); the first
+                    // send's instant counts, as it is the earliest.
+                    let renew = |client: etcd_client::Client| async move {
+                        client.lease_client().keep_alive(lease).await
+                    };
+                    match conn.call_hedged("LeaseKeepAlive", renew).await {
                         // Dropping the keeper and stream closes the probe's stream.
                         Ok(_) => Ok(Renewal {
                             sent_at,
@@ -468,6 +491,7 @@ impl Task {
                 if !ours {
                     return; // an answer to a send on an older stream
                 }
+                self.last_answer = Instant::now();
                 let inflight = self.inflight.remove(&id).expect("checked above");
                 let renewal = Renewal {
                     sent_at: inflight.sent_at,
@@ -522,6 +546,7 @@ impl Task {
                     writer,
                     tasks,
                 };
+                self.last_answer = Instant::now();
                 m::keepalive_sent(self.conn.shard());
                 for (lease, q) in std::mem::take(&mut self.queued) {
                     self.send_main(lease, q.waiters, q.retried);
@@ -566,12 +591,23 @@ impl Task {
         let now = Instant::now();
         self.known.prune(now);
         let timeout = self.conn.timeout();
-        if self
-            .inflight
-            .values()
-            .any(|i| now.saturating_duration_since(i.sent_at) > timeout)
-        {
+        let waited = |i: &Inflight| now.saturating_duration_since(i.sent_at);
+        if self.inflight.values().any(|i| waited(i) > timeout) {
             self.fail_over("keepalive answers overdue");
+            return;
+        }
+        let Some(current) = self.main_generation() else {
+            return;
+        };
+        let silent = now.saturating_duration_since(self.last_answer) > SILENT_STREAM
+            && self
+                .inflight
+                .values()
+                .any(|i| i.generation == current && waited(i) > SILENT_STREAM);
+        if silent {
+            self.conn.metrics().keepalive_stream_silent();
+            tracing::info!(shard = %self.conn.shard(), member = ?self.main_member, "keepalive stream silent; reopening it on another member");
+            self.fail_over("keepalive stream silent");
         }
     }
 

@@ -118,8 +118,14 @@ async fn check(shard: &Identified, batch: Vec<(Vec<u8>, Reply)>) {
         .map(|(k, _)| TxnOp::get(k.clone(), None))
         .collect();
     ops.push(TxnOp::get(shard.key.clone(), None));
-    let mut kv = conn.client().kv_client();
-    let result = conn.call("Txn", kv.txn(Txn::new().and_then(ops))).await;
+    // Read-only: hedged, so a silent member delays renewals by little.
+    let txn = Txn::new().and_then(ops);
+    let result = conn
+        .call_hedged("Txn", |client| {
+            let txn = txn.clone();
+            async move { client.kv_client().txn(txn).await }
+        })
+        .await;
     let mut found: Vec<Option<KeyValue>> = match result {
         Ok(resp) => resp
             .op_responses()

@@ -24,6 +24,8 @@
 //!   scrapes and admin calls.
 //! - [`metrics`]: reading Prometheus text.
 //! - [`procfs`]: a process's memory, CPU time and thread states.
+//! - [`proxy`]: a loopback TCP proxy that can go silent (a member behind
+//!   a dead link).
 //! - [`history`]: recorded lock operations and the safety checker.
 //! - [`openapi`]: `docs/openapi.yaml` as a checker of real answers.
 //! - [`error`]: why a process could not be started.
@@ -40,6 +42,7 @@ pub mod metrics;
 pub mod openapi;
 pub mod procfs;
 pub mod procs;
+pub mod proxy;
 pub mod router;
 pub mod router_process;
 
