@@ -60,6 +60,7 @@ impl Application {
             admin_token: settings.admin.token.clone(),
             metrics,
             timeouts: settings.http_timeouts(),
+            admission: crate::http::admission::Admission::new(settings.server.max_in_flight),
         });
         Ok(Self {
             listener,

@@ -59,6 +59,12 @@ pub struct ServerSettings {
     /// on top); past it the answer is 504 `timeout`.
     #[serde(default = "defaults::http_request_timeout_ms")]
     pub request_timeout_ms: u64,
+    /// Lock API requests (acquire, renew, renew-batch, release, inspect) a
+    /// replica serves at once; beyond it, 503 `overloaded` at once.
+    /// Acquires and inspects may use 80% of them, so renewals and releases
+    /// always find room. Read at start.
+    #[serde(default = "defaults::max_in_flight")]
+    pub max_in_flight: usize,
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -186,6 +192,9 @@ mod defaults {
     }
     pub fn http_request_timeout_ms() -> u64 {
         30_000
+    }
+    pub fn max_in_flight() -> usize {
+        20_000
     }
 
     pub fn prefix() -> String {
@@ -329,6 +338,12 @@ impl Settings {
         parse_addr("server.listen", &self.server.listen)?;
         if let Some(addr) = &self.server.metrics_listen {
             parse_addr("server.metrics_listen", addr)?;
+        }
+        if !(5..=1_000_000).contains(&self.server.max_in_flight) {
+            return Err(invalid(format!(
+                "server.max_in_flight = {} must be 5..=1000000",
+                self.server.max_in_flight
+            )));
         }
         self.validate_etcd()?;
         self.validate_limits()?;

@@ -73,6 +73,10 @@ fn describe() {
         Unit::Seconds,
         "etcd RPC latency by shard and RPC"
     );
+    describe_gauge!(
+        "lockrouter_requests_in_flight",
+        "lock API requests in flight in this replica (bounded by server.max_in_flight)"
+    );
     describe_counter!(
         "lockrouter_etcd_hedged_requests_total",
         "etcd requests that did not answer in time and went to other members too (reads, barriers), and keepalive streams reopened on another member after going silent"
@@ -238,6 +242,14 @@ struct RequestSeries {
 }
 
 static REQUESTS: LazyLock<RequestSeries> = LazyLock::new(RequestSeries::default);
+
+static IN_FLIGHT: LazyLock<metrics::Gauge> =
+    LazyLock::new(|| gauge!("lockrouter_requests_in_flight"));
+
+/// Lock API requests in flight in this replica (see `server.max_in_flight`).
+pub fn requests_in_flight(n: usize) {
+    IN_FLIGHT.set(n as f64);
+}
 
 pub fn request(op: &'static str, outcome: &'static str, elapsed: Duration) {
     let r = &*REQUESTS;

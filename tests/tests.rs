@@ -11,6 +11,7 @@ mod faults;
 mod fencing;
 mod identity;
 mod locks;
+mod overload;
 mod plan;
 mod process;
 mod rebalance;

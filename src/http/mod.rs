@@ -1,11 +1,13 @@
 //! The HTTP layer: hyper 1 on tokio, HTTP/1.1 keep-alive and HTTP/2 (h2c)
-//! on one port, deadlines, and graceful shutdown. The route table is in
+//! on one port, deadlines, a bound on requests in flight ([`admission`]),
+//! and graceful shutdown. The route table is in
 //! [`routes`]; request bodies in [`body`]; the lock routes' handlers in
 //! [`api`], the admin routes' in [`admin`]; every answer body is a type in
 //! [`answers`]; [`error`] is the one place an error becomes a response;
 //! [`state`] is what every handler shares.
 
 pub mod admin;
+pub mod admission;
 pub mod answers;
 pub mod api;
 pub mod body;
@@ -151,6 +153,8 @@ async fn dispatch(
     if route.is_admin() {
         admin::authorize(state, peer, &req)?;
     }
+    // Held until the answer is built; refused at once when full.
+    let _slot = state.admission.admit(route)?;
     let active = state.locks.active();
     let (max, max_wait) = (active.limits.max_body_bytes, active.limits.max_wait_ms);
     drop(active);

@@ -18,4 +18,6 @@ pub struct AppState {
     pub metrics: PrometheusHandle,
     /// Header, body and whole-request deadlines.
     pub timeouts: HttpTimeouts,
+    /// The bound on lock API requests in flight.
+    pub admission: super::admission::Admission,
 }

@@ -1,0 +1,104 @@
+//! Admission: a bounded number of lock API requests in flight per replica.
+//! Past the bound a request is refused at once with 503 `overloaded` and
+//! `Retry-After`, so overload shows as fast refusals instead of a queue
+//! that grows and latency that climbs for everyone. Acquires and inspects
+//! may take only [`ACQUIRE_SHARE`] of the slots: renewals and releases,
+//! which keep locks alive and free names, always find room.
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Duration;
+
+use http::StatusCode;
+
+use super::error::ApiError;
+use super::routes::Route;
+use crate::metrics as m;
+
+/// Share of the slots acquires and inspects may use.
+pub const ACQUIRE_SHARE: f64 = 0.8;
+
+/// The replica's in-flight lock API requests.
+pub struct Admission {
+    in_flight: AtomicUsize,
+    max: usize,
+    max_acquires: usize,
+}
+
+/// A slot, given back when dropped.
+pub struct Slot<'a> {
+    admission: &'a Admission,
+}
+
+impl Admission {
+    pub fn new(max: usize) -> Self {
+        Self {
+            in_flight: AtomicUsize::new(0),
+            max,
+            max_acquires: ((max as f64 * ACQUIRE_SHARE) as usize).max(1),
+        }
+    }
+
+    /// A slot for `route`, `None` for routes that take none (health,
+    /// metrics, admin), or 503 `overloaded` when the bound is reached.
+    pub fn admit(&self, route: Route) -> Result<Option<Slot<'_>>, ApiError> {
+        let bound = match route {
+            Route::Renew | Route::RenewBatch | Route::Release => self.max,
+            Route::Acquire | Route::Inspect => self.max_acquires,
+            _ => return Ok(None),
+        };
+        let taken = self
+            .in_flight
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| {
+                (n < bound).then_some(n + 1)
+            });
+        match taken {
+            Ok(n) => {
+                m::requests_in_flight(n + 1);
+                Ok(Some(Slot { admission: self }))
+            }
+            Err(n) => Err(ApiError {
+                retry_after: Some(Duration::from_secs(1)),
+                ..ApiError::new(
+                    StatusCode::SERVICE_UNAVAILABLE,
+                    "overloaded",
+                    format!(
+                        "this router is serving {n} requests, its limit for {}; retry after a second",
+                        route.label()
+                    ),
+                )
+            }),
+        }
+    }
+}
+
+impl Drop for Slot<'_> {
+    fn drop(&mut self) {
+        let n = self.admission.in_flight.fetch_sub(1, Ordering::AcqRel);
+        m::requests_in_flight(n - 1);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn acquires_leave_room_for_renewals_and_slots_come_back() {
+        let a = Admission::new(5);
+        let held: Vec<_> = (0..4)
+            .map(|_| a.admit(Route::Acquire).unwrap().unwrap())
+            .collect();
+        let refused = a.admit(Route::Acquire).err().expect("acquires are at 80%");
+        assert_eq!(refused.status, StatusCode::SERVICE_UNAVAILABLE);
+        assert_eq!(refused.code, "overloaded");
+        assert_eq!(refused.retry_after, Some(Duration::from_secs(1)));
+        let renewal = a.admit(Route::RenewBatch).unwrap().unwrap();
+        assert!(a.admit(Route::Release).is_err(), "all 5 slots are taken");
+        assert!(a.admit(Route::Healthz).unwrap().is_none());
+        assert!(a.admit(Route::Metrics).unwrap().is_none());
+        drop(renewal);
+        drop(held);
+        assert_eq!(a.in_flight.load(Ordering::Acquire), 0);
+        assert!(a.admit(Route::Acquire).unwrap().is_some());
+    }
+}

@@ -1,0 +1,76 @@
+//! Overload: a replica serves at most `server.max_in_flight` lock API
+//! requests at once and refuses the rest at once with 503 `overloaded` and
+//! `Retry-After`; acquires may fill only 80% of the slots, so renewals of
+//! held locks go on.
+
+use std::time::{Duration, Instant};
+
+use serde_json::json;
+
+use lockrouter_testkit::config::config_toml;
+use lockrouter_testkit::etcd::EtcdCluster;
+use lockrouter_testkit::router::TestRouter;
+use lockrouter_testkit::sleep_ms;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn past_its_bound_a_router_refuses_acquires_at_once_and_still_renews() {
+    let etcd = EtcdCluster::single();
+    let toml = config_toml(&[&etcd], "127.0.0.1:0", "").replace(
+        "listen = \"127.0.0.1:0\"\n",
+        "listen = \"127.0.0.1:0\"\nmax_in_flight = 5\n",
+    );
+    let router = TestRouter::with_toml(&toml).await;
+    let lock = router.api.must_acquire("busy", 30_000, "holder").await;
+    // Four acquires wait in the name's queue: 80% of 5 slots.
+    let waiters: Vec<_> = (0..4)
+        .map(|i| {
+            let api = router.api.clone();
+            tokio::spawn(async move {
+                let body = json!({"name": "busy", "ttlMs": 30_000, "clientId": format!("w{i}"), "waitMs": 3_000});
+                // Until it is in: the probes below may take a slot first.
+                loop {
+                    let r = api.post("/api/v1/locks/acquire", body.clone()).await;
+                    if r.status != 503 {
+                        return r;
+                    }
+                    sleep_ms(5).await;
+                }
+            })
+        })
+        .collect();
+    // Once the four are in, a fifth acquire is refused at once, with a
+    // reason and Retry-After.
+    let started = Instant::now();
+    let (r, took) = loop {
+        let sent = Instant::now();
+        let r = router.api.acquire("other", 30_000, "late").await;
+        if r.status != 200 {
+            break (r, sent.elapsed());
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(5),
+            "never refused: {:?} {:?}",
+            r.body,
+            waiters.iter().map(|w| w.is_finished()).collect::<Vec<_>>()
+        );
+        sleep_ms(20).await;
+    };
+    assert_eq!(r.status, 503, "{:?}", r.body);
+    assert_eq!(r.body["error"]["code"], "overloaded", "{:?}", r.body);
+    assert_eq!(r.retry_after.as_deref(), Some("1"));
+    assert!(took < Duration::from_secs(1), "refused after {took:?}");
+    // Renewals still have their room.
+    assert_eq!(router.api.renew(&lock).await.status, 200);
+    // Health and metrics are never refused.
+    assert_eq!(router.api.get("/healthz").await.status, 200);
+    // Once the waits end, acquires are served again.
+    for w in waiters {
+        let r = w.await.unwrap();
+        assert_eq!(r.status, 200, "{:?}", r.body);
+        assert_eq!(r.body["acquired"], false, "{:?}", r.body);
+    }
+    assert_eq!(
+        router.api.acquire("other", 30_000, "late").await.status,
+        200
+    );
+}
