@@ -120,6 +120,10 @@ pub struct Limits {
     /// Waiting acquires a router holds at once; beyond it, 429 (read at start).
     #[serde(default = "defaults::max_waiters")]
     pub max_waiters: usize,
+    /// Acquires one clientId may start per second (in bursts of as many);
+    /// beyond it, 429. 0: no limit (read at start).
+    #[serde(default = "defaults::acquires_per_client_per_sec")]
+    pub acquires_per_client_per_sec: u32,
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -245,6 +249,9 @@ mod defaults {
     pub fn max_waiters() -> usize {
         10_000
     }
+    pub fn acquires_per_client_per_sec() -> u32 {
+        1_000
+    }
     pub fn weight() -> u32 {
         1
     }
@@ -282,6 +289,7 @@ impl Default for Limits {
             max_body_bytes: defaults::max_body_bytes(),
             max_wait_ms: defaults::max_wait_ms(),
             max_waiters: defaults::max_waiters(),
+            acquires_per_client_per_sec: defaults::acquires_per_client_per_sec(),
         }
     }
 }
@@ -418,6 +426,12 @@ impl Settings {
         }
         if l.max_body_bytes < 1_024 {
             return Err(invalid("limits.max_body_bytes must be at least 1024"));
+        }
+        if l.acquires_per_client_per_sec > 1_000_000 {
+            return Err(invalid(format!(
+                "limits.acquires_per_client_per_sec = {} must be 0 (no limit) to 1000000",
+                l.acquires_per_client_per_sec
+            )));
         }
         Ok(())
     }

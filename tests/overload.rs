@@ -74,3 +74,41 @@ async fn past_its_bound_a_router_refuses_acquires_at_once_and_still_renews() {
         200
     );
 }
+
+/// A clientId past `limits.acquires_per_client_per_sec` gets 429
+/// `rate_limited` with Retry-After; other clients and its own renewals
+/// are not held back, and its rate comes back.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_runaway_client_is_rate_limited_alone_and_its_renewals_go_on() {
+    let etcd = EtcdCluster::single();
+    let toml = config_toml(
+        &[&etcd],
+        "127.0.0.1:0",
+        "\n[limits]\nacquires_per_client_per_sec = 3\n",
+    );
+    let router = TestRouter::with_toml(&toml).await;
+    let mut held = Vec::new();
+    for i in 0..3 {
+        held.push(
+            router
+                .api
+                .must_acquire(&format!("run-{i}"), 30_000, "runaway")
+                .await,
+        );
+    }
+    let r = router.api.acquire("run-3", 30_000, "runaway").await;
+    assert_eq!(r.status, 429, "{:?}", r.body);
+    assert_eq!(r.body["error"]["code"], "rate_limited", "{:?}", r.body);
+    let message = r.body["error"]["message"].as_str().unwrap();
+    assert!(message.contains("past 3 acquires/s"), "{message}");
+    let after: u64 = r.retry_after.as_deref().unwrap().parse().unwrap();
+    assert!(after >= 1, "{after}");
+    // Another client is not held back, nor are the runaway's renewals.
+    router.api.must_acquire("calm-0", 30_000, "calm").await;
+    for lock in &held {
+        assert_eq!(router.api.renew(lock).await.status, 200);
+    }
+    // A third of a second later it may acquire again.
+    sleep_ms(400).await;
+    router.api.must_acquire("run-3", 30_000, "runaway").await;
+}

@@ -89,9 +89,12 @@ impl From<LockError> for ApiError {
                     )
                 }
             }
-            LockError::RateLimited => ApiError {
-                retry_after: Some(RETRY_AFTER),
-                ..ApiError::new(StatusCode::TOO_MANY_REQUESTS, "rate_limited", e.to_string())
+            LockError::RateLimited {
+                reason,
+                retry_after,
+            } => ApiError {
+                retry_after: Some(retry_after),
+                ..ApiError::new(StatusCode::TOO_MANY_REQUESTS, "rate_limited", reason)
             },
             LockError::Internal(detail) => {
                 tracing::error!(%detail, "internal error");

@@ -40,6 +40,7 @@ use crate::shard::{Grantable, Shard};
 use crate::token::lock_id::LockId;
 mod acquire;
 mod inspect;
+mod limit;
 mod release;
 mod renew;
 mod validate;
@@ -55,8 +56,12 @@ pub enum LockError {
     InvalidArgument(String),
     #[error("shard {shard} is unavailable: {detail}")]
     ShardUnavailable { shard: String, detail: String },
-    #[error("too many callers are waiting; retry later")]
-    RateLimited,
+    /// Past the waiter cap or the caller's acquire rate.
+    #[error("{reason}")]
+    RateLimited {
+        reason: String,
+        retry_after: Duration,
+    },
     #[error("internal error: {0}")]
     Internal(String),
 }
@@ -160,12 +165,15 @@ pub struct Locks {
     active: ArcSwap<Active>,
     /// Caps concurrent waiting acquires (kept across reloads).
     waiting: WaitSlots,
+    /// Acquires per clientId and second (kept across reloads); `None`: no limit.
+    per_client: Option<limit::ClientLimiter>,
 }
 
 impl Locks {
     pub fn new(active: Active) -> Self {
         Self {
             waiting: WaitSlots::new(active.limits.max_waiters),
+            per_client: limit::ClientLimiter::new(active.limits.acquires_per_client_per_sec),
             active: ArcSwap::from_pointee(active),
         }
     }
@@ -181,16 +189,20 @@ impl Locks {
 
     pub async fn acquire(&self, req: &AcquireRequest) -> Result<Acquired, LockError> {
         let active = self.active();
-        let result = if req.wait_ms == 0 {
-            active.acquire_now(req).await
-        } else {
-            active.acquire_waiting(req, &self.waiting).await
+        let limited = match &self.per_client {
+            Some(limiter) => limiter.check(&req.client_id),
+            None => Ok(()),
+        };
+        let result = match limited {
+            Err(e) => Err(e),
+            Ok(()) if req.wait_ms == 0 => active.acquire_now(req).await,
+            Ok(()) => active.acquire_waiting(req, &self.waiting).await,
         };
         let outcome = match &result {
             Ok(Acquired::Granted(_)) => "acquired",
             Ok(Acquired::Held(_)) => "not_acquired",
             Err(LockError::ShardUnavailable { .. }) => "shard_unavailable",
-            Err(LockError::RateLimited) => "rate_limited",
+            Err(LockError::RateLimited { .. }) => "rate_limited",
             Err(LockError::Internal(_)) => "error",
             Err(LockError::InvalidArgument(_)) => return result, // no shard to speak of
         };

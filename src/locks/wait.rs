@@ -131,7 +131,10 @@ impl Active {
             .0
             .clone()
             .try_acquire_owned()
-            .map_err(|_| LockError::RateLimited)?;
+            .map_err(|_| LockError::RateLimited {
+                reason: "too many callers are waiting; retry later".into(),
+                retry_after: super::RETRY_AFTER,
+            })?;
         let deadline = Instant::now() + Duration::from_millis(req.wait_ms);
         let shard = self.router.shard_for(&req.name).clone();
         loop {
