@@ -339,3 +339,121 @@ async fn a_silent_member_costs_renewals_little() {
     );
     assert!(hedged > 0.0, "nothing was hedged: the silence did not bite");
 }
+
+/// The faults the torture test mixes, in turn.
+#[derive(Debug, Clone, Copy)]
+enum Fault {
+    /// A member's client traffic is held (connections open, nothing sent).
+    SilentMember,
+    /// The leader is SIGSTOPped past its election timeout, then resumed.
+    PausedLeader,
+    /// A member is SIGKILLed and started again on its data.
+    KilledMember,
+    /// The router process is SIGSTOPped mid-requests, then resumed.
+    PausedRouter,
+}
+
+/// The torture test: many clients on few hot names through two replicas
+/// (one in-process, one the real binary) of one 3-member shard, while a
+/// schedule of faults runs: a silent member, a paused leader, a killed and
+/// restarted member, a paused router replica. The history checker judges
+/// every grant by its client's clock: no two holders at once, tokens
+/// strictly increasing per name, no 5xx but 503. About 60 s;
+/// `LOCKROUTER_TORTURE_SECS` makes it longer. A failed check writes the
+/// whole history to a file and names it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn torture_mixed_faults_never_break_mutual_exclusion_or_fencing() {
+    use lockrouter_testkit::loopback::free_port;
+    use lockrouter_testkit::proxy::SilentProxy;
+    use lockrouter_testkit::router_process::RouterProcess;
+    let secs: u64 = std::env::var("LOCKROUTER_TORTURE_SECS")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(60);
+    let mut etcd = EtcdCluster::start(3);
+    let mut proxies = Vec::new();
+    for ep in etcd.endpoints() {
+        proxies.push(SilentProxy::start(&ep).await);
+    }
+    let endpoints: Vec<String> = proxies.iter().map(|p| format!("\"{}\"", p.url())).collect();
+    let toml = |listen: &str| {
+        format!(
+            "[server]\nlisten = \"{listen}\"\n\n[etcd]\nprefix = \"/lockrouter\"\n\
+             request_timeout_ms = 1500\nconnect_timeout_ms = 500\nhealth_interval_ms = 200\n\n\
+             [[shards]]\nname = \"a\"\nendpoints = [{}]\n",
+            endpoints.join(", ")
+        )
+    };
+    let inside = TestRouter::with_toml(&toml("127.0.0.1:0")).await;
+    let port = free_port();
+    let process = RouterProcess::spawn(&toml(&format!("127.0.0.1:{port}")), port);
+    process.api.wait_ready().await;
+    let apis = vec![inside.api.clone(), process.api.clone()];
+    let history = History::default();
+    let started = Instant::now();
+    let stop = started + Duration::from_secs(secs);
+    // Every 503 is acceptable under these faults; 500s and overlaps are not.
+    history.allow_unavailable(started, stop + Duration::from_secs(30));
+    let workers: Vec<_> = (0..16)
+        .map(|i| tokio::spawn(holder(i, 8, apis.clone(), history.clone(), stop)))
+        .collect();
+    let schedule = [
+        Fault::SilentMember,
+        Fault::PausedLeader,
+        Fault::KilledMember,
+        Fault::PausedRouter,
+    ];
+    let mut done = Vec::new();
+    let mut rng = Rng(0x5eed);
+    for fault in schedule.iter().cycle() {
+        if Instant::now() + Duration::from_secs(6) > stop {
+            break;
+        }
+        sleep_ms(2_000).await;
+        let member = rng.below(3) as usize;
+        let at = Instant::now();
+        match fault {
+            Fault::SilentMember => {
+                proxies[member].set_silent(true);
+                sleep_ms(3_000).await;
+                proxies[member].set_silent(false);
+            }
+            Fault::PausedLeader => {
+                let Some(leader) = etcd.leader().await else {
+                    continue;
+                };
+                etcd.pause_member(leader);
+                sleep_ms(3_000).await;
+                etcd.resume_member(leader);
+            }
+            Fault::KilledMember => {
+                etcd.kill_member(member);
+                sleep_ms(3_000).await;
+                tokio::task::block_in_place(|| etcd.restart_member(member));
+            }
+            Fault::PausedRouter => {
+                let pid = nix::unistd::Pid::from_raw(process.pid() as i32);
+                nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGSTOP).unwrap();
+                sleep_ms(2_000).await;
+                nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGCONT).unwrap();
+            }
+        }
+        eprintln!("{fault:?} (member {member}) for {:?}", at.elapsed());
+        done.push(*fault);
+    }
+    for w in join_all(workers).await {
+        w.unwrap();
+    }
+    let (grants, attempts, refused) = history.check();
+    eprintln!(
+        "{} faults, {grants} grants, {attempts} attempts, {refused} refusals",
+        done.len()
+    );
+    assert!(done.len() >= 4, "only {} faults ran", done.len());
+    // Hot names stay held for seconds: a grant every two seconds or so.
+    let least = secs as usize / 2;
+    assert!(
+        grants >= least,
+        "only {grants} grants in {attempts} attempts"
+    );
+}

@@ -265,6 +265,15 @@ impl EtcdCluster {
         }
     }
 
+    /// Starts member `i` again (after [`kill_member`](Self::kill_member))
+    /// on its ports and data, and waits until it is healthy (blocking).
+    pub fn restart_member(&mut self, i: usize) {
+        if self.members[i].child.is_none() {
+            self.spawn(i).unwrap_or_else(|e| panic!("{e}"));
+        }
+        self.wait_healthy(i).unwrap_or_else(|e| panic!("{e}"));
+    }
+
     /// Stops one member with SIGSTOP (a process paused by GC, swap or a
     /// stalled disk): its connections stay open but nothing is answered.
     pub fn pause_member(&self, i: usize) {

@@ -5,8 +5,12 @@
 //!   when its answer arrived until `sent + expiresInMs`, or until its holder
 //!   sent the release;
 //! - fencing tokens of one name strictly increase in grant order;
-//! - no answer was a 5xx other than 503 `shard_unavailable`, and each 503
-//!   fell inside a window the test declared (e.g. a migration's fence).
+//! - no answer was a 5xx other than 503 `shard_unavailable` or
+//!   `overloaded`, and each 503 fell inside a window the test declared
+//!   (e.g. a migration's fence).
+//!
+//! A failed check writes the whole history to a file in the temp dir and
+//! names it in the panic message.
 
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
@@ -158,7 +162,7 @@ impl History {
         }
         for r in &h.refusals {
             let allowed = r.status == 503
-                && r.code == "shard_unavailable"
+                && (r.code == "shard_unavailable" || r.code == "overloaded")
                 && h.windows
                     .iter()
                     .any(|(from, to)| *from <= r.at && r.at <= *to);
@@ -169,13 +173,51 @@ impl History {
                 ));
             }
         }
-        assert!(
-            problems.is_empty(),
-            "{} violations:\n{}",
-            problems.len(),
-            problems.join("\n")
-        );
+        if !problems.is_empty() {
+            let file = write_history(&h, origin);
+            panic!(
+                "{} violations (the whole history is in {file}):\n{}",
+                problems.len(),
+                problems.join("\n")
+            );
+        }
         (by_lock.len(), h.attempts, h.refusals.len())
+    }
+}
+
+/// Writes every grant and refusal of `h`, in ms since `origin`, to a file
+/// in the temp dir, so a failed run can be read; returns its path.
+fn write_history(h: &Inner, origin: Option<Instant>) -> String {
+    let ms = |t: Instant| origin.map_or(0, |o| t.saturating_duration_since(o).as_millis());
+    let mut text = String::from("# grants (ms since the first request), then refusals\n");
+    let mut grants: Vec<&Grant> = h.grants.iter().collect();
+    grants.sort_by_key(|g| (g.name.clone(), g.received));
+    for g in grants {
+        text.push_str(&format!(
+            "{} token {} {}\n",
+            g.name,
+            g.token,
+            g.describe(origin)
+        ));
+    }
+    for r in &h.refusals {
+        text.push_str(&format!(
+            "refused {} {} at {}\n",
+            r.status,
+            r.code,
+            ms(r.at)
+        ));
+    }
+    let path = std::env::temp_dir().join(format!(
+        "lockrouter-history-{}-{}.txt",
+        std::process::id(),
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_nanos())
+    ));
+    match std::fs::write(&path, text) {
+        Ok(()) => path.display().to_string(),
+        Err(e) => format!("(not written: {e})"),
     }
 }
 
