@@ -45,12 +45,15 @@ impl Application {
         let tasks = CancellationToken::new();
         let pool = ShardPool::new(&settings, tasks.clone());
         let router = crate::placement::serve(&settings, pool.clone()).await?;
-        let locks = Arc::new(Locks::new(Active {
-            router,
-            limits: settings.limits.clone(),
-            coalesce: Duration::from_millis(settings.etcd.keepalive_coalesce_ms),
-            lock_delay: settings.locks.lock_delay,
-        }));
+        let locks = Arc::new(Locks::new(
+            Active {
+                router,
+                limits: settings.limits.clone(),
+                coalesce: Duration::from_millis(settings.etcd.keepalive_coalesce_ms),
+                lock_delay: settings.locks.lock_delay,
+            },
+            crate::http::admission::per_shard_acquires(settings.server.max_in_flight),
+        ));
         let reloader = Arc::new(Reloader::new(path, settings.clone(), locks.clone(), pool));
         let metrics = crate::metrics::install();
         let upkeep = crate::metrics::start_upkeep(metrics.clone(), crate::metrics::UPKEEP_EVERY);

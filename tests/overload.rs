@@ -112,3 +112,64 @@ async fn a_runaway_client_is_rate_limited_alone_and_its_renewals_go_on() {
     sleep_ms(400).await;
     router.api.must_acquire("run-3", 30_000, "runaway").await;
 }
+
+/// One slow shard cannot take every slot: with several shards, each may
+/// have at most half of a replica's acquire slots in flight. Acquires of
+/// its names past that are refused at once with 503 `overloaded`, and the
+/// other shard's names are still granted.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_slow_shard_takes_at_most_half_the_acquire_slots() {
+    let (slow, fast) = (EtcdCluster::single(), EtcdCluster::single());
+    // 10 slots: acquires may take 8, one shard 4.
+    let toml = config_toml(&[&slow, &fast], "127.0.0.1:0", "").replace(
+        "listen = \"127.0.0.1:0\"\n",
+        "listen = \"127.0.0.1:0\"\nmax_in_flight = 10\n",
+    );
+    let router = TestRouter::with_toml(&toml).await;
+    let mut on_slow = Vec::new();
+    let mut on_fast = None;
+    for i in 0..200 {
+        let name = format!("slot-{i}");
+        let r = router.api.inspect(&name).await;
+        match r.body["shard"].as_str() {
+            Some("a") if on_slow.len() < 6 => on_slow.push(name),
+            Some("b") if on_fast.is_none() => on_fast = Some(name),
+            _ => {}
+        }
+    }
+    let on_fast = on_fast.expect("a name on shard b");
+    assert_eq!(on_slow.len(), 6);
+    // Shard a stops answering: its acquires hang until the etcd deadline.
+    slow.pause_member(0);
+    let sent = Instant::now();
+    let attempts = on_slow.iter().map(|name| {
+        let api = router.api.clone();
+        let name = name.clone();
+        async move { api.acquire(&name, 10_000, "slow-client").await }
+    });
+    let (answers, fast_answer) = tokio::join!(futures::future::join_all(attempts), async {
+        sleep_ms(100).await;
+        router.api.acquire(&on_fast, 10_000, "fast-client").await
+    });
+    slow.resume_member(0);
+    // Shard b kept granting while shard a held its four slots.
+    assert_eq!(fast_answer.status, 200, "{:?}", fast_answer.body);
+    assert_eq!(fast_answer.body["acquired"], true);
+    let overloaded: Vec<_> = answers
+        .iter()
+        .filter(|r| r.status == 503 && r.body["error"]["code"] == "overloaded")
+        .collect();
+    assert_eq!(
+        overloaded.len(),
+        2,
+        "{:?}",
+        answers
+            .iter()
+            .map(|r| (r.status, &r.body))
+            .collect::<Vec<_>>()
+    );
+    for r in overloaded {
+        assert_eq!(r.retry_after.as_deref(), Some("1"));
+    }
+    assert!(sent.elapsed() < Duration::from_secs(10));
+}

@@ -17,6 +17,15 @@ use crate::metrics as m;
 /// Share of the slots acquires and inspects may use.
 pub const ACQUIRE_SHARE: f64 = 0.8;
 
+/// Share of the acquire slots one shard may hold when there are several.
+pub const SHARD_SHARE: f64 = 0.5;
+
+/// The most acquires one shard may have in flight: half of the acquire
+/// slots, so a slow shard leaves the other half to the others.
+pub fn per_shard_acquires(max_in_flight: usize) -> usize {
+    ((max_in_flight as f64 * ACQUIRE_SHARE * SHARD_SHARE) as usize).max(1)
+}
+
 /// The replica's in-flight lock API requests.
 pub struct Admission {
     in_flight: AtomicUsize,

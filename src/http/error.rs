@@ -96,6 +96,10 @@ impl From<LockError> for ApiError {
                 retry_after: Some(retry_after),
                 ..ApiError::new(StatusCode::TOO_MANY_REQUESTS, "rate_limited", reason)
             },
+            LockError::Overloaded { .. } => ApiError {
+                retry_after: Some(RETRY_AFTER),
+                ..ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "overloaded", e.to_string())
+            },
             LockError::Internal(detail) => {
                 tracing::error!(%detail, "internal error");
                 ApiError::new(

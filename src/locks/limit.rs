@@ -12,8 +12,6 @@ use std::time::Duration;
 use governor::clock::{Clock, DefaultClock};
 use governor::{DefaultKeyedRateLimiter, Quota, RateLimiter};
 
-use super::LockError;
-
 /// Checks between two sweeps of clients idle long enough to have their
 /// full burst back (which the limiter then forgets).
 const SWEEP_EVERY: u64 = 10_000;
@@ -37,25 +35,21 @@ impl ClientLimiter {
         })
     }
 
-    /// Counts one acquire of `client`, or refuses it.
-    pub fn check(&self, client: &str) -> Result<(), LockError> {
+    /// Counts one acquire of `client`, or refuses it with the time until
+    /// its next acquire is allowed.
+    pub fn check(&self, client: &str) -> Result<(), Duration> {
         if self.checks.fetch_add(1, Ordering::Relaxed) % SWEEP_EVERY == SWEEP_EVERY - 1 {
             self.limiter.retain_recent();
             self.limiter.shrink_to_fit();
         }
         self.limiter
             .check_key(&client.to_string())
-            .map_err(|not_until| {
-                let wait = not_until.wait_time_from(self.clock.now());
-                LockError::RateLimited {
-                    reason: format!(
-                        "clientId {client:?} is past {} acquires/s; retry in {} ms",
-                        self.per_sec,
-                        wait.as_millis().max(1)
-                    ),
-                    retry_after: wait.max(Duration::from_secs(1)),
-                }
-            })
+            .map_err(|not_until| not_until.wait_time_from(self.clock.now()))
+    }
+
+    /// The acquires per second each client may start.
+    pub fn per_sec(&self) -> u32 {
+        self.per_sec.get()
     }
 
     /// Clients the limiter remembers (for tests).
@@ -75,16 +69,12 @@ mod tests {
         for _ in 0..5 {
             limiter.check("busy").expect("within the burst");
         }
-        match limiter.check("busy") {
-            Err(LockError::RateLimited {
-                reason,
-                retry_after,
-            }) => {
-                assert!(reason.contains("\"busy\" is past 5 acquires/s"), "{reason}");
-                assert!(retry_after >= Duration::from_secs(1));
-            }
-            other => panic!("not refused: {other:?}"),
-        }
+        let wait = limiter.check("busy").expect_err("past the burst");
+        assert!(
+            wait > Duration::ZERO && wait <= Duration::from_millis(200),
+            "{wait:?}"
+        );
+        assert_eq!(limiter.per_sec(), 5);
         limiter
             .check("calm")
             .expect("another client has its own rate");

@@ -7,6 +7,7 @@
 //!   lock-delay is pending, and the shard still records this router's ring
 //!   and identity; the session lease is renewed alongside (coalesced).
 //!   [`wait`]: the waiting acquire, a FIFO queue per name in etcd.
+//!   [`limit`]: each clientId's acquire rate.
 //! - [`renew`]: a coalesced keepalive of the lock's lease plus a batched,
 //!   linearizable check that the key still has the lockId's create revision
 //!   and lease.
@@ -62,6 +63,10 @@ pub enum LockError {
         reason: String,
         retry_after: Duration,
     },
+    /// This replica already has its most acquires in flight on the shard
+    /// (a slow shard), or in all.
+    #[error("shard {shard} has {in_flight} acquires in flight through this router, its limit; retry after a second")]
+    Overloaded { shard: String, in_flight: usize },
     #[error("internal error: {0}")]
     Internal(String),
 }
@@ -159,6 +164,15 @@ pub struct Active {
     pub lock_delay: LockDelay,
 }
 
+/// An acquire in flight on a shard, given back when dropped.
+struct ShardSlot<'a>(&'a std::sync::atomic::AtomicUsize);
+
+impl Drop for ShardSlot<'_> {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, std::sync::atomic::Ordering::AcqRel);
+    }
+}
+
 /// The lock operations over the active router. Each request works on one
 /// snapshot of [`Active`], so a reload never changes the ground under it.
 pub struct Locks {
@@ -167,13 +181,20 @@ pub struct Locks {
     waiting: WaitSlots,
     /// Acquires per clientId and second (kept across reloads); `None`: no limit.
     per_client: Option<limit::ClientLimiter>,
+    /// Most acquires in flight on one shard, when the ring has several.
+    per_shard: usize,
 }
 
 impl Locks {
-    pub fn new(active: Active) -> Self {
+    /// `per_shard`: the most acquires this replica keeps in flight on one
+    /// shard of a ring with several (a slow shard then answers 503
+    /// `overloaded` for its own names and leaves the rest of the replica's
+    /// capacity to the others).
+    pub fn new(active: Active, per_shard: usize) -> Self {
         Self {
             waiting: WaitSlots::new(active.limits.max_waiters),
             per_client: limit::ClientLimiter::new(active.limits.acquires_per_client_per_sec),
+            per_shard: per_shard.max(1),
             active: ArcSwap::from_pointee(active),
         }
     }
@@ -190,29 +211,65 @@ impl Locks {
     pub async fn acquire(&self, req: &AcquireRequest) -> Result<Acquired, LockError> {
         let active = self.active();
         let limited = match &self.per_client {
-            Some(limiter) => limiter.check(&req.client_id),
+            Some(limiter) => limiter
+                .check(&req.client_id)
+                .map_err(|wait| LockError::RateLimited {
+                    reason: format!(
+                        "clientId {:?} is past {} acquires/s; retry in {} ms",
+                        req.client_id,
+                        limiter.per_sec(),
+                        wait.as_millis().max(1)
+                    ),
+                    retry_after: wait.max(Duration::from_secs(1)),
+                }),
             None => Ok(()),
         };
-        let result = match limited {
+        let shard = active.router.shard_for(&req.name).clone();
+        let slot = match limited {
+            Ok(()) => self.shard_slot(&active, &shard),
             Err(e) => Err(e),
-            Ok(()) if req.wait_ms == 0 => active.acquire_now(req).await,
-            Ok(()) => active.acquire_waiting(req, &self.waiting).await,
+        };
+        let result = match slot {
+            Err(e) => Err(e),
+            Ok(_slot) if req.wait_ms == 0 => active.acquire_now(req).await,
+            Ok(_slot) => active.acquire_waiting(req, &self.waiting).await,
         };
         let outcome = match &result {
             Ok(Acquired::Granted(_)) => "acquired",
             Ok(Acquired::Held(_)) => "not_acquired",
             Err(LockError::ShardUnavailable { .. }) => "shard_unavailable",
             Err(LockError::RateLimited { .. }) => "rate_limited",
+            Err(LockError::Overloaded { .. }) => "overloaded",
             Err(LockError::Internal(_)) => "error",
             Err(LockError::InvalidArgument(_)) => return result, // no shard to speak of
         };
-        active
-            .router
-            .shard_for(&req.name)
-            .conn
-            .metrics()
-            .acquire(outcome);
+        shard.conn.metrics().acquire(outcome);
         result
+    }
+
+    /// A slot among the acquires in flight on `shard`, when the ring has
+    /// several shards.
+    fn shard_slot<'a>(
+        &self,
+        active: &Active,
+        shard: &'a Shard,
+    ) -> Result<ShardSlot<'a>, LockError> {
+        use std::sync::atomic::Ordering;
+        let bound = if active.router.shards.len() > 1 {
+            self.per_shard
+        } else {
+            usize::MAX
+        };
+        shard
+            .acquiring
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| {
+                (n < bound).then_some(n + 1)
+            })
+            .map(|_| ShardSlot(&shard.acquiring))
+            .map_err(|in_flight| LockError::Overloaded {
+                shard: shard.name.clone(),
+                in_flight,
+            })
     }
 
     pub async fn renew(

@@ -147,6 +147,9 @@ pub struct Shard {
     ring: RwLock<RingState>,
     /// The identity bytes the monitor verified (name and cluster id match).
     identity: IdentityCell,
+    /// Acquires (and inspects) of this shard's names in flight in this
+    /// replica: bounded, so one slow shard cannot take every slot.
+    pub acquiring: std::sync::atomic::AtomicUsize,
 }
 
 impl Shard {
@@ -169,6 +172,7 @@ impl Shard {
             ring: RwLock::new(RingState::Unknown),
             identity,
             conn,
+            acquiring: std::sync::atomic::AtomicUsize::new(0),
         }
     }
 
