@@ -37,6 +37,9 @@ impl Application {
 
     /// A router over `settings`, read from `path` (reloaded on change).
     pub async fn build_from(settings: Settings, path: Option<PathBuf>) -> Result<Self, StartError> {
+        // First: series set while connecting (a shard's first answer marks
+        // it up, once) would otherwise go to no recorder and stay missing.
+        let metrics = crate::metrics::install();
         let listener = bind(&settings.server.listen).await?;
         let metrics_listener = match &settings.server.metrics_listen {
             Some(addr) => Some(bind(addr).await?),
@@ -55,7 +58,6 @@ impl Application {
             crate::http::admission::per_shard_acquires(settings.server.max_in_flight),
         ));
         let reloader = Arc::new(Reloader::new(path, settings.clone(), locks.clone(), pool));
-        let metrics = crate::metrics::install();
         let upkeep = crate::metrics::start_upkeep(metrics.clone(), crate::metrics::UPKEEP_EVERY);
         let state = Arc::new(AppState {
             locks,

@@ -351,12 +351,14 @@ enum Fault {
     KilledMember,
     /// The router process is SIGSTOPped mid-requests, then resumed.
     PausedRouter,
+    /// Every member is SIGKILLed and started again on its data.
+    ShardRestart,
 }
 
 /// The torture test: many clients on few hot names through two replicas
 /// (one in-process, one the real binary) of one 3-member shard, while a
 /// schedule of faults runs: a silent member, a paused leader, a killed and
-/// restarted member, a paused router replica. The history checker judges
+/// restarted member, a paused router replica, the whole shard restarted. The history checker judges
 /// every grant by its client's clock: no two holders at once, tokens
 /// strictly increasing per name, no 5xx but 503. About 60 s;
 /// `LOCKROUTER_TORTURE_SECS` makes it longer. A failed check writes the
@@ -402,6 +404,7 @@ async fn torture_mixed_faults_never_break_mutual_exclusion_or_fencing() {
         Fault::PausedLeader,
         Fault::KilledMember,
         Fault::PausedRouter,
+        Fault::ShardRestart,
     ];
     let mut done = Vec::new();
     let mut rng = Rng(0x5eed);
@@ -431,6 +434,9 @@ async fn torture_mixed_faults_never_break_mutual_exclusion_or_fencing() {
                 sleep_ms(3_000).await;
                 tokio::task::block_in_place(|| etcd.restart_member(member));
             }
+            Fault::ShardRestart => {
+                tokio::task::block_in_place(|| etcd.restart());
+            }
             Fault::PausedRouter => {
                 let pid = nix::unistd::Pid::from_raw(process.pid() as i32);
                 nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGSTOP).unwrap();
@@ -449,7 +455,11 @@ async fn torture_mixed_faults_never_break_mutual_exclusion_or_fencing() {
         "{} faults, {grants} grants, {attempts} attempts, {refused} refusals",
         done.len()
     );
-    assert!(done.len() >= 4, "only {} faults ran", done.len());
+    assert!(
+        done.len() >= schedule.len(),
+        "only {} faults ran",
+        done.len()
+    );
     // Hot names stay held for seconds: a grant every two seconds or so.
     let least = secs as usize / 2;
     assert!(

@@ -98,7 +98,10 @@ impl Transport {
         connector.set_nodelay(true);
         let http = HttpClient::builder(TokioExecutor::new())
             .pool_timer(TokioTimer::new())
-            .pool_idle_timeout(Duration::from_secs(30))
+            // Below the router's idle close (`server.header_read_timeout_ms`,
+            // 10 s by default): a request sent on a connection the router is
+            // closing would be reset.
+            .pool_idle_timeout(Duration::from_secs(5))
             .build(connector);
         Ok(Self { http, base })
     }

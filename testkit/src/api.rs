@@ -33,6 +33,9 @@ impl Api {
             base: format!("http://{addr}"),
             http: reqwest::Client::builder()
                 .timeout(Duration::from_secs(20))
+                // Well before the router closes an idle connection (10 s):
+                // a request sent as it closes would be reset.
+                .pool_idle_timeout(Duration::from_secs(5))
                 .build()
                 .unwrap(),
         }
