@@ -169,10 +169,7 @@ async fn pause_leaders(
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_paused_leader_never_lets_two_clients_hold_one_name() {
-    let secs: u64 = std::env::var("LOCKROUTER_FAULT_SECS")
-        .ok()
-        .and_then(|s| s.parse().ok())
-        .unwrap_or(40);
+    let secs = secs_from_env("LOCKROUTER_FAULT_SECS", 40);
     let etcd = EtcdCluster::start(3);
     let extra = std::env::var("LOCKROUTER_FAULT_EXTRA_TOML").unwrap_or_default();
     let toml = config_toml(&[&etcd], "127.0.0.1:0", &extra);
@@ -205,6 +202,39 @@ async fn a_paused_leader_never_lets_two_clients_hold_one_name() {
         delays > 0.0,
         "no lock-delay was set: the faults did not bite"
     );
+}
+
+/// Seconds from the environment variable `var`, else `default`.
+fn secs_from_env(var: &str, default: u64) -> u64 {
+    std::env::var(var)
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(default)
+}
+
+/// A silent-able proxy in front of each member of `etcd`.
+async fn proxies_for(etcd: &EtcdCluster) -> Vec<lockrouter_testkit::proxy::SilentProxy> {
+    let mut proxies = Vec::new();
+    for ep in etcd.endpoints() {
+        proxies.push(lockrouter_testkit::proxy::SilentProxy::start(&ep).await);
+    }
+    proxies
+}
+
+/// A router config listening on `listen`, with one shard `a` reached
+/// through `proxies`, and an etcd deadline of `deadline_ms`.
+fn proxied_toml(
+    listen: &str,
+    proxies: &[lockrouter_testkit::proxy::SilentProxy],
+    deadline_ms: u64,
+) -> String {
+    let endpoints: Vec<String> = proxies.iter().map(|p| format!("\"{}\"", p.url())).collect();
+    format!(
+        "[server]\nlisten = \"{listen}\"\n\n[etcd]\nprefix = \"/lockrouter\"\n\
+         request_timeout_ms = {deadline_ms}\nconnect_timeout_ms = 500\nhealth_interval_ms = 200\n\n\
+         [[shards]]\nname = \"a\"\nendpoints = [{}]\n",
+        endpoints.join(", ")
+    )
 }
 
 /// One client of [`a_silent_member_costs_renewals_little`]: holds `locks`
@@ -289,19 +319,9 @@ async fn renewer(
 /// (seen from the router only: the members still reach each other).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_silent_member_costs_renewals_little() {
-    use lockrouter_testkit::proxy::SilentProxy;
     let etcd = EtcdCluster::start(3);
-    let mut proxies = Vec::new();
-    for ep in etcd.endpoints() {
-        proxies.push(SilentProxy::start(&ep).await);
-    }
-    let endpoints: Vec<String> = proxies.iter().map(|p| format!("\"{}\"", p.url())).collect();
-    let toml = format!(
-        "[server]\nlisten = \"127.0.0.1:0\"\n\n[etcd]\nprefix = \"/lockrouter\"\n\
-         request_timeout_ms = 3000\nconnect_timeout_ms = 500\nhealth_interval_ms = 200\n\n\
-         [[shards]]\nname = \"a\"\nendpoints = [{}]\n",
-        endpoints.join(", ")
-    );
+    let proxies = proxies_for(&etcd).await;
+    let toml = proxied_toml("127.0.0.1:0", &proxies, 3_000);
     let router = TestRouter::with_toml(&toml).await;
     let leader = etcd.leader().await.expect("a leader");
     let follower = (leader + 1) % 3;
@@ -358,34 +378,19 @@ enum Fault {
 /// The torture test: many clients on few hot names through two replicas
 /// (one in-process, one the real binary) of one 3-member shard, while a
 /// schedule of faults runs: a silent member, a paused leader, a killed and
-/// restarted member, a paused router replica, the whole shard restarted. The history checker judges
-/// every grant by its client's clock: no two holders at once, tokens
-/// strictly increasing per name, no 5xx but 503. About 60 s;
+/// restarted member, a paused router replica, the whole shard restarted.
+/// The history checker judges every grant by its client's clock: no two
+/// holders at once, tokens strictly increasing per name, no 5xx but 503. About 60 s;
 /// `LOCKROUTER_TORTURE_SECS` makes it longer. A failed check writes the
 /// whole history to a file and names it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn torture_mixed_faults_never_break_mutual_exclusion_or_fencing() {
     use lockrouter_testkit::loopback::free_port;
-    use lockrouter_testkit::proxy::SilentProxy;
     use lockrouter_testkit::router_process::RouterProcess;
-    let secs: u64 = std::env::var("LOCKROUTER_TORTURE_SECS")
-        .ok()
-        .and_then(|s| s.parse().ok())
-        .unwrap_or(60);
+    let secs = secs_from_env("LOCKROUTER_TORTURE_SECS", 60);
     let mut etcd = EtcdCluster::start(3);
-    let mut proxies = Vec::new();
-    for ep in etcd.endpoints() {
-        proxies.push(SilentProxy::start(&ep).await);
-    }
-    let endpoints: Vec<String> = proxies.iter().map(|p| format!("\"{}\"", p.url())).collect();
-    let toml = |listen: &str| {
-        format!(
-            "[server]\nlisten = \"{listen}\"\n\n[etcd]\nprefix = \"/lockrouter\"\n\
-             request_timeout_ms = 1500\nconnect_timeout_ms = 500\nhealth_interval_ms = 200\n\n\
-             [[shards]]\nname = \"a\"\nendpoints = [{}]\n",
-            endpoints.join(", ")
-        )
-    };
+    let proxies = proxies_for(&etcd).await;
+    let toml = |listen: &str| proxied_toml(listen, &proxies, 1_500);
     let inside = TestRouter::with_toml(&toml("127.0.0.1:0")).await;
     let port = free_port();
     let process = RouterProcess::spawn(&toml(&format!("127.0.0.1:{port}")), port);

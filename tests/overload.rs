@@ -12,13 +12,18 @@ use lockrouter_testkit::etcd::EtcdCluster;
 use lockrouter_testkit::router::TestRouter;
 use lockrouter_testkit::sleep_ms;
 
+/// `toml` (a [`config_toml`] listening on 127.0.0.1:0) with
+/// `server.max_in_flight = n`.
+fn with_max_in_flight(toml: String, n: usize) -> String {
+    let listen = "listen = \"127.0.0.1:0\"\n";
+    assert!(toml.contains(listen));
+    toml.replace(listen, &format!("{listen}max_in_flight = {n}\n"))
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn past_its_bound_a_router_refuses_acquires_at_once_and_still_renews() {
     let etcd = EtcdCluster::single();
-    let toml = config_toml(&[&etcd], "127.0.0.1:0", "").replace(
-        "listen = \"127.0.0.1:0\"\n",
-        "listen = \"127.0.0.1:0\"\nmax_in_flight = 5\n",
-    );
+    let toml = with_max_in_flight(config_toml(&[&etcd], "127.0.0.1:0", ""), 5);
     let router = TestRouter::with_toml(&toml).await;
     let lock = router.api.must_acquire("busy", 30_000, "holder").await;
     // Four acquires wait in the name's queue: 80% of 5 slots.
@@ -121,10 +126,7 @@ async fn a_runaway_client_is_rate_limited_alone_and_its_renewals_go_on() {
 async fn a_slow_shard_takes_at_most_half_the_acquire_slots() {
     let (slow, fast) = (EtcdCluster::single(), EtcdCluster::single());
     // 10 slots: acquires may take 8, one shard 4.
-    let toml = config_toml(&[&slow, &fast], "127.0.0.1:0", "").replace(
-        "listen = \"127.0.0.1:0\"\n",
-        "listen = \"127.0.0.1:0\"\nmax_in_flight = 10\n",
-    );
+    let toml = with_max_in_flight(config_toml(&[&slow, &fast], "127.0.0.1:0", ""), 10);
     let router = TestRouter::with_toml(&toml).await;
     let mut on_slow = Vec::new();
     let mut on_fast = None;
