@@ -15,8 +15,45 @@ pub fn free_port() -> u16 {
     try_free_port().expect("bind a free loopback port")
 }
 
+/// Ports are picked below the kernel's ephemeral range, so that nothing
+/// that binds port 0 or connects out (routers, proxies, clients) can take
+/// one between this pick and the bind of the process it is for. Picks go
+/// round a window from a random start; a port that is taken is skipped.
 pub(crate) fn try_free_port() -> io::Result<u16> {
+    use std::sync::atomic::{AtomicU32, Ordering};
+    static NEXT: AtomicU32 = AtomicU32::new(u32::MAX);
+    let Some((low, size)) = below_ephemeral() else {
+        return Ok(TcpListener::bind("127.0.0.1:0")?.local_addr()?.port());
+    };
+    if NEXT.load(Ordering::Relaxed) == u32::MAX {
+        let seed = std::hash::BuildHasher::hash_one(
+            &std::collections::hash_map::RandomState::new(),
+            std::process::id(),
+        );
+        let _ = NEXT.compare_exchange(
+            u32::MAX,
+            (seed % u64::from(size)) as u32,
+            Ordering::Relaxed,
+            Ordering::Relaxed,
+        );
+    }
+    for _ in 0..size {
+        let port = low + (NEXT.fetch_add(1, Ordering::Relaxed) % size) as u16;
+        if let Ok(l) = TcpListener::bind(("127.0.0.1", port)) {
+            return Ok(l.local_addr()?.port());
+        }
+    }
     Ok(TcpListener::bind("127.0.0.1:0")?.local_addr()?.port())
+}
+
+/// `(first port, count)` of a window of up to 20,000 ports just below the
+/// ephemeral range and above 1023, or `None` if there is no room.
+fn below_ephemeral() -> Option<(u16, u32)> {
+    let range = std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range").ok()?;
+    let first: u32 = range.split_whitespace().next()?.parse().ok()?;
+    let low = first.saturating_sub(20_000).max(1024);
+    let size = first.checked_sub(low).filter(|&n| n >= 1_000)?;
+    Some((u16::try_from(low).ok()?, size))
 }
 
 /// A status code and the body as text.
