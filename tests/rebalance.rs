@@ -390,3 +390,107 @@ async fn a_refused_reload_is_retried_until_it_can_open() {
     }
     r.wait_migration_closed(Duration::from_secs(15)).await;
 }
+
+/// A waiting acquire that outlives the router it started on. Each name is
+/// held on `a`; a first waiter queues behind the holder through a second
+/// router process, which then stops (SIGSTOP); a second waiter queues
+/// behind it through `r`. `r` reloads (the names move from `a` to `c`), the
+/// holders release, and the migration closes, while the second waiters
+/// sleep (they wake only to renew, every ~1.7 s). When the stopped
+/// waiters' entries expire, the second waiters wake first in line on `a`,
+/// still on the old ring's router, and `a` now records the new ring,
+/// closed: they must not be granted there, since routers on the new ring
+/// grant these names on `c` without any handoff check. Four names, so that
+/// some waiter sleeps through the whole migration.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_waiter_left_on_the_old_ring_never_gets_a_moved_name() {
+    use lockrouter_testkit::loopback::free_port;
+    use lockrouter_testkit::router_process::RouterProcess;
+    use nix::sys::signal::{kill, Signal};
+    use nix::unistd::Pid;
+    let (ca, cb, cc) = (
+        EtcdCluster::single(),
+        EtcdCluster::single(),
+        EtcdCluster::single(),
+    );
+    let before = [("a", &ca, 1), ("b", &cb, 1)];
+    let after = [("a", &ca, 1), ("b", &cb, 1), ("c", &cc, 1)];
+    let (x, y) = (ring(&before), ring(&after));
+    let names: Vec<String> = (0..)
+        .map(|i| format!("left-{i}"))
+        .filter(|n| x.shard_name(n) == "a" && y.shard_name(n) == "c")
+        .take(4)
+        .collect();
+    let r = FileRouter::start(&toml(&before)).await;
+    let port = free_port();
+    let stopped = RouterProcess::spawn(
+        &toml(&before).replace("127.0.0.1:0", &format!("127.0.0.1:{port}")),
+        port,
+    );
+    stopped.api.wait_ready().await;
+    let mut held = Vec::new();
+    for n in &names {
+        held.push(r.api.must_acquire(n, 30_000, "holder").await);
+    }
+    let wait = |api: &Api, name: &str, client: &str| {
+        let (api, name, client) = (api.clone(), name.to_string(), client.to_string());
+        tokio::spawn(async move {
+            let body = json!({"name": name, "ttlMs": 30_000, "clientId": client, "waitMs": 30_000});
+            let reply = api.post("/api/v1/locks/acquire", body).await;
+            (reply, Instant::now())
+        })
+    };
+    let blockers: Vec<_> = names
+        .iter()
+        .map(|n| wait(&stopped.api, n, "blocker"))
+        .collect();
+    sleep_ms(500).await;
+    let late: Vec<_> = names.iter().map(|n| wait(&r.api, n, "late")).collect();
+    sleep_ms(500).await;
+    let pid = Pid::from_raw(stopped.pid() as i32);
+    kill(pid, Signal::SIGSTOP).unwrap();
+
+    assert_eq!(r.reload(&toml(&after)).await.status, 200);
+    for lock in &held {
+        assert_eq!(r.api.release(lock).await.status, 204);
+    }
+    r.wait_migration_closed(Duration::from_secs(15)).await;
+    let closed = Instant::now();
+
+    let mut exercised = 0;
+    for (name, task) in names.iter().zip(late) {
+        let (reply, at) = task.await.unwrap();
+        let moved = r.api.acquire(name, 5_000, "newcomer").await;
+        eprintln!(
+            "{name}: the late waiter got {} {} ({} after the close); a newcomer got {} {}",
+            reply.status,
+            reply.body,
+            if at > closed { "answered" } else { "not" },
+            moved.status,
+            moved.body
+        );
+        assert!(
+            !(reply.body["acquired"] == true && moved.body["acquired"] == true),
+            "{name} granted twice: on a to the late waiter ({:?}), on c to a newcomer ({:?})",
+            reply.body,
+            moved.body
+        );
+        assert_ne!(
+            reply.body["acquired"], true,
+            "{name} granted by a router of the old ring after its shard was fenced: {:?}",
+            reply.body
+        );
+        if at > closed {
+            exercised += 1;
+        }
+    }
+    for b in blockers {
+        b.abort(); // their router is stopped and about to be killed
+    }
+    kill(pid, Signal::SIGCONT).unwrap();
+    drop(stopped);
+    assert!(
+        exercised > 0,
+        "every late waiter woke while the migration was open: the interleaving was not reached"
+    );
+}

@@ -261,7 +261,7 @@ impl Router {
         if !shard.conn.is_up() {
             return Err(NotServing::Down);
         }
-        let ring = match shard.ring_state() {
+        let ring = match self.ring_state_of(shard) {
             RingState::Ready(_) if !self.is_confirmed() => Err(NotServing::Ring(
                 "not every shard has been seen recording this router's ring yet".into(),
             )),
@@ -290,6 +290,24 @@ impl Router {
         Ok(Grantable { ring, identity })
     }
 
+    /// What `shard` records, as this router sees it. The state is kept on
+    /// the shard, and shards are shared by the routers of one replica
+    /// across a reload: requests still in flight on the replaced router
+    /// and the new router's monitor both update it, each classifying the
+    /// record against its own ring. A record of another ring is never
+    /// `Ready` here, whoever wrote the state: a router of ring X that took
+    /// a shard recording ring Y as its own would place names by X and
+    /// grant them under Y's record, which the txn's compare then accepts
+    /// (docs/design.md, "Granting only under this router's own ring").
+    pub fn ring_state_of(&self, shard: &Shard) -> RingState {
+        match shard.ring_state() {
+            RingState::Ready(r) | RingState::Mismatch(r) => {
+                classify(Some(r), self.ring.fingerprint())
+            }
+            other => other,
+        }
+    }
+
     /// Whether this router knows the migration `recorded` is part of (if
     /// any): a moved name may be granted only with the handoff check, which
     /// needs the previous ring.
@@ -313,7 +331,7 @@ impl Router {
             && self
                 .shards
                 .iter()
-                .all(|s| matches!(s.ring_state(), RingState::Ready(r) if self.follows(&r)))
+                .all(|s| matches!(self.ring_state_of(s), RingState::Ready(r) if self.follows(&r)))
     }
 
     /// An acquire txn found a ring other than the one it compared.
@@ -343,7 +361,7 @@ impl Router {
                 let state = if !s.conn.is_up() {
                     ShardState::Unreachable
                 } else {
-                    match s.ring_state() {
+                    match self.ring_state_of(s) {
                         // A migration this router has not attached yet: it
                         // refuses grants there until its monitor does.
                         RingState::Ready(r) if !self.follows(&r) => ShardState::Unconfirmed,
@@ -417,10 +435,12 @@ impl Router {
 
     /// The epoch recorded on this ring's shards, if known.
     pub fn epoch(&self) -> Option<u64> {
-        self.shards.iter().find_map(|s| match s.ring_state() {
-            RingState::Ready(r) => Some(r.meta.epoch),
-            _ => None,
-        })
+        self.shards
+            .iter()
+            .find_map(|s| match self.ring_state_of(s) {
+                RingState::Ready(r) => Some(r.meta.epoch),
+                _ => None,
+            })
     }
 }
 
