@@ -12,6 +12,7 @@ mod fencing;
 mod identity;
 mod locks;
 mod overload;
+mod partitions;
 mod plan;
 mod process;
 mod rebalance;

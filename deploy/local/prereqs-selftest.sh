@@ -64,6 +64,7 @@ fake "$bin" cc "$fake_cc"
 fake "$bin" cargo 'echo "cargo 1.80.0"'
 fake "$bin" prometheus 'echo "prometheus, version 2.42.0"'
 fake "$bin" promtool 'echo "promtool, version 2.42.0"'
+fake "$bin" ip 'exit 0'
 etcd_version "3.4.31"
 
 n=0
@@ -159,6 +160,12 @@ sandbox && rm "$bin/prometheus" "$bin/promtool"
 expect 1 "prometheus missing .*\[Debian: prometheus\]" --check test
 sandbox && rm "$bin/promtool"
 expect 1 "promtool missing .*\[Debian: prometheus\]" --check test
+
+# ... and iproute2's ip, able to make a namespace with a bridge and veths.
+sandbox && rm "$bin/ip"
+expect 1 "ip missing: .*\[Debian: iproute2\]" --check test
+sandbox && fake "$bin" ip 'echo "mount --make-shared /run/netns failed: Operation not permitted" >&2; exit 1'
+expect 1 "network namespaces unusable: .*Operation not permitted" --check test
 
 # Installing mode: with no apt-get it names the packages and fails; what
 # no package fixes fails without trying to install.

@@ -14,7 +14,10 @@
 #   bench  build + /usr/bin/etcd or /usr/local/bin/etcd, which the load tests
 #          start (etcd-server).
 #   test   bench + prometheus and promtool, for the dashboard tests
-#          (prometheus).
+#          (prometheus); etcdctl of etcd's own version, for the snapshot
+#          restore test (etcd-client); iproute2's `ip` able to make a network
+#          namespace with a bridge and a veth pair, for the partition tests
+#          (iproute2; they also need root).
 #
 # Every check runs what the build or the tests will run (protoc compiles a
 # .proto importing the well-known types, cc builds and runs a C program, etcd
@@ -50,7 +53,7 @@ case $mode in
   build) checks=(check_cargo check_cc check_protoc) ;;
   run) checks=(check_cargo check_cc check_protoc check_etcd_on_path) ;;
   bench) checks=(check_cargo check_cc check_protoc check_etcd_for_tests) ;;
-  test) checks=(check_cargo check_cc check_protoc check_etcd_for_tests check_prometheus) ;;
+  test) checks=(check_cargo check_cc check_protoc check_etcd_for_tests check_prometheus check_etcdctl check_netns) ;;
 esac
 
 tmp=$(mktemp -d)
@@ -203,6 +206,58 @@ check_prometheus() {
 $(indent "$out")" prometheus
     fi
   done
+}
+
+# The snapshot restore test saves and restores a shard with the etcdctl of
+# the etcd it runs (/usr/bin/etcdctl, else /usr/local/bin/etcdctl): a restore
+# by another major.minor may write a data dir that etcd does not read.
+check_etcdctl() {
+  local p bin="" out etcd_v
+  for p in /usr/bin/etcdctl /usr/local/bin/etcdctl; do
+    if [ -e "$p" ]; then
+      bin=$p
+      break
+    fi
+  done
+  if [ -z "$bin" ]; then
+    fail "etcdctl missing: neither /usr/bin/etcdctl nor /usr/local/bin/etcdctl exists (the snapshot restore test of make test runs it)" etcd-client
+    return
+  fi
+  if ! out=$(ETCDCTL_API=3 "$bin" version 2>&1); then
+    fail "etcdctl unusable: \`$bin version\` fails:
+$(indent "$out")" etcd-client
+    return
+  fi
+  for p in /usr/bin/etcd /usr/local/bin/etcd; do
+    [ -e "$p" ] || continue
+    etcd_v=$("$p" --version 2>/dev/null) || etcd_v=""
+    [[ $etcd_v =~ ^etcd\ Version:\ ([0-9]+\.[0-9]+)\. ]] || return 0
+    etcd_v=${BASH_REMATCH[1]}
+    if [[ $out != *"etcdctl version: $etcd_v."* ]]; then
+      fail "etcdctl does not match etcd: $bin reports '${out%%$'\n'*}' but $p is etcd $etcd_v (install both from one release)" etcd-client
+    fi
+    return
+  done
+}
+
+# The partition tests put etcd members in network namespaces joined by
+# bridges and veth pairs; make one of each, and delete it.
+check_netns() {
+  local ns="lockrouter-prereqs-$$" out
+  if ! command -v ip >/dev/null 2>&1; then
+    fail "ip missing: no iproute2 \`ip\` (the partition tests of make test run it)" iproute2
+    return
+  fi
+  if ! out=$(ip netns add "$ns" 2>&1 &&
+    ip -n "$ns" link add lrbr type bridge 2>&1 &&
+    ip -n "$ns" link add lrv0 type veth peer name lrv1 2>&1 &&
+    ip -n "$ns" link set lrv0 master lrbr 2>&1); then
+    ip netns del "$ns" >/dev/null 2>&1 || true
+    fail "network namespaces unusable: \`ip\` cannot make a namespace with a bridge and a veth pair (the partition tests of make test need root and a kernel with netns, bridge and veth support):
+$(indent "$out")"
+    return
+  fi
+  ip netns del "$ns"
 }
 
 run_checks() {

@@ -215,16 +215,45 @@ impl EtcdConn {
         }
     }
 
-    /// Probes each member; takes members that do not answer out of the
-    /// balanced channel (never the last one) and puts back those that do.
+    /// Probes each member; takes members that cannot serve out of the
+    /// balanced channel (never the last one) and puts back those that can
+    /// again. A member serves if it answers in time, knows a leader, and
+    /// is at the newest raft term any member reports: a member cut off
+    /// from its peers still answers its clients, but it knows no leader
+    /// (a follower past its election timeout, a leader that stepped down
+    /// for lack of quorum), or still believes in a leader of an older term
+    /// (a minority leader before it steps down), and every write or
+    /// linearizable read sent to it waits out the deadline. When no member
+    /// serves (an election), the rotation is left as it is.
     pub async fn check_members(&self) {
         let timeout = self.inner.timeout.min(MEMBER_PROBE_TIMEOUT);
         let probes = self.inner.members.iter().map(|(ep, client)| async move {
             let mut m = client.maintenance_client();
-            let ok = matches!(tokio::time::timeout(timeout, m.status()).await, Ok(Ok(_)));
-            (ep, ok)
+            let status = match tokio::time::timeout(timeout, m.status()).await {
+                Ok(Ok(s)) => Some((s.leader(), s.raft_term())),
+                _ => None,
+            };
+            (ep, status)
         });
-        for (ep, ok) in futures::future::join_all(probes).await {
+        let answers = futures::future::join_all(probes).await;
+        let newest = answers
+            .iter()
+            .filter_map(|(_, s)| s.map(|(_, term)| term))
+            .max()
+            .unwrap_or(0);
+        let serving: Vec<(&String, bool)> = answers
+            .iter()
+            .map(|(ep, s)| {
+                (
+                    *ep,
+                    matches!(s, Some((leader, term)) if *leader != 0 && *term == newest),
+                )
+            })
+            .collect();
+        if !serving.iter().any(|(_, ok)| *ok) {
+            return;
+        }
+        for (ep, ok) in serving {
             let change = {
                 let mut live = self.inner.in_rotation.lock().expect("members lock");
                 if ok && live.insert(ep.clone()) {
@@ -242,7 +271,7 @@ impl EtcdConn {
                     let _ = client.add_endpoint(ep).await;
                 }
                 Some(false) => {
-                    tracing::warn!(shard = %self.inner.shard, member = %ep, "member does not answer; sending to the others");
+                    tracing::warn!(shard = %self.inner.shard, member = %ep, "member does not answer, or is cut off from its leader; sending to the others");
                     let _ = client.remove_endpoint(ep).await;
                 }
                 None => {}

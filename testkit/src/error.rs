@@ -33,6 +33,9 @@ pub enum Error {
         within: Duration,
         log: String,
     },
+    /// A network namespace, bridge or link could not be set up or changed.
+    #[error("{command}: {why}")]
+    Network { command: String, why: String },
 }
 
 impl Error {

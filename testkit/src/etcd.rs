@@ -5,11 +5,17 @@
 //! Members can be paused, killed, wiped and restarted on the same ports, and
 //! the cluster says which member leads.
 //!
+//! A cluster built [`in_network`](EtcdBuilder::in_network) runs each member
+//! in a network namespace of a [`Network`], at its own address there, so
+//! tests can cut links between members and routers.
+//!
 //! Members run with short raft timings (heartbeat 50 ms, election 500 ms) so
 //! tests elect fast; extra flags come after them and win.
 
+use std::net::{Ipv4Addr, SocketAddr};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
+use std::sync::Arc;
 use std::time::Duration;
 
 use nix::sys::signal::Signal;
@@ -17,6 +23,7 @@ use tempfile::TempDir;
 
 use crate::child::{die_with_parent, log_tail, poll_until};
 use crate::loopback::{self, try_free_port};
+use crate::netns::{self, Network};
 use crate::Error;
 
 /// How long a member may take to answer healthy after it starts.
@@ -28,13 +35,20 @@ const PROBE_WITHIN: Duration = Duration::from_secs(2);
 struct Member {
     /// Its etcd member name: m0, m1, ...
     name: String,
+    /// Where clients reach it: 127.0.0.1, or its address in its network
+    /// namespace.
+    client_host: Ipv4Addr,
     /// Fixed for the cluster's life, so a restarted member is where the
     /// others and the routers' configs expect it.
     client_port: u16,
+    /// Where the other members reach it.
+    peer_host: Ipv4Addr,
     /// Likewise fixed: the other members know it by this port.
     peer_port: u16,
     /// Its data dir and log, kept across kills until a wipe.
     dir: PathBuf,
+    /// The network namespace it runs in, if any.
+    netns: Option<String>,
     /// `None` while killed.
     child: Option<Child>,
 }
@@ -42,6 +56,10 @@ struct Member {
 impl Member {
     fn log(&self) -> PathBuf {
         self.dir.join("etcd.log")
+    }
+
+    fn client_addr(&self) -> SocketAddr {
+        SocketAddr::from((self.client_host, self.client_port))
     }
 }
 
@@ -56,6 +74,8 @@ pub struct EtcdCluster {
     die_with_parent: bool,
     /// Holds every member's dir; removed after they are killed.
     dir: TempDir,
+    /// The namespaces the members run in; dropped after they are killed.
+    _network: Option<Arc<Network>>,
 }
 
 /// How a cluster is started: its size, extra flags, and whether its members
@@ -68,6 +88,8 @@ pub struct EtcdBuilder {
     args: Vec<String>,
     /// See [`die_with_parent`](Self::die_with_parent).
     die_with_parent: bool,
+    /// See [`in_network`](Self::in_network).
+    network: Option<Arc<Network>>,
 }
 
 impl EtcdBuilder {
@@ -86,6 +108,14 @@ impl EtcdBuilder {
         self
     }
 
+    /// Runs member `i` in `network`'s namespace `i`, at its addresses
+    /// there, so that the network's cuts apply to it. The network must
+    /// have a namespace for every member.
+    pub fn in_network(mut self, network: Arc<Network>) -> Self {
+        self.network = Some(network);
+        self
+    }
+
     /// Starts every member and waits until each answers healthy.
     pub fn start(self) -> Result<EtcdCluster, Error> {
         // tmpfs when there is one: fsync there is cheap, so tests run faster.
@@ -100,19 +130,39 @@ impl EtcdBuilder {
             .map_err(Error::prepare("etcd's temp dir"))?;
         let members = (0..self.size)
             .map(|i| {
-                Ok(Member {
-                    name: format!("m{i}"),
-                    client_port: try_free_port()?,
-                    peer_port: try_free_port()?,
-                    dir: dir.path().join(format!("m{i}")),
-                    child: None,
+                let dir = dir.path().join(format!("m{i}"));
+                let name = format!("m{i}");
+                Ok(match &self.network {
+                    Some(net) => {
+                        assert!(i < net.size(), "the network has no namespace {i}");
+                        Member {
+                            name,
+                            client_host: net.client_addr(i),
+                            client_port: netns::CLIENT_PORT,
+                            peer_host: net.peer_addr(i),
+                            peer_port: netns::PEER_PORT,
+                            dir,
+                            netns: Some(net.member(i)),
+                            child: None,
+                        }
+                    }
+                    None => Member {
+                        name,
+                        client_host: Ipv4Addr::LOCALHOST,
+                        client_port: try_free_port()?,
+                        peer_host: Ipv4Addr::LOCALHOST,
+                        peer_port: try_free_port()?,
+                        dir,
+                        netns: None,
+                        child: None,
+                    },
                 })
             })
             .collect::<std::io::Result<Vec<_>>>()
             .map_err(Error::prepare("etcd's ports"))?;
         let initial_cluster = members
             .iter()
-            .map(|m| format!("{}=http://127.0.0.1:{}", m.name, m.peer_port))
+            .map(|m| format!("{}=http://{}:{}", m.name, m.peer_host, m.peer_port))
             .collect::<Vec<_>>()
             .join(",");
         let mut cluster = EtcdCluster {
@@ -121,6 +171,7 @@ impl EtcdBuilder {
             initial_cluster,
             die_with_parent: self.die_with_parent,
             dir,
+            _network: self.network,
         };
         cluster.start_all()?;
         Ok(cluster)
@@ -142,6 +193,7 @@ impl EtcdCluster {
             size,
             args: Vec::new(),
             die_with_parent: false,
+            network: None,
         }
     }
 
@@ -181,9 +233,18 @@ impl EtcdCluster {
             .append(true)
             .open(m.log())
             .map_err(Error::prepare("etcd's log"))?;
-        let client = format!("http://127.0.0.1:{}", m.client_port);
-        let peer = format!("http://127.0.0.1:{}", m.peer_port);
-        let mut cmd = Command::new(&binary);
+        let client = format!("http://{}", m.client_addr());
+        let peer = format!("http://{}:{}", m.peer_host, m.peer_port);
+        // `ip netns exec` enters the namespace and execs etcd: the child's
+        // pid is etcd's, for signals and kills.
+        let mut cmd = match &m.netns {
+            Some(ns) => {
+                let mut c = Command::new("ip");
+                c.args(["netns", "exec", ns]).arg(&binary);
+                c
+            }
+            None => Command::new(&binary),
+        };
         cmd.args(["--name", &m.name])
             .arg("--data-dir")
             .arg(m.dir.join("data"))
@@ -211,7 +272,7 @@ impl EtcdCluster {
     fn wait_healthy(&self, i: usize) -> Result<(), Error> {
         let m = &self.members[i];
         let healthy = || {
-            loopback::request(m.client_port, "GET", "/health", PROBE_WITHIN)
+            loopback::request_at(m.client_addr(), "GET", "/health", PROBE_WITHIN)
                 .is_ok_and(|r| r.body.contains("\"health\":\"true\""))
         };
         if poll_until(HEALTHY_WITHIN, healthy) {
@@ -229,7 +290,7 @@ impl EtcdCluster {
     pub fn endpoints(&self) -> Vec<String> {
         self.members
             .iter()
-            .map(|m| format!("http://127.0.0.1:{}", m.client_port))
+            .map(|m| format!("http://{}", m.client_addr()))
             .collect()
     }
 
@@ -240,7 +301,8 @@ impl EtcdCluster {
 
     /// Member `i`'s `/metrics`, as Prometheus text.
     pub fn metrics_text(&self, i: usize) -> std::io::Result<String> {
-        loopback::get(self.members[i].client_port, "/metrics").map(|r| r.body)
+        let addr = self.members[i].client_addr();
+        loopback::request_at(addr, "GET", "/metrics", loopback::ANSWER_WITHIN).map(|r| r.body)
     }
 
     /// One counter or gauge from the first member's `/metrics` (summed over

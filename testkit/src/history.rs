@@ -107,6 +107,25 @@ impl History {
         self.0.lock().unwrap().windows.push((from, to));
     }
 
+    /// How many grants (distinct lockIds, renewals aside) were first
+    /// answered inside one of `windows`: proof that a fault did not stop
+    /// service. Call it before [`check`](Self::check), which consumes the
+    /// history.
+    pub fn grants_received_within(&self, windows: &[(Instant, Instant)]) -> usize {
+        let h = self.0.lock().unwrap();
+        let mut first: BTreeMap<&str, Instant> = BTreeMap::new();
+        for g in &h.grants {
+            first
+                .entry(g.lock_id.as_str())
+                .and_modify(|at| *at = (*at).min(g.received))
+                .or_insert(g.received);
+        }
+        first
+            .values()
+            .filter(|at| windows.iter().any(|(from, to)| (from..=to).contains(at)))
+            .count()
+    }
+
     /// Checks every invariant; panics with the first violations found.
     /// Returns (grants, attempts, refusals) so a test can assert it did
     /// real work.

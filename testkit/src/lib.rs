@@ -24,6 +24,8 @@
 //!   scrapes and admin calls.
 //! - [`metrics`]: reading Prometheus text.
 //! - [`procfs`]: a process's memory, CPU time and thread states.
+//! - [`netns`]: network namespaces and bridges whose links tests cut (real
+//!   packet loss between etcd members and routers).
 //! - [`proxy`]: a loopback TCP proxy that can go silent (a member behind
 //!   a dead link).
 //! - [`history`]: recorded lock operations and the safety checker.
@@ -39,6 +41,7 @@ pub mod etcd;
 pub mod history;
 pub mod loopback;
 pub mod metrics;
+pub mod netns;
 pub mod openapi;
 pub mod procfs;
 pub mod procs;

@@ -1,10 +1,11 @@
 //! Loopback plumbing: free ports, and a tiny blocking HTTP/1.0 client for
 //! etcd's `/health` and `/metrics` and the router's `/readyz`, `/metrics`
 //! and admin routes, so the kit needs no runtime to start or watch a
-//! process. Every address is 127.0.0.1.
+//! process. Every address is 127.0.0.1, or an etcd member's address inside
+//! a test's own network namespace ([`netns`](crate::netns)).
 
 use std::io::{self, Read, Write};
-use std::net::{TcpListener, TcpStream};
+use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::time::Duration;
 
 /// How long a call waits for its whole answer.
@@ -78,11 +79,27 @@ pub fn post(port: u16, path: &str) -> io::Result<Response> {
 /// One HTTP/1.0 request with no body; the server closes the connection
 /// after its answer, which ends the read.
 pub fn request(port: u16, method: &str, path: &str, within: Duration) -> io::Result<Response> {
-    let mut s = TcpStream::connect(("127.0.0.1", port))?;
+    request_at(
+        SocketAddr::from(([127, 0, 0, 1], port)),
+        method,
+        path,
+        within,
+    )
+}
+
+/// [`request`] to `addr`, which connects within `within` too.
+pub fn request_at(
+    addr: SocketAddr,
+    method: &str,
+    path: &str,
+    within: Duration,
+) -> io::Result<Response> {
+    let mut s = TcpStream::connect_timeout(&addr, within)?;
     s.set_read_timeout(Some(within))?;
     write!(
         s,
-        "{method} {path} HTTP/1.0\r\nHost: 127.0.0.1\r\nContent-Length: 0\r\n\r\n"
+        "{method} {path} HTTP/1.0\r\nHost: {}\r\nContent-Length: 0\r\n\r\n",
+        addr.ip()
     )?;
     let mut raw = String::new();
     s.read_to_string(&mut raw)?;
