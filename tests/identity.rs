@@ -1,9 +1,9 @@
 //! Shard identity and ring epochs on real etcd: a replica whose endpoints
 //! reach the wrong cluster (a typo, a swapped pair, a migration's recorded
 //! previous shards) never grants there and is not ready; a shard copied to
-//! another cluster refuses until its epoch is bumped; and no interleaving
-//! of bumps, migrations, crashes and wiped shards ever reuses an epoch, so
-//! fencing tokens never go back.
+//! another cluster or restored from a snapshot refuses until its epoch is
+//! bumped; and no interleaving of bumps, migrations, crashes and wiped
+//! shards ever reuses an epoch, so fencing tokens never go back.
 
 use std::time::{Duration, Instant};
 
@@ -378,4 +378,99 @@ async fn a_bump_after_a_crashed_bump_and_a_wiped_shard_goes_past_its_epoch() {
         let token = r.api.must_acquire(&on_a(j), 30_000, "Y").await.1;
         assert!(token > last, "token {token} after {last}");
     }
+}
+
+/// The snapshot restore runbook (docs/operations.md), end to end with
+/// etcd's own tools: shard `a` is backed up with `etcdctl snapshot save`,
+/// grants go on (its revisions, so tokens, grow past the snapshot's), then
+/// its member is restored from the snapshot with a new cluster token, as
+/// the runbook asks. Every replica sees `cluster_changed` and refuses to
+/// grant there (a grant could hand out a token below ones already given);
+/// the other shard keeps serving. After `bump-epoch` with no body, every
+/// new grant exceeds every earlier token, and a lock the snapshot brought
+/// back keeps its name until its lease and lock-delay have passed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_shard_restored_from_a_snapshot_refuses_until_the_epoch_is_bumped() {
+    let (mut c1, c2) = (EtcdCluster::single(), EtcdCluster::single());
+    let (placed, config) = {
+        let shards = [("a", &c1, 1), ("b", &c2, 1)];
+        (ring(&shards), toml(&shards))
+    };
+    let names = |prefix: &str, shard: &str, n: usize| -> Vec<String> {
+        (0..)
+            .map(|i| format!("{prefix}-{i}"))
+            .filter(|name| placed.shard_name(name) == shard)
+            .take(n)
+            .collect()
+    };
+    let r = FileRouter::start(&config).await;
+    wait_granting(&r).await;
+    // Held when the snapshot is taken: it comes back with the restore.
+    let revived = names("revived", "a", 1).remove(0);
+    let old = r.api.must_acquire(&revived, 3_000, "old").await;
+    let dir = tempfile::tempdir().unwrap();
+    let snapshot = dir.path().join("a.db");
+    c1.snapshot(&snapshot);
+    let mut last = old.1;
+    for n in names("after", "a", 20) {
+        let lock = r.api.must_acquire(&n, 30_000, "X").await;
+        last = last.max(lock.1);
+        assert_eq!(r.api.release(&lock).await.status, 204);
+    }
+    let on_b = names("b", "b", 1).remove(0);
+
+    c1.restore(&snapshot, "restored-1");
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let ready = r.api.get("/readyz").await;
+        if ready.body["shards"][0]["state"] == "cluster_changed" {
+            // Every replica shares this problem: still ready.
+            assert_eq!(ready.status, 200, "{ready:?}");
+            break;
+        }
+        assert!(Instant::now() < deadline, "{ready:?}");
+        sleep_ms(50).await;
+    }
+    let fresh = names("fresh", "a", 3);
+    let refused = r.api.acquire(&fresh[0], 5_000, "Y").await;
+    assert_eq!(refused.status, 503, "{refused:?}");
+    assert!(refused.retry_after.is_some(), "{refused:?}");
+    let elsewhere = r.api.must_acquire(&on_b, 5_000, "Y").await;
+
+    let bumped = r.api.post("/admin/v1/bump-epoch", json!({})).await;
+    assert_eq!(bumped.status, 200, "{bumped:?}");
+    wait_granting(&r).await;
+    for n in &fresh {
+        let token = r.api.must_acquire(n, 5_000, "Y").await.1;
+        assert!(token > last, "token {token} after {last}");
+    }
+    assert!(
+        r.api
+            .must_acquire(&names("b2", "b", 1)[0], 5_000, "Y")
+            .await
+            .1
+            > elsewhere.1
+    );
+    // The lock the snapshot brought back holds its name, then the name is
+    // granted again, above every earlier token.
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let mut attempts = 0;
+    let token = loop {
+        let r = r.api.acquire(&revived, 5_000, "Y").await;
+        assert_eq!(r.status, 200, "{r:?}");
+        attempts += 1;
+        if r.body["acquired"] == true {
+            assert!(
+                attempts > 1,
+                "the lock from the snapshot did not hold its name"
+            );
+            break r.body["fencingToken"].as_u64().unwrap();
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the revived lock never let go: {r:?}"
+        );
+        sleep_ms(250).await;
+    };
+    assert!(token > last, "token {token} after {last}");
 }

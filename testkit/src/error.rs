@@ -18,6 +18,12 @@ pub enum Error {
         #[source]
         source: io::Error,
     },
+    /// No etcdctl where the Debian and upstream packages put it.
+    #[error("etcdctl is not installed (`make prereqs` installs Debian's etcd-client)")]
+    EtcdctlMissing,
+    /// A program ran and failed.
+    #[error("{command} failed:\n{output}")]
+    Command { command: String, output: String },
     /// The program could not be run at all.
     #[error("start {}: {source}", program.display())]
     Spawn {

@@ -186,6 +186,44 @@ fn etcd_binary() -> Result<PathBuf, Error> {
         .ok_or(Error::EtcdMissing)
 }
 
+fn etcdctl_binary() -> Result<PathBuf, Error> {
+    ["/usr/bin/etcdctl", "/usr/local/bin/etcdctl"]
+        .into_iter()
+        .map(PathBuf::from)
+        .find(|p| p.exists())
+        .ok_or(Error::EtcdctlMissing)
+}
+
+/// Runs etcdctl (API v3) with `args`; its output is the error.
+fn etcdctl(args: &[&std::ffi::OsStr]) -> Result<(), Error> {
+    let binary = etcdctl_binary()?;
+    let out = Command::new(&binary)
+        .env("ETCDCTL_API", "3")
+        .args(args)
+        .output()
+        .map_err(|source| Error::Spawn {
+            program: binary.clone(),
+            source,
+        })?;
+    if out.status.success() {
+        return Ok(());
+    }
+    Err(Error::Command {
+        command: format!(
+            "etcdctl {}",
+            args.iter()
+                .map(|a| a.to_string_lossy())
+                .collect::<Vec<_>>()
+                .join(" ")
+        ),
+        output: format!(
+            "{}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        ),
+    })
+}
+
 impl EtcdCluster {
     /// A cluster of `size` members, to start with [`EtcdBuilder::start`].
     pub fn builder(size: usize) -> EtcdBuilder {
@@ -371,6 +409,51 @@ impl EtcdCluster {
             }
         }
         None
+    }
+
+    /// Saves a snapshot of the cluster's data to `path`, as an operator's
+    /// backup does (`etcdctl snapshot save`, from member 0).
+    pub fn snapshot(&self, path: &Path) {
+        let endpoint = &self.endpoints()[0];
+        etcdctl(&[
+            "--endpoints".as_ref(),
+            endpoint.as_ref(),
+            "snapshot".as_ref(),
+            "save".as_ref(),
+            path.as_os_str(),
+        ])
+        .unwrap_or_else(|e| panic!("{e}"));
+    }
+
+    /// Kills every member and restores each from `snapshot` into a new
+    /// data dir (`etcdctl snapshot restore`) as a cluster with the token
+    /// `token`, then starts them on the same addresses. etcd derives the
+    /// cluster id from the token and the peer URLs: a new token gives a new
+    /// id, as the restore runbook in docs/operations.md asks.
+    pub fn restore(&mut self, snapshot: &Path, token: &str) {
+        self.kill();
+        for m in &self.members {
+            let data = m.dir.join("data");
+            let _ = std::fs::remove_dir_all(&data);
+            let peer = format!("http://{}:{}", m.peer_host, m.peer_port);
+            etcdctl(&[
+                "snapshot".as_ref(),
+                "restore".as_ref(),
+                snapshot.as_os_str(),
+                "--name".as_ref(),
+                m.name.as_ref(),
+                "--data-dir".as_ref(),
+                data.as_os_str(),
+                "--initial-cluster".as_ref(),
+                self.initial_cluster.as_ref(),
+                "--initial-cluster-token".as_ref(),
+                token.as_ref(),
+                "--initial-advertise-peer-urls".as_ref(),
+                peer.as_ref(),
+            ])
+            .unwrap_or_else(|e| panic!("{e}"));
+        }
+        self.start_all().unwrap_or_else(|e| panic!("{e}"));
     }
 
     /// Kills every member and deletes its data, then starts it empty on the
