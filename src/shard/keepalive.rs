@@ -54,9 +54,9 @@ const WRITER_QUEUE: usize = 8_192;
 /// this long and no answer at all came on it meanwhile: it is reopened on
 /// another member (a stream answers every keepalive in order, so a stream
 /// that is merely busy keeps answering).
-const SILENT_STREAM: Duration = Duration::from_millis(250);
+const SILENT_STREAM: Duration = Duration::from_millis(150);
 /// How often in-flight keepalives are looked at.
-const TICK: Duration = Duration::from_millis(50);
+const TICK: Duration = Duration::from_millis(25);
 /// How long a lease etcd reported gone is remembered.
 const DEAD_FOR: Duration = Duration::from_secs(600);
 /// Most dead leases remembered.
