@@ -175,3 +175,69 @@ async fn a_slow_shard_takes_at_most_half_the_acquire_slots() {
     }
     assert!(sent.elapsed() < Duration::from_secs(10));
 }
+
+/// A request's deadline bounds every etcd call made for it: with the
+/// shard's member paused and the shard's own etcd deadline at 3 s, an
+/// acquire answers 504 `timeout` with Retry-After near the request's
+/// deadline (the server's `request_timeout_ms`, or the caller's shorter
+/// `X-Request-Timeout-Ms`), not after the shard's, and the calls cut short
+/// are counted as `deadline`, not as the shard failing. A malformed header,
+/// or a `waitMs` the caller's deadline cannot hold, is a 400.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_request_deadline_bounds_the_etcd_calls_made_for_it() {
+    let etcd = EtcdCluster::single();
+    let toml = config_toml(&[&etcd], "127.0.0.1:0", "")
+        .replace("request_timeout_ms = 1000", "request_timeout_ms = 3000")
+        .replace(
+            "listen = \"127.0.0.1:0\"\n",
+            "listen = \"127.0.0.1:0\"\nrequest_timeout_ms = 800\n",
+        );
+    let router = TestRouter::with_toml(&toml).await;
+    let api = &router.api;
+    api.must_acquire("warm", 30_000, "c").await;
+    let acquire = |name: &str, header: Option<&str>, wait_ms: u64| {
+        let mut req = api
+            .http
+            .post(format!("{}/api/v1/locks/acquire", api.base))
+            .json(&json!({"name": name, "ttlMs": 30_000, "clientId": "c", "waitMs": wait_ms}));
+        if let Some(h) = header {
+            req = req.header("X-Request-Timeout-Ms", h);
+        }
+        api.send(req)
+    };
+    for bad in ["abc", "0", "-5"] {
+        let r = acquire("bad", Some(bad), 0).await;
+        assert_eq!(r.status, 400, "{bad}: {r:?}");
+    }
+    let r = acquire("long-wait", Some("500"), 1_000).await;
+    assert_eq!(r.status, 400, "{r:?}");
+
+    etcd.pause_member(0);
+    for (header, within) in [(None, 800), (Some("300"), 300)] {
+        let sent = Instant::now();
+        let r = acquire("paused", header, 0).await;
+        let took = sent.elapsed();
+        assert_eq!(r.status, 504, "{header:?}: {r:?}");
+        assert_eq!(r.body["error"]["code"], "timeout", "{r:?}");
+        assert!(r.retry_after.is_some(), "a 504 without Retry-After: {r:?}");
+        // Well under the shard's 3 s: the request's deadline bounded it.
+        assert!(
+            took < Duration::from_millis(within + 1_500),
+            "{header:?}: answered after {took:?}"
+        );
+    }
+    etcd.resume_member(0);
+    let text = api.metrics().await;
+    let cut: f64 = text
+        .lines()
+        .filter(|l| {
+            l.starts_with("lockrouter_etcd_requests_total{") && l.contains("outcome=\"deadline\"")
+        })
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum();
+    assert!(
+        cut > 0.0,
+        "no etcd call was cut short by a request's deadline"
+    );
+    api.must_acquire("after", 30_000, "c").await;
+}

@@ -158,14 +158,29 @@ async fn dispatch(
     let active = state.locks.active();
     let (max, max_wait) = (active.limits.max_body_bytes, active.limits.max_wait_ms);
     drop(active);
-    let t = state.timeouts;
+    let mut t = state.timeouts;
+    let asked = client_timeout(&req)?;
+    if let Some(asked) = asked {
+        t.request = t.request.min(asked);
+    }
     let locks = &state.locks;
     match route {
         Route::Acquire => {
             let body: api::AcquireBody = body::parse(req, max, t.body_read).await?;
-            // A waiting acquire may take its waitMs on top of the deadline.
             let wait = Duration::from_millis(body.wait_ms().min(max_wait));
-            within(t.request + wait, api::acquire(locks, body)).await
+            let deadline = match asked {
+                // The caller's deadline bounds the whole request, wait included.
+                Some(asked) if wait >= asked => {
+                    return Err(ApiError::invalid(format!(
+                        "waitMs must be below the {TIMEOUT_HEADER} header ({} ms)",
+                        asked.as_millis()
+                    )))
+                }
+                Some(_) => t.request,
+                // A waiting acquire may take its waitMs on top of the deadline.
+                None => t.request + wait,
+            };
+            within(deadline, api::acquire(locks, body)).await
         }
         Route::Renew => {
             let body = body::parse(req, max, t.body_read).await?;
@@ -211,20 +226,53 @@ async fn dispatch(
     }
 }
 
+/// The header in which a caller may ask for a shorter deadline than
+/// `server.request_timeout_ms`, in milliseconds.
+pub const TIMEOUT_HEADER: &str = "x-request-timeout-ms";
+
+/// The deadline the caller asked for, if any.
+fn client_timeout<B>(req: &Request<B>) -> Result<Option<Duration>, ApiError> {
+    let Some(value) = req.headers().get(TIMEOUT_HEADER) else {
+        return Ok(None);
+    };
+    let ms = value
+        .to_str()
+        .ok()
+        .and_then(|v| v.trim().parse::<u64>().ok())
+        .filter(|ms| *ms > 0)
+        .ok_or_else(|| {
+            ApiError::invalid(format!(
+                "the {TIMEOUT_HEADER} header must be a positive whole number of milliseconds"
+            ))
+        })?;
+    Ok(Some(Duration::from_millis(ms)))
+}
+
 /// Runs a handler under the request's deadline: past it, 504 `timeout`.
-/// Dropping the handler is safe: every etcd write it may have sent is
-/// either done or not, and a retry with the same clientId finds it.
+/// Every etcd call the handler makes is bounded by the same deadline
+/// (`EtcdConn::call`), so an answer past it is an error the handler gave
+/// because time ran out, and it is answered as such. Dropping the handler
+/// is safe: every etcd write it may have sent is either done or not, and a
+/// retry with the same clientId finds it.
 async fn within(
     deadline: Duration,
     handler: impl std::future::Future<Output = api::Answer>,
 ) -> api::Answer {
-    match tokio::time::timeout(deadline, handler).await {
-        Ok(answer) => answer,
-        Err(_) => Err(ApiError::new(
+    let at = std::time::Instant::now() + deadline;
+    let timeout = || {
+        let mut e = ApiError::new(
             StatusCode::GATEWAY_TIMEOUT,
             "timeout",
             format!("no answer within {} ms; retry", deadline.as_millis()),
-        )),
+        );
+        e.retry_after = Some(crate::locks::RETRY_AFTER);
+        e
+    };
+    let bounded = tokio::time::timeout(deadline, handler);
+    match crate::shard::conn::under_deadline(at, bounded).await {
+        Ok(Err(_)) if std::time::Instant::now() >= at => Err(timeout()),
+        Ok(answer) => answer,
+        Err(_) => Err(timeout()),
     }
 }
 

@@ -12,9 +12,15 @@
 //! next batch. A put naming a lease that is gone fails the whole txn and
 //! applies nothing: the batch is then sent again in halves, until only the
 //! acquire of the dead lease sees it.
+//!
+//! A batch's txn is bounded by the latest deadline of the requests it
+//! serves (or the shard's deadline, if sooner), and an acquire whose caller
+//! stopped waiting (its request timed out) is left out of the next batch:
+//! nobody would learn of its grant.
 
 use std::collections::{HashSet, VecDeque};
 use std::sync::Arc;
+use std::time::Instant;
 
 use etcd_client::{Compare, CompareOp, Txn, TxnOp, TxnOpResponse, TxnResponse};
 use tokio::sync::{mpsc, oneshot, Semaphore};
@@ -45,6 +51,8 @@ pub struct AcquireJob {
     pub lease: i64,
     pub g: Grantable,
     pub replace_held: Option<i64>,
+    /// The deadline of the request it serves, if any.
+    deadline: Option<Instant>,
     reply: oneshot::Sender<Result<AcquireTxn, EtcdError>>,
 }
 
@@ -53,6 +61,8 @@ pub struct ReleaseJob {
     pub k: NameKeys,
     pub revision: i64,
     pub lease: i64,
+    /// The deadline of the request it serves, if any.
+    deadline: Option<Instant>,
     reply: oneshot::Sender<Result<bool, EtcdError>>,
 }
 
@@ -103,6 +113,7 @@ impl Committer {
             lease,
             g: g.clone(),
             replace_held,
+            deadline: super::conn::request_deadline(),
             reply,
         };
         self.acquires.send(job).await.map_err(|_| stopped())?;
@@ -121,6 +132,7 @@ impl Committer {
             k: k.clone(),
             revision,
             lease,
+            deadline: super::conn::request_deadline(),
             reply,
         };
         self.releases.send(job).await.map_err(|_| stopped())?;
@@ -187,7 +199,12 @@ async fn run_acquires(
 /// Sends `batch` as one txn (a single acquire as its own txn), and answers
 /// each job. A dead lease in the batch fails the whole txn: then the batch
 /// is sent again in halves.
-async fn commit_acquires(target: &Target, batch: Vec<AcquireJob>) {
+async fn commit_acquires(target: &Target, mut batch: Vec<AcquireJob>) {
+    batch.retain(|j| !j.reply.is_closed());
+    if batch.is_empty() {
+        return;
+    }
+    let deadline = latest(batch.iter().map(|j| j.deadline));
     if batch.len() == 1 {
         let job = batch.into_iter().next().expect("one job");
         let txn = acquire_txn(
@@ -198,7 +215,7 @@ async fn commit_acquires(target: &Target, batch: Vec<AcquireJob>) {
             &job.g,
             job.replace_held,
         );
-        let result = call(target, txn)
+        let result = call(target, txn, deadline)
             .await
             .map(|resp| single_outcome(resp, &job.g));
         let _ = job.reply.send(result);
@@ -214,7 +231,7 @@ async fn commit_acquires(target: &Target, batch: Vec<AcquireJob>) {
         .when(shard_compares(k, &g))
         .and_then(nested)
         .or_else([TxnOp::get(k.ring(), None), TxnOp::get(k.identity(), None)]);
-    match call(target, txn).await {
+    match call(target, txn, deadline).await {
         Ok(resp) if resp.succeeded() => {
             let granted_at = revision(&resp);
             for (job, op) in batch.into_iter().zip(resp.op_responses()) {
@@ -343,19 +360,20 @@ async fn run_releases(
 /// Sends `batch` as one txn of nested release txns (a single release as
 /// its own txn) and answers whether each deleted its key.
 async fn commit_releases(target: &Target, batch: Vec<ReleaseJob>) {
+    let deadline = latest(batch.iter().map(|j| j.deadline));
     if batch.len() == 1 {
         let job = batch.into_iter().next().expect("one job");
         let txn = release_txn(&job.k, job.revision, job.lease);
         let _ = job
             .reply
-            .send(call(target, txn).await.map(|r| r.succeeded()));
+            .send(call(target, txn, deadline).await.map(|r| r.succeeded()));
         return;
     }
     let nested: Vec<TxnOp> = batch
         .iter()
         .map(|j| TxnOp::txn(release_txn(&j.k, j.revision, j.lease)))
         .collect();
-    match call(target, Txn::new().and_then(nested)).await {
+    match call(target, Txn::new().and_then(nested), deadline).await {
         Ok(resp) => {
             for (job, op) in batch.into_iter().zip(resp.op_responses()) {
                 let deleted = matches!(op, TxnOpResponse::Txn(inner) if inner.succeeded());
@@ -378,14 +396,44 @@ async fn commit_releases(target: &Target, batch: Vec<ReleaseJob>) {
     }
 }
 
-async fn call(target: &Target, txn: Txn) -> Result<TxnResponse, EtcdError> {
+/// The latest of the batch's request deadlines; `None` if one of its jobs
+/// has none (it then waits as long as the shard's deadline).
+fn latest(deadlines: impl Iterator<Item = Option<Instant>>) -> Option<Instant> {
+    let mut latest: Option<Instant> = None;
+    for d in deadlines {
+        let d = d?;
+        latest = Some(latest.map_or(d, |l| l.max(d)));
+    }
+    latest
+}
+
+/// Sends `txn` under `deadline` (see [`latest`]) or the shard's.
+async fn call(
+    target: &Target,
+    txn: Txn,
+    deadline: Option<Instant>,
+) -> Result<TxnResponse, EtcdError> {
     let mut kv = target.conn.client().kv_client();
-    target.conn.call("Txn", kv.txn(txn)).await
+    let call = target.conn.call("Txn", kv.txn(txn));
+    match deadline {
+        Some(d) => super::conn::under_deadline(d, call).await,
+        None => call.await,
+    }
 }
 
 #[cfg(test)]
 mod tests {
-    use super::halves;
+    use super::{halves, latest};
+    use std::time::{Duration, Instant};
+
+    #[test]
+    fn a_batch_waits_for_its_latest_deadline_and_none_means_the_shards() {
+        let now = Instant::now();
+        let (a, b) = (now + Duration::from_secs(1), now + Duration::from_secs(2));
+        assert_eq!(latest([Some(a), Some(b), Some(a)].into_iter()), Some(b));
+        assert_eq!(latest([Some(b), None, Some(a)].into_iter()), None);
+        assert_eq!(latest([None].into_iter()), None);
+    }
 
     #[test]
     fn halves_are_non_empty_and_keep_every_job_once_in_order() {

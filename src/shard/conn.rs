@@ -25,6 +25,23 @@ const MEMBER_PROBE_EVERY: Duration = Duration::from_millis(250);
 /// probe answers in time again.
 const MEMBER_PROBE_TIMEOUT: Duration = Duration::from_millis(500);
 
+tokio::task_local! {
+    /// When the request this task serves must be answered: no etcd call
+    /// made for it waits past that.
+    static REQUEST_DEADLINE: Instant;
+}
+
+/// Runs `f` (a request's handler) with `deadline` as the bound of every
+/// etcd call it makes in its own task.
+pub async fn under_deadline<F: Future>(deadline: Instant, f: F) -> F::Output {
+    REQUEST_DEADLINE.scope(deadline, f).await
+}
+
+/// The deadline of the request this task serves, if it serves one.
+pub fn request_deadline() -> Option<Instant> {
+    REQUEST_DEADLINE.try_with(|d| *d).ok()
+}
+
 /// Why an etcd call failed, as far as callers need to know.
 #[derive(Debug, Clone, thiserror::Error)]
 pub enum EtcdError {
@@ -315,15 +332,31 @@ impl EtcdConn {
         }
     }
 
-    /// Runs one etcd RPC under the shard's deadline.
+    /// Runs one etcd RPC under the shard's deadline, or the request's if
+    /// that comes first (see [`under_deadline`]). A call cut short by the
+    /// request's deadline says nothing of the shard: it does not mark it
+    /// down.
     pub async fn call<T, F>(&self, rpc: &'static str, fut: F) -> Result<T, EtcdError>
     where
         F: Future<Output = Result<T, etcd_client::Error>>,
     {
         let started = Instant::now();
-        let result = match tokio::time::timeout(self.inner.timeout, fut).await {
+        let left = REQUEST_DEADLINE
+            .try_with(|d| d.saturating_duration_since(started))
+            .ok();
+        let (limit, by_request) = match left {
+            Some(left) if left < self.inner.timeout => (left, true),
+            _ => (self.inner.timeout, false),
+        };
+        let result = match tokio::time::timeout(limit, fut).await {
             Ok(Ok(v)) => Ok(v),
             Ok(Err(e)) => Err(self.classify(e)),
+            Err(_) if by_request => {
+                self.inner
+                    .metrics
+                    .etcd_rpc(rpc, "deadline", started.elapsed());
+                return Err(self.unavailable("the request's deadline passed"));
+            }
             Err(_) => Err(self.unavailable(format!(
                 "no answer within {} ms",
                 self.inner.timeout.as_millis()
