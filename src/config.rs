@@ -61,8 +61,9 @@ pub struct ServerSettings {
     pub request_timeout_ms: u64,
     /// Lock API requests (acquire, renew, renew-batch, release, inspect) a
     /// replica serves at once; beyond it, 503 `overloaded` at once.
-    /// Acquires and inspects may use 80% of them, so renewals and releases
-    /// always find room. Read at start.
+    /// Acquires and inspects may use half of them, releases 90% (the
+    /// acquires' share included), renewals all: the releases of admitted
+    /// acquires and the renewals of held locks find room. Read at start.
     #[serde(default = "defaults::max_in_flight")]
     pub max_in_flight: usize,
 }

@@ -1,6 +1,7 @@
 //! Overload: a replica serves at most `server.max_in_flight` lock API
 //! requests at once and refuses the rest at once with 503 `overloaded` and
-//! `Retry-After`; acquires may fill only 80% of the slots, so renewals of
+//! `Retry-After`; acquires may fill only half of the slots and releases
+//! 90%, so the releases of admitted acquires and the renewals of
 //! held locks go on.
 
 use std::time::{Duration, Instant};
@@ -23,10 +24,10 @@ fn with_max_in_flight(toml: String, n: usize) -> String {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn past_its_bound_a_router_refuses_acquires_at_once_and_still_renews() {
     let etcd = EtcdCluster::single();
-    let toml = with_max_in_flight(config_toml(&[&etcd], "127.0.0.1:0", ""), 5);
+    let toml = with_max_in_flight(config_toml(&[&etcd], "127.0.0.1:0", ""), 8);
     let router = TestRouter::with_toml(&toml).await;
     let lock = router.api.must_acquire("busy", 30_000, "holder").await;
-    // Four acquires wait in the name's queue: 80% of 5 slots.
+    // Four acquires wait in the name's queue: half of 8 slots.
     let waiters: Vec<_> = (0..4)
         .map(|i| {
             let api = router.api.clone();
@@ -125,8 +126,8 @@ async fn a_runaway_client_is_rate_limited_alone_and_its_renewals_go_on() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_slow_shard_takes_at_most_half_the_acquire_slots() {
     let (slow, fast) = (EtcdCluster::single(), EtcdCluster::single());
-    // 10 slots: acquires may take 8, one shard 4.
-    let toml = with_max_in_flight(config_toml(&[&slow, &fast], "127.0.0.1:0", ""), 10);
+    // 16 slots: acquires may take 8, one shard 4.
+    let toml = with_max_in_flight(config_toml(&[&slow, &fast], "127.0.0.1:0", ""), 16);
     let router = TestRouter::with_toml(&toml).await;
     let mut on_slow = Vec::new();
     let mut on_fast = None;

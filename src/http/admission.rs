@@ -1,9 +1,13 @@
 //! Admission: a bounded number of lock API requests in flight per replica.
 //! Past the bound a request is refused at once with 503 `overloaded` and
 //! `Retry-After`, so overload shows as fast refusals instead of a queue
-//! that grows and latency that climbs for everyone. Acquires and inspects
-//! may take only [`ACQUIRE_SHARE`] of the slots: renewals and releases,
-//! which keep locks alive and free names, always find room.
+//! that grows and latency that climbs for everyone. The slots are taken in
+//! tiers: acquires and inspects only while fewer than [`ACQUIRE_SHARE`] of
+//! them are taken, releases while fewer than [`RELEASE_SHARE`] are, and
+//! renewals up to the bound. Every admitted acquire brings a release, which
+//! must not be refused then (the name would stay held for a TTL), and
+//! renewals, which keep held locks alive, keep a share no surge of
+//! acquires and releases can take.
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
@@ -14,8 +18,12 @@ use super::error::ApiError;
 use super::routes::Route;
 use crate::metrics as m;
 
-/// Share of the slots acquires and inspects may use.
-pub const ACQUIRE_SHARE: f64 = 0.8;
+/// Share of the slots acquires and inspects may use: about as many
+/// releases follow them, each as long in flight.
+pub const ACQUIRE_SHARE: f64 = 0.5;
+/// Share of the slots releases may use (acquires' share included); the
+/// rest is for renewals alone.
+pub const RELEASE_SHARE: f64 = 0.9;
 
 /// Share of the acquire slots one shard may hold when there are several.
 pub const SHARD_SHARE: f64 = 0.5;
@@ -31,6 +39,7 @@ pub struct Admission {
     in_flight: AtomicUsize,
     max: usize,
     max_acquires: usize,
+    max_releases: usize,
 }
 
 /// A slot, given back when dropped.
@@ -44,6 +53,7 @@ impl Admission {
             in_flight: AtomicUsize::new(0),
             max,
             max_acquires: ((max as f64 * ACQUIRE_SHARE) as usize).max(1),
+            max_releases: ((max as f64 * RELEASE_SHARE) as usize).max(1),
         }
     }
 
@@ -51,7 +61,8 @@ impl Admission {
     /// metrics, admin), or 503 `overloaded` when the bound is reached.
     pub fn admit(&self, route: Route) -> Result<Option<Slot<'_>>, ApiError> {
         let bound = match route {
-            Route::Renew | Route::RenewBatch | Route::Release => self.max,
+            Route::Renew | Route::RenewBatch => self.max,
+            Route::Release => self.max_releases,
             Route::Acquire | Route::Inspect => self.max_acquires,
             _ => return Ok(None),
         };
@@ -92,21 +103,30 @@ mod tests {
     use super::*;
 
     #[test]
-    fn acquires_leave_room_for_renewals_and_slots_come_back() {
-        let a = Admission::new(5);
-        let held: Vec<_> = (0..4)
+    fn acquires_leave_room_for_releases_and_both_for_renewals() {
+        let a = Admission::new(10);
+        let acquires: Vec<_> = (0..5)
             .map(|_| a.admit(Route::Acquire).unwrap().unwrap())
             .collect();
-        let refused = a.admit(Route::Acquire).err().expect("acquires are at 80%");
+        let refused = a.admit(Route::Acquire).err().expect("acquires are at 50%");
         assert_eq!(refused.status, StatusCode::SERVICE_UNAVAILABLE);
         assert_eq!(refused.code, "overloaded");
         assert_eq!(refused.retry_after, Some(Duration::from_secs(1)));
+        assert!(
+            a.admit(Route::Inspect).is_err(),
+            "inspects share the acquires' tier"
+        );
+        let releases: Vec<_> = (0..4)
+            .map(|_| a.admit(Route::Release).unwrap().unwrap())
+            .collect();
+        assert!(a.admit(Route::Release).is_err(), "releases are at 90%");
         let renewal = a.admit(Route::RenewBatch).unwrap().unwrap();
-        assert!(a.admit(Route::Release).is_err(), "all 5 slots are taken");
+        assert!(a.admit(Route::Renew).is_err(), "all 10 slots are taken");
         assert!(a.admit(Route::Healthz).unwrap().is_none());
         assert!(a.admit(Route::Metrics).unwrap().is_none());
         drop(renewal);
-        drop(held);
+        drop(releases);
+        drop(acquires);
         assert_eq!(a.in_flight.load(Ordering::Acquire), 0);
         assert!(a.admit(Route::Acquire).unwrap().is_some());
     }
