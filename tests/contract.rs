@@ -317,3 +317,84 @@ async fn slow_clients_are_cut_off() {
     assert!(answer.starts_with("HTTP/1.1 200"), "{answer:?}");
     assert!(closed, "an idle keep-alive connection was kept open");
 }
+
+/// Every answer names its request in `X-Request-Id` (the caller's id when
+/// usable, else a `traceparent`'s trace id, else a made-up one), and every
+/// error body carries it as `requestId`. HEAD on a GET route answers as GET
+/// without a body; on a POST route it is a 405 naming POST.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn answers_carry_their_request_id_and_head_is_a_bodiless_get() {
+    let etcd = EtcdCluster::single();
+    let router = TestRouter::start(&[&etcd]).await;
+    let api = &router.api;
+    let held = api.must_acquire("ids", 5_000, "A").await;
+    let send = |req: reqwest::RequestBuilder| async move { req.send().await.unwrap() };
+    let id_of = |r: &reqwest::Response| {
+        r.headers()
+            .get("x-request-id")
+            .map(|v| v.to_str().unwrap().to_string())
+    };
+    let url = |p: &str| format!("{}{p}", api.base);
+
+    let ok = send(
+        api.http
+            .get(url("/api/v1/locks/ids"))
+            .header("X-Request-Id", "job-42/try-1"),
+    )
+    .await;
+    assert_eq!(ok.status(), 200);
+    assert_eq!(id_of(&ok).as_deref(), Some("job-42/try-1"));
+    let tp = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";
+    let traced = send(api.http.get(url("/healthz")).header("traceparent", tp)).await;
+    assert_eq!(
+        id_of(&traced).as_deref(),
+        Some("4bf92f3577b34da6a3ce929d0e0e4736")
+    );
+    let (a, b) = (
+        send(api.http.get(url("/healthz"))).await,
+        send(api.http.get(url("/healthz"))).await,
+    );
+    assert_ne!(id_of(&a), id_of(&b), "made-up ids differ");
+    assert!(id_of(&a).is_some_and(|id| id.len() == 32));
+
+    let bad = send(
+        api.http
+            .post(url(ACQUIRE))
+            .header("X-Request-Id", "bad-one")
+            .json(&json!({"name": "", "ttlMs": 5000, "clientId": "A"})),
+    )
+    .await;
+    assert_eq!(bad.status(), 400);
+    assert_eq!(id_of(&bad).as_deref(), Some("bad-one"));
+    let body: Value = bad.json().await.unwrap();
+    assert_eq!(body["error"]["requestId"], "bad-one", "{body}");
+    assert_eq!(body["error"]["code"], "invalid_argument", "{body}");
+
+    for path in [
+        "/api/v1/locks/ids",
+        "/healthz",
+        "/readyz",
+        "/metrics",
+        "/admin/v1/ring",
+    ] {
+        let get = send(api.http.get(url(path))).await;
+        let head = send(api.http.head(url(path))).await;
+        assert_eq!(head.status(), get.status(), "{path}");
+        assert_eq!(
+            head.headers().get("content-type"),
+            get.headers().get("content-type"),
+            "{path}"
+        );
+        assert!(
+            head.bytes().await.unwrap().is_empty(),
+            "HEAD {path} sent a body"
+        );
+    }
+    let head_post = send(api.http.head(url(ACQUIRE))).await;
+    assert_eq!(head_post.status(), 405);
+    assert_eq!(head_post.headers().get("allow").unwrap(), "POST");
+    let delete = send(api.http.delete(url("/healthz"))).await;
+    assert_eq!(delete.status(), 405);
+    assert_eq!(delete.headers().get("allow").unwrap(), "GET, HEAD");
+    assert_eq!(api.release(&held).await.status, 204);
+}

@@ -254,16 +254,19 @@ pub struct Bumped {
     pub epoch: u64,
 }
 
-/// Every error answer: `{"error": {"code", "message"}}`.
+/// Every error answer: `{"error": {"code", "message", "requestId"}}`.
 #[derive(Debug, Serialize)]
 pub struct ErrorBody<'a> {
     pub error: ErrorDetail<'a>,
 }
 
 #[derive(Debug, Serialize)]
+#[serde(rename_all = "camelCase")]
 pub struct ErrorDetail<'a> {
     pub code: &'a str,
     pub message: &'a str,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub request_id: Option<&'a str>,
 }
 
 #[cfg(test)]

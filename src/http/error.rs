@@ -52,11 +52,14 @@ impl ApiError {
         }
     }
 
-    pub fn into_response(self) -> Response<Full<Bytes>> {
+    /// The answer; `request_id` goes in the body (the `X-Request-Id`
+    /// header is set by the caller for every answer).
+    pub fn into_response(self, request_id: Option<&str>) -> Response<Full<Bytes>> {
         let body = ErrorBody {
             error: ErrorDetail {
                 code: self.code,
                 message: &self.message,
+                request_id,
             },
         };
         let mut resp = json(self.status, &body);

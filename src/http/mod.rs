@@ -4,6 +4,7 @@
 //! [`routes`]; request bodies in [`body`]; the lock routes' handlers in
 //! [`api`], the admin routes' in [`admin`]; every answer body is a type in
 //! [`answers`]; [`error`] is the one place an error becomes a response;
+//! [`request_id`] names each request in its answer and its log lines;
 //! [`state`] is what every handler shares.
 
 pub mod admin;
@@ -12,6 +13,7 @@ pub mod answers;
 pub mod api;
 pub mod body;
 pub mod error;
+pub mod request_id;
 pub mod routes;
 pub mod state;
 
@@ -101,9 +103,12 @@ async fn handle(
     let started = Instant::now();
     let route = Route::of(req.method(), req.uri().path(), kind);
     let op = route.map_or("unknown", Route::label);
-    let span = tracing::debug_span!(
+    let request_id = request_id::of(req.headers());
+    // At info, so that every line logged for the request names it.
+    let span = tracing::info_span!(
         "request",
         op,
+        request_id = %request_id,
         shard = tracing::field::Empty,
         outcome = tracing::field::Empty
     );
@@ -115,19 +120,23 @@ async fn handle(
         }
         None => Err(ApiError::not_found()),
     };
-    let (resp, outcome) = match result {
+    let (mut resp, outcome) = match result {
         Ok(ok) => ok,
         Err(e) => {
             let code = e.code;
-            (e.into_response(), code)
+            (e.into_response(Some(&request_id)), code)
         }
     };
+    if let Ok(value) = http::HeaderValue::from_str(&request_id) {
+        resp.headers_mut().insert(request_id::HEADER, value);
+    }
     span.record("outcome", outcome);
     // A 503 from /readyz is an answer, not a failure (probes ask often).
     if resp.status().is_server_error() && route != Some(Route::Readyz) {
         tracing::warn!(
             op,
             outcome,
+            request_id = %request_id,
             status = resp.status().as_u16(),
             "request failed"
         );
@@ -147,9 +156,13 @@ async fn dispatch(
     let allow = if route.method() == Method::POST {
         "POST"
     } else {
-        "GET"
+        "GET, HEAD"
     };
-    body::only(&req, route.method(), allow)?;
+    // HEAD is a GET whose body hyper leaves out (headers and
+    // Content-Length stay those of the GET).
+    if !(route.method() == Method::GET && req.method() == Method::HEAD) {
+        body::only(&req, route.method(), allow)?;
+    }
     if route.is_admin() {
         admin::authorize(state, peer, &req)?;
     }
