@@ -11,7 +11,7 @@ use std::time::Duration;
 use serde::Deserialize;
 
 /// Everything the router needs to start.
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Deserialize, serde::Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct Settings {
     /// Where and how the HTTP API is served.
@@ -36,7 +36,7 @@ pub struct Settings {
     pub shards: Vec<ShardSettings>,
 }
 
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Deserialize, serde::Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct ServerSettings {
     /// Address of the main listener (API, health, metrics).
@@ -68,7 +68,7 @@ pub struct ServerSettings {
     pub max_in_flight: usize,
 }
 
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Deserialize, serde::Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct EtcdSettings {
     /// Key prefix used on every shard; lockrouter owns everything below it.
@@ -92,7 +92,7 @@ pub struct EtcdSettings {
     pub count_interval_ms: u64,
 }
 
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Deserialize, serde::Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct RingSettings {
     /// Virtual nodes per unit of shard weight.
@@ -100,7 +100,7 @@ pub struct RingSettings {
     pub vnodes: u32,
 }
 
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Deserialize, serde::Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct Limits {
     #[serde(default = "defaults::min_ttl_ms")]
@@ -127,7 +127,7 @@ pub struct Limits {
     pub acquires_per_client_per_sec: u32,
 }
 
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Deserialize, serde::Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct AdminSettings {
     /// Bearer token admin calls must carry. Without one, admin routes
@@ -149,7 +149,7 @@ impl Default for AdminSettings {
     }
 }
 
-#[derive(Debug, Clone, Default, Deserialize)]
+#[derive(Debug, Clone, Default, Deserialize, serde::Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct LockSettings {
     /// What happens to the name of a holder lost other than by release
@@ -159,7 +159,7 @@ pub struct LockSettings {
 }
 
 /// The lock-delay of a lost holder's name (see `docs/design.md`).
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize, serde::Serialize)]
 #[serde(rename_all = "snake_case")]
 pub enum LockDelay {
     /// The name is not granted again for one TTL of the lost lock after its

@@ -6,7 +6,7 @@ use std::io::IsTerminal;
 use std::path::PathBuf;
 use std::process::ExitCode;
 
-use clap::{Parser, Subcommand};
+use clap::{Parser, Subcommand, ValueEnum};
 use lockrouter::{Application, Settings};
 use tokio_util::sync::CancellationToken;
 
@@ -15,6 +15,22 @@ use tokio_util::sync::CancellationToken;
 struct Cli {
     #[command(subcommand)]
     command: Command,
+    /// Log lines as text (for people) or as one JSON object each (for log
+    /// pipelines); a request's lines carry its `request_id` either way.
+    #[arg(
+        long,
+        global = true,
+        env = "LOCKROUTER_LOG_FORMAT",
+        value_enum,
+        default_value_t = LogFormat::Text
+    )]
+    log_format: LogFormat,
+}
+
+#[derive(Clone, Copy, PartialEq, Eq, ValueEnum)]
+enum LogFormat {
+    Text,
+    Json,
 }
 
 #[derive(Subcommand)]
@@ -46,13 +62,21 @@ enum ConfigCommand {
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
-    tracing_subscriber::fmt()
+    let logs = tracing_subscriber::fmt()
         .with_env_filter(
             tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()),
         )
-        .with_writer(std::io::stderr)
-        .with_ansi(std::io::stderr().is_terminal())
-        .init();
+        .with_writer(std::io::stderr);
+    match cli.log_format {
+        LogFormat::Text => logs.with_ansi(std::io::stderr().is_terminal()).init(),
+        // The current span's fields (the request's id, op, shard) go with
+        // every line logged inside it.
+        LogFormat::Json => logs
+            .json()
+            .with_current_span(true)
+            .with_span_list(false)
+            .init(),
+    }
     match cli.command {
         Command::Serve { config } => serve(config),
         Command::Exec(args) => ExitCode::from(lockrouter::cli::exec::main(args)),
@@ -61,7 +85,9 @@ fn main() -> ExitCode {
     }
 }
 
-/// `config check`: exit 0 and a summary, or 2 and the problem.
+/// `config check`: exit 0, a summary and the effective settings (every
+/// key, defaults and `LOCKROUTER__SECTION__KEY` overrides applied, secrets
+/// masked) as JSON; or 2 and the problem.
 fn check(path: &std::path::Path) -> ExitCode {
     match Settings::load(path) {
         Ok(s) => {
@@ -72,6 +98,16 @@ fn check(path: &std::path::Path) -> ExitCode {
                 path.display(),
                 names.join(", "),
                 ring.fingerprint()
+            );
+            let mut effective = serde_json::to_value(&s).expect("settings serialise");
+            if let Some(token) = effective.pointer_mut("/admin/token") {
+                if !token.is_null() {
+                    *token = serde_json::json!("***");
+                }
+            }
+            println!(
+                "{}",
+                serde_json::to_string_pretty(&effective).expect("JSON serialises")
             );
             ExitCode::SUCCESS
         }

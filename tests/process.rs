@@ -135,11 +135,21 @@ fn bad_configs_exit_nonzero_naming_the_problem() {
     let out = Command::new(env!("CARGO_BIN_EXE_lockrouter"))
         .args(["config", "check", "--config"])
         .arg(&good)
+        .env("LOCKROUTER__ADMIN__TOKEN", "a-secret-of-sixteen-chars")
+        .env("LOCKROUTER__SERVER__MAX_IN_FLIGHT", "77")
         .output()
         .unwrap();
     assert!(out.status.success(), "{out:?}");
     let stdout = String::from_utf8_lossy(&out.stdout);
     assert!(stdout.contains("valid; shards: a; ring "), "{stdout}");
+    // Then the effective settings: defaults and overrides applied, the
+    // admin token masked.
+    let (_, json) = stdout.split_once('\n').unwrap();
+    let effective: serde_json::Value = serde_json::from_str(json).unwrap();
+    assert_eq!(effective["server"]["max_in_flight"], 77, "{effective}");
+    assert_eq!(effective["etcd"]["request_timeout_ms"], 3000, "{effective}");
+    assert_eq!(effective["admin"]["token"], "***", "{effective}");
+    assert!(!stdout.contains("a-secret-of-sixteen-chars"), "{stdout}");
     let out = Command::new(env!("CARGO_BIN_EXE_lockrouter"))
         .args(["serve", "--config", "/nonexistent/lockrouter.toml"])
         .output()
@@ -217,4 +227,65 @@ async fn sighup_reloads_the_config_and_bad_reloads_change_nothing() {
     }
     assert_eq!(router.api.renew(&lock).await.status, 200);
     assert_eq!(router.api.get("/admin/v1/ring").await.body["epoch"], 1);
+}
+
+/// `--log-format json` (here through `LOCKROUTER_LOG_FORMAT`): every log
+/// line is one JSON object, and the lines logged for a request carry the
+/// request id the caller sent, which its answer returns too.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn json_logs_name_the_request_a_line_is_about() {
+    let mut etcd = EtcdCluster::single();
+    let port = free_port();
+    let toml = lockrouter_testkit::config::config_toml(&[&etcd], &format!("127.0.0.1:{port}"), "");
+    let router = RouterProcess::builder()
+        .env("LOCKROUTER_LOG_FORMAT", "json")
+        .spawn(&toml, port)
+        .unwrap_or_else(|e| panic!("{e}"));
+    router.api.wait_ready().await;
+    router.api.must_acquire("logged", 5_000, "A").await;
+    // The shard goes away: the next acquire fails with a 503, which the
+    // router logs at warn with the request's id.
+    etcd.kill();
+    let req = router
+        .api
+        .http
+        .post(format!("{}/api/v1/locks/acquire", router.api.base))
+        .header("X-Request-Id", "trace-me-42")
+        .json(&serde_json::json!({"name": "logged-2", "ttlMs": 5000, "clientId": "A"}));
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let r = router.api.send(req.try_clone().unwrap()).await;
+        assert_ne!(r.status, 200, "{r:?}");
+        if r.status == 503 {
+            assert_eq!(r.body["error"]["requestId"], "trace-me-42", "{r:?}");
+            break;
+        }
+        assert!(Instant::now() < deadline, "{r:?}");
+    }
+    let deadline = Instant::now() + Duration::from_secs(5);
+    loop {
+        let log = router.log_text();
+        let lines: Vec<serde_json::Value> = log
+            .lines()
+            .filter(|l| !l.trim().is_empty())
+            .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("not JSON ({e}): {l}")))
+            .collect();
+        assert!(
+            lines
+                .iter()
+                .any(|l| l["fields"]["message"] == "lockrouter ready"),
+            "{log}"
+        );
+        let about_it = lines.iter().any(|l| {
+            l["span"]["request_id"] == "trace-me-42" || l["fields"]["request_id"] == "trace-me-42"
+        });
+        if about_it {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "no line names the request:\n{log}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
 }
