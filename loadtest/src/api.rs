@@ -65,6 +65,28 @@ pub async fn post_text<T: serde::Serialize + ?Sized>(
     path: &str,
     body: &T,
 ) -> Option<(u16, String, Duration)> {
+    let a = send(user, stats, path, body).await?;
+    stats.status(a.status);
+    Some((a.status, a.text, a.took))
+}
+
+/// An answer as [`send`] returns it.
+pub struct Answer {
+    pub status: u16,
+    /// The `Retry-After` header, if any.
+    pub retry_after: Option<String>,
+    pub text: String,
+    pub took: Duration,
+}
+
+/// [`post_text`] without counting the status (the caller classifies it:
+/// `overload` tells 503 refusals from other 5xx), keeping `Retry-After`.
+pub async fn send<T: serde::Serialize + ?Sized>(
+    user: &mut GooseUser,
+    stats: &Stats,
+    path: &str,
+    body: &T,
+) -> Option<Answer> {
     if !throttle(user).await {
         // The attack ended while this user waited: nothing was sent.
         return None;
@@ -87,17 +109,27 @@ pub async fn post_text<T: serde::Serialize + ?Sized>(
         }
     };
     let status = resp.status().as_u16();
-    stats.status(status);
+    let retry_after = resp
+        .headers()
+        .get("retry-after")
+        .and_then(|v| v.to_str().ok())
+        .map(str::to_string);
     let text = match resp.text().await {
         Ok(t) => t,
         Err(_) => {
+            stats.status(status);
             stats.error();
             return None;
         }
     };
     let took = started.elapsed();
     drop(flight);
-    Some((status, text, took))
+    Some(Answer {
+        status,
+        retry_after,
+        text,
+        took,
+    })
 }
 
 /// Acquires `name` for `client`, recording the acquire's latency.

@@ -87,6 +87,9 @@ impl<'a> Bench<'a> {
         if c.wants("rebalance") {
             self.rebalance().await?;
         }
+        if c.wants("overload") {
+            self.overload().await?;
+        }
         for r in &mut self.records {
             r.table = self.table.to_string();
         }
@@ -142,6 +145,12 @@ impl<'a> Bench<'a> {
 
     /// Gives every client of `clients` its session lease on every shard.
     pub async fn warm_up(&mut self, clients: &Clients) -> Result<WarmupOutcome> {
+        self.warm_up_with(clients, self.cfg.users).await
+    }
+
+    /// [`warm_up`](Self::warm_up) by at most `users` users at once (a router
+    /// with a low bound on requests in flight would refuse more).
+    pub async fn warm_up_with(&mut self, clients: &Clients, users: usize) -> Result<WarmupOutcome> {
         let shards = self.stack.shards.len();
         eprintln!("== warm-up: {} clients x {shards} shards", clients.count());
         let ctx = Arc::new(Warmup::new(
@@ -150,7 +159,7 @@ impl<'a> Bench<'a> {
             self.cfg.ttl_ms,
             &tag("warm-up"),
         ));
-        let users = self.cfg.users.min(clients.count());
+        let users = users.clamp(1, clients.count());
         let mut plan = self.plan("warm-up", users, WARMUP_LIMIT.as_secs() as usize + 60, None);
         plan.report = None;
         let before = Snapshot::take(self.stack)?;

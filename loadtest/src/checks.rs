@@ -19,6 +19,10 @@ pub fn check(records: &[Record]) -> Vec<String> {
             problems.extend(check_rebalance(r));
             continue;
         }
+        if r.scenario == "overload" {
+            problems.extend(check_overload(r));
+            continue;
+        }
         let at = where_(r);
         if r.errors_total > 0 || r.server_errors_total > 0 {
             problems.push(format!(
@@ -95,6 +99,46 @@ fn check_hold(h: &Record) -> Vec<String> {
     problems
 }
 
+/// `overload` refuses by design (503 `overloaded`, at once): what must
+/// hold even at the smoke size is that no held lock is lost, nothing else
+/// fails, every refusal says when to retry, and lock lives still complete.
+fn check_overload(r: &Record) -> Vec<String> {
+    let mut problems = Vec::new();
+    let d = &r.detail;
+    let n = |k: &str| d["counts"].get(k).and_then(Value::as_u64).unwrap_or(0);
+    if r.lost_total > 0 {
+        problems.push(format!(
+            "overload: {} held locks lost ({} answered not renewed, {} renewed more than a TTL apart)",
+            r.lost_total,
+            n("locks_not_renewed"),
+            n("locks_lapsed")
+        ));
+    }
+    if r.server_errors_total > 0 || r.errors_total > 0 {
+        problems.push(format!(
+            "overload: {} 5xx other than 503, {} request errors besides refusals",
+            r.server_errors_total, r.errors_total
+        ));
+    }
+    if n("refusals_without_retry_after") > 0 {
+        problems.push(format!(
+            "overload: {} 503/429 answers without Retry-After",
+            n("refusals_without_retry_after")
+        ));
+    }
+    let want = d["holders"].as_u64().unwrap_or(0) * d["locks_per_holder"].as_u64().unwrap_or(0);
+    if r.active_leases_peak < want {
+        problems.push(format!(
+            "overload: the holders got {} of their {want} locks",
+            r.active_leases_peak
+        ));
+    }
+    if r.releases_total == 0 {
+        problems.push("overload: no lock life completed".into());
+    }
+    problems
+}
+
 /// `rebalance` may fail acquires while the router does not grant: from the
 /// reload until it grants on the new ring, and from the migration's close
 /// until it grants on the closed ring (the fence windows); outside them
@@ -153,6 +197,27 @@ mod tests {
         assert_eq!(check(std::slice::from_ref(&r)).len(), 1);
         r.etcd_lease_grants_per_acquire = 0.08;
         assert!(check(&[r]).is_empty());
+    }
+
+    #[test]
+    fn overload_may_refuse_but_not_lose_or_fail() {
+        let ok = Record {
+            scenario: "overload".into(),
+            releases_total: 10,
+            active_leases_peak: 4,
+            detail: serde_json::json!({"holders": 2, "locks_per_holder": 2,
+                "counts": {"acquires_overloaded": 500, "refusals_without_retry_after": 0}}),
+            ..Default::default()
+        };
+        assert!(check(std::slice::from_ref(&ok)).is_empty());
+        let lost = Record {
+            lost_total: 1,
+            ..ok.clone()
+        };
+        assert_eq!(check(&[lost]).len(), 1);
+        let mut bare = ok.clone();
+        bare.detail["counts"]["refusals_without_retry_after"] = 1.into();
+        assert_eq!(check(&[bare]).len(), 1);
     }
 
     #[test]

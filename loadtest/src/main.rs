@@ -15,8 +15,8 @@
 //! - `api`: the router's v1 API as goose users call it.
 //! - `attack`: running one goose attack.
 //! - `scenarios`: uncontested, contended, contended-wait, churn, hold,
-//!   per-lock-renew, rebalance, the direct and naive baselines, client
-//!   pools and the session warm-up.
+//!   per-lock-renew, rebalance, overload, the direct and naive
+//!   baselines, client pools and the session warm-up.
 //! - `bench`: the run; `paired`: the paired rounds of router and
 //!   baselines; `single`: the scenarios that run once.
 //! - `report`: records and files; `targets`: the targets; `checks`: what

@@ -28,6 +28,7 @@ pub const SCENARIOS: &[&str] = &[
     "per-lock-renew",
     "naive-hold",
     "rebalance",
+    "overload",
     "pinned",
 ];
 
@@ -41,7 +42,7 @@ pub struct Cli {
     pub profile: Profile,
     /// Comma-separated scenarios to run (default: all). Known: direct, naive,
     /// uncontested, latency, contended, contended-wait, churn, hold,
-    /// per-lock-renew, naive-hold, rebalance, pinned.
+    /// per-lock-renew, naive-hold, rebalance, overload, pinned.
     #[arg(long, value_delimiter = ',')]
     pub scenarios: Vec<String>,
     /// Where summary.json, summary.md and goose's HTML reports go.
@@ -121,6 +122,17 @@ pub struct Cli {
     /// `rebalance`: seconds of churn before the reload.
     #[arg(long)]
     pub rebalance_before_s: Option<u64>,
+    /// `overload`: seconds of the overloaded window.
+    #[arg(long)]
+    pub overload_s: Option<u64>,
+    /// `overload`: lock lives offered per second, as a multiple of the
+    /// capacity measured just before.
+    #[arg(long)]
+    pub overload_factor: Option<f64>,
+    /// `overload`: the router's `server.max_in_flight` (default: by Little's
+    /// law, capacity in requests/s times the acquire p99 at capacity).
+    #[arg(long)]
+    pub overload_max_in_flight: Option<usize>,
 }
 
 /// Resolved sizes of one run.
@@ -167,11 +179,32 @@ pub struct Config {
     pub rebalance_before_s: u64,
     pub rebalance_after_s: u64,
     pub rebalance_close_limit_s: u64,
+    /// `overload`: the overloaded window, offered load over capacity, and
+    /// the bound on requests in flight if given (else derived).
+    pub overload_s: u64,
+    pub overload_factor: f64,
+    pub overload_max_in_flight: Option<usize>,
+    /// `overload`: clientIds of its lock lives (warm pool).
+    pub overload_clients: usize,
+    /// `overload`: clients holding locks through it, locks each, and their
+    /// TTL (they renew every TTL/3 with one renew-batch).
+    pub overload_holders: usize,
+    pub overload_locks_per_holder: usize,
+    pub overload_ttl_ms: u64,
 }
 
 impl Cli {
     pub fn config(self) -> anyhow::Result<Config> {
         let smoke = self.profile == Profile::Smoke;
+        anyhow::ensure!(
+            self.overload_factor.is_none_or(|f| f > 0.0 && f <= 20.0),
+            "--overload-factor must be above 0 and at most 20"
+        );
+        anyhow::ensure!(
+            self.overload_max_in_flight
+                .is_none_or(|n| (5..=1_000_000).contains(&n)),
+            "--overload-max-in-flight must be 5 to 1000000 (the router's own range)"
+        );
         let scenarios = if self.scenarios.is_empty() {
             SCENARIOS.iter().map(|s| s.to_string()).collect()
         } else {
@@ -233,6 +266,13 @@ impl Cli {
             rebalance_before_s: self.rebalance_before_s.unwrap_or(pick(smoke, 6, 10)),
             rebalance_after_s: pick(smoke, 3, 5),
             rebalance_close_limit_s: pick(smoke, 60, 120),
+            overload_s: self.overload_s.unwrap_or(pick(smoke, 5, 20)).max(1),
+            overload_factor: self.overload_factor.unwrap_or(2.0),
+            overload_max_in_flight: self.overload_max_in_flight,
+            overload_clients: pick(smoke, 100, 1_000),
+            overload_holders: pick(smoke, 10, 50),
+            overload_locks_per_holder: pick(smoke, 10, 100),
+            overload_ttl_ms: 3_000,
         })
     }
 }

@@ -168,6 +168,7 @@ fn markdown(records: &[Record], paired: &[Paired], targets: &[Target]) -> String
         s.push('\n');
         s.push_str(&p.markdown());
     }
+    s.push_str(&overload_markdown(records));
     s.push_str(
         "\n## Every window\n\n| scenario | table | round | s | users | clients | acquires/s | p50 ms | p99 ms | max ms | most in flight | errors | 5xx | raft writes/acquire | grants/acquire | keepalives/acquire | commit batch | cores loadgen/router/etcd/machine | idle before |\n|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n",
     );
@@ -205,6 +206,128 @@ fn markdown(records: &[Record], paired: &[Paired], targets: &[Target]) -> String
             r.cores.machine,
             idle
         ));
+    }
+    s
+}
+
+/// `overload` side by side: the capacity and unloaded windows it was
+/// sized from, and the overloaded window (empty if it did not run).
+fn overload_markdown(records: &[Record]) -> String {
+    let find = |name: &str| records.iter().find(|r| r.scenario == name);
+    let (Some(cap), Some(un), Some(o)) = (
+        find("overload-capacity"),
+        find("overload-unloaded"),
+        find("overload"),
+    ) else {
+        return String::new();
+    };
+    let d = &o.detail;
+    let k = &d["counts"];
+    let mut s = format!(
+        "\n## Overload\n\nThe router's capacity and unloaded latency, then {}x that capacity offered open-loop to a router with `server.max_in_flight = {}` ({}), while {} holders renew {} locks each (TTL {} ms).\n\n",
+        d["offered_factor"], d["max_in_flight"], d["max_in_flight_rule"].as_str().unwrap_or("?"),
+        d["holders"], d["locks_per_holder"], d["holder_ttl_ms"]
+    );
+    s.push_str("| window | load | lock lives/s | acquire p50 ms | p99 ms | max ms | 503 overloaded | cores loadgen/router/etcd/machine |\n|---|---|---|---|---|---|---|---|\n");
+    for (r, load, refused) in [
+        (
+            cap,
+            format!("{} users, closed loop", cap.users),
+            "–".to_string(),
+        ),
+        (
+            un,
+            format!("{} lock lives/s", un.throttle_rps.unwrap_or(0) / 2),
+            "–".to_string(),
+        ),
+        (
+            o,
+            format!("{} lock lives/s open-loop", d["offered_lives_per_s"]),
+            k["acquires_overloaded"].to_string(),
+        ),
+    ] {
+        let lives = if r.scenario == "overload" {
+            d["goodput_lives_per_s"].as_f64().unwrap_or(0.0)
+        } else {
+            r.acquires_per_s
+        };
+        s.push_str(&format!(
+            "| {} | {load} | {lives:.0} | {:.2} | {:.2} | {:.1} | {refused} | {:.2} / {:.2} / {:.2} / {:.2} |\n",
+            r.scenario, r.acquire_p50_ms, r.acquire_p99_ms, r.latency.max_ms,
+            r.cores.loadgen, r.cores.router, r.cores.etcd, r.cores.machine
+        ));
+    }
+    let rows = [
+        ("goodput / capacity", d["goodput_over_capacity"].to_string()),
+        (
+            "admitted acquire p99 / unloaded p99",
+            d["admitted_acquire_p99_over_unloaded"].to_string(),
+        ),
+        (
+            "admitted release p99 (ms)",
+            d["admitted_release"]["p99_ms"].to_string(),
+        ),
+        (
+            "503 answer to an acquire, p99 (ms)",
+            d["refused_acquire"]["p99_ms"].to_string(),
+        ),
+        (
+            "lock lives sent / offered per s",
+            format!("{} / {}", d["sent_lives_per_s"], d["offered_lives_per_s"]),
+        ),
+        (
+            "arrivals skipped (no generator user free)",
+            k["arrivals_skipped"].to_string(),
+        ),
+        (
+            "releases answered 503 (retried), given up",
+            format!("{}, {}", k["releases_refused"], k["releases_given_up"]),
+        ),
+        (
+            "acquires answered 429",
+            k["acquires_rate_limited"].to_string(),
+        ),
+        (
+            "503 not `overloaded`; refusals without Retry-After",
+            format!("{}; {}", k["other_503"], k["refusals_without_retry_after"]),
+        ),
+        (
+            "5xx other than 503; other request errors",
+            format!("{}; {}", o.server_errors_total, o.errors_total),
+        ),
+        (
+            "renewals lost (not renewed + lapsed)",
+            format!(
+                "{} ({} + {})",
+                o.lost_total, k["locks_not_renewed"], k["locks_lapsed"]
+            ),
+        ),
+        (
+            "renew-batches, answered 503 (retried)",
+            format!("{}, {}", k["renew_batches"], k["renew_batches_refused"]),
+        ),
+        (
+            "lock renewals answered shard_unavailable (retried, not lost)",
+            k["locks_unavailable"].to_string(),
+        ),
+        (
+            "admitted renew-batch p99 (ms); worst renewal lateness (ms)",
+            format!(
+                "{}; {}",
+                d["admitted_renew_batch"]["p99_ms"], k["renew_lag_max_ms"]
+            ),
+        ),
+        (
+            "router requests in flight, highest sample; generator's most outstanding",
+            format!(
+                "{}; {}",
+                d["outcome"]["router_in_flight_sampled_max"], o.in_flight_peak
+            ),
+        ),
+    ];
+    s.push_str("\n| figure | value |\n|---|---|\n");
+    for (what, value) in rows {
+        s.push_str(&format!("| {what} | {value} |\n"));
     }
     s
 }

@@ -1,5 +1,5 @@
 //! The scenarios that run once each, after the paired rounds, on the same
-//! stack (`rebalance` on a stack of its own): `contended`,
+//! stack (`rebalance` and `overload` on stacks of their own): `contended`,
 //! `contended-wait`, `churn`, `hold` (with `churn-on-hold`),
 //! `per-lock-renew` and `naive-hold`. Each window follows an idle check;
 //! the acquire scenarios' clients are warmed up first.
@@ -13,7 +13,7 @@ use serde_json::json;
 
 use crate::attack;
 use crate::bench::{tag, Bench};
-use crate::idle::{self, Rest};
+use crate::idle::{self, IdleCheck, Rest};
 use crate::report::{self, Record};
 use crate::scenarios::baselines;
 use crate::scenarios::clients::Clients;
@@ -21,10 +21,23 @@ use crate::scenarios::contended::{self, Contended};
 use crate::scenarios::contended_wait::{self, ContendedWait};
 use crate::scenarios::hold::{self, Controller, Hold, Phases, Renewal};
 use crate::scenarios::lifecycle::{self, Lifecycle};
+use crate::scenarios::overload::{self, Overload};
 use crate::scenarios::rebalance::{self, Rebalance};
+use crate::scenarios::warmup::WarmupOutcome;
 use crate::scrape::Snapshot;
 use crate::stack::Stack;
 use crate::stats::Stats;
+
+/// What the overloaded window left for its record.
+struct Overloaded {
+    ctx: Arc<Overload>,
+    outcome: overload::Outcome,
+    /// Goose users: the arrivals' pool and the holders.
+    users: usize,
+    goose_failures: u64,
+    idle: IdleCheck,
+    warm: WarmupOutcome,
+}
 
 impl Bench<'_> {
     /// `contended`, for a warm pool of clients.
@@ -384,5 +397,191 @@ impl Bench<'_> {
         );
         self.push(r);
         Ok(())
+    }
+
+    /// `overload`, on shards and a router of its own: the router's
+    /// capacity and unloaded p99 first, then a router bounded by Little's
+    /// law on them, offered a multiple of that capacity open-loop while
+    /// holders renew.
+    pub async fn overload(&mut self) -> Result<()> {
+        let c = self.cfg;
+        let name = "overload";
+        eprintln!(
+            "== {name}: capacity, unloaded p99, then {}x capacity open-loop",
+            c.overload_factor
+        );
+        let mut stack = Stack::start(&c.router_bin, c.shards)?;
+        let clients = Clients::new(&tag("pool"), c.overload_clients);
+        let (capacity, unloaded) = {
+            let mut b = Bench::new(c, &stack, self.table);
+            let result = b.capacity(&clients).await;
+            if result.is_err() {
+                eprintln!("the router's log ends:\n{}", stack.router.log_tail());
+            }
+            result?
+        };
+        let lives = capacity.acquires_per_s;
+        // Little's law: requests in flight = throughput x time in the
+        // router. An acquire and a release per lock life, each taking what
+        // an acquire's p99 was at capacity: the bound the router needs to
+        // reach its capacity at all (group commit batches what is in
+        // flight). Sized on the unloaded p99 instead (about half), it
+        // held goodput to 0.4 of capacity in a run on this machine.
+        let derived = (2.0 * lives * capacity.acquire_p99_ms / 1000.0).ceil() as usize;
+        let bound = c.overload_max_in_flight.unwrap_or(derived.max(5));
+        stack.replace_router(&c.router_bin, Some(bound))?;
+        let rate = c.overload_factor * lives;
+        // Outstanding requests the generator may have: what 100 ms of
+        // arrivals need, and room for every slot of the bound twice.
+        let workers = ((rate / 10.0).ceil() as usize)
+            .max(4 * bound)
+            .clamp(64, 2_000);
+        eprintln!(
+            "   capacity {lives:.0} lock lives/s, unloaded p99 {:.2} ms; max_in_flight {bound}; offering {rate:.0}/s from {workers} users",
+            unloaded.acquire_p99_ms
+        );
+        let mut b = Bench::new(c, &stack, self.table);
+        let result = b.overloaded(rate, workers, bound, &clients).await;
+        if result.is_err() {
+            eprintln!("the router's log ends:\n{}", stack.router.log_tail());
+        }
+        let Overloaded {
+            ctx,
+            outcome,
+            users,
+            goose_failures,
+            idle,
+            warm,
+        } = result?;
+        let w = &outcome.window;
+        let mut r = Record::new(name, &ctx.stats, w, outcome.window_s);
+        r.users = users;
+        r.clients = clients.count();
+        r.goose_failures_total = goose_failures;
+        (r.idle, r.warmup) = (Some(idle), Some(warm));
+        r.errors_total += Stats::get(&ctx.hold_stats.errors);
+        r.server_errors_total += Stats::get(&ctx.hold_stats.server_errors);
+        let n = |x: &std::sync::atomic::AtomicU64| x.load(std::sync::atomic::Ordering::Relaxed);
+        let k = &ctx.counts;
+        r.renewed_total = n(&k.locks_renewed);
+        r.lost_total = n(&k.locks_not_renewed) + n(&k.locks_lapsed);
+        r.active_leases_peak = outcome.holder_locks;
+        let goodput = Stats::get(&ctx.stats.released) as f64 / outcome.window_s;
+        let due = n(&k.arrivals_due);
+        r.detail = json!({
+            "capacity_lives_per_s": lives,
+            "capacity_users": capacity.users,
+            "unloaded_lives_per_s": unloaded.acquires_per_s,
+            "unloaded_p99_ms": unloaded.acquire_p99_ms,
+            "max_in_flight": bound,
+            "max_in_flight_rule": if c.overload_max_in_flight.is_some() { "--overload-max-in-flight" } else { "2 x capacity lock lives/s x acquire p99 at capacity, at least 5" },
+            "offered_factor": c.overload_factor,
+            "offered_lives_per_s": report::round(rate, 1),
+            "sent_lives_per_s": report::round((due - n(&k.arrivals_skipped)) as f64 / outcome.window_s, 1),
+            "workers": workers,
+            "goodput_lives_per_s": report::round(goodput, 1),
+            "goodput_over_capacity": report::round(goodput / lives.max(1e-9), 3),
+            "admitted_acquire": r.latency,
+            "admitted_acquire_p99_over_unloaded": report::round(r.acquire_p99_ms / unloaded.acquire_p99_ms.max(1e-9), 2),
+            "admitted_release": ctx.release_latency.percentiles(),
+            "refused_acquire": ctx.refusal_latency.percentiles(),
+            "admitted_renew_batch": ctx.renew_latency.percentiles(),
+            "renewals_lost": r.lost_total,
+            "holders": c.overload_holders,
+            "locks_per_holder": c.overload_locks_per_holder,
+            "holder_ttl_ms": c.overload_ttl_ms,
+            "counts": &ctx.counts,
+            "outcome": &outcome,
+        });
+        self.records.extend([capacity, unloaded]);
+        self.push(r);
+        let d = &self
+            .records
+            .last()
+            .map(|r| r.detail.clone())
+            .unwrap_or_default();
+        eprintln!(
+            "   goodput {} lock lives/s ({} of capacity), {} acquires 503 overloaded, admitted acquire p99 {} ms ({}x unloaded), {} renewals lost, {} renew-batches 503",
+            d["goodput_lives_per_s"], d["goodput_over_capacity"], d["counts"]["acquires_overloaded"],
+            d["admitted_acquire"]["p99_ms"], d["admitted_acquire_p99_over_unloaded"], d["renewals_lost"],
+            d["counts"]["renew_batches_refused"]
+        );
+        Ok(())
+    }
+
+    /// `overload-capacity` (lock lives as fast as `users` go) and
+    /// `overload-unloaded` (at half that rate), for a warm pool.
+    async fn capacity(&mut self, clients: &Clients) -> Result<(Record, Record)> {
+        let c = self.cfg;
+        self.settle(true).await?;
+        let warm = self.warm_up(clients).await?;
+        let idle = self.settle(false).await?;
+        let mut cap = self
+            .lifecycle("overload-capacity", c.users, c.duration_s, None, clients)
+            .await?;
+        (cap.idle, cap.warmup) = (Some(idle), Some(warm));
+        let idle = self.settle(false).await?;
+        let half = ((cap.acquires_per_s / 2.0).round() as usize).max(1);
+        let mut unloaded = self
+            .lifecycle(
+                "overload-unloaded",
+                c.users,
+                c.duration_s,
+                Some(half),
+                clients,
+            )
+            .await?;
+        unloaded.idle = Some(idle);
+        Ok((cap, unloaded))
+    }
+
+    /// The overloaded window on this bench's (bounded) router.
+    async fn overloaded(
+        &mut self,
+        rate: f64,
+        workers: usize,
+        bound: usize,
+        clients: &Clients,
+    ) -> Result<Overloaded> {
+        let c = self.cfg;
+        self.settle(true).await?;
+        // No more acquires at once than one shard may have in flight (half
+        // of the half of the slots acquires may use), so none is refused.
+        let warm_users = (bound / 4).clamp(1, c.users);
+        let warm = self.warm_up_with(clients, warm_users).await?;
+        let idle = self.settle(false).await?;
+        let ctx = Arc::new(Overload::new(
+            overload::Sizes {
+                ttl_ms: c.ttl_ms,
+                holder_ttl_ms: c.overload_ttl_ms,
+                holders: c.overload_holders,
+                locks_per_holder: c.overload_locks_per_holder,
+                rate,
+            },
+            &tag("overload"),
+            clients.clone(),
+        ));
+        let ramp_limit = Duration::from_secs(30);
+        let users = workers + c.overload_holders;
+        // An upper bound only: the controller ends the attack.
+        let bound = ramp_limit.as_secs() + c.overload_s + 30;
+        let plan = self.plan("overload", users, bound as usize, None);
+        let controller = overload::Controller {
+            ctx: ctx.clone(),
+            stack: self.stack,
+            window: Duration::from_secs(c.overload_s),
+            ramp_limit,
+        };
+        let scenarios = overload::scenarios(&ctx, workers)?;
+        let (metrics, outcome) = tokio::join!(attack::run(&plan, scenarios), controller.run());
+        let (metrics, outcome) = (metrics?, outcome?);
+        Ok(Overloaded {
+            ctx,
+            outcome,
+            users,
+            goose_failures: attack::goose_failures(&metrics),
+            idle,
+            warm,
+        })
     }
 }

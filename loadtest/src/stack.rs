@@ -7,7 +7,10 @@
 //! a failed or interrupted run leaves nothing behind. The router may serve
 //! only some of the shards, and its config file can be rewritten to list
 //! all of them and reloaded (`rebalance`). A stack can also be started with
-//! etcd on a CPU of its own ([`Stack::start_pinned`]).
+//! etcd on a CPU of its own ([`Stack::start_pinned`]). A scenario that
+//! needs other router settings (`overload`: a bound on requests in flight,
+//! read only at start) replaces the router with one started on them
+//! ([`Stack::replace_router`]).
 
 use std::path::Path;
 use std::time::Duration;
@@ -51,6 +54,9 @@ pub struct Stack {
     pub shards: Vec<EtcdCluster>,
     /// The CPUs each process may use, as the kernel reports them.
     pub placement: Placement,
+    /// The router's `server.max_in_flight` (None: the router's default),
+    /// kept so that a rewritten config keeps it.
+    pub max_in_flight: Option<usize>,
     /// For a pinned stack: puts the load generator back on every CPU once
     /// the processes are gone (declared last, so it drops last).
     _restore: Option<Restore>,
@@ -66,7 +72,7 @@ impl Stack {
     /// first `routed` of them.
     pub fn start_partial(router_bin: &Path, shards: usize, routed: usize) -> Result<Self> {
         let shards = start_shards(shards)?;
-        let router = start_router(router_bin, &shards[..routed.min(shards.len())])?;
+        let router = start_router(router_bin, &shards[..routed.min(shards.len())], None)?;
         Ok(Self::assemble(router, shards, None))
     }
 
@@ -83,7 +89,7 @@ impl Stack {
         pinning::pin(me, &split.etcd, false)?;
         let shards = start_shards(shards)?;
         pinning::pin(me, &split.rest, false)?;
-        let router = start_router(router_bin, &shards)?;
+        let router = start_router(router_bin, &shards, None)?;
         pinning::pin(me, &split.rest, true)?;
         for s in &shards {
             if let Some(pid) = s.pid(0) {
@@ -95,10 +101,6 @@ impl Stack {
     }
 
     fn assemble(router: RouterProcess, shards: Vec<EtcdCluster>, restore: Option<Restore>) -> Self {
-        let cpus = |pid: Option<u32>| {
-            pid.and_then(pinning::cpus_allowed)
-                .unwrap_or_else(|| "?".into())
-        };
         let etcd: Vec<String> = shards.iter().map(|s| cpus(s.pid(0))).collect();
         let mut distinct = etcd.clone();
         distinct.dedup();
@@ -111,8 +113,25 @@ impl Stack {
             router,
             shards,
             placement,
+            max_in_flight: None,
             _restore: restore,
         }
+    }
+
+    /// Stops the router and starts another on the same shards (and a new
+    /// port) with `server.max_in_flight` set to `max_in_flight` (None: the
+    /// router's default). Call it from the main thread, as `start`.
+    pub fn replace_router(
+        &mut self,
+        router_bin: &Path,
+        max_in_flight: Option<usize>,
+    ) -> Result<()> {
+        let routed = &self.shards[..];
+        // The old router is killed and reaped as it drops.
+        self.router = start_router(router_bin, routed, max_in_flight)?;
+        self.max_in_flight = max_in_flight;
+        self.placement.router = cpus(Some(self.router.pid()));
+        Ok(())
     }
 
     pub fn endpoints(&self) -> Vec<String> {
@@ -125,7 +144,7 @@ impl Stack {
     /// Rewrites the router's config to list every shard (it takes effect
     /// on reload).
     pub fn route_all_shards(&self) -> Result<()> {
-        let toml = config_toml(self.router.port, &self.shards);
+        let toml = config_toml(self.router.port, &self.shards, self.max_in_flight);
         Ok(self.router.rewrite_config(&toml)?)
     }
 }
@@ -143,24 +162,36 @@ fn start_shards(n: usize) -> Result<Vec<EtcdCluster>> {
     Ok(shards)
 }
 
+/// The CPUs a process may use, as the kernel reports them.
+fn cpus(pid: Option<u32>) -> String {
+    pid.and_then(pinning::cpus_allowed)
+        .unwrap_or_else(|| "?".into())
+}
+
 /// A router over `shards`, ready.
-fn start_router(router_bin: &Path, shards: &[EtcdCluster]) -> Result<RouterProcess> {
+fn start_router(
+    router_bin: &Path,
+    shards: &[EtcdCluster],
+    max_in_flight: Option<usize>,
+) -> Result<RouterProcess> {
     let port = free_port();
     let router = RouterProcess::builder()
         .binary(router_bin)
         .env("RUST_LOG", "warn")
         .die_with_parent()
-        .spawn(&config_toml(port, shards), port)?;
+        .spawn(&config_toml(port, shards, max_in_flight), port)?;
     router.wait_ready(READY_WITHIN)?;
     Ok(router)
 }
 
-/// The router's config: its port and `shards`. The file is not polled for
-/// changes: only `POST /admin/v1/reload` reloads it, so a benchmark knows
-/// the moment a reload starts.
-fn config_toml(port: u16, shards: &[EtcdCluster]) -> String {
+/// The router's config: its port, its bound on requests in flight if one
+/// is given, and `shards`. The file is not polled for changes: only
+/// `POST /admin/v1/reload` reloads it, so a benchmark knows the moment a
+/// reload starts.
+fn config_toml(port: u16, shards: &[EtcdCluster], max_in_flight: Option<usize>) -> String {
+    let bound = max_in_flight.map_or(String::new(), |n| format!("max_in_flight = {n}\n"));
     let header = format!(
-        "[server]\nlisten = \"127.0.0.1:{port}\"\n\n[etcd]\nprefix = \"/lockrouter\"\n\n[admin]\nreload_poll_ms = 0\n"
+        "[server]\nlisten = \"127.0.0.1:{port}\"\n{bound}\n[etcd]\nprefix = \"/lockrouter\"\n\n[admin]\nreload_poll_ms = 0\n"
     );
     header + &shards_toml(&shards.iter().collect::<Vec<_>>())
 }

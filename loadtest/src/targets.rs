@@ -121,8 +121,82 @@ pub fn targets(records: &[Record], shared: Option<&Paired>, cfg: &Config) -> Vec
             "least-squares slope of RSS over locks held, once every session exists".into(),
         ));
     }
+    if let Some(o) = find(records, "overload") {
+        out.extend(overload(o, cpus));
+    }
     out.extend(others(records, cfg));
     out
+}
+
+/// `overload`: goodput at twice the capacity, latency of what was
+/// admitted, and no held lock lost.
+fn overload(o: &Record, cpus: usize) -> Vec<Target> {
+    let d = &o.detail;
+    let f = |v: &Value| v.as_f64().unwrap_or(0.0);
+    let k = &d["counts"];
+    let setup = format!(
+        "{} lock lives/s offered open-loop ({}x the capacity {:.0}/s), max_in_flight {}",
+        d["offered_lives_per_s"],
+        d["offered_factor"],
+        f(&d["capacity_lives_per_s"]),
+        d["max_in_flight"]
+    );
+    let skipped = f(&k["arrivals_skipped"]);
+    let generator = if skipped > 0.0 {
+        format!("; the load generator skipped {skipped} arrivals (no user free)")
+    } else {
+        String::new()
+    };
+    let busy = cpu(&o.cores, cpus);
+    vec![
+        target(
+            "overload: goodput / capacity (lock lives/s)",
+            f(&d["goodput_over_capacity"]),
+            ">=",
+            0.9,
+            format!(
+                "{setup}; {} completed/s; {} acquires answered 503 overloaded",
+                d["goodput_lives_per_s"], k["acquires_overloaded"]
+            ),
+        )
+        .because(format!("{busy}{generator}")),
+        target(
+            "overload: p99 of admitted acquires / unloaded p99",
+            f(&d["admitted_acquire_p99_over_unloaded"]),
+            "<=",
+            3.0,
+            format!(
+                "{} ms vs {} ms at {} lock lives/s",
+                d["admitted_acquire"]["p99_ms"], d["unloaded_p99_ms"], d["unloaded_lives_per_s"]
+            ),
+        )
+        .because(format!(
+            "{busy}; router in flight, highest sample {}",
+            d["outcome"]["router_in_flight_sampled_max"]
+        )),
+        target(
+            "overload: renewals lost",
+            o.lost_total as f64,
+            "<=",
+            0.0,
+            format!(
+                "{} holders x {} locks, TTL {} ms, renew-batch every TTL/3; {} renew-batches answered 503 and retried; worst renewal {} ms late",
+                d["holders"], d["locks_per_holder"], d["holder_ttl_ms"],
+                k["renew_batches_refused"], k["renew_lag_max_ms"]
+            ),
+        )
+        .because(format!(
+            "{} answered not renewed, {} confirmed more than a TTL apart",
+            k["locks_not_renewed"], k["locks_lapsed"]
+        )),
+        target(
+            "overload: 5xx other than 503",
+            o.server_errors_total as f64,
+            "<=",
+            0.0,
+            format!("{} 503s not `overloaded`", k["other_503"]),
+        ),
+    ]
 }
 
 /// `hold`: how many locks, renewals on schedule, and the CPU each lock
