@@ -12,8 +12,9 @@
 //!   main.rs     the binary: serve | exec | plan | config check
 //!   app.rs      Application: bind the listeners, connect, serve until shutdown
 //!   reload.rs   Reloader: apply a changed config file while serving
-//!   http/       routes, body, answers, api, admin, admission, error, state
-//!   locks/      acquire, wait, limit, renew, release, inspect, validate
+//!   http/       routes, body, answers, api, admin, admission, error, request_id,
+//!               state
+//!   locks/      acquire, wait, limit, renew, release, inspect, force, validate
 //!   placement/  ring, topology, migration, monitor
 //!   shard/      conn, keys, name, txn, commit, records, scan, cache, sessions,
 //!               keepalive, verify

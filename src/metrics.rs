@@ -157,6 +157,10 @@ fn describe() {
         "lockrouter_lock_delays_total",
         "lock-delays set for holders lost without releasing (their lease ended)"
     );
+    describe_counter!(
+        "lockrouter_force_releases_total",
+        "locks an operator took from their holder (POST /admin/v1/locks/{name}/force-release)"
+    );
 }
 
 /// How often histogram samples are folded into their buckets when nobody
@@ -201,6 +205,11 @@ pub fn acquire_read_first(shard: &str, answered: bool) {
     let answered = if answered { "true" } else { "false" };
     counter!("lockrouter_acquire_reads_first_total", "shard" => shard.to_string(), "answered" => answered)
         .increment(1);
+}
+
+/// An operator force-released a lock on `shard`.
+pub fn force_release(shard: &str) {
+    counter!("lockrouter_force_releases_total", "shard" => shard.to_string()).increment(1);
 }
 
 /// A lost holder's name got its lock-delay.

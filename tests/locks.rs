@@ -640,3 +640,119 @@ async fn renewals_back_to_back_share_barriers_at_most_one_per_20_ms() {
         "{written} barriers for 100 renewals in {elapsed:?}: at most {most}"
     );
 }
+
+/// An operator takes a name from a stuck holder: the answer names the
+/// former holder and its token, the holder's renewals answer 409 and its
+/// release does nothing, the next grant has a larger token, and a waiter
+/// queued for the name gets it. Only admin callers see who holds a name,
+/// and force-release needs the admin token and a reason.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_operator_force_releases_a_stuck_holder() {
+    let etcd = EtcdCluster::single();
+    let token = "an-admin-token-of-some-length";
+    let toml = lockrouter_testkit::config::config_toml(&[&etcd], "127.0.0.1:0", "")
+        + &format!("\n[admin]\ntoken = \"{token}\"\n");
+    let router = TestRouter::with_toml(&toml).await;
+    let api = &router.api;
+    let stuck = api
+        .must_acquire("process_order:42", 30_000, "worker-17")
+        .await;
+    let force = |reason: Option<&str>, bearer: Option<&str>| {
+        let mut req = api
+            .http
+            .post(format!(
+                "{}/admin/v1/locks/process_order%3A42/force-release",
+                api.base
+            ))
+            .json(&reason.map_or(json!({}), |r| json!({ "reason": r })));
+        if let Some(b) = bearer {
+            req = req.bearer_auth(b);
+        }
+        api.send(req)
+    };
+    // Who holds it: shown with the admin token only.
+    let seen = |bearer: Option<&'static str>| {
+        let mut req = api
+            .http
+            .get(format!("{}/api/v1/locks/process_order%3A42", api.base));
+        if let Some(b) = bearer {
+            req = req.bearer_auth(b);
+        }
+        api.send(req)
+    };
+    assert_eq!(seen(None).await.body.get("clientId"), None);
+    let as_admin = seen(Some("an-admin-token-of-some-length")).await;
+    assert_eq!(as_admin.body["clientId"], "worker-17", "{as_admin:?}");
+
+    assert_eq!(force(Some("hung"), None).await.status, 401);
+    assert_eq!(
+        force(Some("hung"), Some("wrong-token-wrong-token"))
+            .await
+            .status,
+        403
+    );
+    assert_eq!(
+        force(None, Some(token)).await.status,
+        400,
+        "a reason is required"
+    );
+    assert_eq!(force(Some("  "), Some(token)).await.status, 400);
+
+    // A waiter queued behind the stuck holder.
+    let waiter = {
+        let api = api.clone();
+        tokio::spawn(async move {
+            api.post(
+                "/api/v1/locks/acquire",
+                json!({"name": "process_order:42", "ttlMs": 30_000, "clientId": "worker-18", "waitMs": 10_000}),
+            )
+            .await
+        })
+    };
+    sleep_ms(300).await;
+    let r = force(Some("worker-17 hung, ticket OPS-42"), Some(token)).await;
+    assert_eq!(r.status, 200, "{r:?}");
+    assert_eq!(
+        (
+            &r.body["released"],
+            &r.body["clientId"],
+            r.body["fencingToken"].as_u64()
+        ),
+        (&json!(true), &json!("worker-17"), Some(stuck.1)),
+        "{r:?}"
+    );
+    let next = waiter.await.unwrap();
+    assert_eq!(next.body["acquired"], true, "{next:?}");
+    let next_token = next.body["fencingToken"].as_u64().unwrap();
+    assert!(next_token > stuck.1, "token {next_token} after {}", stuck.1);
+    // The former holder lost it: 409, and its release touches nothing.
+    let renew = api.renew(&stuck).await;
+    assert_eq!(renew.status, 409, "{renew:?}");
+    assert_eq!(api.release(&stuck).await.status, 204);
+    let now = seen(Some("an-admin-token-of-some-length")).await;
+    assert_eq!(
+        (
+            now.body["clientId"].as_str(),
+            now.body["fencingToken"].as_u64()
+        ),
+        (Some("worker-18"), Some(next_token)),
+        "{now:?}"
+    );
+    // Nothing else holds it once released: released false.
+    let next_lock = (
+        next.body["lockId"].as_str().unwrap().to_string(),
+        next_token,
+    );
+    assert_eq!(api.release(&next_lock).await.status, 204);
+    let r = force(Some("again"), Some(token)).await;
+    assert_eq!(
+        (r.status, &r.body["released"]),
+        (200, &json!(false)),
+        "{r:?}"
+    );
+    let forced = router.api.metrics().await;
+    assert!(
+        forced.contains("lockrouter_force_releases_total"),
+        "no force-release counted"
+    );
+}

@@ -1,10 +1,10 @@
 //! Admin routes (`/admin/v1/*`): reload the config, show the ring and any
-//! open migration. Guarded by a bearer token when one is configured, else
+//! open migration, take a lock from its holder. Guarded by a bearer token when one is configured, else
 //! open to loopback clients only.
 
 use std::net::SocketAddr;
 
-use super::answers::{json, Bumped, RingView};
+use super::answers::{json, Bumped, ForceReleased, RingView};
 use super::api;
 use super::error::ApiError;
 use super::state::AppState;
@@ -75,6 +75,58 @@ pub async fn bump_epoch(state: &AppState, req: BumpRequest) -> api::Answer {
             e.to_string(),
         )),
     }
+}
+
+/// `POST /admin/v1/locks/{name}/force-release`'s body.
+#[derive(Debug, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ForceReleaseBody {
+    /// Why, for the log: 1 to 512 bytes.
+    pub reason: String,
+}
+
+/// Takes `name` from its holder; logs who did it and why.
+pub async fn force_release(
+    locks: &crate::locks::Locks,
+    name: &str,
+    body: ForceReleaseBody,
+    caller: SocketAddr,
+) -> api::Answer {
+    let reason = body.reason.trim();
+    if reason.is_empty() || reason.len() > 512 {
+        return Err(ApiError::invalid("reason must be 1 to 512 bytes"));
+    }
+    let forced = locks.force_release(name).await?;
+    let answer = match forced {
+        Some(f) => {
+            crate::metrics::force_release(&f.shard);
+            tracing::warn!(
+                name,
+                shard = %f.shard,
+                fencing_token = f.fencing_token,
+                holder = %f.client_id,
+                reason,
+                caller = %caller.ip(),
+                "lock force-released"
+            );
+            ForceReleased {
+                name: name.to_string(),
+                released: true,
+                shard: Some(f.shard),
+                fencing_token: Some(f.fencing_token),
+                client_id: Some(f.client_id),
+            }
+        }
+        None => ForceReleased {
+            name: name.to_string(),
+            released: false,
+            shard: None,
+            fencing_token: None,
+            client_id: None,
+        },
+    };
+    let label = if answer.released { "released" } else { "free" };
+    Ok((json(StatusCode::OK, &answer), label))
 }
 
 pub fn ring(state: &AppState) -> (Response<Full<Bytes>>, &'static str) {

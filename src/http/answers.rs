@@ -114,7 +114,24 @@ pub struct Inspected {
     pub fencing_token: Option<u64>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub expires_at: Option<String>,
+    /// The holder's clientId, for admin callers only.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub client_id: Option<String>,
     pub shard: String,
+}
+
+/// `POST /admin/v1/locks/{name}/force-release`.
+#[derive(Debug, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ForceReleased {
+    pub name: String,
+    pub released: bool,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub shard: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub fencing_token: Option<u64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub client_id: Option<String>,
 }
 
 /// `GET /healthz`.
@@ -307,6 +324,7 @@ mod tests {
             held: false,
             fencing_token: None,
             expires_at: None,
+            client_id: None,
             shard: "a".into(),
         };
         assert_eq!(

@@ -143,7 +143,9 @@ pub async fn release(locks: &Locks, body: LockRef) -> Answer {
     Ok((resp, "released"))
 }
 
-pub async fn inspect(locks: &Locks, name: &str) -> Answer {
+/// `admin`: the caller passed the admin guard, and is shown the holder's
+/// clientId.
+pub async fn inspect(locks: &Locks, name: &str, admin: bool) -> Answer {
     let found = locks.inspect(name).await?;
     let held = found.holder.is_some();
     let body = Inspected {
@@ -151,6 +153,7 @@ pub async fn inspect(locks: &Locks, name: &str) -> Answer {
         held,
         fencing_token: found.holder.map(|(token, _)| token),
         expires_at: found.holder.map(|(_, e)| Times::of(&e).expires_at),
+        client_id: found.client_id.filter(|_| admin),
         shard: found.shard,
     };
     let label = if held { "held" } else { "free" };

@@ -166,6 +166,8 @@ async fn dispatch(
     if route.is_admin() {
         admin::authorize(state, peer, &req)?;
     }
+    // Who holds a name is shown to admin callers only.
+    let admin_caller = route == Route::Inspect && admin::authorize(state, peer, &req).is_ok();
     // Held until the answer is built; refused at once when full.
     let _slot = state.admission.admit(route)?;
     let active = state.locks.active();
@@ -214,7 +216,19 @@ async fn dispatch(
                 .map_err(|_| {
                     ApiError::invalid("the name in the path is not percent-encoded UTF-8")
                 })?;
-            within(t.request, api::inspect(locks, &name)).await
+            within(t.request, api::inspect(locks, &name, admin_caller)).await
+        }
+        Route::AdminForceRelease => {
+            let path = req.uri().path().to_string();
+            let raw = &path[routes::FORCE_PREFIX.len()..path.len() - routes::FORCE_SUFFIX.len()];
+            let name = percent_encoding::percent_decode_str(raw)
+                .decode_utf8()
+                .map_err(|_| {
+                    ApiError::invalid("the name in the path is not percent-encoded UTF-8")
+                })?
+                .into_owned();
+            let body = body::parse(req, max, t.body_read).await?;
+            within(t.request, admin::force_release(locks, &name, body, peer)).await
         }
         Route::Healthz => Ok((
             json(StatusCode::OK, &answers::Health { status: "ok" }),

@@ -28,14 +28,18 @@ pub enum Route {
     AdminReload,
     AdminBumpEpoch,
     AdminRing,
+    AdminForceRelease,
 }
 
 /// Where lock names live in paths (`GET /api/v1/locks/{name}`).
 pub const LOCKS_PREFIX: &str = "/api/v1/locks/";
+/// `POST /admin/v1/locks/{name}/force-release`: before and after the name.
+pub const FORCE_PREFIX: &str = "/admin/v1/locks/";
+pub const FORCE_SUFFIX: &str = "/force-release";
 
 impl Route {
     /// Every route, in the order the API documents them.
-    pub const ALL: [Route; 11] = [
+    pub const ALL: [Route; 12] = [
         Route::Acquire,
         Route::Renew,
         Route::RenewBatch,
@@ -47,6 +51,7 @@ impl Route {
         Route::AdminReload,
         Route::AdminBumpEpoch,
         Route::AdminRing,
+        Route::AdminForceRelease,
     ];
 
     pub fn method(self) -> Method {
@@ -56,7 +61,8 @@ impl Route {
             | Route::RenewBatch
             | Route::Release
             | Route::AdminReload
-            | Route::AdminBumpEpoch => Method::POST,
+            | Route::AdminBumpEpoch
+            | Route::AdminForceRelease => Method::POST,
             Route::Inspect | Route::Healthz | Route::Readyz | Route::Metrics | Route::AdminRing => {
                 Method::GET
             }
@@ -77,6 +83,7 @@ impl Route {
             Route::AdminReload => "/admin/v1/reload",
             Route::AdminBumpEpoch => "/admin/v1/bump-epoch",
             Route::AdminRing => "/admin/v1/ring",
+            Route::AdminForceRelease => "/admin/v1/locks/{name}/force-release",
         }
     }
 
@@ -95,6 +102,7 @@ impl Route {
             Route::AdminReload => "admin_reload",
             Route::AdminBumpEpoch => "admin_bump_epoch",
             Route::AdminRing => "admin_ring",
+            Route::AdminForceRelease => "admin_force_release",
         }
     }
 
@@ -102,7 +110,10 @@ impl Route {
     pub fn is_admin(self) -> bool {
         matches!(
             self,
-            Route::AdminReload | Route::AdminBumpEpoch | Route::AdminRing
+            Route::AdminReload
+                | Route::AdminBumpEpoch
+                | Route::AdminRing
+                | Route::AdminForceRelease
         )
     }
 
@@ -117,6 +128,12 @@ impl Route {
         }
         if path.starts_with(LOCKS_PREFIX) && method == Method::GET {
             return Some(Route::Inspect);
+        }
+        if let Some(rest) = path.strip_prefix(FORCE_PREFIX) {
+            return rest
+                .strip_suffix(FORCE_SUFFIX)
+                .filter(|name| !name.is_empty())
+                .map(|_| Route::AdminForceRelease);
         }
         let exact = Route::ALL
             .into_iter()

@@ -44,12 +44,14 @@ impl Active {
                 return Ok(Inspection {
                     shard: place.name.clone(),
                     holder: Some((token, expires)),
+                    client_id: Some(value.client),
                 });
             }
         }
         Ok(Inspection {
             shard: shard.name.clone(),
             holder: None,
+            client_id: None,
         })
     }
 }

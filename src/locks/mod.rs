@@ -14,7 +14,8 @@
 //! - [`release`]: a txn deleting the key (and its held record) only if it
 //!   still has that create revision and lease, so a stale lockId never
 //!   touches a later holder.
-//! - [`inspect`]: who holds a name; [`validate`]: the input rules.
+//! - [`inspect`]: who holds a name; [`force`]: an operator takes a name
+//!   from its holder; [`validate`]: the input rules.
 //!
 //! This file holds the shared types ([`Locks`], [`Active`], errors,
 //! answers); the submodules only add methods to [`Active`].
@@ -40,6 +41,7 @@ use crate::shard::sessions::SessionLease;
 use crate::shard::{Grantable, Shard};
 use crate::token::lock_id::LockId;
 mod acquire;
+mod force;
 mod inspect;
 mod limit;
 mod release;
@@ -143,6 +145,16 @@ pub enum RenewOutcome {
 pub struct Inspection {
     pub shard: String,
     pub holder: Option<(u64, Expiry)>,
+    /// The holder's clientId (shown to admin callers only).
+    pub client_id: Option<String>,
+}
+
+/// The lock a force-release took away.
+#[derive(Debug, Clone)]
+pub struct Forced {
+    pub shard: String,
+    pub fencing_token: u64,
+    pub client_id: String,
 }
 
 /// Concurrent waiters a router accepts; beyond it, 429.
@@ -294,6 +306,10 @@ impl Locks {
 
     pub async fn inspect(&self, name: &str) -> Result<Inspection, LockError> {
         self.active().inspect(name).await
+    }
+
+    pub async fn force_release(&self, name: &str) -> Result<Option<Forced>, LockError> {
+        self.active().force_release(name).await
     }
 }
 

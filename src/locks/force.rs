@@ -1,0 +1,59 @@
+//! Force-release: an operator takes a name away from its holder (a stuck
+//! worker). The exact lock key read (its create revision and lease) is
+//! deleted with its held record, by the same txn a release uses, so a
+//! grant made in between is never touched; the next grant of the name
+//! creates a new key, so its token is larger; the former holder's renewals
+//! answer 409 and its release does nothing.
+
+use super::validate::check_text;
+use super::*;
+use crate::shard::keys::{name_hash, LockValue};
+use crate::token::fencing;
+
+impl Active {
+    /// Deletes the lock that holds `name` now, if any (on its shard, or
+    /// during a migration on the previous shard where it may still be
+    /// held). `None`: nothing held it.
+    pub async fn force_release(&self, name: &str) -> Result<Option<Forced>, LockError> {
+        check_text("name", name, self.limits.max_name_bytes)?;
+        let shard = self.router.shard_for(name);
+        tracing::Span::current().record("shard", shard.name.as_str());
+        let hash = name_hash(name);
+        let mut places = vec![shard.clone()];
+        if let Some(m) = self.router.migration() {
+            let previous = m.previous_shard(name);
+            if previous.name != shard.name {
+                places.push(previous.clone());
+            }
+        }
+        for place in &places {
+            check_identity(place)?;
+            let k = place.name_keys(&hash);
+            let state = place.read_name(&k).await?;
+            if state.identity != place.verified_identity() {
+                self.router.identity_changed(place);
+                return Err(unavailable(
+                    place,
+                    "the cluster behind this shard's endpoints is not this shard",
+                ));
+            }
+            let Some(kv) = state.lock else { continue };
+            let value: LockValue = serde_json::from_slice(kv.value())
+                .map_err(|e| LockError::Internal(format!("unreadable lock value: {e}")))?;
+            let fencing_token = fencing::token(value.epoch, kv.create_revision())
+                .ok_or_else(|| LockError::Internal("token out of range".into()))?;
+            if place
+                .release_txn(&k, kv.create_revision(), kv.lease())
+                .await?
+            {
+                return Ok(Some(Forced {
+                    shard: place.name.clone(),
+                    fencing_token,
+                    client_id: value.client,
+                }));
+            }
+            // Released or expired between the read and the txn: free now.
+        }
+        Ok(None)
+    }
+}
