@@ -19,7 +19,7 @@
 //!   shard/      conn, keys, name, txn, commit, records, scan, cache, sessions,
 //!               keepalive, verify
 //!   token/      fencing, lock_id
-//!   cli/        exec, plan, capacity
+//!   cli/        exec, plan, capacity, ops
 //!   config.rs, metrics.rs   leaves any layer may use
 //! ```
 //!

@@ -1,12 +1,14 @@
 //! The `lockrouter` binary: parse arguments (`serve`, `exec`, `plan`,
-//! `config check`), load config, set up tracing, run until SIGTERM or
-//! SIGINT. Everything else lives in the library.
+//! `config check`, the operator's `inspect`, `force-release`, `ring`,
+//! `reload`, and `completions`), load config, set up tracing, run until
+//! SIGTERM or SIGINT. Everything else lives in the library.
 
 use std::io::IsTerminal;
 use std::path::PathBuf;
 use std::process::ExitCode;
 
 use clap::{Parser, Subcommand, ValueEnum};
+use lockrouter::cli::ops::Call;
 use lockrouter::{Application, Settings};
 use tokio_util::sync::CancellationToken;
 
@@ -48,6 +50,38 @@ enum Command {
     /// Work with a config file without running the router.
     #[command(subcommand)]
     Config(ConfigCommand),
+    /// Who holds a lock: its token, expiry, shard (and, with the admin
+    /// token, the holder's clientId).
+    Inspect {
+        /// The lock's name.
+        name: String,
+        #[command(flatten)]
+        target: lockrouter::cli::ops::Target,
+    },
+    /// Take a lock from its holder (admin): the next grant gets a larger
+    /// token and the holder's renewals fail.
+    ForceRelease {
+        /// The lock's name.
+        name: String,
+        /// Why, for the router's log.
+        #[arg(long)]
+        reason: String,
+        #[command(flatten)]
+        target: lockrouter::cli::ops::Target,
+    },
+    /// The router's ring, shards and any open migration (admin).
+    Ring {
+        #[command(flatten)]
+        target: lockrouter::cli::ops::Target,
+    },
+    /// Make the router read its config file again (admin).
+    Reload {
+        #[command(flatten)]
+        target: lockrouter::cli::ops::Target,
+    },
+    /// Print a shell completion script: `lockrouter completions bash >
+    /// /etc/bash_completion.d/lockrouter`.
+    Completions { shell: clap_complete::Shell },
 }
 
 #[derive(Subcommand)]
@@ -82,7 +116,25 @@ fn main() -> ExitCode {
         Command::Exec(args) => ExitCode::from(lockrouter::cli::exec::main(args)),
         Command::Plan(args) => ExitCode::from(lockrouter::cli::plan::run(&args)),
         Command::Config(ConfigCommand::Check { config }) => check(&config),
+        Command::Inspect { name, target } => ops(&target, Call::Inspect { name }),
+        Command::ForceRelease {
+            name,
+            reason,
+            target,
+        } => ops(&target, Call::ForceRelease { name, reason }),
+        Command::Ring { target } => ops(&target, Call::Ring),
+        Command::Reload { target } => ops(&target, Call::Reload),
+        Command::Completions { shell } => {
+            use clap::CommandFactory;
+            let mut cmd = Cli::command();
+            clap_complete::generate(shell, &mut cmd, "lockrouter", &mut std::io::stdout());
+            ExitCode::SUCCESS
+        }
     }
+}
+
+fn ops(target: &lockrouter::cli::ops::Target, call: Call) -> ExitCode {
+    ExitCode::from(lockrouter::cli::ops::run(target, &call))
 }
 
 /// `config check`: exit 0, a summary and the effective settings (every

@@ -289,3 +289,99 @@ async fn json_logs_name_the_request_a_line_is_about() {
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
 }
+
+/// The operator's subcommands against a running router: `inspect`,
+/// `force-release`, `ring`, `reload` (URL and token from the environment,
+/// as `LOCKROUTER_URL` / `LOCKROUTER_TOKEN`), their exit codes (0, 77 with
+/// no or a wrong token, 64 for a bad request, 69 when no router answers),
+/// and `completions`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn operators_inspect_and_force_release_from_the_command_line() {
+    let etcd = EtcdCluster::single();
+    let port = free_port();
+    let token = "an-operator-token-0123";
+    let toml = lockrouter_testkit::config::config_toml(&[&etcd], &format!("127.0.0.1:{port}"), "")
+        + &format!("\n[admin]\ntoken = \"{token}\"\n");
+    let router = RouterProcess::spawn(&toml, port);
+    router.api.wait_ready().await;
+    let held = router
+        .api
+        .must_acquire("nightly:batch", 30_000, "cron-7")
+        .await;
+    let url = format!("http://127.0.0.1:{port}");
+    let run = |args: &[&str], token: Option<&str>| {
+        let mut cmd = Command::new(env!("CARGO_BIN_EXE_lockrouter"));
+        cmd.args(args)
+            .env("LOCKROUTER_URL", &url)
+            .env_remove("LOCKROUTER_TOKEN");
+        if let Some(t) = token {
+            cmd.env("LOCKROUTER_TOKEN", t);
+        }
+        let out = tokio::task::block_in_place(|| cmd.output().unwrap());
+        let json = serde_json::from_slice::<serde_json::Value>(&out.stdout).unwrap_or_default();
+        (out.status.code(), json)
+    };
+    let (code, seen) = run(&["inspect", "nightly:batch"], Some(token));
+    assert_eq!(code, Some(0), "{seen}");
+    assert_eq!(
+        (seen["held"].as_bool(), seen["clientId"].as_str()),
+        (Some(true), Some("cron-7"))
+    );
+    let (code, _) = run(
+        &["force-release", "nightly:batch", "--reason", "hung"],
+        None,
+    );
+    assert_eq!(code, Some(77), "no token");
+    let (code, _) = run(
+        &["force-release", "nightly:batch", "--reason", "hung"],
+        Some("wrong-token-wrong"),
+    );
+    assert_eq!(code, Some(77), "wrong token");
+    let (code, _) = run(
+        &["force-release", "nightly:batch", "--reason", " "],
+        Some(token),
+    );
+    assert_eq!(code, Some(64), "an empty reason is a bad request");
+    let (code, forced) = run(
+        &[
+            "force-release",
+            "nightly:batch",
+            "--reason",
+            "hung since 02:00",
+        ],
+        Some(token),
+    );
+    assert_eq!(code, Some(0), "{forced}");
+    assert_eq!(
+        (
+            forced["released"].as_bool(),
+            forced["fencingToken"].as_u64()
+        ),
+        (Some(true), Some(held.1))
+    );
+    assert_eq!(router.api.renew(&held).await.status, 409);
+    assert!(router.log_text().contains("lock force-released"));
+    let (code, ring) = run(&["ring"], Some(token));
+    assert_eq!(code, Some(0), "{ring}");
+    assert!(ring["ring"].is_string(), "{ring}");
+    let (code, reloaded) = run(&["reload"], Some(token));
+    assert_eq!(code, Some(0), "{reloaded}");
+    assert_eq!(reloaded["placementChanged"], false, "{reloaded}");
+    // Nobody listening: 69.
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_lockrouter"));
+    cmd.args([
+        "ring",
+        "--url",
+        &format!("http://127.0.0.1:{}", free_port()),
+    ]);
+    let out = tokio::task::block_in_place(|| cmd.output().unwrap());
+    assert_eq!(out.status.code(), Some(69), "{out:?}");
+    let out = tokio::task::block_in_place(|| {
+        Command::new(env!("CARGO_BIN_EXE_lockrouter"))
+            .args(["completions", "bash"])
+            .output()
+            .unwrap()
+    });
+    assert!(out.status.success());
+    assert!(String::from_utf8_lossy(&out.stdout).contains("force-release"));
+}

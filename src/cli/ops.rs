@@ -1,0 +1,198 @@
+//! The operator's subcommands, each one call to a router's API:
+//! `inspect NAME` (who holds a name), `force-release NAME --reason R`,
+//! `ring` (the ring, shards and migration) and `reload`. The router and the
+//! admin token come from `--url` / `--token` or `LOCKROUTER_URL` /
+//! `LOCKROUTER_TOKEN`. The answer's JSON body goes to stdout; the exit code
+//! says how it went (see [`codes`]).
+
+use std::time::Duration;
+
+use bytes::Bytes;
+use http::{header, Method, Request, StatusCode};
+use http_body_util::{BodyExt, Full};
+use hyper_util::client::legacy::Client;
+use hyper_util::rt::TokioExecutor;
+
+/// Exit codes besides 0 (a 2xx answer), as in sysexits.h.
+pub mod codes {
+    /// 400, 404, 405, 409, 413, 415: the request was wrong (EX_USAGE).
+    pub const USAGE: u8 = 64;
+    /// 5xx, or the router could not be reached (EX_UNAVAILABLE).
+    pub const UNAVAILABLE: u8 = 69;
+    /// 401 or 403: no or wrong admin token (EX_NOPERM).
+    pub const NOPERM: u8 = 77;
+}
+
+/// Where the router is and how to authenticate to it.
+#[derive(clap::Args, Debug, Clone)]
+pub struct Target {
+    /// The router's base URL.
+    #[arg(
+        long,
+        env = "LOCKROUTER_URL",
+        default_value = "http://127.0.0.1:8080",
+        global = true
+    )]
+    pub url: String,
+    /// The admin bearer token (`admin.token`), if the router has one.
+    #[arg(long, env = "LOCKROUTER_TOKEN", hide_env_values = true, global = true)]
+    pub token: Option<String>,
+}
+
+/// One operator call.
+#[derive(Debug, Clone)]
+pub enum Call {
+    Inspect { name: String },
+    ForceRelease { name: String, reason: String },
+    Ring,
+    Reload,
+}
+
+impl Call {
+    fn request(&self) -> (Method, String, Option<serde_json::Value>) {
+        let encoded = |name: &str| {
+            percent_encoding::utf8_percent_encode(name, percent_encoding::NON_ALPHANUMERIC)
+                .to_string()
+        };
+        match self {
+            Call::Inspect { name } => (
+                Method::GET,
+                format!("/api/v1/locks/{}", encoded(name)),
+                None,
+            ),
+            Call::ForceRelease { name, reason } => (
+                Method::POST,
+                format!("/admin/v1/locks/{}/force-release", encoded(name)),
+                Some(serde_json::json!({ "reason": reason })),
+            ),
+            Call::Ring => (Method::GET, "/admin/v1/ring".into(), None),
+            Call::Reload => (Method::POST, "/admin/v1/reload".into(), None),
+        }
+    }
+}
+
+/// Runs `call` against `target`; prints the answer; returns the exit code.
+pub fn run(target: &Target, call: &Call) -> u8 {
+    let runtime = match tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("lockrouter: cannot start the runtime: {e}");
+            return codes::UNAVAILABLE;
+        }
+    };
+    match runtime.block_on(send(target, call)) {
+        Ok((status, body)) => {
+            println!("{}", body.trim_end());
+            exit_code(status)
+        }
+        Err(e) => {
+            eprintln!("lockrouter: {e}");
+            e.code
+        }
+    }
+}
+
+#[derive(Debug)]
+struct Failed {
+    code: u8,
+    why: String,
+}
+
+impl std::fmt::Display for Failed {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.why)
+    }
+}
+
+async fn send(target: &Target, call: &Call) -> Result<(StatusCode, String), Failed> {
+    let (method, path, body) = call.request();
+    let base = target.url.trim_end_matches('/');
+    if !base.starts_with("http://") {
+        return Err(Failed {
+            code: codes::USAGE,
+            why: format!("--url must be an http:// URL, got {base:?}"),
+        });
+    }
+    let mut req = Request::builder()
+        .method(method)
+        .uri(format!("{base}{path}"));
+    if let Some(token) = &target.token {
+        req = req.header(header::AUTHORIZATION, format!("Bearer {token}"));
+    }
+    let body = match body {
+        Some(json) => {
+            req = req.header(header::CONTENT_TYPE, "application/json");
+            Full::new(Bytes::from(json.to_string()))
+        }
+        None => Full::new(Bytes::new()),
+    };
+    let req = req.body(body).map_err(|e| Failed {
+        code: codes::USAGE,
+        why: format!("bad request for {base}: {e}"),
+    })?;
+    let client = Client::builder(TokioExecutor::new()).build_http();
+    let unavailable = |why: String| Failed {
+        code: codes::UNAVAILABLE,
+        why,
+    };
+    let resp = tokio::time::timeout(Duration::from_secs(60), client.request(req))
+        .await
+        .map_err(|_| unavailable(format!("{base} did not answer within 60 s")))?
+        .map_err(|e| unavailable(format!("cannot reach {base}: {e}")))?;
+    let status = resp.status();
+    let bytes = resp
+        .into_body()
+        .collect()
+        .await
+        .map_err(|e| unavailable(format!("the answer from {base} broke off: {e}")))?
+        .to_bytes();
+    Ok((status, String::from_utf8_lossy(&bytes).into_owned()))
+}
+
+fn exit_code(status: StatusCode) -> u8 {
+    match status.as_u16() {
+        200..=299 => 0,
+        401 | 403 => codes::NOPERM,
+        400..=499 => codes::USAGE,
+        _ => codes::UNAVAILABLE,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names_are_percent_encoded_and_statuses_map_to_sysexits() {
+        let (m, path, body) = Call::ForceRelease {
+            name: "process_order:42/a b".into(),
+            reason: "stuck".into(),
+        }
+        .request();
+        assert_eq!(m, Method::POST);
+        assert_eq!(
+            path,
+            "/admin/v1/locks/process%5Forder%3A42%2Fa%20b/force-release"
+        );
+        assert_eq!(body.unwrap()["reason"], "stuck");
+        for (status, code) in [
+            (200, 0),
+            (204, 0),
+            (400, 64),
+            (404, 64),
+            (401, 77),
+            (403, 77),
+            (503, 69),
+            (504, 69),
+        ] {
+            assert_eq!(
+                exit_code(StatusCode::from_u16(status).unwrap()),
+                code,
+                "{status}"
+            );
+        }
+    }
+}
