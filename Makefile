@@ -1,6 +1,6 @@
 # `make run` starts three local etcd shards and the router; `make test` runs
 # formatting, lints and the full test suite against real etcd processes.
-.PHONY: run test build fmt lint
+.PHONY: run test test-python build fmt lint
 .PHONY: prereqs prereqs-build prereqs-run prereqs-bench prereqs-check
 
 # Each target checks what it needs, and installs what is missing from Debian
@@ -41,6 +41,20 @@ test: prereqs lint
 	deploy/local/prereqs-selftest.sh
 	cargo test --workspace -- --test-threads=3 --skip dashboards:: --skip renewals::
 	cargo test -p lockrouter --test tests -- --test-threads=1 dashboards:: renewals::
+	$(MAKE) test-python
+
+# The Python SDK (clients/python, docs/client.md) against a real router and
+# real etcd started by its fixtures: builds the router, keeps a venv in
+# target/python-venv (made once), installs the SDK editable with its test
+# extras, and runs pytest, each test bounded by pytest-timeout and the whole
+# run by timeout(1). About a minute.
+PYTHON_VENV := target/python-venv
+test-python:
+	cargo build --bin lockrouter
+	test -x $(PYTHON_VENV)/bin/pip || python3 -m venv $(PYTHON_VENV)
+	$(PYTHON_VENV)/bin/pip install --quiet --disable-pip-version-check -e 'clients/python[test]'
+	LOCKROUTER_BIN=$(CURDIR)/target/debug/lockrouter timeout 300 \
+		$(PYTHON_VENV)/bin/python -m pytest clients/python/tests -q --timeout 60
 
 # Benchmarks (loadtest/, docs/benchmarks.md). Both start their own etcd
 # shards and router on loopback and stop them when done, even on failure.

@@ -66,6 +66,21 @@ fake "$bin" prometheus 'echo "prometheus, version 2.42.0"'
 fake "$bin" promtool 'echo "promtool, version 2.42.0"'
 fake "$bin" ip 'exit 0'
 etcd_version "3.4.31"
+# A python3 that reports VERSION and makes a "venv" as VENV says: ok (with
+# a pip that works), nopip (a pip that fails) or noensurepip (Debian's
+# python3 without python3-venv).
+fake "$tmp" pip-good 'echo "pip 23.0.1 from /fake (python 3.11)"'
+fake "$tmp" pip-broken 'echo "ModuleNotFoundError: No module named pip" >&2; exit 1'
+python_fake() { # version venv
+  local venv
+  case $2 in
+    ok) venv="$(printf %q "$(type -P mkdir)") -p \"\$3/bin\" && $(printf %q "$(type -P cp)") $(printf %q "$tmp/pip-good") \"\$3/bin/pip\"" ;;
+    nopip) venv="$(printf %q "$(type -P mkdir)") -p \"\$3/bin\" && $(printf %q "$(type -P cp)") $(printf %q "$tmp/pip-broken") \"\$3/bin/pip\"" ;;
+    noensurepip) venv='echo "The virtual environment was not created successfully because ensurepip is not available." >&2; exit 1' ;;
+  esac
+  fake "$bin" python3 "case \$1 in --version) echo 'Python $1' ;; -m) $venv ;; *) exit 2 ;; esac"
+}
+python_fake 3.11.7 ok
 
 n=0
 sandbox() {
@@ -166,6 +181,27 @@ sandbox && rm "$bin/ip"
 expect 1 "ip missing: .*\[Debian: iproute2\]" --check test
 sandbox && fake "$bin" ip 'echo "mount --make-shared /run/netns failed: Operation not permitted" >&2; exit 1'
 expect 1 "network namespaces unusable: .*Operation not permitted" --check test
+
+# ... and python3 >= 3.11 that makes a venv whose pip runs.
+sandbox && rm "$bin/python3"
+expect 1 "python3 missing .*\[Debian: python3 python3-venv python3-pip\]" --check test
+sandbox && python_fake 3.9.2 ok
+expect 1 "python3 too old: .*Python 3\.9; .*needs Python >= 3\.11" --check test
+sandbox && python_fake 3.11 ok
+expect 1 "python3 version unreadable: .*printed 'Python 3\.11'" --check test
+sandbox && python_fake 3.11.2 noensurepip
+expect 1 "python3 cannot make a venv: .*ensurepip is not available.*\[Debian: python3-venv python3-pip\]" --check test
+sandbox && python_fake 3.12.1 nopip
+expect 1 "a new venv has no working pip: .*No module named pip.*\[Debian: python3-venv python3-pip\]" --check test
+# A good one is not reported (the rest of `test` depends on this machine's
+# etcd, so only the absence of a python3 line is asserted).
+sandbox
+out=$(env -u PROTOC -u PROTOC_INCLUDE PATH="$bin" "$BASH" "$script" --check test 2>&1) || true
+if grep -qi python <<<"$out"; then
+  echo "prereqs-selftest: FAIL case $n: a good python3 was reported:" >&2
+  printf '%s\n' "$out" | sed 's/^/    /' >&2
+  failures=$((failures + 1))
+fi
 
 # Installing mode: with no apt-get it names the packages and fails; what
 # no package fixes fails without trying to install.

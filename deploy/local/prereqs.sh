@@ -17,7 +17,9 @@
 #          (prometheus); etcdctl of etcd's own version, for the snapshot
 #          restore test (etcd-client); iproute2's `ip` able to make a network
 #          namespace with a bridge and a veth pair, for the partition tests
-#          (iproute2; they also need root).
+#          (iproute2; they also need root); python3 >= 3.11 able to make a
+#          venv with pip, for the Python SDK's tests (python3 python3-venv
+#          python3-pip: make test-python builds target/python-venv).
 #
 # Every check runs what the build or the tests will run (protoc compiles a
 # .proto importing the well-known types, cc builds and runs a C program, etcd
@@ -53,7 +55,7 @@ case $mode in
   build) checks=(check_cargo check_cc check_protoc) ;;
   run) checks=(check_cargo check_cc check_protoc check_etcd_on_path) ;;
   bench) checks=(check_cargo check_cc check_protoc check_etcd_for_tests) ;;
-  test) checks=(check_cargo check_cc check_protoc check_etcd_for_tests check_prometheus check_etcdctl check_netns) ;;
+  test) checks=(check_cargo check_cc check_protoc check_etcd_for_tests check_prometheus check_etcdctl check_netns check_python) ;;
 esac
 
 tmp=$(mktemp -d)
@@ -258,6 +260,43 @@ $(indent "$out")"
     return
   fi
   ip netns del "$ns"
+}
+
+# make test-python makes target/python-venv with `python3 -m venv` and
+# installs the SDK with that venv's pip; the SDK needs Python 3.11. Debian
+# splits venv (ensurepip) and pip out of python3, so make a venv and run its
+# pip, rather than trusting the interpreter alone.
+check_python() {
+  local out v major minor
+  if ! command -v python3 >/dev/null 2>&1; then
+    fail "python3 missing (make test-python runs the Python SDK's tests with it)" python3 python3-venv python3-pip
+    return
+  fi
+  if ! out=$(python3 --version 2>&1); then
+    fail "python3 unusable: \`python3 --version\` fails:
+$(indent "$out")" python3 python3-venv python3-pip
+    return
+  fi
+  if [[ ! $out =~ ^Python\ ([0-9]+)\.([0-9]+)\. ]]; then
+    fail "python3 version unreadable: \`python3 --version\` printed '${out%%$'\n'*}', not 'Python X.Y.Z'; the Python SDK needs Python >= 3.11" python3
+    return
+  fi
+  major=$((10#${BASH_REMATCH[1]}))
+  minor=$((10#${BASH_REMATCH[2]}))
+  v=$major.$minor
+  if ((major < 3 || (major == 3 && minor < 11))); then
+    fail "python3 too old: $(command -v python3) is Python $v; the Python SDK (make test-python) needs Python >= 3.11" python3
+    return
+  fi
+  if ! out=$(python3 -m venv "$tmp/venv" 2>&1); then
+    fail "python3 cannot make a venv: \`python3 -m venv\` fails (make test-python makes one):
+$(indent "$out")" python3-venv python3-pip
+    return
+  fi
+  if ! out=$("$tmp/venv/bin/pip" --version 2>&1); then
+    fail "a new venv has no working pip: \`venv/bin/pip --version\` fails (make test-python installs the SDK with it):
+$(indent "$out")" python3-venv python3-pip
+  fi
 }
 
 run_checks() {

@@ -1,0 +1,98 @@
+"""What the sync and async clients share besides the schedule: argument
+checks, client ids, and the pieces of an acquire and a release that do no
+I/O, so both clients follow one set of rules.
+"""
+
+from __future__ import annotations
+
+import datetime
+import itertools
+import logging
+import math
+import secrets
+from typing import Union
+
+from . import validity
+from ._state import Claim, LockState, Registry
+from ._transport import Acquired, Renewed
+from .errors import ConfigError, LockLost, LostReason, TransportError
+
+log = logging.getLogger("lockrouter")
+
+Seconds = Union[float, int, datetime.timedelta]
+
+#: How many times an acquire asks again when its answer is a grant this
+#: client is still releasing (it waits for the release in between).
+ACQUIRE_ROUNDS = 3
+#: How often a waiting acquire polls a racing release.
+SETTLE_POLL = 0.02
+
+
+def seconds(value: Seconds, what: str) -> float:
+    s = value.total_seconds() if isinstance(value, datetime.timedelta) else float(value)
+    if not math.isfinite(s) or s < 0:
+        raise ConfigError(f"{what} {value!r} out of range")
+    return s
+
+
+def ttl_ms(ttl: float) -> int:
+    ms = math.ceil(ttl * 1000)
+    if ms <= 0:
+        raise ConfigError(f"ttl {ttl!r} out of range (the router takes 2 s to 1 h)")
+    return ms
+
+
+def random_id() -> str:
+    """128 random bits: two processes sharing a client id would share locks,
+    so a guessable or colliding id is not acceptable."""
+    return secrets.token_hex(16)
+
+
+def check_client_id(client_id: str | None) -> str:
+    if client_id is None:
+        return random_id()
+    if not client_id:
+        raise ConfigError("empty client id")
+    return client_id
+
+
+class Grants:
+    """A client's registry plus the numbering of its locks."""
+
+    def __init__(self, margin: float | None) -> None:
+        self.registry = Registry()
+        self.margin = margin
+        self._keys = itertools.count()
+
+    def first_validity(self, sent_at: float, got: Acquired, ttl: float) -> tuple[float, float]:
+        """The margin and validity of a fresh grant."""
+        m = validity.margin(ttl, self.margin)
+        return m, validity.valid_until(sent_at, got.expires_in, m)
+
+    def claim(
+        self, name: str, ttl: float, margin: float, got: Acquired, until: float, client_id: str
+    ) -> tuple[Claim, LockState | None]:
+        def make() -> LockState:
+            return LockState(next(self._keys), name, got.ref, ttl, margin, until, client_id)
+
+        return self.registry.claim(got.ref.lock_id, until, make)
+
+
+def confirmation(name: str, r: Renewed, sent_at: float, margin: float) -> float:
+    """The validity a confirming renewal proves, or :class:`LockLost`."""
+    if r.renewed and r.expires_in is not None:
+        return validity.valid_until(sent_at, r.expires_in, margin)
+    reason = LostReason.STOLEN if r.reason == "stolen" else LostReason.EXPIRED
+    raise LockLost(name, reason)
+
+
+def not_settled(name: str) -> TransportError:
+    return TransportError(f"this client's earlier release of {name!r} has not got through yet")
+
+
+def unconfirmed_release(name: str) -> TransportError:
+    return TransportError(f"the release of {name!r} was not confirmed within its validity")
+
+
+def release_pace(state: LockState) -> float:
+    return min(validity.MAX_BACKOFF, validity.renew_interval(state.ttl))

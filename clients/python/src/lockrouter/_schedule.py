@@ -1,0 +1,238 @@
+"""The renewal loop's decisions, without I/O: which locks to renew now (in
+batches of at most :data:`~lockrouter.validity.MAX_BATCH`), what each answer
+means, which background releases to attempt, and when to wake next.
+
+Each lock is due a third of its TTL after its last confirmed renewal. When
+any lock is due, every lock due within the next half interval rides along,
+so locks taken at different moments fall into step and share one
+``renew-batch`` request per interval. A refusal (``expired``, ``stolen``)
+marks that lock lost at once; transport errors, 5xx answers and per-item
+``shard_unavailable`` are retried with backoff and jitter until the lock's
+validity runs out, and then it is lost. Background releases (locks
+garbage-collected or closed with their client, and releases ``release()``
+could not finish within validity) are retried at the fast pace while the
+lock would have been valid, then at up to a renewal interval, for as long
+as the client is open; once it closes they get one request timeout more.
+
+The sync client drives this from a thread and the async client from a task
+(``_sync_loop`` and ``_async_loop``); both do only the I/O it asks for.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Union
+
+from . import validity
+from ._state import LockState, Registry, Release
+from ._transport import LockRef, Renewed
+from .errors import LockrouterError, LostReason
+
+
+@dataclasses.dataclass(frozen=True)
+class Confirmed:
+    expires_in: float
+
+
+@dataclasses.dataclass(frozen=True)
+class Lost:
+    reason: LostReason
+
+
+@dataclasses.dataclass(frozen=True)
+class Retry:
+    pass
+
+
+Outcome = Union[Confirmed, Lost, Retry]
+
+
+def outcome(r: Renewed) -> Outcome:
+    """One renewal answer's meaning for its lock."""
+    if r.renewed and r.expires_in is not None:
+        return Confirmed(r.expires_in)
+    if not r.renewed and r.reason == "expired":
+        return Lost(LostReason.EXPIRED)
+    if not r.renewed and r.reason == "stolen":
+        return Lost(LostReason.STOLEN)
+    # shard_unavailable, or a reason this client does not know yet: nothing
+    # proves the lock gone, so try again while it is valid.
+    return Retry()
+
+
+def refused(e: LockrouterError) -> Outcome:
+    """A single renewal that raised: retry what may pass later."""
+    return Retry() if e.retryable else Lost(LostReason.REFUSED)
+
+
+@dataclasses.dataclass(frozen=True)
+class Batch:
+    """One ``renew-batch`` request to send."""
+
+    keys: list[int]
+    refs: list[LockRef]
+    timeout: float
+
+
+@dataclasses.dataclass
+class _Renewal:
+    state: LockState
+    interval: float
+    next_due: float
+    failures: int = 0
+    in_flight: bool = False
+
+
+@dataclasses.dataclass
+class _Release:
+    state: LockState
+    failures: int
+    next_attempt: float
+    in_flight: bool = False
+
+
+class Schedule:
+    """The renewal loop's bookkeeping; called from its one thread or task."""
+
+    def __init__(self, registry: Registry, request_timeout: float) -> None:
+        self._registry = registry
+        self._request_timeout = request_timeout
+        self._renewals: dict[int, _Renewal] = {}
+        self._releases: dict[int, _Release] = {}
+        #: Set by close(): pending releases are dropped after it.
+        self._deadline: float | None = None
+
+    @property
+    def request_timeout(self) -> float:
+        return self._request_timeout
+
+    # Commands --------------------------------------------------------------
+
+    def track(self, state: LockState, now: float) -> None:
+        interval = validity.renew_interval(state.ttl)
+        due = validity.next_renewal(now, state.valid_until, interval)
+        self._renewals[state.key] = _Renewal(state, interval, due)
+
+    def forget(self, key: int) -> None:
+        self._renewals.pop(key, None)
+
+    def release(self, state: LockState, failures: int, now: float) -> None:
+        """Stop renewing ``state`` and release it at the router, retrying.
+        Sent even if the lock counts as lost already: lost by the clock
+        alone, its key may still stand and block others."""
+        self._renewals.pop(state.key, None)
+        first = now if failures == 0 else now + self._pause(state, failures, now)
+        self._releases[state.key] = _Release(state, failures, first)
+
+    def hurry(self, key: int, now: float) -> None:
+        """An acquire raced this release: try it now."""
+        r = self._releases.get(key)
+        if r is not None and not r.in_flight:
+            r.next_attempt = now
+
+    def close(self, now: float) -> list[LockState]:
+        """The client is closing: every lock still renewed is to be
+        released, and releases get one request timeout more."""
+        self._deadline = now + self._request_timeout
+        held = [e.state for e in self._renewals.values()]
+        self._renewals.clear()
+        return held
+
+    # Decisions -------------------------------------------------------------
+
+    def due(self, now: float) -> tuple[list[Batch], list[LockState]]:
+        """What to send now; marks it in flight."""
+        for key in [k for k, e in self._renewals.items() if e.state.lost_now(now)]:
+            del self._renewals[key]
+        batches: list[Batch] = []
+        if any(not e.in_flight and e.next_due <= now for e in self._renewals.values()):
+            # Everything due soon rides along with what is due now.
+            keys = sorted(
+                k
+                for k, e in self._renewals.items()
+                if not e.in_flight and e.next_due <= now + e.interval / 2
+            )
+            for i in range(0, len(keys), validity.MAX_BATCH):
+                batches.append(self._batch(keys[i : i + validity.MAX_BATCH]))
+        releases = []
+        for r in self._releases.values():
+            if not r.in_flight and r.next_attempt <= now:
+                r.in_flight = True
+                releases.append(r.state)
+        return batches, releases
+
+    def _batch(self, keys: list[int]) -> Batch:
+        # No point waiting for an answer past the interval: a later attempt
+        # has a better chance.
+        timeout = self._request_timeout
+        refs = []
+        for k in keys:
+            e = self._renewals[k]
+            e.in_flight = True
+            timeout = min(timeout, max(e.interval, 0.5))
+            refs.append(e.state.ref)
+        return Batch(keys, refs, timeout)
+
+    def renewed(self, sent_at: float, outcomes: list[tuple[int, Outcome]], now: float) -> None:
+        for key, o in outcomes:
+            e = self._renewals.get(key)
+            if e is None:  # released meanwhile: no longer ours
+                continue
+            e.in_flight = False
+            if isinstance(o, Confirmed):
+                e.failures = 0
+                e.state.confirm(validity.valid_until(sent_at, o.expires_in, e.state.margin))
+                e.next_due = validity.next_renewal(sent_at, e.state.valid_until, e.interval)
+            elif isinstance(o, Lost):
+                e.state.mark_lost(o.reason)
+                del self._renewals[key]
+            else:
+                e.failures += 1
+                e.next_due = now + validity.backoff(
+                    e.failures, min(validity.MAX_BACKOFF, e.interval)
+                )
+
+    def released(self, state: LockState, error: LockrouterError | None, now: float) -> None:
+        """How one background release attempt ended (``None``: confirmed)."""
+        r = self._releases.get(state.key)
+        if r is None or r.state is not state:
+            return
+        r.in_flight = False
+        if error is None or state.release is Release.DONE:
+            self._registry.end_release(state, Release.DONE)
+            del self._releases[state.key]
+        elif not error.retryable:
+            self._registry.end_release(state, Release.GAVE_UP)
+            del self._releases[state.key]
+        else:
+            r.failures += 1
+            r.next_attempt = now + self._pause(state, r.failures, now)
+
+    def _pause(self, state: LockState, failures: int, now: float) -> float:
+        interval = validity.renew_interval(state.ttl)
+        fast = min(validity.MAX_BACKOFF, interval)
+        valid = now < state.valid_until
+        pace = fast if valid or self._deadline is not None else max(interval, fast)
+        return validity.backoff(failures, pace)
+
+    def next_wake(self) -> float | None:
+        """The earliest moment something is due: a renewal, a validity that
+        runs out (so the lost signal fires on time), or a release."""
+        times = [
+            e.state.valid_until if e.in_flight else min(e.next_due, e.state.valid_until)
+            for e in self._renewals.values()
+        ]
+        times += [r.next_attempt for r in self._releases.values() if not r.in_flight]
+        if self._deadline is not None:
+            times.append(self._deadline)
+        return min(times, default=None)
+
+    def finished(self, now: float) -> bool:
+        """Closed, and no release left (or no time left for them)."""
+        if self._deadline is None:
+            return False
+        return not self._releases or now >= self._deadline
+
+    def abandoned(self) -> int:
+        """Releases left unconfirmed when the loop stops."""
+        return len(self._releases)

@@ -1,0 +1,241 @@
+"""The v1 HTTP API on the wire, over httpx: one pooled ``httpx.Client`` (or
+``httpx.AsyncClient``) per SDK client, keep-alive, each call bounded by a
+timeout, the bearer token and TLS options applied to every request.
+
+Both transports share the request bodies and the answer parsing below, so
+the sync and async SDKs cannot read the API differently. Nothing here knows
+about validity or renewal policy; answers become typed values or the
+errors of :mod:`lockrouter.errors`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from typing import Any, Mapping
+
+import httpx
+
+from .errors import ConfigError, RouterError, TransportError
+
+ACQUIRE = "/api/v1/locks/acquire"
+RENEW = "/api/v1/locks/renew"
+RENEW_BATCH = "/api/v1/locks/renew-batch"
+RELEASE = "/api/v1/locks/release"
+
+# Below the router's idle close (server.header_read_timeout_ms, 10 s by
+# default): a request sent on a connection the router is closing is reset.
+KEEPALIVE_EXPIRY = 5.0
+
+
+AcquireBody = dict[str, Any]
+
+
+@dataclasses.dataclass(frozen=True)
+class LockRef:
+    """What the router needs to name one grant."""
+
+    lock_id: str
+    fencing_token: int
+
+    def body(self) -> dict[str, Any]:
+        return {"lockId": self.lock_id, "fencingToken": self.fencing_token}
+
+
+@dataclasses.dataclass(frozen=True)
+class Acquired:
+    """A grant: its reference and how long the router vouches for it."""
+
+    ref: LockRef
+    expires_in: float
+
+
+@dataclasses.dataclass(frozen=True)
+class Renewed:
+    """One renewal result, from ``renew`` or one item of ``renew-batch``."""
+
+    renewed: bool
+    expires_in: float | None = None
+    reason: str | None = None
+
+
+@dataclasses.dataclass(frozen=True)
+class Settings:
+    """What both transports are built from."""
+
+    base_url: str
+    token: str | None = None
+    verify: Any = True
+    cert: Any = None
+    transport: Any = None  # an httpx transport, for tests
+
+    def client_kwargs(self) -> dict[str, Any]:
+        headers = {"Content-Type": "application/json", "Accept": "application/json"}
+        if self.token is not None:
+            headers["Authorization"] = f"Bearer {self.token}"
+        kwargs: dict[str, Any] = {
+            "base_url": self.base_url,
+            "headers": headers,
+            "verify": self.verify,
+            "limits": httpx.Limits(keepalive_expiry=KEEPALIVE_EXPIRY),
+            "follow_redirects": False,
+            "trust_env": False,
+        }
+        if self.cert is not None:
+            kwargs["cert"] = self.cert
+        if self.transport is not None:
+            kwargs["transport"] = self.transport
+        return kwargs
+
+
+def check_url(url: str) -> str:
+    """The router URL without a trailing slash, or :class:`ConfigError`."""
+    try:
+        parsed = httpx.URL(url)
+    except Exception as e:  # httpx raises several types for bad URLs
+        raise ConfigError(f"router URL {url!r}: {e}") from e
+    if parsed.scheme not in ("http", "https") or not parsed.host:
+        raise ConfigError(f"router URL {url!r} must look like http://host:port")
+    return url.rstrip("/")
+
+
+def acquire_body(name: str, ttl_ms: int, client_id: str, wait_ms: int) -> AcquireBody:
+    body: AcquireBody = {"name": name, "ttlMs": ttl_ms, "clientId": client_id}
+    if wait_ms > 0:
+        body["waitMs"] = wait_ms
+    return body
+
+
+def batch_body(refs: list[LockRef]) -> dict[str, Any]:
+    return {"locks": [r.body() for r in refs]}
+
+
+def error_from(resp: httpx.Response) -> RouterError:
+    """Any non-2xx answer as :class:`RouterError`, with the API's
+    ``{"error": {"code", "message"}}`` when the body has it."""
+    try:
+        err = resp.json()["error"]
+        code, message = str(err["code"]), str(err["message"])
+    except Exception:
+        code, message = "unexpected_answer", resp.text[:200]
+    return RouterError(resp.status_code, code, message)
+
+
+def _json(resp: httpx.Response) -> Mapping[str, Any]:
+    try:
+        body = resp.json()
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise _malformed(resp, f"not JSON: {e}") from e
+    if not isinstance(body, dict):
+        raise _malformed(resp, "not a JSON object")
+    return body
+
+
+def _malformed(resp: httpx.Response, detail: str) -> RouterError:
+    return RouterError(resp.status_code, "malformed_answer", detail)
+
+
+def parse_acquire(resp: httpx.Response) -> Acquired | None:
+    if resp.status_code != 200:
+        raise error_from(resp)
+    body = _json(resp)
+    if body.get("acquired") is not True:
+        return None
+    try:
+        ref = LockRef(str(body["lockId"]), int(body["fencingToken"]))
+        return Acquired(ref, int(body["expiresInMs"]) / 1000)
+    except (KeyError, TypeError, ValueError) as e:
+        raise _malformed(resp, f"acquired without {e}") from e
+
+
+def _renewed(item: Mapping[str, Any]) -> Renewed:
+    if item.get("renewed") is True and isinstance(item.get("expiresInMs"), int):
+        return Renewed(True, item["expiresInMs"] / 1000)
+    reason = item.get("reason")
+    return Renewed(False, reason=reason if isinstance(reason, str) else None)
+
+
+def parse_renew(resp: httpx.Response) -> Renewed:
+    """A 409 is an answer (``renewed: false``), not an error."""
+    if resp.status_code not in (200, 409):
+        raise error_from(resp)
+    return _renewed(_json(resp))
+
+
+def parse_batch(resp: httpx.Response, sent: int) -> list[Renewed]:
+    if resp.status_code != 200:
+        raise error_from(resp)
+    results = _json(resp).get("results")
+    if not isinstance(results, list) or len(results) != sent:
+        raise _malformed(resp, "renew-batch answered a different number of results")
+    return [_renewed(r if isinstance(r, dict) else {}) for r in results]
+
+
+def parse_release(resp: httpx.Response) -> None:
+    """204, or 409 (the lock is gone already), is done."""
+    if resp.status_code not in (200, 204, 409):
+        raise error_from(resp)
+
+
+def transport_error(e: Exception, timeout: float) -> TransportError:
+    if isinstance(e, httpx.TimeoutException):
+        return TransportError(f"no answer within {timeout:.3g} s ({type(e).__name__})")
+    return TransportError(f"{type(e).__name__}: {e}")
+
+
+class SyncTransport:
+    """The API over a pooled ``httpx.Client``; safe to call from several
+    threads at once (the renewal thread's workers and the caller's)."""
+
+    def __init__(self, settings: Settings) -> None:
+        self._http = httpx.Client(**settings.client_kwargs())
+
+    def close(self) -> None:
+        self._http.close()
+
+    def _post(self, path: str, body: Any, timeout: float) -> httpx.Response:
+        try:
+            return self._http.post(path, content=json.dumps(body), timeout=timeout)
+        except httpx.HTTPError as e:
+            raise transport_error(e, timeout) from e
+
+    def acquire(self, body: AcquireBody, timeout: float) -> Acquired | None:
+        return parse_acquire(self._post(ACQUIRE, body, timeout))
+
+    def renew(self, ref: LockRef, timeout: float) -> Renewed:
+        return parse_renew(self._post(RENEW, ref.body(), timeout))
+
+    def renew_batch(self, refs: list[LockRef], timeout: float) -> list[Renewed]:
+        return parse_batch(self._post(RENEW_BATCH, batch_body(refs), timeout), len(refs))
+
+    def release(self, ref: LockRef, timeout: float) -> None:
+        parse_release(self._post(RELEASE, ref.body(), timeout))
+
+
+class AsyncTransport:
+    """The API over a pooled ``httpx.AsyncClient``, used from one event loop."""
+
+    def __init__(self, settings: Settings) -> None:
+        self._http = httpx.AsyncClient(**settings.client_kwargs())
+
+    async def close(self) -> None:
+        await self._http.aclose()
+
+    async def _post(self, path: str, body: Any, timeout: float) -> httpx.Response:
+        try:
+            return await self._http.post(path, content=json.dumps(body), timeout=timeout)
+        except httpx.HTTPError as e:
+            raise transport_error(e, timeout) from e
+
+    async def acquire(self, body: AcquireBody, timeout: float) -> Acquired | None:
+        return parse_acquire(await self._post(ACQUIRE, body, timeout))
+
+    async def renew(self, ref: LockRef, timeout: float) -> Renewed:
+        return parse_renew(await self._post(RENEW, ref.body(), timeout))
+
+    async def renew_batch(self, refs: list[LockRef], timeout: float) -> list[Renewed]:
+        resp = await self._post(RENEW_BATCH, batch_body(refs), timeout)
+        return parse_batch(resp, len(refs))
+
+    async def release(self, ref: LockRef, timeout: float) -> None:
+        parse_release(await self._post(RELEASE, ref.body(), timeout))

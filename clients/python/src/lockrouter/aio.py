@@ -1,0 +1,470 @@
+"""The asyncio client: :class:`AsyncClient`, :class:`AsyncLock`, and the
+one renewal task per client that renews all its locks.
+
+The same rules as the sync client (``_schedule``, ``_state``, ``_common``),
+driven by a task on the event loop the client is first used on: requests
+run as tasks of their own, so a slow request never delays the moment a
+lock's validity runs out. ``lock.lost`` is an :class:`asyncio.Event`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import types
+import weakref
+from typing import Any, Callable
+
+from . import validity
+from ._common import (
+    ACQUIRE_ROUNDS,
+    SETTLE_POLL,
+    Grants,
+    Seconds,
+    check_client_id,
+    confirmation,
+    log,
+    not_settled,
+    release_pace,
+    seconds,
+    ttl_ms,
+    unconfirmed_release,
+)
+from ._schedule import Batch, Outcome, Retry, Schedule, outcome, refused
+from ._state import Claim, LockState, Release
+from ._transport import AcquireBody, AsyncTransport, Settings, acquire_body, check_url
+from .errors import ConfigError, LockLost, LockrouterError, LostReason, NotAcquired
+
+__all__ = ["AsyncClient", "AsyncLock", "AsyncLockContext"]
+
+
+class _AsyncLoop:
+    """The renewal task. Commands are closures in a deque (appended from
+    any thread: a garbage-collected lock's finalizer may run anywhere)."""
+
+    def __init__(self, transport: AsyncTransport, grants: Grants, request_timeout: float) -> None:
+        self._transport = transport
+        self._schedule = Schedule(grants.registry, request_timeout)
+        self._inbox: collections.deque[Callable[[], None]] = collections.deque()
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._wake = asyncio.Event()
+        self._task: asyncio.Task[None] | None = None
+        self._io: set[asyncio.Task[None]] = set()
+
+    def start(self) -> None:
+        """Starts the task on the running loop, once."""
+        if self._task is None:
+            self._loop = asyncio.get_running_loop()
+            self._task = self._loop.create_task(self._run(), name="lockrouter-renewal")
+
+    def send(self, command: Callable[[], None]) -> None:
+        self._inbox.append(command)
+        loop = self._loop
+        if loop is None:
+            return
+        try:
+            if _running_loop() is loop:
+                self._wake.set()
+            else:
+                loop.call_soon_threadsafe(self._wake.set)
+        except RuntimeError:  # the loop is closed: nothing runs any more
+            pass
+
+    def track(self, state: LockState) -> None:
+        self.send(lambda: self._schedule.track(state, validity.now()))
+
+    def forget(self, key: int) -> None:
+        self.send(lambda: self._schedule.forget(key))
+
+    def release(self, state: LockState, failures: int) -> None:
+        self.send(lambda: self._schedule.release(state, failures, validity.now()))
+
+    def hurry(self, key: int) -> None:
+        self.send(lambda: self._schedule.hurry(key, validity.now()))
+
+    async def close(self, timeout: float) -> None:
+        def closing() -> None:
+            now = validity.now()
+            for state in self._schedule.close(now):
+                if state.begin_release():
+                    self._schedule.release(state, 0, now)
+
+        if self._task is None:
+            return
+        self.send(closing)
+        try:
+            await asyncio.wait_for(asyncio.shield(self._task), timeout)
+        except asyncio.TimeoutError:
+            self._task.cancel()
+        for t in list(self._io):
+            t.cancel()
+
+    async def _run(self) -> None:
+        s = self._schedule
+        while True:
+            self._wake.clear()
+            while self._inbox:
+                self._inbox.popleft()()
+            now = validity.now()
+            if s.finished(now):
+                break
+            batches, releases = s.due(now)
+            for b in batches:
+                self._spawn(self._renew(b))
+            for state in releases:
+                self._spawn(self._release(state))
+            wake = s.next_wake()
+            timeout = None if wake is None else max(wake - validity.now(), 0.0)
+            try:
+                await asyncio.wait_for(self._wake.wait(), timeout)
+            except asyncio.TimeoutError:
+                pass
+        if s.abandoned():
+            log.warning("client closed with releases not confirmed; those locks expire at their TTL")
+
+    def _spawn(self, coro: Any) -> None:
+        task = asyncio.get_running_loop().create_task(coro)
+        self._io.add(task)
+        task.add_done_callback(self._io.discard)
+
+    async def _renew(self, batch: Batch) -> None:
+        sent_at = validity.now()
+        outcomes = await renew(self._transport, batch)
+        self.send(lambda: self._schedule.renewed(sent_at, outcomes, validity.now()))
+
+    async def _release(self, state: LockState) -> None:
+        error: LockrouterError | None = None
+        try:
+            await self._transport.release(state.ref, self._schedule.request_timeout)
+        except LockrouterError as e:
+            log.debug("background release of %r failed: %s", state.name, e)
+            error = e
+        self.send(lambda: self._schedule.released(state, error, validity.now()))
+
+
+def _running_loop() -> asyncio.AbstractEventLoop | None:
+    try:
+        return asyncio.get_running_loop()
+    except RuntimeError:
+        return None
+
+
+async def renew(transport: AsyncTransport, batch: Batch) -> list[tuple[int, Outcome]]:
+    """One ``renew-batch`` call; if the router rejects the batch itself (a
+    4xx), each lock on its own, so the batch's refusal never costs a lock."""
+    try:
+        results = await transport.renew_batch(batch.refs, batch.timeout)
+        return [(k, outcome(r)) for k, r in zip(batch.keys, results)]
+    except LockrouterError as e:
+        if e.retryable:
+            log.debug("renewal of %d locks failed; will retry: %s", len(batch.keys), e)
+            return [(k, Retry()) for k in batch.keys]
+        log.warning("renew-batch refused (%s); renewing one by one", e)
+
+    async def one(ref: Any) -> Outcome:
+        try:
+            return outcome(await transport.renew(ref, batch.timeout))
+        except LockrouterError as e:
+            return refused(e)
+
+    found = await asyncio.gather(*(one(ref) for ref in batch.refs))
+    return list(zip(batch.keys, found))
+
+
+class _AsyncKeeper:
+    """What a client's locks need of it; see the sync ``_Keeper``."""
+
+    def __init__(self, transport: AsyncTransport, grants: Grants, request_timeout: float) -> None:
+        self.transport = transport
+        self.grants = grants
+        self.request_timeout = request_timeout
+        self.loop = _AsyncLoop(transport, grants, request_timeout)
+
+    def release_in_background(self, state: LockState) -> None:
+        if self.grants.registry.begin_release(state):
+            self.loop.release(state, 0)
+
+    async def release(self, state: LockState) -> None:
+        registry = self.grants.registry
+        owner = registry.begin_release(state)
+        if owner is None:
+            raise LockLost(state.name, state.lost_now() or LostReason.RELEASED)
+        if owner:
+            self.loop.forget(state.key)
+        failures = 0
+        last: LockrouterError | None = None
+        finished = False
+        try:
+            while True:
+                if failures:
+                    left = state.valid_until - validity.now()
+                    if left <= 0:
+                        raise last or unconfirmed_release(state.name)
+                    await asyncio.sleep(min(validity.backoff(failures, release_pace(state)), left))
+                if state.release is Release.DONE:
+                    finished = True
+                    return
+                try:
+                    await self.transport.release(state.ref, self.request_timeout)
+                except LockrouterError as e:
+                    if not e.retryable:
+                        log.warning("the router refused to release %r: %s", state.name, e)
+                        registry.end_release(state, Release.GAVE_UP)
+                        finished = True
+                        raise
+                    failures += 1
+                    last = e
+                    continue
+                registry.end_release(state, Release.DONE)
+                finished = True
+                return
+        finally:
+            # Validity ran out, or the call was cancelled: the task goes on.
+            if owner and not finished:
+                self.loop.release(state, failures)
+
+
+class AsyncLock:
+    """A lock held through an :class:`AsyncClient`; see :class:`lockrouter.Lock`.
+    ``lost`` is an :class:`asyncio.Event`; ``await lock.wait_lost()`` returns
+    the reason."""
+
+    def __init__(self, state: LockState, keeper: _AsyncKeeper) -> None:
+        self._state = state
+        self._keeper = keeper
+        #: Set once the lock can no longer be trusted.
+        self.lost = asyncio.Event()
+        event, loop = self.lost, asyncio.get_running_loop()
+
+        def set_lost(_reason: LostReason) -> None:
+            try:
+                if _running_loop() is loop:
+                    event.set()
+                else:
+                    loop.call_soon_threadsafe(event.set)
+            except RuntimeError:
+                pass
+
+        state.on_lost(set_lost)
+        self._finalizer = weakref.finalize(self, keeper.release_in_background, state)
+        self._finalizer.atexit = False
+
+    @property
+    def name(self) -> str:
+        return self._state.name
+
+    @property
+    def fencing_token(self) -> int:
+        return self._state.ref.fencing_token
+
+    @property
+    def lock_id(self) -> str:
+        return self._state.ref.lock_id
+
+    @property
+    def ttl(self) -> float:
+        return self._state.ttl
+
+    @property
+    def client_id(self) -> str:
+        return self._state.client_id
+
+    @property
+    def lost_reason(self) -> LostReason | None:
+        return self._state.lost_now()
+
+    def is_held(self) -> bool:
+        return self._state.lost_now() is None
+
+    def time_left(self) -> float:
+        return self._state.time_left()
+
+    async def wait_lost(self) -> LostReason:
+        """Returns once the lock is lost, with the reason."""
+        await self.lost.wait()
+        reason = self._state.lost_now()
+        assert reason is not None
+        return reason
+
+    async def release(self) -> None:
+        """As :meth:`lockrouter.Lock.release`. Cancelling it hands the
+        release to the renewal task."""
+        self._finalizer.detach()
+        await self._keeper.release(self._state)
+
+    async def __aenter__(self) -> AsyncLock:
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: types.TracebackType | None,
+    ) -> None:
+        await release_on_exit(self, exc_type is None)
+
+    def __repr__(self) -> str:
+        return f"AsyncLock(name={self.name!r}, fencing_token={self.fencing_token}, held={self.is_held()})"
+
+
+async def release_on_exit(lock: AsyncLock, clean: bool) -> None:
+    reason = lock._state.lost_now()
+    try:
+        await lock.release()
+    except LockrouterError as e:
+        log.warning("release of %r at the end of its block not confirmed: %s", lock.name, e)
+    if clean and reason is not None and reason is not LostReason.RELEASED:
+        raise LockLost(lock.name, reason)
+
+
+class AsyncLockContext:
+    """``async with client.lock(name, ...) as lock:``."""
+
+    def __init__(self, client: AsyncClient, name: str, ttl: Seconds, wait: Seconds, client_id: str | None) -> None:
+        self._args = (client, name, ttl, wait, client_id)
+        self._lock: AsyncLock | None = None
+
+    async def __aenter__(self) -> AsyncLock:
+        client, name, ttl, wait, client_id = self._args
+        self._lock = await client.acquire(name, ttl=ttl, wait=wait, client_id=client_id)
+        return self._lock
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: types.TracebackType | None,
+    ) -> None:
+        if self._lock is not None:
+            lock, self._lock = self._lock, None
+            await release_on_exit(lock, exc_type is None)
+
+
+class AsyncClient:
+    """The asyncio twin of :class:`lockrouter.Client` (same arguments). Its
+    renewal task starts on the event loop of its first acquire; use the
+    client from that loop only. Close it with ``await client.aclose()`` or
+    ``async with AsyncClient(...) as client:``."""
+
+    def __init__(
+        self,
+        url: str,
+        token: str | None = None,
+        *,
+        verify: Any = True,
+        cert: Any = None,
+        client_id: str | None = None,
+        safety_margin: Seconds | None = None,
+        request_timeout: Seconds = 5.0,
+        transport: Any = None,
+    ) -> None:
+        settings = Settings(check_url(url), token, verify, cert, transport)
+        margin = None if safety_margin is None else seconds(safety_margin, "safety_margin")
+        self.client_id = check_client_id(client_id)
+        timeout = seconds(request_timeout, "request_timeout")
+        self._keeper = _AsyncKeeper(AsyncTransport(settings), Grants(margin), timeout)
+        self._closed = False
+
+    async def acquire(
+        self,
+        name: str,
+        ttl: Seconds = 30.0,
+        wait: Seconds = 0.0,
+        client_id: str | None = None,
+    ) -> AsyncLock:
+        """See :meth:`lockrouter.Client.acquire`."""
+        lock = await self.try_acquire(name, ttl=ttl, wait=wait, client_id=client_id)
+        if lock is None:
+            raise NotAcquired(name)
+        return lock
+
+    async def try_acquire(
+        self,
+        name: str,
+        ttl: Seconds = 30.0,
+        wait: Seconds = 0.0,
+        client_id: str | None = None,
+    ) -> AsyncLock | None:
+        """See :meth:`lockrouter.Client.try_acquire`."""
+        if self._closed:
+            raise ConfigError("the client is closed")
+        self._keeper.loop.start()
+        ttl_s, wait_s = seconds(ttl, "ttl"), seconds(wait, "wait")
+        ms = ttl_ms(ttl_s)
+        cid = self.client_id if client_id is None else check_client_id(client_id)
+        start = validity.now()
+        for _ in range(ACQUIRE_ROUNDS):
+            wait_left = max(wait_s - (validity.now() - start), 0.0)
+            body = acquire_body(name, ms, cid, round(wait_left * 1000))
+            claim, state = await self._acquire_once(name, ttl_s, body, wait_left, cid)
+            if claim is None:
+                return None
+            if claim in (Claim.NEW, Claim.HELD):
+                assert state is not None
+                return AsyncLock(state, self._keeper)
+            if claim is Claim.RELEASING:
+                assert state is not None
+                await self._settle(state)
+        raise not_settled(name)
+
+    def lock(
+        self,
+        name: str,
+        ttl: Seconds = 30.0,
+        wait: Seconds = 0.0,
+        client_id: str | None = None,
+    ) -> AsyncLockContext:
+        """``async with client.lock("job:42", ttl=30) as lock:``."""
+        return AsyncLockContext(self, name, ttl, wait, client_id)
+
+    async def _acquire_once(
+        self, name: str, ttl: float, body: AcquireBody, wait: float, cid: str
+    ) -> tuple[Claim | None, LockState | None]:
+        k = self._keeper
+        sent_at = validity.now()
+        got = await k.transport.acquire(body, k.request_timeout + wait)
+        if got is None:
+            return None, None
+        margin, until = k.grants.first_validity(sent_at, got, ttl)
+        if validity.now() - sent_at > margin:
+            confirm_at = validity.now()
+            try:
+                r = await k.transport.renew(got.ref, k.request_timeout)
+                until = max(until, confirmation(name, r, confirm_at, margin))
+            except LockLost:
+                raise
+            except LockrouterError:
+                if until <= validity.now():
+                    claim, state = k.grants.claim(name, ttl, margin, got, until, cid)
+                    if claim is Claim.NEW and state is not None:
+                        k.release_in_background(state)
+                    raise
+        claim, state = k.grants.claim(name, ttl, margin, got, until, cid)
+        if claim is Claim.NEW and state is not None:
+            k.loop.track(state)
+        return claim, state
+
+    async def _settle(self, state: LockState) -> None:
+        self._keeper.loop.hurry(state.key)
+        deadline = validity.now() + self._keeper.request_timeout
+        while state.release is Release.PENDING and validity.now() < deadline:
+            await asyncio.sleep(SETTLE_POLL)
+
+    async def aclose(self) -> None:
+        """Releases every lock still held and stops the renewal task, giving
+        pending releases one request timeout to get through."""
+        if self._closed:
+            return
+        self._closed = True
+        k = self._keeper
+        await k.loop.close(k.request_timeout + 1.0)
+        await k.transport.close()
+
+    async def __aenter__(self) -> AsyncClient:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.aclose()
+
+    def __repr__(self) -> str:
+        return f"AsyncClient(client_id={self.client_id!r})"

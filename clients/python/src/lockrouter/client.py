@@ -1,0 +1,472 @@
+"""The sync client: :class:`Client`, :class:`Lock`, and the one renewal
+thread per client that renews all its locks.
+
+The renewal thread only decides (``_schedule``) and hands requests to a
+small pool of I/O threads, so a slow request never delays the moment a
+lock's validity runs out: the thread wakes at that moment, marks the lock
+lost and sets its ``lost`` event, whatever the router is doing.
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+import time
+import types
+import weakref
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any, Callable
+
+from . import validity
+from ._common import (
+    ACQUIRE_ROUNDS,
+    SETTLE_POLL,
+    Grants,
+    Seconds,
+    check_client_id,
+    confirmation,
+    log,
+    not_settled,
+    release_pace,
+    seconds,
+    ttl_ms,
+    unconfirmed_release,
+)
+from ._schedule import Batch, Outcome, Retry, Schedule, outcome, refused
+from ._state import Claim, LockState, Release
+from ._transport import AcquireBody, Settings, SyncTransport, acquire_body, check_url
+from .errors import ConfigError, LockLost, LockrouterError, LostReason, NotAcquired
+
+__all__ = ["Client", "Lock", "LockContext"]
+
+
+class _Loop:
+    """The renewal thread: runs the schedule, sends what it says through a
+    pool of I/O threads, and takes commands as closures on a queue."""
+
+    def __init__(self, transport: SyncTransport, grants: Grants, request_timeout: float) -> None:
+        self._transport = transport
+        self._schedule = Schedule(grants.registry, request_timeout)
+        self._inbox: queue.SimpleQueue[Callable[[], None]] = queue.SimpleQueue()
+        self._io = ThreadPoolExecutor(max_workers=4, thread_name_prefix="lockrouter-io")
+        # A daemon: a process that forgets to close its client still exits;
+        # its locks then expire at their TTL.
+        self._thread = threading.Thread(target=self._run, name="lockrouter-renewal", daemon=True)
+        self._thread.start()
+
+    def send(self, command: Callable[[], None]) -> None:
+        self._inbox.put(command)
+
+    def track(self, state: LockState) -> None:
+        self.send(lambda: self._schedule.track(state, validity.now()))
+
+    def forget(self, key: int) -> None:
+        self.send(lambda: self._schedule.forget(key))
+
+    def release(self, state: LockState, failures: int) -> None:
+        self.send(lambda: self._schedule.release(state, failures, validity.now()))
+
+    def hurry(self, key: int) -> None:
+        self.send(lambda: self._schedule.hurry(key, validity.now()))
+
+    def close(self, timeout: float) -> None:
+        def closing() -> None:
+            now = validity.now()
+            for state in self._schedule.close(now):
+                if state.begin_release():
+                    self._schedule.release(state, 0, now)
+
+        self.send(closing)
+        self._thread.join(timeout)
+
+    def _run(self) -> None:
+        s = self._schedule
+        while True:
+            now = validity.now()
+            if s.finished(now):
+                break
+            batches, releases = s.due(now)
+            for b in batches:
+                self._io.submit(self._renew, b)
+            for state in releases:
+                self._io.submit(self._release, state)
+            wake = s.next_wake()
+            try:
+                timeout = None if wake is None else max(wake - validity.now(), 0.0)
+                self._inbox.get(timeout=timeout)()
+                while True:
+                    self._inbox.get_nowait()()
+            except queue.Empty:
+                pass
+        if s.abandoned():
+            log.warning("client closed with releases not confirmed; those locks expire at their TTL")
+        self._io.shutdown(wait=False, cancel_futures=True)
+
+    def _renew(self, batch: Batch) -> None:
+        sent_at = validity.now()
+        outcomes = renew(self._transport, batch)
+        self.send(lambda: self._schedule.renewed(sent_at, outcomes, validity.now()))
+
+    def _release(self, state: LockState) -> None:
+        error: LockrouterError | None = None
+        try:
+            self._transport.release(state.ref, self._schedule.request_timeout)
+        except LockrouterError as e:
+            log.debug("background release of %r failed: %s", state.name, e)
+            error = e
+        self.send(lambda: self._schedule.released(state, error, validity.now()))
+
+
+def renew(transport: SyncTransport, batch: Batch) -> list[tuple[int, Outcome]]:
+    """One ``renew-batch`` call; if the router rejects the batch itself (a
+    4xx), each lock on its own, so the batch's refusal never costs a lock."""
+    try:
+        results = transport.renew_batch(batch.refs, batch.timeout)
+        return [(k, outcome(r)) for k, r in zip(batch.keys, results)]
+    except LockrouterError as e:
+        if e.retryable:
+            log.debug("renewal of %d locks failed; will retry: %s", len(batch.keys), e)
+            return [(k, Retry()) for k in batch.keys]
+        log.warning("renew-batch refused (%s); renewing one by one", e)
+    out: list[tuple[int, Outcome]] = []
+    for k, ref in zip(batch.keys, batch.refs):
+        try:
+            out.append((k, outcome(transport.renew(ref, batch.timeout))))
+        except LockrouterError as e:
+            out.append((k, refused(e)))
+    return out
+
+
+class _Keeper:
+    """What a client's locks need of it: transport, timeouts, renewal
+    thread, grants. A ``Lock`` holds this, not its ``Client``."""
+
+    def __init__(self, transport: SyncTransport, grants: Grants, request_timeout: float) -> None:
+        self.transport = transport
+        self.grants = grants
+        self.request_timeout = request_timeout
+        self.loop = _Loop(transport, grants, request_timeout)
+
+    def release_in_background(self, state: LockState) -> None:
+        """Hands the release to the renewal thread; never blocks."""
+        if self.grants.registry.begin_release(state):
+            self.loop.release(state, 0)
+
+    def release(self, state: LockState) -> None:
+        """Releases at the router, retrying while the lock's validity lasts;
+        past it (or if interrupted) the renewal thread carries on."""
+        registry = self.grants.registry
+        owner = registry.begin_release(state)
+        if owner is None:
+            raise LockLost(state.name, state.lost_now() or LostReason.RELEASED)
+        if owner:
+            self.loop.forget(state.key)
+        failures = 0
+        last: LockrouterError | None = None
+        finished = False
+        try:
+            while True:
+                if failures:
+                    left = state.valid_until - validity.now()
+                    if left <= 0:
+                        raise last or unconfirmed_release(state.name)
+                    time.sleep(min(validity.backoff(failures, release_pace(state)), left))
+                if state.release is Release.DONE:
+                    finished = True
+                    return
+                try:
+                    self.transport.release(state.ref, self.request_timeout)
+                except LockrouterError as e:
+                    if not e.retryable:
+                        log.warning("the router refused to release %r: %s", state.name, e)
+                        registry.end_release(state, Release.GAVE_UP)
+                        finished = True
+                        raise
+                    failures += 1
+                    last = e
+                    continue
+                registry.end_release(state, Release.DONE)
+                finished = True
+                return
+        finally:
+            if owner and not finished:
+                self.loop.release(state, failures)
+
+
+class Lock:
+    """A lock held through a :class:`Client`, renewed in the background
+    until released or lost.
+
+    ``with lock:`` releases it at the end of the block. A ``Lock`` that is
+    garbage-collected without being released is released in the background.
+    Two ``Lock`` objects for one grant (one client acquiring a name it holds)
+    are one lock: they share validity and loss, and releasing either
+    releases it.
+    """
+
+    def __init__(self, state: LockState, keeper: _Keeper) -> None:
+        self._state = state
+        self._keeper = keeper
+        #: Set once the lock can no longer be trusted: the router said it
+        #: expired or was taken, this process's clock passed its validity
+        #: without a confirmed renewal, or it was released. Wait on it, or
+        #: poll ``lost.is_set()`` between steps of the work.
+        self.lost = threading.Event()
+        event = self.lost
+        state.on_lost(lambda _reason: event.set())
+        self._finalizer = weakref.finalize(self, keeper.release_in_background, state)
+        self._finalizer.atexit = False
+
+    @property
+    def name(self) -> str:
+        return self._state.name
+
+    @property
+    def fencing_token(self) -> int:
+        """Larger than every earlier grant's of this name: send it with every
+        write to the protected resource (see :mod:`lockrouter.fencing`)."""
+        return self._state.ref.fencing_token
+
+    @property
+    def lock_id(self) -> str:
+        return self._state.ref.lock_id
+
+    @property
+    def ttl(self) -> float:
+        return self._state.ttl
+
+    @property
+    def client_id(self) -> str:
+        return self._state.client_id
+
+    @property
+    def lost_reason(self) -> LostReason | None:
+        """Why the lock was lost, or None while it is held."""
+        return self._state.lost_now()
+
+    def is_held(self) -> bool:
+        """True while the client can prove the lock is held: not lost, and
+        its validity (by this process's monotonic clock) has not run out. A
+        process can pause right after this returns True; only the
+        resource's fencing check is safe against that."""
+        return self._state.lost_now() is None
+
+    def time_left(self) -> float:
+        """Seconds of validity left (0 once lost)."""
+        return self._state.time_left()
+
+    def release(self) -> None:
+        """Stops renewing and releases the lock; it counts as lost
+        (``RELEASED``) from the start. Returns once the router confirmed.
+        Transport errors, 429 and 5xx are retried with backoff while the
+        lock's validity lasts; then the error is raised and the renewal
+        thread keeps retrying while the client is open. Raises
+        :class:`LockLost` if the grant has passed to a newer ``Lock``."""
+        self._finalizer.detach()
+        self._keeper.release(self._state)
+
+    def __enter__(self) -> Lock:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: types.TracebackType | None,
+    ) -> None:
+        release_on_exit(self, exc_type is None)
+
+    def __repr__(self) -> str:
+        return f"Lock(name={self.name!r}, fencing_token={self.fencing_token}, held={self.is_held()})"
+
+
+def release_on_exit(lock: Lock, clean: bool) -> None:
+    """The end of a ``with`` block: release; if the block finished but the
+    lock was lost meanwhile, its work was not protected: raise
+    :class:`LockLost`."""
+    reason = lock._state.lost_now()
+    try:
+        lock.release()
+    except LockrouterError as e:
+        log.warning("release of %r at the end of its block not confirmed: %s", lock.name, e)
+    if clean and reason is not None and reason is not LostReason.RELEASED:
+        raise LockLost(lock.name, reason)
+
+
+class LockContext:
+    """``with client.lock(name, ...) as lock:`` acquires on entry (raising
+    :class:`NotAcquired` if another client holds it after ``wait``) and
+    releases on exit."""
+
+    def __init__(self, client: Client, name: str, ttl: Seconds, wait: Seconds, client_id: str | None) -> None:
+        self._args = (client, name, ttl, wait, client_id)
+        self._lock: Lock | None = None
+
+    def __enter__(self) -> Lock:
+        client, name, ttl, wait, client_id = self._args
+        self._lock = client.acquire(name, ttl=ttl, wait=wait, client_id=client_id)
+        return self._lock
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: types.TracebackType | None,
+    ) -> None:
+        if self._lock is not None:
+            lock, self._lock = self._lock, None
+            release_on_exit(lock, exc_type is None)
+
+
+class Client:
+    """A connection to a lockrouter under one client id, with one background
+    renewal thread for all the locks it holds.
+
+    ``url`` is the router's base URL. ``token`` is sent as
+    ``Authorization: Bearer``; ``verify`` and ``cert`` are httpx's TLS
+    options. ``client_id`` is the holder's identity at the router (default:
+    128 random bits); use one per process or independent worker.
+    ``safety_margin`` (seconds, default a tenth of each lock's TTL, never
+    below 0.1) is how much earlier than the router's reported expiry a lock
+    counts as lost. ``request_timeout`` bounds each request (default 5 s).
+    Close it (or use ``with Client(...) as client:``) to release what it
+    still holds.
+    """
+
+    def __init__(
+        self,
+        url: str,
+        token: str | None = None,
+        *,
+        verify: Any = True,
+        cert: Any = None,
+        client_id: str | None = None,
+        safety_margin: Seconds | None = None,
+        request_timeout: Seconds = 5.0,
+        transport: Any = None,
+    ) -> None:
+        settings = Settings(check_url(url), token, verify, cert, transport)
+        margin = None if safety_margin is None else seconds(safety_margin, "safety_margin")
+        self.client_id = check_client_id(client_id)
+        timeout = seconds(request_timeout, "request_timeout")
+        self._keeper = _Keeper(SyncTransport(settings), Grants(margin), timeout)
+        self._closed = False
+
+    def acquire(
+        self,
+        name: str,
+        ttl: Seconds = 30.0,
+        wait: Seconds = 0.0,
+        client_id: str | None = None,
+    ) -> Lock:
+        """Acquires ``name`` for ``ttl`` seconds (2 s to 1 h; etcd rounds up
+        to whole seconds), waiting up to ``wait`` seconds in the router's
+        first-come-first-served queue if it is held. Raises
+        :class:`NotAcquired` if it is still held then (or others are queued
+        ahead). Idempotent for one client id: after a
+        :class:`TransportError`, call it again."""
+        lock = self.try_acquire(name, ttl=ttl, wait=wait, client_id=client_id)
+        if lock is None:
+            raise NotAcquired(name)
+        return lock
+
+    def try_acquire(
+        self,
+        name: str,
+        ttl: Seconds = 30.0,
+        wait: Seconds = 0.0,
+        client_id: str | None = None,
+    ) -> Lock | None:
+        """As :meth:`acquire`, but None instead of :class:`NotAcquired`."""
+        self._check_open()
+        ttl_s, wait_s = seconds(ttl, "ttl"), seconds(wait, "wait")
+        ms = ttl_ms(ttl_s)
+        cid = self.client_id if client_id is None else check_client_id(client_id)
+        start = validity.now()
+        for _ in range(ACQUIRE_ROUNDS):
+            wait_left = max(wait_s - (validity.now() - start), 0.0)
+            body = acquire_body(name, ms, cid, round(wait_left * 1000))
+            claim, state = self._acquire_once(name, ttl_s, body, wait_left, cid)
+            if claim is None:
+                return None
+            if claim in (Claim.NEW, Claim.HELD):
+                assert state is not None
+                return Lock(state, self._keeper)
+            if claim is Claim.RELEASING:
+                assert state is not None
+                self._settle(state)
+            # Claim.RELEASED: the release got through; the next answer is new.
+        raise not_settled(name)
+
+    def lock(
+        self,
+        name: str,
+        ttl: Seconds = 30.0,
+        wait: Seconds = 0.0,
+        client_id: str | None = None,
+    ) -> LockContext:
+        """``with client.lock("job:42", ttl=30) as lock:`` — acquire (as
+        :meth:`acquire`), run the block, release. If the lock was lost
+        before the block ended, the exit raises :class:`LockLost`."""
+        return LockContext(self, name, ttl, wait, client_id)
+
+    def _acquire_once(
+        self, name: str, ttl: float, body: AcquireBody, wait: float, cid: str
+    ) -> tuple[Claim | None, LockState | None]:
+        k = self._keeper
+        sent_at = validity.now()
+        got = k.transport.acquire(body, k.request_timeout + wait)
+        if got is None:
+            return None, None
+        margin, until = k.grants.first_validity(sent_at, got, ttl)
+        if validity.now() - sent_at > margin:
+            # Granted somewhere within a long request (a wait): validity
+            # counts from its start. A renewal now measures afresh.
+            confirm_at = validity.now()
+            try:
+                r = k.transport.renew(got.ref, k.request_timeout)
+                until = max(until, confirmation(name, r, confirm_at, margin))
+            except LockLost:
+                raise
+            except LockrouterError:
+                if until <= validity.now():
+                    claim, state = k.grants.claim(name, ttl, margin, got, until, cid)
+                    if claim is Claim.NEW and state is not None:
+                        k.release_in_background(state)
+                    raise
+                # Still valid: the renewal thread confirms it shortly.
+        claim, state = k.grants.claim(name, ttl, margin, got, until, cid)
+        if claim is Claim.NEW and state is not None:
+            k.loop.track(state)
+        return claim, state
+
+    def _settle(self, state: LockState) -> None:
+        """Waits, at most a request timeout, for this client's release of
+        the grant to end, hurrying it first."""
+        self._keeper.loop.hurry(state.key)
+        deadline = validity.now() + self._keeper.request_timeout
+        while state.release is Release.PENDING and validity.now() < deadline:
+            time.sleep(SETTLE_POLL)
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise ConfigError("the client is closed")
+
+    def close(self) -> None:
+        """Releases every lock still held and stops the renewal thread,
+        giving pending releases one request timeout to get through."""
+        if self._closed:
+            return
+        self._closed = True
+        k = self._keeper
+        k.loop.close(k.request_timeout + 1.0)
+        k.transport.close()
+
+    def __enter__(self) -> Client:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return f"Client(client_id={self.client_id!r})"

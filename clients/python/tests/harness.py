@@ -1,0 +1,195 @@
+"""Real processes for the tests: etcd members and lockrouter routers on free
+127.0.0.1 ports, data and configs in temp dirs. Each value owns its process:
+``stop()`` kills and reaps it, and the kernel kills it too if the test run
+dies (``PR_SET_PDEATHSIG``). Readiness is polled within a deadline; a
+server that does not come up fails the test with the tail of its log.
+Nothing here is a mock: etcd is ``/usr/bin/etcd`` (or
+``/usr/local/bin/etcd``), the router is the binary cargo built.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import signal
+import socket
+import subprocess
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+
+ETCD_CANDIDATES = ("/usr/bin/etcd", "/usr/local/bin/etcd")
+REPO = Path(__file__).resolve().parents[3]
+DEFAULT_ROUTER = REPO / "target" / "debug" / "lockrouter"
+
+
+def etcd_binary() -> str:
+    for p in ETCD_CANDIDATES:
+        if os.access(p, os.X_OK):
+            return p
+    pytest.fail(
+        f"etcd missing: neither of {', '.join(ETCD_CANDIDATES)} exists; these tests run a real "
+        "etcd (Debian: etcd-server; deploy/local/prereqs.sh test installs it)",
+        pytrace=False,
+    )
+
+
+def router_binary() -> str:
+    path = os.environ.get("LOCKROUTER_BIN") or str(DEFAULT_ROUTER)
+    if not os.access(path, os.X_OK):
+        pytest.fail(
+            f"router binary missing: {path} is not an executable (build it with "
+            "`cargo build --bin lockrouter`, as `make test-python` does, or set LOCKROUTER_BIN)",
+            pytrace=False,
+        )
+    return path
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _die_with_parent() -> None:
+    # PR_SET_PDEATHSIG = 1: a SIGKILL of the test run kills the child too.
+    ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)
+
+
+def _tail(path: Path, n: int = 30) -> str:
+    try:
+        return "\n".join(path.read_text(errors="replace").splitlines()[-n:])
+    except OSError as e:
+        return f"(no log: {e})"
+
+
+class Process:
+    """One child process with its log file."""
+
+    def __init__(self, argv: list[str], log: Path, what: str) -> None:
+        self.argv, self.log, self.what = argv, log, what
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    def spawn(self) -> None:
+        with open(self.log, "ab") as out:
+            self.proc = subprocess.Popen(
+                self.argv,
+                stdin=subprocess.DEVNULL,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                preexec_fn=_die_with_parent,
+            )
+
+    def wait_until(self, ready: "callable[[], bool]", within: float) -> None:
+        deadline = time.monotonic() + within
+        while time.monotonic() < deadline:
+            assert self.proc is not None
+            if self.proc.poll() is not None:
+                pytest.fail(f"{self.what} exited with {self.proc.returncode}:\n{_tail(self.log)}")
+            if ready():
+                return
+            time.sleep(0.05)
+        self.stop()
+        pytest.fail(f"{self.what} not ready within {within} s:\n{_tail(self.log)}")
+
+    def kill(self) -> None:
+        """SIGKILL, and reap: no drain, no goodbye."""
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.kill()
+        if self.proc is not None:
+            self.proc.wait(10)
+
+    def stop(self) -> None:
+        self.kill()
+
+
+def _get(url: str) -> httpx.Response | None:
+    try:
+        return httpx.get(url, timeout=1.0, trust_env=False)
+    except httpx.HTTPError:
+        return None
+
+
+class Etcd(Process):
+    """A one-member etcd cluster."""
+
+    def __init__(self, workdir: Path, name: str = "m0") -> None:
+        self.client_port, peer_port = free_port(), free_port()
+        client = f"http://127.0.0.1:{self.client_port}"
+        peer = f"http://127.0.0.1:{peer_port}"
+        data = workdir / f"etcd-{name}-{self.client_port}"
+        data.mkdir(parents=True)
+        argv = [
+            etcd_binary(),
+            "--name", name,
+            "--data-dir", str(data / "data"),
+            "--listen-client-urls", client,
+            "--advertise-client-urls", client,
+            "--listen-peer-urls", peer,
+            "--initial-advertise-peer-urls", peer,
+            "--initial-cluster", f"{name}={peer}",
+            "--initial-cluster-token", "lockrouter-python-test",
+            "--heartbeat-interval", "50",
+            "--election-timeout", "500",
+        ]  # fmt: skip
+        super().__init__(argv, data / "etcd.log", f"etcd on {client}")
+        self.endpoint = client
+        self.spawn()
+
+        def healthy() -> bool:
+            r = _get(f"{client}/health")
+            return r is not None and r.status_code == 200 and "true" in r.text
+
+        self.wait_until(healthy, 20)
+
+
+class Router(Process):
+    """``lockrouter serve`` over the given etcd shards (named a, b, ...),
+    with short etcd deadlines so failures show fast (as the Rust test kit's
+    config does)."""
+
+    def __init__(self, workdir: Path, shards: list[Etcd], port: int | None = None) -> None:
+        self.port = port or free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        d = workdir / f"router-{self.port}"
+        d.mkdir(parents=True, exist_ok=True)
+        toml = (
+            f'[server]\nlisten = "127.0.0.1:{self.port}"\n\n'
+            '[etcd]\nprefix = "/lockrouter"\nrequest_timeout_ms = 1000\n'
+            "connect_timeout_ms = 500\nhealth_interval_ms = 200\n"
+        )
+        for i, s in enumerate(shards):
+            toml += f'\n[[shards]]\nname = "{chr(ord("a") + i)}"\nendpoints = ["{s.endpoint}"]\n'
+        self.config = d / "router.toml"
+        self.config.write_text(toml)
+        argv = [router_binary(), "serve", "--config", str(self.config)]
+        super().__init__(argv, d / "router.log", f"router on {self.url}")
+        self.start()
+
+    def start(self) -> None:
+        """Starts (or restarts, on the same port) and waits for /readyz."""
+        self.spawn()
+
+        def ready() -> bool:
+            r = _get(f"{self.url}/readyz")
+            return r is not None and r.status_code == 200
+
+        self.wait_until(ready, 30)
+
+    def inspect(self, name: str) -> dict:
+        from urllib.parse import quote
+
+        r = httpx.get(f"{self.url}/api/v1/locks/{quote(name, safe='')}", timeout=5, trust_env=False)
+        r.raise_for_status()
+        return r.json()
+
+    def metric(self, name: str, labels: str) -> float:
+        """Sum of one metric's series whose labels contain ``labels``."""
+        text = httpx.get(f"{self.url}/metrics", timeout=5, trust_env=False).text
+        total = 0.0
+        for line in text.splitlines():
+            if line.startswith(name) and labels in line:
+                total += float(line.rsplit(" ", 1)[1])
+        return total

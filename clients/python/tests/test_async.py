@@ -1,0 +1,84 @@
+"""The asyncio client against a real router on real etcd: renewal past the
+TTL inside ``async with``, release at its exit, FIFO waits, and the lost
+event on a router kill, judged by the client's clock."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from typing import Callable
+
+import pytest
+
+import lockrouter
+from harness import Etcd, Router
+from lockrouter import LostReason
+
+
+@pytest.mark.asyncio
+async def test_async_with_holds_past_the_ttl_and_releases_at_exit(router: Router) -> None:
+    async with lockrouter.AsyncClient(router.url) as a, lockrouter.AsyncClient(router.url) as b:
+        async with a.lock("py:async", ttl=2) as lock:
+            assert isinstance(lock, lockrouter.AsyncLock)
+            assert await b.try_acquire("py:async", ttl=2) is None
+            await asyncio.sleep(5)
+            assert lock.is_held() and not lock.lost.is_set()
+            assert router.inspect("py:async")["fencingToken"] == lock.fencing_token
+        assert lock.lost.is_set() and await lock.wait_lost() is LostReason.RELEASED
+        start = time.monotonic()
+        nxt = await b.acquire("py:async", ttl=2)
+        assert time.monotonic() - start < 1.0
+        assert nxt.fencing_token > lock.fencing_token
+        await nxt.release()
+
+
+@pytest.mark.asyncio
+async def test_async_waiters_are_granted_in_arrival_order(router: Router) -> None:
+    async with (
+        lockrouter.AsyncClient(router.url) as holder,
+        lockrouter.AsyncClient(router.url) as b,
+        lockrouter.AsyncClient(router.url) as c,
+    ):
+        first = await holder.acquire("py:async-queue", ttl=30)
+        order: list[str] = []
+
+        async def wait_for(label: str, client: lockrouter.AsyncClient) -> lockrouter.AsyncLock:
+            lock = await client.acquire("py:async-queue", ttl=2, wait=20)
+            order.append(label)
+            return lock
+
+        wb = asyncio.create_task(wait_for("B", b))
+        await asyncio.sleep(0.5)
+        wc = asyncio.create_task(wait_for("C", c))
+        await asyncio.sleep(0.5)
+        await first.release()
+        lock_b = await asyncio.wait_for(wb, 10)
+        assert order == ["B"] and lock_b.is_held()
+        await asyncio.sleep(2.5)  # past B's TTL: renewed, C still waits
+        assert not wc.done() and lock_b.is_held()
+        await lock_b.release()
+        lock_c = await asyncio.wait_for(wc, 10)
+        assert order == ["B", "C"] and lock_c.fencing_token > lock_b.fencing_token
+        await lock_c.release()
+
+
+@pytest.mark.asyncio
+async def test_async_lost_fires_by_the_client_clock_when_the_router_is_killed(
+    etcd: Etcd, start_router: Callable[..., Router]
+) -> None:
+    router = start_router([etcd])
+    async with lockrouter.AsyncClient(router.url, safety_margin=1) as client:
+        lock = await client.acquire("py:async-orphan", ttl=3)
+        await asyncio.sleep(1.2)
+        router.kill()
+        deadline = time.monotonic() + lock.time_left()
+        assert lock.is_held()
+        reason = await asyncio.wait_for(lock.wait_lost(), 10)
+        fired = time.monotonic()
+        assert reason is LostReason.UNCONFIRMED
+        assert deadline - 0.1 <= fired <= deadline + 0.1, fired - deadline
+        assert not lock.is_held()
+        # The with block ended after the loss: its work was not protected.
+        with pytest.raises(lockrouter.LockLost):
+            async with lock:
+                pass

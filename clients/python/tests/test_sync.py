@@ -1,0 +1,218 @@
+"""The sync client against a real router on real etcd: renewal past the
+TTL, release at the end of a ``with`` block, FIFO waits, one renew-batch
+per interval for many locks, a lock lost by the client's own clock when the
+router is killed (while the lease still stands), a release retried until
+the router is back, and a shard outage that loses only that shard's locks.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from typing import Callable
+
+import pytest
+
+import lockrouter
+from harness import Etcd, Router
+from lockrouter import LostReason
+
+
+def test_a_lock_is_renewed_past_its_ttl_and_released_for_the_next_holder(router: Router) -> None:
+    with lockrouter.Client(router.url) as a, lockrouter.Client(router.url) as b:
+        lock = a.acquire("py:basic", ttl=2)
+        assert lock.is_held() and lock.name == "py:basic"
+        assert b.try_acquire("py:basic", ttl=2) is None
+        with pytest.raises(lockrouter.NotAcquired):
+            b.acquire("py:basic", ttl=2)
+
+        # Two and a half TTLs later it is still held, by the router's account too.
+        time.sleep(5)
+        assert lock.is_held()
+        assert not lock.lost.is_set()
+        seen = router.inspect("py:basic")
+        assert seen["held"] is True and seen["fencingToken"] == lock.fencing_token
+
+        lock.release()
+        assert lock.lost.is_set() and lock.lost_reason is LostReason.RELEASED
+        assert not lock.is_held()
+        nxt = b.acquire("py:basic", ttl=2)
+        assert nxt.fencing_token > lock.fencing_token
+        nxt.release()
+
+
+def test_leaving_the_with_block_releases_the_lock_for_the_next_holder_at_once(router: Router) -> None:
+    with lockrouter.Client(router.url) as a, lockrouter.Client(router.url) as b:
+        with a.lock("py:with", ttl=60) as lock:
+            token = lock.fencing_token
+            assert router.inspect("py:with")["held"] is True
+        assert lock.lost_reason is LostReason.RELEASED
+        # Far less than the 60 s TTL, and without waiting: the exit released it.
+        start = time.monotonic()
+        nxt = b.acquire("py:with", ttl=60)
+        assert time.monotonic() - start < 1.0
+        assert nxt.fencing_token > token
+        # The same when the block raises; the error is not masked.
+        with pytest.raises(ZeroDivisionError):
+            with b.lock("py:with-raise", ttl=60):
+                1 / 0
+        assert a.acquire("py:with-raise", ttl=60).is_held()
+
+
+def test_waiters_are_granted_in_arrival_order(router: Router) -> None:
+    clients = [lockrouter.Client(router.url) for _ in range(3)]
+    holder, b, c = clients
+    try:
+        first = holder.acquire("py:queue", ttl=30)
+        granted: list[tuple[str, lockrouter.Lock]] = []
+        done = threading.Condition()
+
+        def wait_for(label: str, client: lockrouter.Client) -> None:
+            lock = client.acquire("py:queue", ttl=2, wait=20)
+            with done:
+                granted.append((label, lock))
+                done.notify_all()
+
+        tb = threading.Thread(target=wait_for, args=("B", b), daemon=True)
+        tc = threading.Thread(target=wait_for, args=("C", c), daemon=True)
+        tb.start()
+        time.sleep(0.5)  # B is queued before C
+        tc.start()
+        # Longer than the waiters' 2 s TTL: validity counted from B's request
+        # would be gone by the grant; the client confirms the grant instead.
+        time.sleep(2.5)
+        assert not granted
+        first.release()
+        with done:
+            assert done.wait_for(lambda: len(granted) >= 1, timeout=10)
+        label, lock_b = granted[0]
+        assert label == "B", "B queued first"
+        assert lock_b.is_held() and lock_b.fencing_token > first.fencing_token
+        # B keeps it past its TTL while C waits behind it.
+        time.sleep(2.5)
+        assert lock_b.is_held()
+        assert len(granted) == 1, "C must not be granted while B holds"
+        lock_b.release()
+        with done:
+            assert done.wait_for(lambda: len(granted) == 2, timeout=10)
+        label, lock_c = granted[1]
+        assert label == "C" and lock_c.fencing_token > lock_b.fencing_token
+        lock_c.release()
+        tb.join(5)
+        tc.join(5)
+    finally:
+        for cl in clients:
+            cl.close()
+
+
+def test_many_locks_are_renewed_with_one_request_per_interval(
+    start_etcd: Callable[[], Etcd], start_router: Callable[..., Router]
+) -> None:
+    # A router of its own, so its metrics count only this client's requests.
+    router = start_router([start_etcd(), start_etcd()])
+    with lockrouter.Client(router.url) as client:
+        locks = [client.acquire(f"py:batch-{i}", ttl=3) for i in range(40)]
+
+        def batches() -> float:
+            return router.metric("lockrouter_requests_total", 'op="renew_batch"')
+
+        def singles() -> float:
+            return router.metric("lockrouter_requests_total", 'op="renew"')
+
+        b0, s0 = batches(), singles()
+        time.sleep(6)  # six 1 s intervals
+        sent = batches() - b0
+        # One per interval is 6; renewing each lock alone would be 240.
+        assert 3 <= sent <= 12, f"{sent} renew-batch requests for 40 locks over 6 intervals"
+        assert singles() - s0 == 0, "no single renewals"
+        assert all(lock.is_held() for lock in locks)
+
+
+def test_without_a_router_a_lock_is_lost_by_the_client_clock_before_its_lease_ends(
+    etcd: Etcd, start_router: Callable[..., Router]
+) -> None:
+    doomed = start_router([etcd])
+    witness = start_router([etcd])
+    with lockrouter.Client(doomed.url, safety_margin=2) as client:
+        lock = client.acquire("py:orphan", ttl=6)
+        time.sleep(2.5)  # at least one renewal confirmed
+        doomed.kill()
+        # The client's own clock is the judge: renewals now fail, and the lock
+        # is trusted exactly until the validity its last confirmation proved.
+        deadline = time.monotonic() + lock.time_left()
+        assert lock.is_held()
+        assert lock.lost.wait(timeout=20), "lost fires once validity runs out"
+        fired = time.monotonic()
+        assert fired <= deadline + 0.1, f"lost fired {fired - deadline:.3f} s after validity ended"
+        assert fired >= deadline - 0.1, f"lost fired {deadline - fired:.3f} s before validity ended"
+        assert lock.lost_reason is LostReason.UNCONFIRMED
+        assert not lock.is_held() and lock.time_left() == 0
+        # The client gave up while the lease still stood (the 2 s margin): it
+        # never trusts a lock longer than the router could vouch for.
+        seen = witness.inspect("py:orphan")
+        assert seen["held"] is True and seen["fencingToken"] == lock.fencing_token
+
+
+def test_a_release_sent_while_the_router_is_down_is_retried_until_it_frees_the_name(
+    router: Router,
+) -> None:
+    with lockrouter.Client(router.url) as a, lockrouter.Client(router.url) as b:
+        lock = a.acquire("py:release-retry", ttl=8)
+        router.kill()
+        outcome: list[BaseException | None] = []
+
+        def release() -> None:
+            try:
+                lock.release()
+                outcome.append(None)
+            except BaseException as e:  # reported below
+                outcome.append(e)
+
+        t = threading.Thread(target=release, daemon=True)
+        t.start()
+        time.sleep(1.5)
+        assert t.is_alive(), "release keeps retrying while the router is away"
+        router.start()  # the same port
+        t.join(10)
+        assert outcome == [None], outcome
+        # Released, not expired: the next holder gets it at once.
+        assert b.acquire("py:release-retry", ttl=8).fencing_token > lock.fencing_token
+
+
+def test_a_shard_outage_loses_only_the_locks_on_that_shard(
+    start_etcd: Callable[[], Etcd], start_router: Callable[..., Router]
+) -> None:
+    shards = [start_etcd(), start_etcd()]
+    router = start_router(shards)
+    by_shard: dict[str, str] = {}
+    for i in range(200):
+        name = f"py:shard-{i}"
+        by_shard.setdefault(router.inspect(name)["shard"], name)
+        if len(by_shard) == 2:
+            break
+    assert set(by_shard) == {"a", "b"}, by_shard
+    with lockrouter.Client(router.url) as client:
+        lock_a = client.acquire(by_shard["a"], ttl=3)
+        lock_b = client.acquire(by_shard["b"], ttl=3)
+        shards[1].kill()
+        # b's renewals now answer shard_unavailable (retried) until its
+        # validity runs out; a's go on.
+        assert lock_b.lost.wait(timeout=10)
+        assert lock_b.lost_reason is LostReason.UNCONFIRMED
+        time.sleep(2)
+        assert lock_a.is_held() and not lock_a.lost.is_set()
+
+
+def test_a_lock_released_behind_the_clients_back_is_lost_at_once_as_expired(router: Router) -> None:
+    import httpx
+
+    with lockrouter.Client(router.url) as client:
+        lock = client.acquire("py:gone", ttl=30)
+        # Someone else releases the grant: the next renewal (10 s on) would
+        # say "expired"; the client must not wait for its validity (27 s).
+        r = httpx.post(f"{router.url}/api/v1/locks/release", trust_env=False,
+                       json={"lockId": lock.lock_id, "fencingToken": lock.fencing_token})  # fmt: skip
+        assert r.status_code == 204
+        assert lock.lost.wait(timeout=15), "lost at the first renewal"
+        assert lock.lost_reason is LostReason.EXPIRED
+        assert lock.time_left() == 0

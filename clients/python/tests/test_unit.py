@@ -1,0 +1,212 @@
+"""The client's rules without a router: the validity clock, the renewal
+schedule (batching, splitting at the API's limit, what answers mean), the
+shared grant state, the fencing helpers, and what goes on the wire
+(bearer token, bodies, error mapping) through httpx's mock transport."""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+import threading
+
+import httpx
+import pytest
+
+import lockrouter
+from lockrouter import LostReason, fencing, validity
+from lockrouter._schedule import Confirmed, Lost, Retry, Schedule, outcome
+from lockrouter._state import LockState, Registry
+from lockrouter._transport import LockRef, Renewed
+
+
+def state(key: int, ttl: float = 30.0, valid_for: float = 27.0, now: float | None = None) -> LockState:
+    now = validity.now() if now is None else now
+    return LockState(key, f"lock-{key}", LockRef(f"id-{key}", key + 1), ttl, 0.1, now + valid_for, "c")
+
+
+def test_validity_counts_from_before_sending_minus_the_margin() -> None:
+    assert validity.valid_until(100.0, 10.0, 1.0) == 109.0
+    assert validity.valid_until(100.0, 0.05, validity.MIN_MARGIN) == 100.0
+    assert validity.margin(30) == 3.0
+    assert validity.margin(0.5) == validity.MIN_MARGIN
+    assert validity.margin(30, 0) == validity.MIN_MARGIN
+    assert validity.renew_interval(3) == 1.0
+    # Renew a third of the TTL on, sooner when validity is short.
+    assert validity.next_renewal(0, 27, 10) == 10
+    assert validity.next_renewal(0, 12, 10) == 2
+    assert validity.next_renewal(0, 3, 10) == 0
+
+
+def test_backoff_grows_and_stays_under_its_cap() -> None:
+    for failures in range(1, 40):
+        assert validity.backoff(failures, 1.0) <= 1.0
+    assert validity.backoff(1, 1.0) <= 0.1
+    assert validity.backoff(10, 1.0) >= 0.5
+
+
+def test_locks_due_close_together_share_one_batch_split_at_the_limit() -> None:
+    s = Schedule(Registry(), 5.0)
+    t0 = 1000.0
+    for key in range(2500):
+        # Acquired over 2.5 s: all within half an interval (5 s) of the first.
+        s.track(state(key, now=t0 + key / 1000), t0 + key / 1000)
+    assert s.due(t0 + 3) == ([], [])
+    batches, _ = s.due(t0 + 10)
+    assert [len(b.refs) for b in batches] == [1000, 1000, 500]
+    assert s.due(t0 + 10.5) == ([], []), "nothing is sent twice"
+
+
+def test_a_lock_due_much_later_waits_for_its_own_turn() -> None:
+    s = Schedule(Registry(), 5.0)
+    s.track(state(1, now=0), 0)
+    s.track(state(2, now=8), 8)
+    batches, _ = s.due(10)
+    assert [b.keys for b in batches] == [[1]]
+
+
+def test_answers_confirm_lose_at_once_or_retry() -> None:
+    assert outcome(Renewed(True, 5.0)) == Confirmed(5.0)
+    assert outcome(Renewed(False, reason="expired")) == Lost(LostReason.EXPIRED)
+    assert outcome(Renewed(False, reason="stolen")) == Lost(LostReason.STOLEN)
+    assert outcome(Renewed(False, reason="shard_unavailable")) == Retry()
+    now = validity.now()
+    s = Schedule(Registry(), 5.0)
+    states = [state(k, now=now) for k in range(3)]
+    for st in states:
+        s.track(st, now)
+    s.due(now + 10)
+    s.renewed(now, [(0, Confirmed(60.0)), (1, Lost(LostReason.EXPIRED)), (2, Retry())], now)
+    assert states[0].valid_until == pytest.approx(now + 60 - 0.1)
+    assert states[1].lost_now() is LostReason.EXPIRED
+    assert s.next_wake() is not None and s.next_wake() <= now + 0.1, "the retry comes soon"
+
+
+def test_lost_by_the_clock_and_never_revived() -> None:
+    now = validity.now()
+    st = state(1, valid_for=-0.001, now=now)
+    seen: list[LostReason] = []
+    st.on_lost(seen.append)
+    assert st.lost_now() is LostReason.UNCONFIRMED and seen == [LostReason.UNCONFIRMED]
+    st.confirm(now + 100)
+    assert st.lost_now() is LostReason.UNCONFIRMED, "a late answer cannot revive it"
+    assert not st.mark_lost(LostReason.STOLEN), "the first reason stays"
+
+
+def test_one_grant_acquired_twice_is_one_state() -> None:
+    reg = Registry()
+    a = state(1)
+    claim, got = reg.claim("id-1", a.valid_until, lambda: a)
+    assert claim.value == "new" and got is a
+    claim, got = reg.claim("id-1", a.valid_until + 1, lambda: state(1))
+    assert claim.value == "held" and got is a
+    assert reg.begin_release(a) is True
+    assert a.lost_now() is LostReason.RELEASED
+    claim, _ = reg.claim("id-1", a.valid_until, lambda: state(1))
+    assert claim.value == "releasing"
+
+
+def test_the_bearer_token_and_bodies_go_on_the_wire() -> None:
+    seen: list[httpx.Request] = []
+
+    def router(request: httpx.Request) -> httpx.Response:
+        seen.append(request)
+        body = json.loads(request.content)
+        if request.url.path.endswith("/acquire"):
+            return httpx.Response(200, json={"acquired": True, "lockId": "L1",
+                                             "fencingToken": 7, "expiresAt": "x",
+                                             "expiresInMs": 29990})  # fmt: skip
+        if request.url.path.endswith("/release"):
+            assert body == {"lockId": "L1", "fencingToken": 7}
+            return httpx.Response(204)
+        return httpx.Response(503, json={"error": {"code": "shard_unavailable", "message": "m"}})
+
+    client = lockrouter.Client(
+        "https://router.example:8443", token="s3cret", client_id="w-7",
+        transport=httpx.MockTransport(router),
+    )  # fmt: skip
+    with client:
+        with client.lock("job:42", ttl=30) as lock:
+            assert lock.fencing_token == 7 and lock.client_id == "w-7"
+    acquire = json.loads(seen[0].content)
+    assert acquire == {"name": "job:42", "ttlMs": 30000, "clientId": "w-7"}
+    assert all(r.headers["Authorization"] == "Bearer s3cret" for r in seen)
+    assert seen[-1].url.path == "/api/v1/locks/release"
+
+
+def test_errors_are_typed() -> None:
+    def router(request: httpx.Request) -> httpx.Response:
+        return httpx.Response(400, json={"error": {"code": "invalid_argument", "message": "ttl"}})
+
+    with lockrouter.Client("http://r:1", transport=httpx.MockTransport(router)) as client:
+        with pytest.raises(lockrouter.RouterError) as e:
+            client.acquire("x", ttl=1)
+    assert e.value.status == 400 and e.value.code == "invalid_argument"
+    assert not e.value.retryable
+    assert lockrouter.RouterError(503, "shard_unavailable", "").retryable
+    assert lockrouter.TransportError("refused").retryable
+    with pytest.raises(lockrouter.ConfigError):
+        lockrouter.Client("router:8080")
+    with pytest.raises(lockrouter.TransportError):
+        with lockrouter.Client(f"http://127.0.0.1:{_closed_port()}", request_timeout=1) as c:
+            c.acquire("x", ttl=2)
+
+
+def _closed_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def test_fencing_helpers() -> None:
+    assert fencing.admits(None, 7) and fencing.admits(7, 7) and not fencing.admits(9, 7)
+    assert fencing.fence_key_value(42) == "00000000000000000042"
+    with pytest.raises(ValueError):
+        fencing.as_i64(2**64 - 1)
+    fence = fencing.Fence()
+    threads = [
+        threading.Thread(target=lambda t=t: [_try(fence, t * 1000 + i) for i in range(1000)])
+        for t in range(1, 9)
+    ]
+    for th in threads:
+        th.start()
+    for th in threads:
+        th.join()
+    assert fence.highest == 8999
+    with pytest.raises(fencing.Stale):
+        fence.admit(8998)
+
+
+def _try(fence: fencing.Fence, token: int) -> None:
+    try:
+        fence.admit(token)
+    except fencing.Stale:
+        pass
+
+
+def test_the_sqlite_fence_rejects_lower_tokens() -> None:
+    conn = sqlite3.connect(":memory:", isolation_level=None)
+    fencing.sqlite_create_fences(conn)
+    assert fencing.sqlite_admit(conn, "order:1", 5) is None
+    assert fencing.sqlite_admit(conn, "order:1", 5) is None, "the same grant writes again"
+    assert fencing.sqlite_admit(conn, "order:1", 9) is None
+    assert fencing.sqlite_admit(conn, "order:1", 5) == 9
+    assert fencing.sqlite_admit(conn, "order:2", 1) is None, "per resource"
+
+
+def test_a_refused_release_is_not_retried() -> None:
+    calls: list[str] = []
+
+    def router(request: httpx.Request) -> httpx.Response:
+        calls.append(request.url.path)
+        if request.url.path.endswith("/acquire"):
+            return httpx.Response(200, json={"acquired": True, "lockId": "L1",
+                                             "fencingToken": 7, "expiresInMs": 29990})  # fmt: skip
+        return httpx.Response(400, json={"error": {"code": "invalid_argument", "message": "bad"}})
+
+    with lockrouter.Client("http://r:1", transport=httpx.MockTransport(router)) as client:
+        lock = client.acquire("x", ttl=30)
+        with pytest.raises(lockrouter.RouterError):
+            lock.release()
+    assert calls.count("/api/v1/locks/release") == 1
