@@ -1,6 +1,6 @@
 # `make run` starts three local etcd shards and the router; `make test` runs
 # formatting, lints and the full test suite against real etcd processes.
-.PHONY: run test test-python build fmt lint
+.PHONY: run test test-python test-typescript build fmt lint
 .PHONY: prereqs prereqs-build prereqs-run prereqs-bench prereqs-check
 
 # Each target checks what it needs, and installs what is missing from Debian
@@ -42,6 +42,7 @@ test: prereqs lint
 	cargo test --workspace -- --test-threads=3 --skip dashboards:: --skip renewals::
 	cargo test -p lockrouter --test tests -- --test-threads=1 dashboards:: renewals::
 	$(MAKE) test-python
+	$(MAKE) test-typescript
 
 # The Python SDK (clients/python, docs/client.md) against a real router and
 # real etcd started by its fixtures: builds the router, keeps a venv in
@@ -55,6 +56,15 @@ test-python:
 	$(PYTHON_VENV)/bin/pip install --quiet --disable-pip-version-check -e 'clients/python[test]'
 	LOCKROUTER_BIN=$(CURDIR)/target/debug/lockrouter timeout 300 \
 		$(PYTHON_VENV)/bin/python -m pytest clients/python/tests -q --timeout 60
+
+# The TypeScript SDK (clients/typescript, docs/client.md) against a real
+# router and real etcd started by its tests: builds the router, installs the
+# SDK's build tools from its lock file (npm ci), compiles with tsc and runs
+# node's test runner, the whole run bounded by timeout(1). Under a minute.
+test-typescript:
+	cargo build --bin lockrouter
+	cd clients/typescript && npm ci --no-audit --no-fund --loglevel=error
+	cd clients/typescript && LOCKROUTER_BIN=$(CURDIR)/target/debug/lockrouter timeout 300 npm test
 
 # Benchmarks (loadtest/, docs/benchmarks.md). Both start their own etcd
 # shards and router on loopback and stop them when done, even on failure.

@@ -81,6 +81,8 @@ python_fake() { # version venv
   fake "$bin" python3 "case \$1 in --version) echo 'Python $1' ;; -m) $venv ;; *) exit 2 ;; esac"
 }
 python_fake 3.11.7 ok
+fake "$bin" node 'echo v20.11.1'
+fake "$bin" npm 'echo 10.2.4'
 
 n=0
 sandbox() {
@@ -202,6 +204,14 @@ if grep -qi python <<<"$out"; then
   printf '%s\n' "$out" | sed 's/^/    /' >&2
   failures=$((failures + 1))
 fi
+
+# ... and node >= 20 with npm.
+sandbox && rm "$bin/node"
+expect 1 "node missing .*\[Debian: nodejs npm\]" --check test
+sandbox && fake "$bin" node 'echo v18.19.0'
+expect 1 "node too old: .*Node v18\.19\.0; .*needs Node >= 20" --check test
+sandbox && fake "$bin" npm 'echo "npm: command not found" >&2; exit 127'
+expect 1 "npm missing or unusable: .*\[Debian: npm\]" --check test
 
 # Installing mode: with no apt-get it names the packages and fails; what
 # no package fixes fails without trying to install.

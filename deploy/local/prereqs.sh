@@ -19,7 +19,9 @@
 #          namespace with a bridge and a veth pair, for the partition tests
 #          (iproute2; they also need root); python3 >= 3.11 able to make a
 #          venv with pip, for the Python SDK's tests (python3 python3-venv
-#          python3-pip: make test-python builds target/python-venv).
+#          python3-pip: make test-python builds target/python-venv); node >= 20
+#          with npm, for the TypeScript SDK's tests (nodejs npm: make
+#          test-typescript runs npm ci and npm test).
 #
 # Every check runs what the build or the tests will run (protoc compiles a
 # .proto importing the well-known types, cc builds and runs a C program, etcd
@@ -55,7 +57,7 @@ case $mode in
   build) checks=(check_cargo check_cc check_protoc) ;;
   run) checks=(check_cargo check_cc check_protoc check_etcd_on_path) ;;
   bench) checks=(check_cargo check_cc check_protoc check_etcd_for_tests) ;;
-  test) checks=(check_cargo check_cc check_protoc check_etcd_for_tests check_prometheus check_etcdctl check_netns check_python) ;;
+  test) checks=(check_cargo check_cc check_protoc check_etcd_for_tests check_prometheus check_etcdctl check_netns check_python check_node) ;;
 esac
 
 tmp=$(mktemp -d)
@@ -296,6 +298,35 @@ $(indent "$out")" python3-venv python3-pip
   if ! out=$("$tmp/venv/bin/pip" --version 2>&1); then
     fail "a new venv has no working pip: \`venv/bin/pip --version\` fails (make test-python installs the SDK with it):
 $(indent "$out")" python3-venv python3-pip
+  fi
+}
+
+# The TypeScript SDK's tests (make test-typescript) run `npm ci` and
+# `npm test` (tsc, then node's test runner); the SDK needs Node >= 20
+# (global fetch, AbortSignal reasons, the test runner).
+check_node() {
+  local out major
+  if ! command -v node >/dev/null 2>&1; then
+    fail "node missing (make test-typescript runs the TypeScript SDK's tests with it)" nodejs npm
+    return
+  fi
+  if ! out=$(node --version 2>&1); then
+    fail "node unusable: \`node --version\` fails:
+$(indent "$out")" nodejs npm
+    return
+  fi
+  if [[ ! $out =~ ^v([0-9]+)\. ]]; then
+    fail "node version unreadable: \`node --version\` printed '${out%%$'\n'*}', not 'vX.Y.Z'; the TypeScript SDK needs Node >= 20" nodejs
+    return
+  fi
+  major=$((10#${BASH_REMATCH[1]}))
+  if ((major < 20)); then
+    fail "node too old: $(command -v node) is Node $out; the TypeScript SDK (make test-typescript) needs Node >= 20" nodejs
+    return
+  fi
+  if ! out=$(npm --version 2>&1); then
+    fail "npm missing or unusable: \`npm --version\` fails (make test-typescript installs the SDK's build tools with it):
+$(indent "$out")" npm
   fi
 }
 

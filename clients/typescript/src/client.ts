@@ -1,0 +1,195 @@
+/**
+ * {@link Client}: one identity (client id) talking to a lockrouter, with
+ * one background renewal loop for all the locks it holds. The top of the
+ * package: it builds the transport, the renewal loop, the registry and the
+ * {@link Keeper} its locks share; nothing imports it.
+ */
+
+import { randomBytes } from "node:crypto";
+
+import { ConfigError, LockLostError, NotAcquiredError, RouterError } from "./errors.js";
+import { Keeper } from "./keeper.js";
+import { Lock } from "./lock.js";
+import { Registry, type Claim } from "./registry.js";
+import { Renewer } from "./renewal.js";
+import { Grant } from "./state.js";
+import { Transport, type LockRef } from "./transport.js";
+import { margin, now, validUntil } from "./validity.js";
+
+export interface ClientOptions {
+  /** The router, `http://host:port` or `https://host[:port][/prefix]` (TLS comes from the URL). */
+  url: string;
+  /** Sent as `Authorization: Bearer <token>` on every call (for a gateway in front of the router). */
+  token?: string;
+  /** The id the router knows this client by (1 to 256 bytes). Default: 128 random bits. */
+  clientId?: string;
+  /** The `fetch` to use. Default: Node's global `fetch`. */
+  fetch?: typeof fetch;
+  /** How much earlier than the router's reported expiry a lock counts as lost. Default: a tenth of the TTL, never below 100 ms. */
+  safetyMarginMs?: number;
+  /** How long one request may take before it counts as failed. Default 5,000 ms; renewals also stop waiting after a third of the TTL. */
+  requestTimeoutMs?: number;
+}
+
+export interface AcquireOptions {
+  /** The lease's TTL (the router takes 2,000 to 3,600,000; etcd rounds up to whole seconds). */
+  ttlMs: number;
+  /** How long to queue for a held name, first come first served (router cap: `limits.max_wait_ms`, 60 s by default). Default 0: do not wait. */
+  waitMs?: number;
+}
+
+/** How many times an acquire asks again when its answer is a grant this client is still releasing. */
+const ACQUIRE_ROUNDS = 3;
+
+/**
+ * A connection to a lockrouter under one client id. Every lock a client
+ * holds rides on the router's session lease for (client id, TTL, shard);
+ * re-acquiring a name the client already holds returns the same grant (a
+ * second {@link Lock} sharing the first one's state). Use one client per
+ * process (or per independent worker); close it when done.
+ *
+ * ```ts
+ * await using client = new Client({ url: "http://127.0.0.1:8080" });
+ * await using lock = await client.acquire("nightly-report", { ttlMs: 30_000 });
+ * await runReport({ fencingToken: lock.fencingToken, signal: lock.signal });
+ * ```
+ */
+export class Client implements AsyncDisposable {
+  /** The id the router knows this client by. */
+  readonly clientId: string;
+  private readonly keeper: Keeper;
+  private readonly marginMs: number | undefined;
+  private nextKey = 0;
+  private closing: Promise<void> | undefined;
+
+  constructor(options: ClientOptions) {
+    const { url, token, clientId, safetyMarginMs, requestTimeoutMs = 5_000 } = options;
+    const fetchFn = options.fetch ?? globalThis.fetch;
+    if (typeof fetchFn !== "function") throw new ConfigError("no fetch: pass options.fetch or use Node 20+");
+    if (clientId !== undefined && (clientId === "" || /[\u0000-\u001f\u007f]/.test(clientId))) {
+      throw new ConfigError("clientId must be 1 to 256 bytes without control characters");
+    }
+    if (!(requestTimeoutMs > 0)) throw new ConfigError(`requestTimeoutMs must be positive, not ${requestTimeoutMs}`);
+    if (safetyMarginMs !== undefined && !(safetyMarginMs >= 0)) throw new ConfigError("safetyMarginMs must be >= 0");
+    const transport = new Transport(url, token, fetchFn);
+    const registry = new Registry();
+    const renewer = new Renewer(transport, requestTimeoutMs, (g) => registry.forget(g));
+    this.keeper = new Keeper(transport, requestTimeoutMs, renewer, registry);
+    this.clientId = clientId ?? randomBytes(16).toString("hex");
+    this.marginMs = safetyMarginMs;
+  }
+
+  /**
+   * Acquires `name` for `ttlMs`, queueing up to `waitMs` if it is held.
+   * Throws {@link NotAcquiredError} if another client still holds it (or
+   * others are queued: the router lets no one jump the queue). Idempotent
+   * for one client id: after a {@link TransportError}, simply call it again;
+   * if the first attempt was granted, the retry returns the same grant.
+   * A grant after a wait longer than the safety margin is confirmed with
+   * one renewal before it is returned.
+   */
+  async acquire(name: string, options: AcquireOptions): Promise<Lock> {
+    const lock = await this.tryAcquire(name, options);
+    if (lock === null) throw new NotAcquiredError(name);
+    return lock;
+  }
+
+  /** As {@link acquire}, but resolves `null` instead of throwing when the name is held. */
+  async tryAcquire(name: string, options: AcquireOptions): Promise<Lock | null> {
+    const { ttlMs, waitMs = 0 } = options;
+    if (this.closing !== undefined) throw new ConfigError("the client is closed");
+    if (typeof name !== "string" || name === "") throw new ConfigError("name must be a non-empty string");
+    if (!Number.isSafeInteger(ttlMs) || ttlMs <= 0) throw new ConfigError(`ttlMs must be a positive integer, not ${ttlMs}`);
+    if (!Number.isSafeInteger(waitMs) || waitMs < 0) throw new ConfigError(`waitMs must be a non-negative integer, not ${waitMs}`);
+    const start = now();
+    for (let round = 0; round < ACQUIRE_ROUNDS; round++) {
+      const waitLeft = Math.max(0, Math.floor(waitMs - (now() - start)));
+      const claim = await this.acquireOnce(name, ttlMs, waitLeft);
+      if (claim === null) return null;
+      if (claim.kind === "held" || claim.kind === "new") return new Lock(claim.grant, this.keeper);
+      if (claim.kind === "releasing") {
+        // The answer overtook this client's release of the same grant,
+        // which is about to free it: let the release finish, then ask again.
+        claim.grant.retryNow?.();
+        await claim.grant.releaseSettled(this.keeper.requestTimeoutMs);
+      }
+      // "released": that release got through already; the next answer is a new grant.
+    }
+    throw new RouterError(0, "release_pending", `this client's earlier release of ${JSON.stringify(name)} has not got through yet`);
+  }
+
+  /**
+   * Stops renewing, releases every lock this client still holds (each
+   * retried while its validity lasts), gives unconfirmed releases one more
+   * request timeout, and stops every timer of the client. Never rejects; a
+   * lock whose release was not confirmed expires at its TTL, since nothing
+   * renews it any more. Calling it again returns the same promise.
+   */
+  close(): Promise<void> {
+    this.closing ??= (async () => {
+      const { registry, renewer } = this.keeper;
+      await Promise.allSettled(registry.unreleased().map((g) => this.keeper.release(g)));
+      await renewer.close();
+    })();
+    return this.closing;
+  }
+
+  /** `await using client = new Client(...)`: closes it. */
+  [Symbol.asyncDispose](): Promise<void> {
+    return this.close();
+  }
+
+  /** One acquire request, and what its grant (if any) is to this client. */
+  private async acquireOnce(name: string, ttlMs: number, waitMs: number): Promise<Claim | null> {
+    const { transport, requestTimeoutMs } = this.keeper;
+    const sentAt = now();
+    const a = await transport.acquire(name, ttlMs, this.clientId, waitMs, requestTimeoutMs + waitMs);
+    if (!a.acquired) return null;
+    if (a.lockId === undefined || a.fencingToken === undefined || a.expiresInMs === undefined) {
+      throw new RouterError(200, "malformed_answer", "acquired without lockId, fencingToken or expiresInMs");
+    }
+    const m = margin(ttlMs, this.marginMs);
+    let until = validUntil(sentAt, a.expiresInMs, m);
+    const ref: LockRef = { lockId: a.lockId, fencingToken: a.fencingToken };
+    if (now() - sentAt > m) {
+      // The grant came somewhere within a long request (a wait): we cannot
+      // tell when, so validity counts from the start. A renewal sent now
+      // confirms the grant still stands and measures afresh.
+      const confirmedAt = now();
+      let answer;
+      try {
+        answer = await transport.renew(ref, requestTimeoutMs);
+      } catch (e) {
+        if (until <= now()) {
+          // Perhaps held, but not usable: release it unless this client holds it through another Lock.
+          const claim = this.claim(name, ttlMs, m, ref, until);
+          if (claim.kind === "new") this.keeper.releaseInBackground(claim.grant);
+          throw e;
+        }
+        // Still valid: the renewal loop confirms it shortly.
+      }
+      if (answer !== undefined) {
+        if (!answer.renewed || answer.expiresInMs === undefined) {
+          throw new LockLostError(name, answer.reason === "stolen" ? "stolen" : "expired");
+        }
+        until = Math.max(until, validUntil(confirmedAt, answer.expiresInMs, m));
+      }
+    }
+    const claim = this.claim(name, ttlMs, m, ref, until);
+    if (this.closing !== undefined) {
+      // close() ran while this acquire was on the wire: nothing would renew the lock.
+      if (claim.kind === "new") this.keeper.release(claim.grant).catch(() => {});
+      throw new ConfigError("the client was closed during the acquire");
+    }
+    if (claim.kind === "new") this.keeper.renewer.track(claim.grant);
+    return claim;
+  }
+
+  private claim(name: string, ttlMs: number, marginMs: number, ref: LockRef, until: number): Claim {
+    return this.keeper.registry.claim(
+      ref.lockId,
+      until,
+      () => new Grant(this.nextKey++, name, ref, ttlMs, marginMs, this.clientId, until),
+    );
+  }
+}

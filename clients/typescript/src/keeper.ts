@@ -1,0 +1,60 @@
+/**
+ * {@link Keeper}: what a client's locks need of their client, and nothing
+ * more: the transport (to release), the request timeout, the renewal loop
+ * and the registry of grants. A `Lock` holds this instead of its `Client`,
+ * so the lock layer sits below the client that makes locks.
+ */
+
+import { isRetryable, LockLostError } from "./errors.js";
+import type { Registry } from "./registry.js";
+import { retryRelease } from "./release.js";
+import type { Renewer } from "./renewal.js";
+import type { Grant } from "./state.js";
+import type { Transport } from "./transport.js";
+
+export class Keeper {
+  constructor(
+    readonly transport: Transport,
+    readonly requestTimeoutMs: number,
+    readonly renewer: Renewer,
+    readonly registry: Registry,
+  ) {}
+
+  /**
+   * Releases `grant` at the router: marks it lost (`released`) at once,
+   * stops renewing it, and resolves once the router confirmed. Retries while
+   * the lock's validity lasts, then rejects and leaves the renewal loop
+   * retrying. Every caller for one grant shares the first call's outcome.
+   */
+  release(grant: Grant): Promise<void> {
+    if (grant.releasing !== undefined) return grant.releasing;
+    if (!this.registry.owns(grant)) {
+      // A newer Lock of this client owns the grant now: leave it alone.
+      grant.markLost("released");
+      return Promise.reject(new LockLostError(grant.name, grant.recordedLoss ?? "released"));
+    }
+    grant.beginRelease();
+    this.renewer.forget(grant.key);
+    const progress = { failures: 0 };
+    const attempt = () => this.transport.release(grant.ref, this.requestTimeoutMs);
+    grant.releasing = retryRelease(grant, attempt, progress, { kind: "validity-ends" }).then(
+      () => this.registry.forget(grant),
+      (e: unknown) => {
+        if (isRetryable(e)) this.renewer.releaseInBackground(grant, progress.failures);
+        else this.registry.forget(grant);
+        throw e;
+      },
+    );
+    // The caller gets the error; nobody else must crash on it.
+    grant.releasing.catch(() => {});
+    return grant.releasing;
+  }
+
+  /** Releases `grant` without anyone waiting for the outcome (a grant never handed out). */
+  releaseInBackground(grant: Grant): void {
+    if (grant.releasing !== undefined || !this.registry.owns(grant)) return;
+    grant.beginRelease();
+    grant.releasing = Promise.resolve();
+    this.renewer.releaseInBackground(grant, 0);
+  }
+}

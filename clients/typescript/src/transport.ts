@@ -1,0 +1,166 @@
+/**
+ * The v1 HTTP API on the wire: JSON bodies over `fetch` (Node's global one,
+ * whose undici pool keeps connections alive across calls, or one the caller
+ * passes in), each call bounded by a timeout. TLS comes from an `https://`
+ * URL; a bearer token, if given, goes in `Authorization` on every call (for
+ * a gateway in front of the router). Fencing tokens cross the wire as exact
+ * integers (`json`). Nothing here knows about validity or renewal policy.
+ */
+
+import { ConfigError, RouterError, TransportError } from "./errors.js";
+import { parseJson, stringifyJson, type Json } from "./json.js";
+
+/** What identifies a grant at the router. */
+export interface LockRef {
+  readonly lockId: string;
+  readonly fencingToken: bigint;
+}
+
+/** The router's answer to an acquire. */
+export interface Acquired {
+  acquired: boolean;
+  lockId?: string;
+  fencingToken?: bigint;
+  expiresInMs?: number;
+}
+
+/** One renewal result, from `renew` or one item of `renew-batch`. */
+export interface Renewed {
+  renewed: boolean;
+  expiresInMs?: number;
+  /** `expired`, `stolen`, or (per item of a batch) `shard_unavailable`. */
+  reason?: string;
+}
+
+export class Transport {
+  /** `scheme://authority[/prefix]` without a trailing slash. */
+  private readonly base: string;
+
+  constructor(
+    url: string,
+    private readonly token: string | undefined,
+    private readonly fetchFn: typeof fetch,
+  ) {
+    let parsed: URL;
+    try {
+      parsed = new URL(url);
+    } catch {
+      throw new ConfigError(`router URL ${JSON.stringify(url)} must look like http://host:port`);
+    }
+    if ((parsed.protocol !== "http:" && parsed.protocol !== "https:") || parsed.host === "") {
+      throw new ConfigError(`router URL ${JSON.stringify(url)} must be http:// or https://`);
+    }
+    if (parsed.search !== "" || parsed.hash !== "") {
+      throw new ConfigError(`router URL ${JSON.stringify(url)} must not have a query or fragment`);
+    }
+    this.base = parsed.href.replace(/\/+$/, "");
+  }
+
+  async acquire(name: string, ttlMs: number, clientId: string, waitMs: number, timeoutMs: number): Promise<Acquired> {
+    const body: Json = { name, ttlMs, clientId };
+    if (waitMs > 0) body["waitMs"] = waitMs;
+    const { status, value } = await this.post("/api/v1/locks/acquire", body, timeoutMs);
+    expectOk(status, value);
+    const a = asObject(status, value);
+    if (typeof a["acquired"] !== "boolean") throw malformed(status, "no 'acquired' in the answer");
+    const out: Acquired = { acquired: a["acquired"] };
+    if (typeof a["lockId"] === "string") out.lockId = a["lockId"];
+    if (typeof a["fencingToken"] === "bigint") out.fencingToken = a["fencingToken"];
+    if (typeof a["expiresInMs"] === "number") out.expiresInMs = a["expiresInMs"];
+    return out;
+  }
+
+  /** Renews one lock: a 409 is an answer (`renewed: false`), not an error. */
+  async renew(lock: LockRef, timeoutMs: number, ttlMs?: number): Promise<Renewed> {
+    const body: Json = { lockId: lock.lockId, fencingToken: lock.fencingToken };
+    if (ttlMs !== undefined) body["ttlMs"] = ttlMs;
+    const { status, value } = await this.post("/api/v1/locks/renew", body, timeoutMs);
+    if (status !== 409) expectOk(status, value);
+    return renewed(status, value);
+  }
+
+  /** Renews up to 1,000 locks; results come back in request order. */
+  async renewBatch(locks: readonly LockRef[], timeoutMs: number): Promise<Renewed[]> {
+    const body: Json = { locks: locks.map((l) => ({ lockId: l.lockId, fencingToken: l.fencingToken })) };
+    const { status, value } = await this.post("/api/v1/locks/renew-batch", body, timeoutMs);
+    expectOk(status, value);
+    const results = asObject(status, value)["results"];
+    if (!Array.isArray(results) || results.length !== locks.length) {
+      throw malformed(status, "renew-batch answered a different number of results");
+    }
+    return results.map((r) => renewed(status, r));
+  }
+
+  /** Resolves once the router confirmed (204; a 409 also means the lock is gone). */
+  async release(lock: LockRef, timeoutMs: number): Promise<void> {
+    const body: Json = { lockId: lock.lockId, fencingToken: lock.fencingToken };
+    const { status, value } = await this.post("/api/v1/locks/release", body, timeoutMs);
+    if (status !== 409) expectOk(status, value);
+  }
+
+  private async post(path: string, body: Json, timeoutMs: number): Promise<{ status: number; value: Json | undefined }> {
+    const headers: Record<string, string> = { "content-type": "application/json", accept: "application/json" };
+    if (this.token !== undefined) headers["authorization"] = `Bearer ${this.token}`;
+    // One deadline for the whole exchange, body included.
+    const signal = AbortSignal.timeout(Math.max(1, Math.ceil(timeoutMs)));
+    let status: number;
+    let text: string;
+    try {
+      const resp = await this.fetchFn(this.base + path, { method: "POST", headers, body: stringifyJson(body), signal });
+      status = resp.status;
+      text = await resp.text();
+    } catch (e) {
+      if (signal.aborted) throw new TransportError(`no answer from ${path} within ${Math.ceil(timeoutMs)} ms`);
+      throw new TransportError(`POST ${path}: ${errorChain(e)}`);
+    }
+    if (text.trim() === "") return { status, value: undefined };
+    try {
+      return { status, value: parseJson(text) };
+    } catch (e) {
+      // An error page from a proxy is still an error answer; a 2xx must parse.
+      if (status >= 200 && status < 300) throw malformed(status, String(e));
+      return { status, value: text.slice(0, 200) };
+    }
+  }
+}
+
+/** Turns any non-2xx answer into a {@link RouterError}, reading the API's `{"error": {"code", "message"}}` body. */
+export function expectOk(status: number, value: Json | undefined): void {
+  if (status >= 200 && status < 300) return;
+  const err = value !== null && typeof value === "object" && !Array.isArray(value) ? value["error"] : undefined;
+  if (err !== null && typeof err === "object" && !Array.isArray(err) && typeof err["code"] === "string") {
+    throw new RouterError(status, err["code"], typeof err["message"] === "string" ? err["message"] : "");
+  }
+  throw new RouterError(status, "unexpected_answer", typeof value === "string" ? value : JSON.stringify(value ?? ""));
+}
+
+function renewed(status: number, value: Json | undefined): Renewed {
+  const r = asObject(status, value);
+  if (typeof r["renewed"] !== "boolean") throw malformed(status, "no 'renewed' in the answer");
+  const out: Renewed = { renewed: r["renewed"] };
+  if (typeof r["expiresInMs"] === "number") out.expiresInMs = r["expiresInMs"];
+  if (typeof r["reason"] === "string") out.reason = r["reason"];
+  return out;
+}
+
+function asObject(status: number, value: Json | undefined): { [key: string]: Json } {
+  if (value === null || value === undefined || typeof value !== "object" || Array.isArray(value)) {
+    throw malformed(status, "the answer is not a JSON object");
+  }
+  return value;
+}
+
+function malformed(status: number, detail: string): RouterError {
+  return new RouterError(status, "malformed_answer", detail);
+}
+
+/** undici says only "fetch failed"; the cause chain says what happened. */
+function errorChain(e: unknown): string {
+  const parts: string[] = [];
+  let cur: unknown = e;
+  for (let depth = 0; cur !== undefined && cur !== null && depth < 5; depth++) {
+    parts.push(cur instanceof Error ? cur.message : String(cur));
+    cur = cur instanceof Error ? cur.cause : undefined;
+  }
+  return parts.join(": ");
+}

@@ -1,0 +1,167 @@
+/**
+ * The SDK against a real router on a real etcd, both started here: renewal
+ * past the TTL, one renew-batch per interval, release at the end of
+ * `await using` / `finally`, FIFO waits, a lock released behind the
+ * client's back lost at once, and a killed router judged by the client's
+ * own clock.
+ */
+
+import assert from "node:assert/strict";
+import { after, before, describe, test } from "node:test";
+import { setTimeout as sleep } from "node:timers/promises";
+
+import { Client, LockLostError, NotAcquiredError } from "../src/index.js";
+import { abortedAt, Cluster, within } from "./harness.js";
+
+let cluster: Cluster;
+let url: string;
+let n = 0;
+/** A lock name no other test uses. */
+const fresh = (what: string): string => `ts-${what}-${process.pid}-${n++}`;
+
+before(async () => {
+  cluster = await Cluster.start();
+  url = cluster.router.url;
+}, { timeout: 60_000 });
+
+after(async () => {
+  await cluster?.stop();
+});
+
+describe("against a real router", () => {
+  test("a 2 s lock is renewed past its TTL (held for 5 s) and released in finally for the next holder", { timeout: 20_000 }, async () => {
+    const name = fresh("renew");
+    const a = new Client({ url });
+    const b = new Client({ url });
+    try {
+      const lock = await a.acquire(name, { ttlMs: 2_000 });
+      try {
+        const start = performance.now();
+        while (performance.now() - start < 5_000) {
+          assert.ok(lock.isHeld(), `held at ${Math.round(performance.now() - start)} ms`);
+          await sleep(250);
+        }
+        assert.ok(!lock.signal.aborted);
+        const seen = await cluster.router.inspect(name);
+        assert.deepEqual(seen, { held: true, fencingToken: lock.fencingToken.toString() }, "the router agrees");
+        assert.equal(await b.tryAcquire(name, { ttlMs: 2_000 }), null, "still held for others");
+      } finally {
+        await lock.release();
+      }
+      assert.ok(!lock.isHeld());
+      assert.equal(lock.lostReason, "released");
+      const next = await b.acquire(name, { ttlMs: 2_000 });
+      assert.ok(next.fencingToken > lock.fencingToken);
+      await next.release();
+    } finally {
+      await Promise.all([a.close(), b.close()]);
+    }
+  });
+
+  test("leaving an `await using` block releases the lock: another client acquires at once", { timeout: 15_000 }, async () => {
+    const name = fresh("using");
+    await using other = new Client({ url });
+    let token: bigint;
+    {
+      await using client = new Client({ url });
+      {
+        await using lock = await client.acquire(name, { ttlMs: 10_000 });
+        token = lock.fencingToken;
+        await assert.rejects(other.acquire(name, { ttlMs: 10_000 }), NotAcquiredError);
+      }
+      // The lock is released; the client is still open.
+      const next = await other.acquire(name, { ttlMs: 10_000 });
+      assert.ok(next.fencingToken > token);
+      await next.release();
+      // A lock still held when the client closes is released by close().
+      await client.acquire(name, { ttlMs: 10_000 });
+    }
+    const last = await other.acquire(name, { ttlMs: 10_000 });
+    await last.release();
+  });
+
+  test("waiters are granted in arrival order", { timeout: 20_000 }, async () => {
+    const name = fresh("fifo");
+    await using holder = new Client({ url });
+    await using first = new Client({ url });
+    await using second = new Client({ url });
+    const held = await holder.acquire(name, { ttlMs: 10_000 });
+    const order: string[] = [];
+    const wait = (c: Client, who: string) =>
+      c.acquire(name, { ttlMs: 10_000, waitMs: 10_000 }).then((lock) => {
+        order.push(who);
+        return lock;
+      });
+    const p1 = wait(first, "first");
+    await sleep(300);
+    const p2 = wait(second, "second");
+    await sleep(300);
+    assert.deepEqual(order, [], "both queue while the name is held");
+    await held.release();
+    const l1 = await within(5_000, "the first waiter's grant", p1);
+    assert.ok(l1.fencingToken > held.fencingToken);
+    await sleep(300);
+    assert.deepEqual(order, ["first"], "the second keeps waiting while the first holds it");
+    await l1.release();
+    const l2 = await within(5_000, "the second waiter's grant", p2);
+    assert.deepEqual(order, ["first", "second"]);
+    assert.ok(l2.fencingToken > l1.fencingToken);
+    await l2.release();
+  });
+
+  test("many locks are renewed with one renew-batch request per interval", { timeout: 20_000 }, async () => {
+    await using client = new Client({ url });
+    const locks = await Promise.all(Array.from({ length: 40 }, (_, i) => client.acquire(fresh(`batch${i}`), { ttlMs: 3_000 })));
+    const before = await cluster.router.metric("lockrouter_requests_total", 'op="renew_batch"');
+    await sleep(4_000); // four intervals of 1 s
+    const sent = (await cluster.router.metric("lockrouter_requests_total", 'op="renew_batch"')) - before;
+    assert.ok(locks.every((l) => l.isHeld()));
+    assert.ok(sent >= 2 && sent <= 8, `${sent} renew-batch requests for 40 locks over 4 intervals (not 160)`);
+    await Promise.all(locks.map((l) => l.release()));
+  });
+
+  test("a lock released behind the client's back is lost at once, as expired", { timeout: 15_000 }, async () => {
+    const name = fresh("expired");
+    await using client = new Client({ url });
+    const lock = await client.acquire(name, { ttlMs: 6_000 });
+    const start = performance.now();
+    const r = await fetch(`${url}/api/v1/locks/release`, {
+      method: "POST",
+      headers: { "content-type": "application/json" },
+      body: `{"lockId":${JSON.stringify(lock.lockId)},"fencingToken":${lock.fencingToken}}`,
+    });
+    assert.equal(r.status, 204);
+    const at = await within(5_000, "lost", abortedAt(lock.signal));
+    // The next renewal (at 2 s) says so, long before validity (5.4 s) ends.
+    assert.ok(at - start < 3_500, `lost after ${Math.round(at - start)} ms`);
+    assert.equal(lock.lostReason, "expired");
+    assert.ok(lock.signal.reason instanceof LockLostError);
+    await lock.release();
+  });
+
+  test("with the router killed, a lock is lost by the client's clock no later than validity end, while its lease still stands", { timeout: 20_000 }, async () => {
+    const name = fresh("killed");
+    const doomed = await cluster.extraRouter();
+    const client = new Client({ url: doomed.url, requestTimeoutMs: 1_000 });
+    try {
+      const lock = await client.acquire(name, { ttlMs: 3_000 });
+      // No renewal has happened yet (the first comes at 1 s): validity ends here.
+      const validityEnd = performance.now() + lock.timeLeftMs();
+      await doomed.kill();
+      const at = await within(5_000, "lost", abortedAt(lock.signal));
+      assert.ok(at <= validityEnd + 25, `aborted ${Math.round(at - validityEnd)} ms after validity end`);
+      assert.ok(at >= validityEnd - 1, `aborted ${Math.round(validityEnd - at)} ms early`);
+      assert.ok(!lock.isHeld());
+      assert.equal(lock.lostReason, "unconfirmed");
+      assert.equal(lock.timeLeftMs(), 0);
+      // The client gave up while the lease still stood (the margin): nobody
+      // else can take the name yet. (An acquire is the witness, not GET
+      // /locks/{name}: the router's inspect rounds the lease's time left down
+      // to whole seconds and reports "held": false up to 1 s early.)
+      await using witness = new Client({ url });
+      assert.equal(await witness.tryAcquire(name, { ttlMs: 3_000 }), null, "the lease still stands in etcd");
+    } finally {
+      await client.close();
+    }
+  });
+});

@@ -1,0 +1,190 @@
+/**
+ * Unit tests without a router: exact token parsing, the clock rules, the
+ * renewal schedule (batches split at the API's limit, locks due soon ride
+ * along), what each answer means, typed errors and the fencing helpers.
+ */
+
+import assert from "node:assert/strict";
+import { describe, test } from "node:test";
+
+import { Client, ConfigError, LockLostError, RouterError, TransportError, fencing, isRetryable, parseJson, stringifyJson } from "../src/index.js";
+import { dueBatches, outcome, type Due } from "../src/renewal.js";
+import { Grant } from "../src/state.js";
+import { expectOk, Transport } from "../src/transport.js";
+import { backoff, margin, MAX_BATCH, MIN_MARGIN_MS, nextRenewal, now, renewInterval, validUntil } from "../src/validity.js";
+
+describe("exact fencing tokens", () => {
+  test("a token above 2^53 is parsed exactly, as a bigint", () => {
+    const text = '{"acquired":true,"lockId":"a.b","fencingToken":9007199254740993,"expiresAt":"2026-11-30T03:38:50.123Z","expiresInMs":29990}';
+    const v = parseJson(text) as { fencingToken: bigint; expiresInMs: number };
+    assert.equal(v.fencingToken, 9007199254740993n);
+    assert.notEqual(v.fencingToken, BigInt(JSON.parse(text).fencingToken), "JSON.parse rounds it");
+    assert.equal(v.expiresInMs, 29990);
+    const max = parseJson('{"fencingToken": 9223372036854775807}') as { fencingToken: bigint };
+    assert.equal(max.fencingToken, 2n ** 63n - 1n);
+  });
+
+  test("tokens nested anywhere are exact; other numbers stay numbers; strings are not rewritten", () => {
+    const text = String.raw`{"results":[{"fencingToken":18446744073709551615},{"renewed":false,"reason":"expired"}],` +
+      String.raw`"note":"say \"fencingToken\":1 \u00e9","n":-1.5e3,"a":[true,false,null],"__proto__":{"x":1}}`;
+    const v = parseJson(text) as { [k: string]: unknown };
+    assert.deepEqual(v["results"], [{ fencingToken: 2n ** 64n - 1n }, { renewed: false, reason: "expired" }]);
+    assert.equal(v["note"], 'say "fencingToken":1 é');
+    assert.equal(v["n"], -1500);
+    assert.deepEqual(v["a"], [true, false, null]);
+    assert.equal(Object.getPrototypeOf(v), Object.prototype, "__proto__ is data");
+    assert.deepEqual(Object.keys(v), ["results", "note", "n", "a", "__proto__"]);
+  });
+
+  test("malformed JSON and non-integer tokens are refused", () => {
+    for (const bad of ["", "{", '{"a":1,}', '{"a":01}', '{"fencingToken":1.5}', '{"fencingToken":1e3}', "[1] x", '"\u0001"', "nul"]) {
+      assert.throws(() => parseJson(bad), SyntaxError, bad);
+    }
+  });
+
+  test("bigints are written as exact JSON numbers", () => {
+    const body = stringifyJson({ lockId: "x", fencingToken: 2n ** 63n - 1n, locks: [{ fencingToken: 7n }], s: 'q"' });
+    assert.equal(body, '{"lockId":"x","fencingToken":9223372036854775807,"locks":[{"fencingToken":7}],"s":"q\\""}');
+    assert.equal((parseJson(body) as { fencingToken: bigint }).fencingToken, 2n ** 63n - 1n);
+  });
+});
+
+describe("the clock rules", () => {
+  test("validity counts from before sending, minus the margin", () => {
+    const sentAt = 1_000;
+    // The answer arrived 2 s later; that does not move validity.
+    assert.equal(validUntil(sentAt, 10_000, 1_000), 10_000);
+    assert.equal(validUntil(sentAt, 50, MIN_MARGIN_MS), sentAt, "shorter than the margin: already invalid");
+  });
+
+  test("the margin is a tenth of the TTL, never below 100 ms", () => {
+    assert.equal(margin(30_000), 3_000);
+    assert.equal(margin(500), MIN_MARGIN_MS);
+    assert.equal(margin(30_000, 1_000), 1_000);
+    assert.equal(margin(30_000, 0), MIN_MARGIN_MS);
+  });
+
+  test("renewals come every third of the TTL, or sooner when validity is short", () => {
+    assert.equal(renewInterval(30_000), 10_000);
+    assert.equal(nextRenewal(0, 27_000, 10_000), 10_000);
+    assert.equal(nextRenewal(0, 12_000, 10_000), 2_000);
+    assert.equal(nextRenewal(0, 3_000, 10_000), 0);
+  });
+
+  test("backoff grows from 100 ms, stays under its cap, with jitter in the upper half", () => {
+    for (let f = 1; f < 40; f++) assert.ok(backoff(f, 1_000) <= 1_000);
+    assert.ok(backoff(1, 2_000) <= 100);
+    assert.ok(backoff(10, 1_000) >= 500);
+    assert.equal(backoff(3, 2_000, () => 0), 200);
+    assert.equal(backoff(3, 2_000, () => 1), 400);
+  });
+
+  test("a lock is lost by the clock at validity end, and a late confirmation cannot revive it", async () => {
+    const g = new Grant(1, "n", { lockId: "id", fencingToken: 1n }, 2_000, 100, "c", now() + 150);
+    assert.equal(g.lostNow(), undefined);
+    // The grant's own timer is unref'd (a client's renewal loop keeps the
+    // process alive while it holds locks); this test keeps it alive itself.
+    const keepAlive = setTimeout(() => {}, 5_000);
+    const at = await new Promise<number>((r) => g.signal.addEventListener("abort", () => r(now())));
+    clearTimeout(keepAlive);
+    assert.ok(at >= g.validUntil, "not before validity end");
+    assert.equal(g.lostNow(), "unconfirmed");
+    assert.ok(g.signal.reason instanceof LockLostError);
+    g.confirm(now() + 10_000);
+    assert.equal(g.lostNow(), "unconfirmed");
+    g.markLost("stolen");
+    assert.equal(g.lostNow(), "unconfirmed", "the first reason stays");
+  });
+});
+
+describe("the renewal schedule", () => {
+  const entry = (key: number, nextDue: number, interval = 10_000): Due => ({ key, nextDue, interval, inFlight: false });
+
+  test("locks due close together share one batch, split at the API's 1,000", () => {
+    const entries = Array.from({ length: 2_500 }, (_, k) => entry(k, 10_000 + k));
+    assert.deepEqual(dueBatches(entries, 9_999), [], "nothing is due yet");
+    const batches = dueBatches(entries, 10_000);
+    assert.equal(MAX_BATCH, 1_000);
+    assert.deepEqual(batches.map((b) => b.length), [1_000, 1_000, 500]);
+  });
+
+  test("a lock due much later waits for its own turn; one in flight is not sent twice", () => {
+    const entries = [entry(1, 10_000), entry(2, 18_000), { ...entry(3, 0), inFlight: true }];
+    assert.deepEqual(dueBatches(entries, 10_000), [[1]]);
+  });
+
+  test("answers confirm, lose at once, or retry", () => {
+    assert.deepEqual(outcome({ renewed: true, expiresInMs: 5 }), { kind: "renewed", expiresInMs: 5 });
+    assert.deepEqual(outcome({ renewed: false, reason: "expired" }), { kind: "lost", reason: "expired" });
+    assert.deepEqual(outcome({ renewed: false, reason: "stolen" }), { kind: "lost", reason: "stolen" });
+    assert.deepEqual(outcome({ renewed: false, reason: "shard_unavailable" }), { kind: "retry" });
+  });
+});
+
+describe("errors and configuration", () => {
+  test("error answers keep the API's code and message; retryable ones say so", () => {
+    const body = parseJson('{"error":{"code":"shard_unavailable","message":"shard b is unavailable"}}');
+    assert.throws(() => expectOk(503, body), (e: unknown) => {
+      assert.ok(e instanceof RouterError);
+      assert.equal(e.code, "shard_unavailable");
+      assert.equal(e.detail, "shard b is unavailable");
+      return isRetryable(e);
+    });
+    assert.throws(() => expectOk(400, parseJson('{"error":{"code":"invalid_argument","message":"x"}}')), (e: unknown) => !isRetryable(e));
+    assert.throws(() => expectOk(502, "<html>"), (e: unknown) => e instanceof RouterError && e.code === "unexpected_answer");
+    assert.ok(new TransportError("refused").retryable);
+    assert.doesNotThrow(() => expectOk(204, undefined));
+  });
+
+  test("only http(s) URLs are accepted", () => {
+    for (const ok of ["http://127.0.0.1:8080/", "https://router.example:8443/lockrouter"]) new Transport(ok, undefined, fetch);
+    for (const bad of ["127.0.0.1:8080", "ftp://x", "not a url", "http://h/?q=1"]) {
+      assert.throws(() => new Transport(bad, undefined, fetch), ConfigError, bad);
+    }
+  });
+});
+
+describe("fencing helpers", () => {
+  test("lower tokens are rejected, equal ones admitted", () => {
+    assert.ok(fencing.admits(undefined, 7n));
+    assert.ok(fencing.admits(7n, 7n));
+    assert.ok(!fencing.admits(9n, 7n));
+    const f = new fencing.Fence();
+    f.admit(2n ** 60n);
+    assert.throws(() => f.admit(2n ** 60n - 1n), fencing.StaleTokenError);
+    assert.equal(f.highest, 2n ** 60n);
+  });
+
+  test("tokens fit a BIGINT and sort as fixed-width text", () => {
+    assert.equal(fencing.fenceKeyValue(42n), "00000000000000000042");
+    assert.ok(fencing.fenceKeyValue(10n) > fencing.fenceKeyValue(9n));
+    assert.throws(() => fencing.asI64(2n ** 63n), RangeError);
+    assert.equal(fencing.parseToken("9223372036854775807"), 2n ** 63n - 1n);
+    assert.throws(() => fencing.parseToken("-1"), RangeError);
+  });
+});
+
+describe("the client over an injected fetch", () => {
+  test("sends the bearer token to an https URL and keeps a token above 2^53 exact end to end", async () => {
+    const seen: { url: string; auth: string | null; body: string }[] = [];
+    const fakeFetch: typeof fetch = async (input, init) => {
+      const headers = new Headers(init?.headers);
+      seen.push({ url: String(input), auth: headers.get("authorization"), body: String(init?.body) });
+      if (String(input).endsWith("/acquire")) {
+        return new Response('{"acquired":true,"lockId":"L1","fencingToken":9007199254740993,"expiresAt":"x","expiresInMs":30000}', { status: 200 });
+      }
+      return new Response(null, { status: 204 });
+    };
+    const client = new Client({ url: "https://gateway.example/lr/", token: "s3cret", clientId: "c1", fetch: fakeFetch });
+    const lock = await client.acquire("job", { ttlMs: 30_000 });
+    assert.equal(lock.fencingToken, 9007199254740993n);
+    assert.ok(lock.isHeld());
+    await client.close();
+    assert.equal(lock.lostReason, "released");
+    assert.deepEqual(seen.map((s) => [s.url, s.auth]), [
+      ["https://gateway.example/lr/api/v1/locks/acquire", "Bearer s3cret"],
+      ["https://gateway.example/lr/api/v1/locks/release", "Bearer s3cret"],
+    ]);
+    assert.equal(seen[1]!.body, '{"lockId":"L1","fencingToken":9007199254740993}', "the token goes back exactly");
+  });
+});
