@@ -756,3 +756,40 @@ async fn an_operator_force_releases_a_stuck_holder() {
         "no force-release counted"
     );
 }
+
+/// Inspect says `held` for as long as the lock key exists: etcd reports a
+/// lease's time to live in whole seconds, and a lease with 0.9 s left must
+/// not read as free while the name is still refused to others. Polled
+/// through a lock's expiry, every `held: false` finds no key in etcd.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn inspect_says_held_until_the_key_is_gone() {
+    let etcd = EtcdCluster::single();
+    let router = TestRouter::start(&[&etcd]).await;
+    let api = &router.api;
+    let keys = lockrouter::keys::Keys::new("/lockrouter");
+    let key = keys.lock(&lockrouter::keys::name_hash("fading"));
+    let mut client = etcd.client().await;
+    api.must_acquire("fading", 2_000, "gone-soon").await;
+    let deadline = Instant::now() + Duration::from_secs(15);
+    let mut held_seen = 0;
+    loop {
+        let seen = api.inspect("fading").await;
+        assert_eq!(seen.status, 200, "{seen:?}");
+        if seen.body["held"] == true {
+            held_seen += 1;
+        } else {
+            let got = client.get(key.clone(), None).await.unwrap();
+            assert!(
+                got.kvs().is_empty(),
+                "held: false while the lock key exists"
+            );
+            break;
+        }
+        assert!(Instant::now() < deadline, "never freed: {seen:?}");
+        sleep_ms(50).await;
+    }
+    assert!(
+        held_seen > 10,
+        "the lock was seen held only {held_seen} times"
+    );
+}

@@ -37,10 +37,11 @@ impl Active {
                     .map_err(|e| LockError::Internal(format!("unreadable lock value: {e}")))?;
                 let token = fencing::token(value.epoch, kv.create_revision())
                     .ok_or_else(|| LockError::Internal("token out of range".into()))?;
+                // Held while the key exists, whatever etcd's whole-second
+                // TTL says: a lease with 0.9 s left reads as 0 s, and the
+                // name is still refused to others until etcd deletes the key.
                 let expires = lease_end(place, &kv).await?;
-                if expires.0 <= Instant::now() {
-                    continue; // its lease ran out; etcd deletes it momentarily
-                }
+                let expires = Expiry(expires.0.max(Instant::now()));
                 return Ok(Inspection {
                     shard: place.name.clone(),
                     holder: Some((token, expires)),
