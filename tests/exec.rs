@@ -183,3 +183,95 @@ async fn a_missing_command_exits_127_an_unreachable_router_69_a_bad_url_2() {
     assert_eq!(code, Some(2), "{stderr}");
     assert!(stderr.contains("http://host:port"), "{stderr}");
 }
+
+/// SIGHUP, SIGQUIT, SIGUSR1 and SIGUSR2 sent to exec reach the command.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn hup_quit_usr1_and_usr2_are_forwarded_to_the_command() {
+    let etcd = EtcdCluster::single();
+    let router = TestRouter::start(&[&etcd]).await;
+    let script = "for s in HUP QUIT USR1 USR2; do trap \"echo got-$s\" $s; done; \
+                  echo ready; while :; do sleep 0.1; done";
+    let mut p = Proc::spawn("exec", exec(&router, "exec:sigs", &["--ttl", "5s"], script));
+    p.wait_for(secs(20), line("ready"));
+    for (sig, seen) in [
+        (Signal::SIGHUP, "got-HUP"),
+        (Signal::SIGQUIT, "got-QUIT"),
+        (Signal::SIGUSR1, "got-USR1"),
+        (Signal::SIGUSR2, "got-USR2"),
+    ] {
+        p.signal(sig);
+        p.wait_for(secs(10), move |v| v.as_str() == Some(seen));
+    }
+    p.signal(Signal::SIGTERM);
+    p.wait_exit(secs(20));
+    assert_eq!(router.api.inspect("exec:sigs").await.body["held"], false);
+}
+
+/// If exec dies, even by SIGKILL, the command dies with it: it must not
+/// run on without the lock nobody renews any more.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_command_dies_with_exec() {
+    let etcd = EtcdCluster::single();
+    let router = TestRouter::start(&[&etcd]).await;
+    let script = "echo \"pid $$\"; while :; do sleep 0.1; done";
+    let mut p = Proc::spawn(
+        "exec",
+        exec(&router, "exec:orphan", &["--ttl", "5s"], script),
+    );
+    let first = p.wait_for(secs(20), |v| {
+        v.as_str().is_some_and(|s| s.starts_with("pid "))
+    });
+    let pid: i32 = first.as_str().unwrap()[4..].parse().unwrap();
+    p.signal(Signal::SIGKILL);
+    p.wait_exit(secs(10));
+    let gone = std::time::Instant::now() + secs(5);
+    while std::path::Path::new(&format!("/proc/{pid}")).exists()
+        && !std::fs::read_to_string(format!("/proc/{pid}/stat")).is_ok_and(|s| s.contains(") Z "))
+    {
+        assert!(
+            std::time::Instant::now() < gone,
+            "the command {pid} outlived exec"
+        );
+        sleep_ms(50).await;
+    }
+}
+
+/// A request the router refuses as malformed (a TTL below its minimum) is
+/// a usage error, 64, not "unavailable" (69).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_ttl_the_router_refuses_exits_64() {
+    let etcd = EtcdCluster::single();
+    let router = TestRouter::start(&[&etcd]).await;
+    let (code, _, stderr) = output(exec(&router, "exec:short", &["--ttl", "500ms"], "true")).await;
+    assert_eq!(code, Some(64), "{stderr}");
+    assert!(stderr.contains("ttlMs"), "{stderr}");
+}
+
+/// A `--wait` longer than the router's `limits.max_wait_ms` queues again
+/// after each wait the router accepts, instead of failing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_wait_longer_than_the_routers_limit_queues_again() {
+    let etcd = EtcdCluster::single();
+    let toml = lockrouter_testkit::config::config_toml(&[&etcd], "127.0.0.1:0", "")
+        + "\n[limits]\nmax_wait_ms = 2000\n";
+    let router = TestRouter::with_toml(&toml).await;
+    let holder = router
+        .api
+        .must_acquire("exec:long-wait", 30_000, "other")
+        .await;
+    let waiting = tokio::spawn(output(exec(
+        &router,
+        "exec:long-wait",
+        &["--ttl", "5s", "--wait", "20s"],
+        "echo ran",
+    )));
+    sleep_ms(4_500).await;
+    assert!(
+        !waiting.is_finished(),
+        "exec gave up before the lock was free"
+    );
+    assert_eq!(router.api.release(&holder).await.status, 204);
+    let (code, stdout, stderr) = waiting.await.unwrap();
+    assert_eq!(code, Some(0), "{stderr}");
+    assert_eq!(stdout.trim(), "ran");
+}

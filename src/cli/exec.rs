@@ -4,18 +4,23 @@
 //! It acquires the lock through the client SDK (which renews it in the
 //! background), starts the command with the lock's name, id and fencing
 //! token in its environment, and waits. If the lock is lost, the command
-//! gets SIGTERM, then SIGKILL after a grace period. SIGTERM sent to `exec`
-//! is passed on to the command, and so is SIGINT unless `exec` runs at a
-//! terminal (there Ctrl-C already reaches the command, which stays in
-//! `exec`'s process group for job control). When the command exits the lock
-//! is released. Exit codes are listed in [`codes`].
+//! gets SIGTERM, then SIGKILL after a grace period. SIGTERM, SIGHUP,
+//! SIGQUIT, SIGUSR1 and SIGUSR2 sent to `exec` are passed on to the
+//! command, and so is SIGINT unless `exec` runs at a terminal (there Ctrl-C
+//! already reaches the command, which stays in `exec`'s process group for
+//! job control). If `exec` itself dies (even by SIGKILL), the kernel kills
+//! the command (`PR_SET_PDEATHSIG`): a command must not run on without the
+//! lock that `exec` no longer renews. When the command exits the lock is
+//! released. A `--wait` longer than the router's longest wait is split
+//! into waits the router accepts, each queuing again. Exit codes are listed
+//! in [`codes`].
 
 use std::io::IsTerminal;
 use std::os::unix::process::ExitStatusExt;
 use std::process::{ExitStatus, Stdio};
 use std::time::Duration;
 
-use lockrouter_client::{Client, Lock};
+use lockrouter_client::{Client, Error, Lock};
 use nix::sys::signal::{kill, Signal};
 use nix::unistd::Pid;
 use tokio::process::{Child, Command};
@@ -25,8 +30,11 @@ use tokio::signal::unix::{signal, Signal as UnixSignal, SignalKind};
 pub mod codes {
     /// The command could not be started, or `exec` itself failed (EX_SOFTWARE).
     pub const INTERNAL: u8 = 70;
-    /// The router could not be reached or refused the acquire (EX_UNAVAILABLE).
+    /// The router could not be reached or is unavailable (EX_UNAVAILABLE).
     pub const UNAVAILABLE: u8 = 69;
+    /// The router refused the acquire as malformed, e.g. a TTL outside its
+    /// limits (a 4xx other than 429) (EX_USAGE).
+    pub const REFUSED: u8 = 64;
     /// Someone else holds the lock (after `--wait`, if given) (EX_TEMPFAIL).
     pub const NOT_ACQUIRED: u8 = 75;
     /// The lock was lost while the command ran; the command was stopped.
@@ -91,7 +99,7 @@ async fn run(args: ExecArgs) -> u8 {
             return codes::USAGE;
         }
     };
-    let acquired = client.acquire_wait(&args.name, args.ttl, args.wait).await;
+    let acquired = acquire(&client, &args).await;
     let lock = match acquired {
         Ok(Some(lock)) => lock,
         Ok(None) => {
@@ -103,17 +111,19 @@ async fn run(args: ExecArgs) -> u8 {
         }
         Err(e) => {
             eprintln!("lockrouter exec: cannot acquire {:?}: {e}", args.name);
-            return codes::UNAVAILABLE;
+            return match e {
+                Error::Router { status, .. } if (400..500).contains(&status) && status != 429 => {
+                    codes::REFUSED
+                }
+                _ => codes::UNAVAILABLE,
+            };
         }
     };
     // Handlers first, so a signal arriving right after the command starts
     // is forwarded rather than killing exec and orphaning the command.
-    let signals = match (
-        signal(SignalKind::terminate()),
-        signal(SignalKind::interrupt()),
-    ) {
-        (Ok(term), Ok(int)) => Signals { term, int },
-        (Err(e), _) | (_, Err(e)) => {
+    let signals = match Signals::new() {
+        Ok(s) => s,
+        Err(e) => {
             eprintln!("lockrouter exec: cannot handle signals: {e}");
             release(lock).await;
             return codes::INTERNAL;
@@ -130,32 +140,101 @@ async fn run(args: ExecArgs) -> u8 {
     supervise(child, lock, args.grace, signals).await
 }
 
+/// The longest wait asked of the router at once: below its default
+/// `limits.max_wait_ms` (60 s). A longer `--wait` queues again after each.
+const WAIT_CHUNK: Duration = Duration::from_secs(30);
+
+/// Acquires, waiting up to `--wait` in waits the router accepts: a router
+/// whose `limits.max_wait_ms` is below the chunk refuses it as too long
+/// (400 naming waitMs), and the chunk is halved until it is accepted.
+async fn acquire(client: &Client, args: &ExecArgs) -> Result<Option<Lock>, Error> {
+    let until = tokio::time::Instant::now() + args.wait;
+    let mut chunk = WAIT_CHUNK;
+    loop {
+        let left = until.saturating_duration_since(tokio::time::Instant::now());
+        match client
+            .acquire_wait(&args.name, args.ttl, left.min(chunk))
+            .await
+        {
+            Ok(None) if !left.is_zero() && left > chunk => continue,
+            Err(Error::Router {
+                status: 400,
+                ref message,
+                ..
+            }) if message.contains("waitMs") && chunk > Duration::from_secs(1) => {
+                chunk /= 2;
+            }
+            other => return other,
+        }
+    }
+}
+
 /// The signals exec passes on to the command.
 struct Signals {
     term: UnixSignal,
     int: UnixSignal,
+    /// SIGHUP, SIGQUIT, SIGUSR1, SIGUSR2: passed on as they come.
+    others: Vec<(Signal, UnixSignal)>,
+}
+
+impl Signals {
+    fn new() -> std::io::Result<Self> {
+        let mut others = Vec::new();
+        for (sig, kind) in [
+            (Signal::SIGHUP, SignalKind::hangup()),
+            (Signal::SIGQUIT, SignalKind::quit()),
+            (Signal::SIGUSR1, SignalKind::user_defined1()),
+            (Signal::SIGUSR2, SignalKind::user_defined2()),
+        ] {
+            others.push((sig, signal(kind)?));
+        }
+        Ok(Self {
+            term: signal(SignalKind::terminate())?,
+            int: signal(SignalKind::interrupt())?,
+            others,
+        })
+    }
+}
+
+/// The next of `others` to arrive.
+async fn next_other(others: &mut [(Signal, UnixSignal)]) -> Signal {
+    let waits = others.iter_mut().map(|(sig, s)| {
+        let sig = *sig;
+        Box::pin(async move {
+            s.recv().await;
+            sig
+        })
+    });
+    futures::future::select_all(waits).await.0
 }
 
 fn spawn(command: &[String], lock: &Lock) -> Result<Child, (u8, String)> {
     let (program, rest) = command
         .split_first()
         .ok_or((codes::INTERNAL, "no command given".to_string()))?;
-    Command::new(program)
-        .args(rest)
+    let mut cmd = Command::new(program);
+    cmd.args(rest)
         .env("LOCKROUTER_FENCING_TOKEN", lock.fencing_token().to_string())
         .env("LOCKROUTER_LOCK_NAME", lock.name())
         .env("LOCKROUTER_LOCK_ID", lock.lock_id())
         .stdin(Stdio::inherit())
-        .kill_on_drop(true)
-        .spawn()
-        .map_err(|e| {
-            let code = match e.kind() {
-                std::io::ErrorKind::NotFound => codes::NOT_FOUND,
-                std::io::ErrorKind::PermissionDenied => codes::NOT_EXECUTABLE,
-                _ => codes::INTERNAL,
-            };
-            (code, format!("cannot run {program:?}: {e}"))
-        })
+        .kill_on_drop(true);
+    // SAFETY: between fork and exec only async-signal-safe calls are
+    // allowed; prctl is one. The runtime is single-threaded, so the thread
+    // that forks (whose death the signal follows) lives as long as exec.
+    unsafe {
+        cmd.pre_exec(|| {
+            nix::sys::prctl::set_pdeathsig(Signal::SIGKILL).map_err(std::io::Error::from)
+        });
+    }
+    cmd.spawn().map_err(|e| {
+        let code = match e.kind() {
+            std::io::ErrorKind::NotFound => codes::NOT_FOUND,
+            std::io::ErrorKind::PermissionDenied => codes::NOT_EXECUTABLE,
+            _ => codes::INTERNAL,
+        };
+        (code, format!("cannot run {program:?}: {e}"))
+    })
 }
 
 /// Waits for the command, stopping it if the lock is lost and passing
@@ -182,6 +261,7 @@ async fn supervise(mut child: Child, lock: Lock, grace: Duration, mut sig: Signa
             _ = sig.int.recv() => if !interactive {
                 forward(&child, Signal::SIGINT)
             },
+            other = next_other(&mut sig.others) => forward(&child, other),
         }
     };
     release(lock).await;
