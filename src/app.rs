@@ -40,6 +40,8 @@ impl Application {
         // First: series set while connecting (a shard's first answer marks
         // it up, once) would otherwise go to no recorder and stay missing.
         let metrics = crate::metrics::install();
+        let tls = crate::tls::load(&settings.server).map_err(StartError::Tls)?;
+        let tls: crate::tls::Shared = Arc::new(arc_swap::ArcSwapOption::new(tls));
         let listener = bind(&settings.server.listen).await?;
         let metrics_listener = match &settings.server.metrics_listen {
             Some(addr) => Some(bind(addr).await?),
@@ -57,7 +59,13 @@ impl Application {
             },
             crate::http::admission::per_shard_acquires(settings.server.max_in_flight),
         ));
-        let reloader = Arc::new(Reloader::new(path, settings.clone(), locks.clone(), pool));
+        let reloader = Arc::new(Reloader::new(
+            path,
+            settings.clone(),
+            locks.clone(),
+            pool,
+            tls.clone(),
+        ));
         let upkeep = crate::metrics::start_upkeep(metrics.clone(), crate::metrics::UPKEEP_EVERY);
         let state = Arc::new(AppState {
             locks,
@@ -66,6 +74,7 @@ impl Application {
             metrics,
             timeouts: settings.http_timeouts(),
             admission: crate::http::admission::Admission::new(settings.server.max_in_flight),
+            tls,
         });
         Ok(Self {
             listener,
@@ -143,4 +152,7 @@ pub enum StartError {
     },
     #[error(transparent)]
     Shard(#[from] ConnectError),
+    /// A TLS file named in `[server]` cannot be used.
+    #[error("{0}")]
+    Tls(String),
 }

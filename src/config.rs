@@ -44,6 +44,18 @@ pub struct ServerSettings {
     /// Optional second listener that serves only `/metrics`.
     #[serde(default)]
     pub metrics_listen: Option<String>,
+    /// PEM certificate chain for TLS on the main listener (with
+    /// `tls_key_file`); without it the listener speaks plain HTTP. Read at
+    /// start and at every config reload (new connections get the new one).
+    #[serde(default)]
+    pub tls_cert_file: Option<std::path::PathBuf>,
+    /// PEM private key of `tls_cert_file`.
+    #[serde(default)]
+    pub tls_key_file: Option<std::path::PathBuf>,
+    /// PEM CA certificates: with it, clients must present a certificate
+    /// signed by one of them (mTLS). Needs `tls_cert_file`.
+    #[serde(default)]
+    pub tls_client_ca_file: Option<std::path::PathBuf>,
     /// How long a graceful shutdown waits for in-flight requests.
     #[serde(default = "defaults::shutdown_grace_ms")]
     pub shutdown_grace_ms: u64,
@@ -358,6 +370,17 @@ impl Settings {
         self.validate_limits()?;
         if self.admin.token.as_deref().is_some_and(|t| t.len() < 16) {
             return Err(invalid("admin.token must be at least 16 characters"));
+        }
+        let s = &self.server;
+        if s.tls_cert_file.is_some() != s.tls_key_file.is_some() {
+            return Err(invalid(
+                "server.tls_cert_file and server.tls_key_file go together: set both or neither",
+            ));
+        }
+        if s.tls_client_ca_file.is_some() && s.tls_cert_file.is_none() {
+            return Err(invalid(
+                "server.tls_client_ca_file needs server.tls_cert_file and server.tls_key_file",
+            ));
         }
         self.validate_shards()
     }

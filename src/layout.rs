@@ -17,6 +17,7 @@ const RANKS: &[(&str, u32)] = &[
     ("config", 0),
     ("metrics", 0),
     ("token", 1),
+    ("tls", 1),
     ("shard", 2),
     ("placement", 3),
     ("locks", 4),

@@ -19,6 +19,7 @@
 //!   shard/      conn, keys, name, txn, commit, records, scan, cache, sessions,
 //!               keepalive, verify
 //!   token/      fencing, lock_id
+//!   tls.rs      the main listener's certificates (rustls), swapped on reload
 //!   cli/        exec, plan, capacity, ops
 //!   config.rs, metrics.rs   leaves any layer may use
 //! ```
@@ -36,7 +37,8 @@
 //!   transaction, session leases, keepalives and batched verification.
 //!
 //! Leaf modules, used by any layer: [`config`] (settings), [`token`]
-//! (fencing-token and lockId formats), [`metrics`] (Prometheus series).
+//! (fencing-token and lockId formats), [`metrics`] (Prometheus series),
+//! [`tls`] (the main listener's certificates).
 //! [`cli`] holds the other subcommands (`exec`, `plan`), which use only the
 //! client crate and the capacity model.
 
@@ -53,6 +55,7 @@ pub mod metrics;
 pub(crate) mod placement;
 pub mod reload;
 pub(crate) mod shard;
+pub mod tls;
 pub mod token;
 
 pub use app::{Application, StartError};

@@ -35,6 +35,9 @@ pub enum ReloadError {
     /// The change needs a restart (it is never applied by a reload).
     #[error("{0}")]
     NeedsRestart(String),
+    /// A TLS file named in `[server]` cannot be used.
+    #[error("{0}")]
+    Tls(String),
 }
 
 /// What a reload did.
@@ -52,6 +55,8 @@ pub struct Reloader {
     pool: Arc<ShardPool>,
     /// The settings in force; the async mutex also serialises reloads.
     current: tokio::sync::Mutex<Settings>,
+    /// The main listener's TLS config, replaced by each reload.
+    tls: crate::tls::Shared,
 }
 
 impl From<Refused> for ReloadError {
@@ -66,12 +71,14 @@ impl Reloader {
         settings: Settings,
         locks: Arc<Locks>,
         pool: Arc<ShardPool>,
+        tls: crate::tls::Shared,
     ) -> Self {
         Self {
             path,
             locks,
             pool,
             current: tokio::sync::Mutex::new(settings),
+            tls,
         }
     }
 
@@ -109,6 +116,14 @@ impl Reloader {
             || old.server.metrics_listen != new.server.metrics_listen
         {
             tracing::warn!("listen addresses change only when the router restarts");
+        }
+        // Read first, swapped only once the rest applied: a bad file
+        // changes nothing. Plain HTTP and TLS do not switch while serving.
+        let tls = crate::tls::load(&new.server).map_err(ReloadError::Tls)?;
+        if tls.is_some() != self.tls.load().is_some() {
+            return Err(ReloadError::NeedsRestart(
+                "turning TLS on or off takes a restart; certificates and keys reload".into(),
+            ));
         }
         if old.etcd.prefix != new.etcd.prefix {
             return Err(ReloadError::NeedsRestart(
@@ -153,6 +168,7 @@ impl Reloader {
             lock_delay: new.locks.lock_delay,
         });
         replaced.router.retire();
+        self.tls.store(tls);
         Ok(Reloaded {
             placement_changed,
             migration_opened,

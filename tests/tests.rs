@@ -18,4 +18,5 @@ mod process;
 mod rebalance;
 mod renewals;
 mod shards;
+mod tls;
 mod wait;

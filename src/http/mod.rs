@@ -5,7 +5,7 @@
 //! [`api`], the admin routes' in [`admin`]; every answer body is a type in
 //! [`answers`]; [`error`] is the one place an error becomes a response;
 //! [`request_id`] names each request in its answer and its log lines;
-//! [`state`] is what every handler shares.
+//! [`state`] is what every handler shares. TLS comes from [`crate::tls`].
 
 pub mod admin;
 pub mod admission;
@@ -76,11 +76,33 @@ pub async fn serve(
             _ = shutdown.cancelled() => break,
         };
         let _ = stream.set_nodelay(true);
+        let tls = match kind {
+            Listener::Main => state.tls.load_full(),
+            Listener::MetricsOnly => None,
+        };
+        let handshake_within = state.timeouts.header_read;
         let state = state.clone();
         let svc = service_fn(move |req| handle(state.clone(), kind, peer, req));
         let builder = builder.clone();
         let watcher = graceful.watcher();
         tokio::spawn(async move {
+            let Some(config) = tls else {
+                let conn = builder.serve_connection(TokioIo::new(stream), svc);
+                let _ = watcher.watch(conn).await;
+                return;
+            };
+            // A client that does not finish its handshake in time is
+            // dropped, as one that does not send its headers is.
+            let acceptor = tokio_rustls::TlsAcceptor::from(config);
+            let stream = match tokio::time::timeout(handshake_within, acceptor.accept(stream)).await
+            {
+                Ok(Ok(s)) => s,
+                Ok(Err(e)) => {
+                    tracing::debug!(%peer, error = %e, "TLS handshake failed");
+                    return;
+                }
+                Err(_) => return,
+            };
             let conn = builder.serve_connection(TokioIo::new(stream), svc);
             let _ = watcher.watch(conn).await;
         });

@@ -20,4 +20,6 @@ pub struct AppState {
     pub timeouts: HttpTimeouts,
     /// The bound on lock API requests in flight.
     pub admission: super::admission::Admission,
+    /// TLS for new connections to the main listener; `None`: plain HTTP.
+    pub tls: crate::tls::Shared,
 }
