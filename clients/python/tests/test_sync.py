@@ -2,15 +2,18 @@
 TTL, release at the end of a ``with`` block, FIFO waits, one renew-batch
 per interval for many locks, a lock lost by the client's own clock when the
 router is killed (while the lease still stands), a release retried until
-the router is back, and a shard outage that loses only that shard's locks.
+the router is back, a shard outage that loses only that shard's locks,
+and one grant acquired twice being one lock.
 """
 
 from __future__ import annotations
 
+import json
 import threading
 import time
 from typing import Callable
 
+import httpx
 import pytest
 
 import lockrouter
@@ -216,3 +219,54 @@ def test_a_lock_released_behind_the_clients_back_is_lost_at_once_as_expired(rout
         assert lock.lost.wait(timeout=15), "lost at the first renewal"
         assert lock.lost_reason is LostReason.EXPIRED
         assert lock.time_left() == 0
+
+
+class _Recording(httpx.BaseTransport):
+    """httpx's real transport, with every request's path and body written down."""
+
+    def __init__(self) -> None:
+        self._inner = httpx.HTTPTransport()
+        self._mutex = threading.Lock()
+        self._sent: list[tuple[str, dict]] = []
+
+    def handle_request(self, request: httpx.Request) -> httpx.Response:
+        with self._mutex:
+            self._sent.append((request.url.path, json.loads(request.content)))
+        return self._inner.handle_request(request)
+
+    def close(self) -> None:
+        self._inner.close()
+
+    def sent(self, suffix: str) -> list[dict]:
+        with self._mutex:
+            return [body for path, body in self._sent if path.endswith(suffix)]
+
+
+def test_one_grant_acquired_twice_is_one_lock_renewed_and_released_once(router: Router) -> None:
+    rec = _Recording()
+    with lockrouter.Client(router.url, client_id="py-twice-A", transport=rec) as a, \
+            lockrouter.Client(router.url) as b:  # fmt: skip
+        first = a.acquire("py:twice", ttl=3)
+        second = a.acquire("py:twice", ttl=3)
+        assert second.lock_id == first.lock_id, "the router answers the holder with its own grant"
+        assert second.fencing_token == first.fencing_token
+        # Past the TTL: both held, renewed as the one lock they are.
+        time.sleep(4)
+        assert first.is_held() and second.is_held()
+        assert abs(first.time_left() - second.time_left()) < 0.05, "one validity"
+        batches = rec.sent("/renew-batch")
+        assert 2 <= len(batches) <= 8, f"{len(batches)} renew-batch requests over 4 intervals"
+        assert all(len(batch["locks"]) == 1 for batch in batches), batches
+        assert rec.sent("/renew") == []
+
+        first.release()
+        assert second.lost.is_set(), "the other Lock of the grant is lost at once"
+        assert second.lost_reason is LostReason.RELEASED
+        nxt = b.try_acquire("py:twice", ttl=3)
+        assert nxt is not None, "released at the router, not left to the TTL"
+        assert nxt.fencing_token > first.fencing_token
+        # Releasing the other one as well sends nothing; B keeps its grant.
+        second.release()
+        assert len(rec.sent("/release")) == 1, "one release"
+        assert router.inspect("py:twice")["fencingToken"] == nxt.fencing_token
+        nxt.release()

@@ -1,13 +1,16 @@
 """The client's rules without a router: the validity clock, the renewal
 schedule (batching, splitting at the API's limit, what answers mean), the
 shared grant state, the fencing helpers, and what goes on the wire
-(bearer token, bodies, error mapping) through httpx's mock transport."""
+(bearer token, bodies, error mapping, a refused release not retried, a
+refused batch renewed lock by lock) through httpx's mock transport."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import sqlite3
 import threading
+import time
 
 import httpx
 import pytest
@@ -210,3 +213,70 @@ def test_a_refused_release_is_not_retried() -> None:
         with pytest.raises(lockrouter.RouterError):
             lock.release()
     assert calls.count("/api/v1/locks/release") == 1
+
+
+class _RefusesBatches:
+    """A router that refuses every ``renew-batch`` (400, as one over its
+    ``max_batch``) but renews single locks, except ``L2``, refused on its
+    own too. Grants are ``L0``, ``L1``, ... with a 2 s TTL."""
+
+    INVALID = {"error": {"code": "invalid_argument", "message": "too many locks in one batch"}}
+
+    def __init__(self) -> None:
+        self.calls: list[tuple[str, dict]] = []
+        self._acquired = 0
+        self._mutex = threading.Lock()
+
+    def __call__(self, request: httpx.Request) -> httpx.Response:
+        path, body = request.url.path, json.loads(request.content)
+        with self._mutex:
+            self.calls.append((path, body))
+            if path.endswith("/acquire"):
+                n, self._acquired = self._acquired, self._acquired + 1
+                return httpx.Response(200, json={"acquired": True, "lockId": f"L{n}",
+                                                 "fencingToken": n + 1, "expiresInMs": 2000})  # fmt: skip
+        if path.endswith("/renew-batch"):
+            return httpx.Response(400, json=self.INVALID)
+        if path.endswith("/renew"):
+            if body["lockId"] == "L2":
+                return httpx.Response(400, json=self.INVALID)
+            return httpx.Response(200, json={"renewed": True, "expiresInMs": 2000})
+        return httpx.Response(204)
+
+    def check(self, locks: list) -> None:
+        """After 3 s (one and a half TTLs; validity is 1.8 s): without the
+        fallback every lock would be lost by now."""
+        assert locks[0].is_held() and locks[1].is_held(), "renewed one by one"
+        assert locks[2].lost_reason is LostReason.REFUSED, "refused on its own: lost at once"
+        with self._mutex:
+            calls = list(self.calls)
+        batches = [b for p, b in calls if p.endswith("/renew-batch")]
+        assert len(batches) >= 3, f"{len(batches)} renew-batch requests: each interval tries the batch first"
+        assert [lock["lockId"] for lock in batches[0]["locks"]] == ["L0", "L1", "L2"]
+        assert "L2" not in [lock["lockId"] for lock in batches[-1]["locks"]]
+
+        def singles(lock_id: str) -> int:
+            return sum(1 for p, b in calls if p.endswith("/renew") and b["lockId"] == lock_id)
+
+        assert singles("L0") >= 3 and singles("L1") >= 3, (singles("L0"), singles("L1"))
+        assert singles("L2") == 1, "a lost lock is not renewed again"
+
+
+def test_a_refused_batch_is_renewed_lock_by_lock() -> None:
+    router = _RefusesBatches()
+    with lockrouter.Client("http://r:1", transport=httpx.MockTransport(router)) as client:
+        locks = [client.acquire(f"refused-{i}", ttl=2) for i in range(3)]
+        time.sleep(3)
+        router.check(locks)
+
+
+def test_async_a_refused_batch_is_renewed_lock_by_lock() -> None:
+    router = _RefusesBatches()
+
+    async def run() -> None:
+        async with lockrouter.AsyncClient("http://r:1", transport=httpx.MockTransport(router)) as client:
+            locks = [await client.acquire(f"refused-{i}", ttl=2) for i in range(3)]
+            await asyncio.sleep(3)
+            router.check(locks)
+
+    asyncio.run(run())

@@ -2,8 +2,10 @@
  * The SDK against a real router on a real etcd, both started here: renewal
  * past the TTL, one renew-batch per interval, release at the end of
  * `await using` / `finally`, FIFO waits, a lock released behind the
- * client's back lost at once, and a killed router judged by the client's
- * own clock.
+ * client's back lost at once, a killed router judged by the client's own
+ * clock, a release retried until the router is back, a shard outage that
+ * loses only that shard's locks, and one grant acquired twice being one
+ * lock.
  */
 
 import assert from "node:assert/strict";
@@ -11,7 +13,7 @@ import { after, before, describe, test } from "node:test";
 import { setTimeout as sleep } from "node:timers/promises";
 
 import { Client, LockLostError, NotAcquiredError } from "../src/index.js";
-import { abortedAt, Cluster, within } from "./harness.js";
+import { abortedAt, Cluster, Router, within } from "./harness.js";
 
 let cluster: Cluster;
 let url: string;
@@ -163,5 +165,114 @@ describe("against a real router", () => {
     } finally {
       await client.close();
     }
+  });
+
+  test("a release sent while the router is down is retried until it frees the name", { timeout: 40_000 }, async () => {
+    const keepName = fresh("keep");
+    const goneName = fresh("gone");
+    const doomed = await cluster.extraRouter();
+    const client = new Client({ url: doomed.url, requestTimeoutMs: 1_000 });
+    try {
+      // Two locks of one TTL on one shard: one session lease, which `keep`'s
+      // renewals keep alive, and with it `gone`'s key, TTL or not.
+      const keep = await client.acquire(keepName, { ttlMs: 10_000 });
+      const gone = await client.acquire(goneName, { ttlMs: 10_000 });
+      await doomed.kill(); // connections refused from now on
+      let settled = false;
+      const releasing = gone.release().finally(() => (settled = true));
+      releasing.catch(() => {}); // awaited below; not unhandled meanwhile
+      assert.equal(gone.lostReason, "released", "lost as the release starts");
+      assert.ok(gone.signal.aborted);
+      await sleep(2_000);
+      assert.ok(!settled, "still retrying while the router is away");
+      const downFor = performance.now();
+      await doomed.restart(); // the same port
+      await within(8_000, "the release gets through within the lock's validity", releasing);
+      // Freed at once (well within the 10 s TTL), though the session lease
+      // stood all along.
+      await using other = new Client({ url });
+      const next = await other.tryAcquire(goneName, { ttlMs: 10_000 });
+      assert.ok(next !== null, "the name is free once the release got through");
+      assert.ok(performance.now() - downFor < 9_000);
+      assert.ok(next.fencingToken > gone.fencingToken);
+      assert.ok(keep.isHeld(), "the other lock rode out the outage");
+      const seen = await cluster.router.inspect(keepName);
+      assert.equal(seen.fencingToken, keep.fencingToken.toString());
+      await next.release();
+    } finally {
+      await client.close();
+      await doomed.kill();
+    }
+  });
+
+  test("a shard outage loses only the locks on that shard", { timeout: 60_000 }, async () => {
+    const shards = [await cluster.extraEtcd(), await cluster.extraEtcd()];
+    const router = await Router.start(cluster.dir, shards);
+    try {
+      const onShard = new Map<string, string>();
+      for (let i = 0; i < 200 && onShard.size < 2; i++) {
+        const name = fresh(`shard${i}`);
+        const shard = await router.shardOf(name);
+        if (!onShard.has(shard)) onShard.set(shard, name);
+      }
+      const [nameA, nameB] = [onShard.get("a"), onShard.get("b")];
+      assert.ok(nameA !== undefined && nameB !== undefined, `names on both shards: ${JSON.stringify([...onShard])}`);
+      // A short request timeout only shortens close(): the release of the
+      // lock on the dead shard gets one request timeout more, then is given up.
+      await using client = new Client({ url: router.url, requestTimeoutMs: 1_000 });
+      const lockA = await client.acquire(nameA, { ttlMs: 3_000 });
+      const lockB = await client.acquire(nameB, { ttlMs: 3_000 });
+      await shards[1]!.kill();
+      // b's renewals now answer shard_unavailable (retried) until its
+      // validity runs out; a's go on.
+      await within(10_000, "the lock on the dead shard is lost", abortedAt(lockB.signal));
+      assert.equal(lockB.lostReason, "unconfirmed", "retried, never refused");
+      assert.ok(lockA.isHeld());
+      // Well past lockB's loss (more than a TTL), lockA is still renewed.
+      await sleep(4_000);
+      assert.ok(lockA.isHeld() && !lockA.signal.aborted);
+      const seen = await router.inspect(nameA);
+      assert.deepEqual(seen, { held: true, fencingToken: lockA.fencingToken.toString() });
+    } finally {
+      await router.kill();
+      await Promise.all(shards.map((s) => s.kill()));
+    }
+  });
+
+  test("one grant acquired twice is one lock: one validity and signal, one renewal, one release", { timeout: 20_000 }, async () => {
+    const name = fresh("twice");
+    // The real fetch, with every request written down.
+    const sent: { path: string; body: string }[] = [];
+    const recording: typeof fetch = (input, init) => {
+      sent.push({ path: new URL(String(input)).pathname, body: String(init?.body) });
+      return fetch(input, init);
+    };
+    await using a = new Client({ url, clientId: `ts-twice-${process.pid}`, fetch: recording });
+    await using b = new Client({ url });
+    const first = await a.acquire(name, { ttlMs: 3_000 });
+    const second = await a.acquire(name, { ttlMs: 3_000 });
+    assert.equal(second.lockId, first.lockId, "the router answers the holder with its own grant");
+    assert.equal(second.fencingToken, first.fencingToken);
+    assert.equal(second.signal, first.signal, "one lost signal");
+    // Past the TTL: both held, renewed as the one lock they are.
+    await sleep(4_000);
+    assert.ok(first.isHeld() && second.isHeld());
+    assert.ok(Math.abs(first.timeLeftMs() - second.timeLeftMs()) < 50, "one validity");
+    const batches = sent.filter((s) => s.path.endsWith("/renew-batch"));
+    assert.ok(batches.length >= 2 && batches.length <= 8, `${batches.length} renew-batch requests over 4 intervals`);
+    for (const r of batches) assert.equal(r.body.match(/"lockId"/g)?.length, 1, `one lock per renewal: ${r.body}`);
+    assert.equal(sent.filter((s) => s.path.endsWith("/renew")).length, 0);
+
+    await first.release();
+    assert.ok(second.signal.aborted, "the other Lock of the grant is lost at once");
+    assert.equal(second.lostReason, "released");
+    const next = await b.tryAcquire(name, { ttlMs: 3_000 });
+    assert.ok(next !== null, "released at the router, not left to the TTL");
+    assert.ok(next.fencingToken > first.fencingToken);
+    // Releasing the other one as well shares the first release: no second request, B keeps its grant.
+    await second.release();
+    assert.equal(sent.filter((s) => s.path.endsWith("/release")).length, 1, "one release");
+    assert.deepEqual(await cluster.router.inspect(name), { held: true, fencingToken: next.fencingToken.toString() });
+    await next.release();
   });
 });

@@ -192,8 +192,9 @@ export class Router extends Process {
     this.url = url;
   }
 
-  static async start(dir: string, shards: Etcd[]): Promise<Router> {
-    const port = await freePort();
+  /** Starts a router on `port` (default: a free one). */
+  static async start(dir: string, shards: Etcd[], port?: number): Promise<Router> {
+    port ??= await freePort();
     const url = `http://127.0.0.1:${port}`;
     const d = join(dir, `router-${port}`);
     mkdirSync(d, { recursive: true });
@@ -206,9 +207,22 @@ export class Router extends Process {
     const config = join(d, "router.toml");
     writeFileSync(config, toml);
     const router = new Router([routerBinary(), "serve", "--config", config], join(d, "router.log"), url);
-    router.spawn();
-    await router.waitUntil(async () => (await get(`${url}/readyz`))?.status === 200, 30_000);
+    await router.restart();
     return router;
+  }
+
+  /** Starts the router (again, after `kill()`: on the same port) and waits for /readyz. */
+  async restart(): Promise<void> {
+    this.spawn();
+    await this.waitUntil(async () => (await get(`${this.url}/readyz`))?.status === 200, 30_000);
+  }
+
+  /** The shard (a, b, ...) a name maps to, by the router's account. */
+  async shardOf(name: string): Promise<string> {
+    const r = await fetch(`${this.url}/api/v1/locks/${encodeURIComponent(name)}`, { signal: AbortSignal.timeout(5_000) });
+    const text = await r.text();
+    if (r.status !== 200) throw new Error(`inspect ${name}: ${r.status} ${text}`);
+    return JSON.parse(text).shard as string;
   }
 
   /** The router's view of a lock (`GET /api/v1/locks/{name}`), token as text to keep it exact. */
@@ -258,6 +272,11 @@ export class Cluster {
   /** Another router over the same etcd (to kill without disturbing the others). */
   extraRouter(): Promise<Router> {
     return Router.start(this.dir, [this.etcd]);
+  }
+
+  /** Another etcd, in this cluster's dir (a shard of its own for a router of its own). */
+  extraEtcd(): Promise<Etcd> {
+    return Etcd.start(this.dir);
   }
 
   async stop(): Promise<void> {

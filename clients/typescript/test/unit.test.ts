@@ -1,11 +1,14 @@
 /**
  * Unit tests without a router: exact token parsing, the clock rules, the
  * renewal schedule (batches split at the API's limit, locks due soon ride
- * along), what each answer means, typed errors and the fencing helpers.
+ * along), what each answer means, typed errors and the fencing helpers;
+ * and, over an injected fetch, a refused release not retried and a refused
+ * batch renewed lock by lock.
  */
 
 import assert from "node:assert/strict";
 import { describe, test } from "node:test";
+import { setTimeout as sleep } from "node:timers/promises";
 
 import { Client, ConfigError, LockLostError, RouterError, TransportError, fencing, isRetryable, parseJson, stringifyJson } from "../src/index.js";
 import { dueBatches, outcome, type Due } from "../src/renewal.js";
@@ -186,5 +189,65 @@ describe("the client over an injected fetch", () => {
       ["https://gateway.example/lr/api/v1/locks/release", "Bearer s3cret"],
     ]);
     assert.equal(seen[1]!.body, '{"lockId":"L1","fencingToken":9007199254740993}', "the token goes back exactly");
+  });
+
+  test("a release the router refuses (4xx) is not retried", { timeout: 10_000 }, async () => {
+    const calls: string[] = [];
+    const fakeFetch: typeof fetch = async (input) => {
+      const path = new URL(String(input)).pathname;
+      calls.push(path);
+      if (path.endsWith("/acquire")) {
+        return new Response('{"acquired":true,"lockId":"L1","fencingToken":7,"expiresInMs":30000}', { status: 200 });
+      }
+      return new Response('{"error":{"code":"invalid_argument","message":"bad"}}', { status: 400 });
+    };
+    const client = new Client({ url: "http://router.example:1", fetch: fakeFetch });
+    const lock = await client.acquire("x", { ttlMs: 30_000 });
+    const refused = (e: unknown): boolean => e instanceof RouterError && e.status === 400 && e.code === "invalid_argument" && !isRetryable(e);
+    await assert.rejects(lock.release(), refused);
+    assert.equal(lock.lostReason, "released");
+    // A retry would come within the first backoff (100 ms), or from the
+    // renewal loop in the background, or at close.
+    await sleep(500);
+    await client.close();
+    await assert.rejects(lock.release(), refused, "releasing again shares the outcome");
+    assert.deepEqual(calls, ["/api/v1/locks/acquire", "/api/v1/locks/release"]);
+  });
+
+  test("a batch the router refuses (4xx) is renewed lock by lock; a lock refused on its own is lost", { timeout: 15_000 }, async () => {
+    const calls: { path: string; body: string }[] = [];
+    let acquired = 0;
+    const answer = (status: number, body: string): Response => new Response(body, { status, headers: { "content-type": "application/json" } });
+    const invalid = '{"error":{"code":"invalid_argument","message":"too many locks in one batch"}}';
+    const fakeFetch: typeof fetch = async (input, init) => {
+      const path = new URL(String(input)).pathname;
+      const body = String(init?.body);
+      calls.push({ path, body });
+      if (path.endsWith("/acquire")) {
+        const n = acquired++;
+        return answer(200, `{"acquired":true,"lockId":"L${n}","fencingToken":${n + 1},"expiresInMs":2000}`);
+      }
+      if (path.endsWith("/renew-batch")) return answer(400, invalid);
+      if (path.endsWith("/renew")) return body.includes('"L2"') ? answer(400, invalid) : answer(200, '{"renewed":true,"expiresInMs":2000}');
+      return new Response(null, { status: 204 });
+    };
+    const client = new Client({ url: "http://router.example:1", fetch: fakeFetch });
+    try {
+      const locks = await Promise.all([0, 1, 2].map((i) => client.acquire(`refused-${i}`, { ttlMs: 2_000 })));
+      // One and a half TTLs: without the fallback, every lock would be lost
+      // by its clock (validity 1.8 s).
+      await sleep(3_000);
+      assert.ok(locks[0]!.isHeld() && locks[1]!.isHeld(), "renewed one by one");
+      assert.equal(locks[2]!.lostReason, "refused", "refused on its own: lost at once");
+      const batches = calls.filter((c) => c.path.endsWith("/renew-batch"));
+      const singles = (id: string) => calls.filter((c) => c.path.endsWith("/renew") && c.body.includes(`"${id}"`)).length;
+      assert.ok(batches.length >= 3, `${batches.length} renew-batch requests: each interval tries the batch first`);
+      assert.ok(batches[0]!.body.includes('"L0"') && batches[0]!.body.includes('"L2"'), "one batch for all three");
+      assert.ok(singles("L0") >= 3 && singles("L1") >= 3, `${singles("L0")}, ${singles("L1")} single renewals`);
+      assert.equal(singles("L2"), 1, "a lost lock is not renewed again");
+      assert.ok(!batches.at(-1)!.body.includes('"L2"'));
+    } finally {
+      await client.close();
+    }
   });
 });
