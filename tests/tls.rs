@@ -247,3 +247,62 @@ fn tls_settings_that_cannot_work_stop_the_router_naming_them() {
     assert_ne!(code, Some(0));
     assert!(err.contains("tls_client_ca_file"), "{err}");
 }
+
+/// The Rust SDK and `lockrouter exec` reach a TLS router whose certificate
+/// a private CA signed, when given that CA; without it they are refused.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_sdk_and_exec_speak_https_with_a_private_ca() {
+    let etcd = EtcdCluster::single();
+    let dir = tempfile::tempdir().unwrap();
+    let server = pki(&["127.0.0.1"]);
+    let cert = write(dir.path(), "cert.pem", &server.cert_pem);
+    let key = write(dir.path(), "key.pem", &server.key_pem);
+    let ca = write(dir.path(), "ca.pem", &server.ca_pem);
+    let port = free_port();
+    let _router = RouterProcess::spawn(&tls_toml(&etcd, port, &cert, &key, ""), port);
+    let base = format!("https://127.0.0.1:{port}");
+    wait_ready(&client(&server.ca_pem, None), &base).await;
+
+    let sdk = lockrouter_client::Client::builder(&base)
+        .ca_pem(server.ca_pem.as_bytes().to_vec())
+        .build()
+        .unwrap();
+    let lock = sdk
+        .acquire("https:sdk", Duration::from_secs(3))
+        .await
+        .unwrap()
+        .expect("acquired");
+    sleep_ms(4_000).await;
+    assert!(lock.is_held(), "renewed over https past its TTL");
+    lock.release().await.unwrap();
+    let untrusting = lockrouter_client::Client::new(&base, None).unwrap();
+    assert!(untrusting
+        .acquire("https:other", Duration::from_secs(3))
+        .await
+        .is_err());
+
+    let out = tokio::task::block_in_place(|| {
+        std::process::Command::new(env!("CARGO_BIN_EXE_lockrouter"))
+            .args([
+                "exec",
+                "--router",
+                &base,
+                "--ca-file",
+                &ca,
+                "--name",
+                "https:exec",
+            ])
+            .args([
+                "--ttl",
+                "5s",
+                "--",
+                "sh",
+                "-c",
+                "echo \"token $LOCKROUTER_FENCING_TOKEN\"",
+            ])
+            .output()
+            .unwrap()
+    });
+    assert_eq!(out.status.code(), Some(0), "{out:?}");
+    assert!(String::from_utf8_lossy(&out.stdout).starts_with("token "));
+}

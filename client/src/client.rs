@@ -82,9 +82,18 @@ pub struct ClientBuilder {
     client_id: Option<String>,
     margin: Option<Duration>,
     request_timeout: Duration,
+    ca_pem: Option<Vec<u8>>,
 }
 
 impl ClientBuilder {
+    /// PEM CA certificates to trust for an `https://` router, besides the
+    /// public web roots (for a router whose certificate a private CA
+    /// signed).
+    pub fn ca_pem(mut self, pem: impl Into<Vec<u8>>) -> Self {
+        self.ca_pem = Some(pem.into());
+        self
+    }
+
     /// The id the router knows this client by (1 to 256 bytes, no control
     /// characters). Default: a random 128-bit id.
     pub fn client_id(mut self, id: impl Into<String>) -> Self {
@@ -111,7 +120,7 @@ impl ClientBuilder {
     pub fn build(self) -> Result<Client, Error> {
         let runtime = tokio::runtime::Handle::try_current()
             .map_err(|_| Error::Config("a Client must be built inside a tokio runtime".into()))?;
-        let transport = Transport::new(&self.base_url)?;
+        let transport = Transport::new(&self.base_url, self.ca_pem.as_deref())?;
         let client_id = match self.client_id {
             Some(id) if id.is_empty() => return Err(Error::Config("empty client id".into())),
             Some(id) => id,
@@ -136,7 +145,8 @@ impl ClientBuilder {
 }
 
 impl Client {
-    /// A client of the router at `base_url` (`http://host:port`), under
+    /// A client of the router at `base_url` (`http://host:port` or
+    /// `https://host:port`), under
     /// `client_id`, or a random id if `None`. Must be called within a tokio
     /// runtime (it starts the renewal task).
     pub fn new(base_url: &str, client_id: Option<&str>) -> Result<Self, Error> {
@@ -154,6 +164,7 @@ impl Client {
             client_id: None,
             margin: None,
             request_timeout: Duration::from_secs(5),
+            ca_pem: None,
         }
     }
 

@@ -331,7 +331,7 @@ mod tests {
     fn task() -> RenewalTask {
         let (_tx, rx) = mpsc::unbounded_channel();
         // Port 9 (discard) on loopback: nothing here is ever sent.
-        let transport = Transport::new("http://127.0.0.1:9").unwrap();
+        let transport = Transport::new("http://127.0.0.1:9", None).unwrap();
         RenewalTask::new(transport, Duration::from_secs(5), rx)
     }
 

@@ -1,13 +1,15 @@
 //! The v1 HTTP API on the wire: JSON bodies over hyper-util's pooled
 //! HTTP/1.1 client (keep-alive, connections reused across calls and across
-//! the renewal task), each call bounded by a timeout. Nothing here knows
-//! about validity or renewal policy.
+//! the renewal task), each call bounded by a timeout; `https://` routers
+//! over rustls, trusting the public web roots and any CA the caller adds.
+//! Nothing here knows about validity or renewal policy.
 
 use std::time::Duration;
 
 use bytes::Bytes;
 use http::{header, Method, Request, StatusCode};
 use http_body_util::{BodyExt, Full};
+use hyper_rustls::HttpsConnector;
 use hyper_util::client::legacy::{connect::HttpConnector, Client as HttpClient};
 use hyper_util::rt::{TokioExecutor, TokioTimer};
 use serde::{Deserialize, Serialize};
@@ -17,7 +19,7 @@ use crate::error::Error;
 /// A handle to the router's API; cheap to clone (the pool is shared).
 #[derive(Clone)]
 pub(crate) struct Transport {
-    http: HttpClient<HttpConnector, Full<Bytes>>,
+    http: HttpClient<HttpsConnector<HttpConnector>, Full<Bytes>>,
     /// `scheme://authority[/prefix]` without a trailing slash.
     base: String,
 }
@@ -83,19 +85,56 @@ struct ErrorDetail {
     message: String,
 }
 
+/// Trusts the public web roots, and the CA certificates in `ca_pem`.
+fn tls_config(ca_pem: Option<&[u8]>) -> Result<rustls::ClientConfig, Error> {
+    use rustls::pki_types::pem::PemObject;
+    use rustls::pki_types::CertificateDer;
+    let mut roots = rustls::RootCertStore {
+        roots: webpki_roots::TLS_SERVER_ROOTS.to_vec(),
+    };
+    if let Some(pem) = ca_pem {
+        let mut added = 0;
+        for cert in CertificateDer::pem_slice_iter(pem) {
+            let cert = cert.map_err(|e| Error::Config(format!("CA certificates: {e}")))?;
+            roots
+                .add(cert)
+                .map_err(|e| Error::Config(format!("CA certificate: {e}")))?;
+            added += 1;
+        }
+        if added == 0 {
+            return Err(Error::Config("no CA certificate in the PEM given".into()));
+        }
+    }
+    let provider = std::sync::Arc::new(rustls::crypto::aws_lc_rs::default_provider());
+    Ok(rustls::ClientConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()
+        .map_err(|e| Error::Config(format!("TLS: {e}")))?
+        .with_root_certificates(roots)
+        .with_no_client_auth())
+}
+
 impl Transport {
-    pub fn new(base_url: &str) -> Result<Self, Error> {
+    /// A transport to `base_url` (`http://` or `https://`); `ca_pem`: PEM
+    /// CA certificates to trust besides the public web roots (a private
+    /// CA's routers).
+    pub fn new(base_url: &str, ca_pem: Option<&[u8]>) -> Result<Self, Error> {
         let base = base_url.trim_end_matches('/').to_string();
         let uri: http::Uri = base
             .parse()
             .map_err(|e| Error::Config(format!("router URL {base_url:?}: {e}")))?;
-        if uri.scheme_str() != Some("http") || uri.authority().is_none() {
+        if !matches!(uri.scheme_str(), Some("http" | "https")) || uri.authority().is_none() {
             return Err(Error::Config(format!(
-                "router URL {base_url:?} must look like http://host:port"
+                "router URL {base_url:?} must look like http://host:port or https://host:port"
             )));
         }
         let mut connector = HttpConnector::new();
         connector.set_nodelay(true);
+        connector.enforce_http(false);
+        let connector = hyper_rustls::HttpsConnectorBuilder::new()
+            .with_tls_config(tls_config(ca_pem)?)
+            .https_or_http()
+            .enable_http1()
+            .wrap_connector(connector);
         let http = HttpClient::builder(TokioExecutor::new())
             .pool_timer(TokioTimer::new())
             // Below the router's idle close (`server.header_read_timeout_ms`,
@@ -266,18 +305,16 @@ mod tests {
     }
 
     #[tokio::test]
-    async fn only_plain_http_urls_are_accepted() {
-        assert!(Transport::new("http://127.0.0.1:8080/").is_ok());
-        for bad in [
-            "127.0.0.1:8080",
-            "https://router:8443",
-            "http://",
-            "not a url",
-        ] {
+    async fn http_and_https_urls_are_accepted_and_others_refused() {
+        assert!(Transport::new("http://127.0.0.1:8080/", None).is_ok());
+        assert!(Transport::new("https://router:8443", None).is_ok());
+        for bad in ["127.0.0.1:8080", "ftp://router:21", "http://", "not a url"] {
             assert!(
-                matches!(Transport::new(bad), Err(Error::Config(_))),
+                matches!(Transport::new(bad, None), Err(Error::Config(_))),
                 "{bad:?} should be refused"
             );
         }
+        let no_ca = Transport::new("https://router:8443", Some(b"not a certificate"));
+        assert!(matches!(no_ca, Err(Error::Config(_))));
     }
 }

@@ -50,9 +50,14 @@ pub mod codes {
 /// Arguments of `lockrouter exec`.
 #[derive(clap::Args, Debug, Clone)]
 pub struct ExecArgs {
-    /// The router's base URL, e.g. http://127.0.0.1:8080.
+    /// The router's base URL, e.g. http://127.0.0.1:8080 or
+    /// https://lockrouter.internal:8443.
     #[arg(long)]
     pub router: String,
+    /// PEM CA certificates to trust for an https:// router, besides the
+    /// public web roots.
+    #[arg(long)]
+    pub ca_file: Option<std::path::PathBuf>,
     /// The lock's name.
     #[arg(long)]
     pub name: String,
@@ -92,7 +97,20 @@ pub fn main(args: ExecArgs) -> u8 {
 }
 
 async fn run(args: ExecArgs) -> u8 {
-    let client = match Client::new(&args.router, args.client_id.as_deref()) {
+    let mut builder = Client::builder(&args.router);
+    if let Some(id) = &args.client_id {
+        builder = builder.client_id(id.clone());
+    }
+    if let Some(path) = &args.ca_file {
+        match std::fs::read(path) {
+            Ok(pem) => builder = builder.ca_pem(pem),
+            Err(e) => {
+                eprintln!("lockrouter exec: --ca-file {}: {e}", path.display());
+                return codes::USAGE;
+            }
+        }
+    }
+    let client = match builder.build() {
         Ok(c) => c,
         Err(e) => {
             eprintln!("lockrouter exec: {e}");
