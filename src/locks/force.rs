@@ -16,27 +16,10 @@ impl Active {
     /// held). `None`: nothing held it.
     pub async fn force_release(&self, name: &str) -> Result<Option<Forced>, LockError> {
         check_text("name", name, self.limits.max_name_bytes)?;
-        let shard = self.router.shard_for(name);
-        tracing::Span::current().record("shard", shard.name.as_str());
         let hash = name_hash(name);
-        let mut places = vec![shard.clone()];
-        if let Some(m) = self.router.migration() {
-            let previous = m.previous_shard(name);
-            if previous.name != shard.name {
-                places.push(previous.clone());
-            }
-        }
-        for place in &places {
-            check_identity(place)?;
+        for place in &self.places(name) {
             let k = place.name_keys(&hash);
-            let state = place.read_name(&k).await?;
-            if state.identity != place.verified_identity() {
-                self.router.identity_changed(place);
-                return Err(unavailable(
-                    place,
-                    "the cluster behind this shard's endpoints is not this shard",
-                ));
-            }
+            let state = self.read_verified(place, &k).await?;
             let Some(kv) = state.lock else { continue };
             let value: LockValue = serde_json::from_slice(kv.value())
                 .map_err(|e| LockError::Internal(format!("unreadable lock value: {e}")))?;

@@ -9,12 +9,12 @@ use crate::shard::keys::{name_hash, LockValue};
 use crate::token::fencing;
 
 impl Active {
-    pub async fn inspect(&self, name: &str) -> Result<Inspection, LockError> {
-        check_text("name", name, self.limits.max_name_bytes)?;
+    /// Where `name` may be held: its shard and, during a migration that
+    /// moved it, its previous shard (a holder keeps it there until it lets
+    /// go).
+    pub(crate) fn places(&self, name: &str) -> Vec<Arc<Shard>> {
         let shard = self.router.shard_for(name);
         tracing::Span::current().record("shard", shard.name.as_str());
-        let hash = name_hash(name);
-        // During a migration a moved name may still be held where it was.
         let mut places = vec![shard.clone()];
         if let Some(m) = self.router.migration() {
             let previous = m.previous_shard(name);
@@ -22,16 +22,34 @@ impl Active {
                 places.push(previous.clone());
             }
         }
+        places
+    }
+
+    /// Reads `k` on `place`, which must answer as the cluster this router
+    /// verified for it.
+    pub(crate) async fn read_verified(
+        &self,
+        place: &Shard,
+        k: &crate::shard::NameKeys,
+    ) -> Result<crate::shard::name::NameState, LockError> {
+        check_identity(place)?;
+        let state = place.read_name(k).await?;
+        if state.identity != place.verified_identity() {
+            self.router.identity_changed(place);
+            return Err(unavailable(
+                place,
+                "the cluster behind this shard's endpoints is not this shard",
+            ));
+        }
+        Ok(state)
+    }
+
+    pub async fn inspect(&self, name: &str) -> Result<Inspection, LockError> {
+        check_text("name", name, self.limits.max_name_bytes)?;
+        let hash = name_hash(name);
+        let places = self.places(name);
         for place in &places {
-            check_identity(place)?;
-            let state = place.read_name(&place.name_keys(&hash)).await?;
-            if state.identity != place.verified_identity() {
-                self.router.identity_changed(place);
-                return Err(unavailable(
-                    place,
-                    "the cluster behind this shard's endpoints is not this shard",
-                ));
-            }
+            let state = self.read_verified(place, &place.name_keys(&hash)).await?;
             if let Some(kv) = state.lock {
                 let value: LockValue = serde_json::from_slice(kv.value())
                     .map_err(|e| LockError::Internal(format!("unreadable lock value: {e}")))?;
@@ -50,7 +68,7 @@ impl Active {
             }
         }
         Ok(Inspection {
-            shard: shard.name.clone(),
+            shard: places[0].name.clone(),
             holder: None,
             client_id: None,
         })
