@@ -120,7 +120,12 @@ fn from_json<T: DeserializeOwned>(body: &[u8]) -> Result<T, ApiError> {
     }
     let mut de = serde_json::Deserializer::from_slice(body);
     match serde_path_to_error::deserialize::<_, T>(&mut de) {
-        Ok(value) => Ok(value),
+        // The strict parse refused it, so something follows the value
+        // (`from_slice` also requires the end of input): never a grant.
+        Ok(_) => Err(match de.end() {
+            Err(e) => ApiError::invalid(format!("invalid JSON body: {e}")),
+            Ok(()) => ApiError::invalid("invalid JSON body"),
+        }),
         Err(e) => {
             let path = e.path().to_string();
             let inner = e.into_inner();
