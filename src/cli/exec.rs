@@ -50,8 +50,8 @@ pub mod codes {
 /// Arguments of `lockrouter exec`.
 #[derive(clap::Args, Debug, Clone)]
 pub struct ExecArgs {
-    /// The router's base URL, e.g. http://127.0.0.1:8080 or
-    /// https://lockrouter.internal:8443.
+    /// The router's base URL, e.g. `http://127.0.0.1:8080` or
+    /// `https://lockrouter.internal:8443`.
     #[arg(long)]
     pub router: String,
     /// PEM CA certificates to trust for an https:// router, besides the
