@@ -42,6 +42,27 @@ pub fn request_deadline() -> Option<Instant> {
     REQUEST_DEADLINE.try_with(|d| *d).ok()
 }
 
+/// Which members can serve, from each one's `(leader, raft term)` (`None`:
+/// no answer in time): those that know a leader at the newest term any
+/// member knows a leader at. A member cut off from its peers either knows
+/// no leader (a follower past its election timeout, or a candidate whose
+/// term keeps rising as it campaigns alone, which is why the newest term
+/// is taken only among members that know a leader) or still follows, or
+/// is, the leader of an older term (a minority leader before it steps
+/// down).
+fn serving(statuses: &[Option<(u64, u64)>]) -> Vec<bool> {
+    let newest = statuses
+        .iter()
+        .flatten()
+        .filter(|(leader, _)| *leader != 0)
+        .map(|(_, term)| *term)
+        .max();
+    statuses
+        .iter()
+        .map(|s| matches!((s, newest), (Some((leader, term)), Some(n)) if *leader != 0 && *term == n))
+        .collect()
+}
+
 /// Why an etcd call failed, as far as callers need to know.
 #[derive(Debug, Clone, thiserror::Error)]
 pub enum EtcdError {
@@ -253,24 +274,12 @@ impl EtcdConn {
             (ep, status)
         });
         let answers = futures::future::join_all(probes).await;
-        let newest = answers
-            .iter()
-            .filter_map(|(_, s)| s.map(|(_, term)| term))
-            .max()
-            .unwrap_or(0);
-        let serving: Vec<(&String, bool)> = answers
-            .iter()
-            .map(|(ep, s)| {
-                (
-                    *ep,
-                    matches!(s, Some((leader, term)) if *leader != 0 && *term == newest),
-                )
-            })
-            .collect();
-        if !serving.iter().any(|(_, ok)| *ok) {
+        let statuses: Vec<Option<(u64, u64)>> = answers.iter().map(|(_, s)| *s).collect();
+        let serving = serving(&statuses);
+        if !serving.iter().any(|ok| *ok) {
             return;
         }
-        for (ep, ok) in serving {
+        for ((ep, _), ok) in answers.into_iter().zip(serving) {
             let change = {
                 let mut live = self.inner.in_rotation.lock().expect("members lock");
                 if ok && live.insert(ep.clone()) {
@@ -430,6 +439,27 @@ pub fn release_risk(version: &str) -> Option<Risk> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn members_cut_off_from_their_peers_do_not_serve() {
+        // A healthy shard: leader 1 at term 5, seen by all.
+        assert_eq!(serving(&[Some((1, 5)); 3]), [true; 3]);
+        // A minority leader (member 1, term 5) while the majority elected
+        // member 2 at term 6; one member does not answer.
+        assert_eq!(
+            serving(&[Some((1, 5)), Some((2, 6)), None]),
+            [false, true, false]
+        );
+        // A member campaigning alone: no leader, and a term above the
+        // majority's. It must not make the majority look stale.
+        assert_eq!(
+            serving(&[Some((0, 9)), Some((2, 6)), Some((2, 6))]),
+            [false, true, true]
+        );
+        // An election everywhere: nobody serves (the caller then leaves
+        // the rotation alone).
+        assert_eq!(serving(&[Some((0, 7)), Some((0, 7)), None]), [false; 3]);
+    }
 
     #[test]
     fn releases_with_known_lease_bugs_are_named() {
