@@ -19,6 +19,22 @@ use lockrouter_testkit::sleep_ms;
 
 use crate::rebalance::{moving_name, ring, toml, wait_granting};
 
+/// Polls `/readyz` until it shows the first shard `cluster_changed` (its
+/// cluster id moved: copied or restored), and checks the replica stays
+/// ready: every replica shares that problem.
+async fn wait_cluster_changed(api: &lockrouter_testkit::api::Api) {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let ready = api.get("/readyz").await;
+        if ready.body["shards"][0]["state"] == "cluster_changed" {
+            assert_eq!(ready.status, 200, "{ready:?}");
+            return;
+        }
+        assert!(Instant::now() < deadline, "{ready:?}");
+        sleep_ms(50).await;
+    }
+}
+
 /// Polls `/readyz` until it shows `state` for every shard, or panics.
 async fn wait_states(api: &lockrouter_testkit::api::Api, state: &str) -> serde_json::Value {
     let deadline = Instant::now() + Duration::from_secs(10);
@@ -226,17 +242,7 @@ async fn a_shard_copied_to_another_cluster_refuses_until_the_epoch_is_bumped() {
             .status
             == 200
     );
-    let deadline = Instant::now() + Duration::from_secs(10);
-    loop {
-        let ready = r.api.get("/readyz").await;
-        if ready.body["shards"][0]["state"] == "cluster_changed" {
-            // Every replica shares this problem: still ready.
-            assert_eq!(ready.status, 200, "{ready:?}");
-            break;
-        }
-        assert!(Instant::now() < deadline, "{ready:?}");
-        sleep_ms(50).await;
-    }
+    wait_cluster_changed(&r.api).await;
     let fresh = (0..)
         .map(|i| format!("after-copy-{i}"))
         .find(|n| ring(&shards).shard_name(n) == "a")
@@ -420,17 +426,7 @@ async fn a_shard_restored_from_a_snapshot_refuses_until_the_epoch_is_bumped() {
     let on_b = names("b", "b", 1).remove(0);
 
     c1.restore(&snapshot, "restored-1");
-    let deadline = Instant::now() + Duration::from_secs(10);
-    loop {
-        let ready = r.api.get("/readyz").await;
-        if ready.body["shards"][0]["state"] == "cluster_changed" {
-            // Every replica shares this problem: still ready.
-            assert_eq!(ready.status, 200, "{ready:?}");
-            break;
-        }
-        assert!(Instant::now() < deadline, "{ready:?}");
-        sleep_ms(50).await;
-    }
+    wait_cluster_changed(&r.api).await;
     let fresh = names("fresh", "a", 3);
     let refused = r.api.acquire(&fresh[0], 5_000, "Y").await;
     assert_eq!(refused.status, 503, "{refused:?}");

@@ -24,7 +24,7 @@ use lockrouter_testkit::netns::Network;
 use lockrouter_testkit::router::TestRouter;
 use lockrouter_testkit::sleep_ms;
 
-use crate::faults::{holder, renewer};
+use crate::faults::{holder, judge_renewers, renewer};
 
 /// A 3-member shard whose members live in namespaces of `net`.
 pub(crate) fn partitionable(net: &Arc<Network>) -> EtcdCluster {
@@ -214,20 +214,7 @@ async fn a_member_cut_off_and_back_rejoins_while_renewals_stay_on_schedule() {
     sleep_ms(4_000).await;
     net.heal(gone);
     eprintln!("member {gone} back");
-    let mut latencies = Vec::new();
-    for r in join_all(renewers).await {
-        let (l, lost) = r.unwrap();
-        assert!(lost.is_none(), "{}", lost.unwrap());
-        latencies.extend(l);
-    }
-    latencies.sort();
-    eprintln!(
-        "{} renew-batches: p50 {:?}, p99 {:?}, max {:?}",
-        latencies.len(),
-        latencies[latencies.len() / 2],
-        latencies[latencies.len() * 99 / 100],
-        latencies.last().unwrap()
-    );
+    judge_renewers(renewers).await;
     // The member that was away serves the key written without it.
     let mut alone = etcd_client::Client::connect([&etcd.endpoints()[gone]], None)
         .await

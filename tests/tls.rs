@@ -59,6 +59,12 @@ fn client(ca_pem: &str, identity: Option<String>) -> reqwest::Client {
     b.build().unwrap()
 }
 
+/// `GET /healthz` through `c` answers 200.
+async fn assert_healthy(c: &reqwest::Client, base: &str) {
+    let r = c.get(format!("{base}/healthz")).send().await.unwrap();
+    assert_eq!(r.status(), 200);
+}
+
 async fn wait_ready(c: &reqwest::Client, base: &str) {
     let deadline = Instant::now() + Duration::from_secs(20);
     loop {
@@ -130,15 +136,7 @@ async fn the_router_serves_tls_and_a_reload_replaces_its_certificate() {
         .unwrap();
     assert_eq!(r.status(), 200, "{:?}", r.text().await);
     let renewed = client(&second.ca_pem, None);
-    assert_eq!(
-        renewed
-            .get(format!("{base}/healthz"))
-            .send()
-            .await
-            .unwrap()
-            .status(),
-        200
-    );
+    assert_healthy(&renewed, &base).await;
     assert!(
         trusting
             .get(format!("{base}/healthz"))
@@ -163,15 +161,7 @@ async fn the_router_serves_tls_and_a_reload_replaces_its_certificate() {
             .contains("server.tls_cert_file"),
         "{body}"
     );
-    assert_eq!(
-        renewed
-            .get(format!("{base}/healthz"))
-            .send()
-            .await
-            .unwrap()
-            .status(),
-        200
-    );
+    assert_healthy(&renewed, &base).await;
     drop(router);
 }
 
@@ -193,15 +183,7 @@ async fn with_a_client_ca_only_clients_with_its_certificates_get_in() {
         Some(format!("{}{}", clients.cert_pem, clients.key_pem)),
     );
     wait_ready(&with_cert, &base).await;
-    assert_eq!(
-        with_cert
-            .get(format!("{base}/healthz"))
-            .send()
-            .await
-            .unwrap()
-            .status(),
-        200
-    );
+    assert_healthy(&with_cert, &base).await;
     let without = client(&server.ca_pem, None);
     assert!(without.get(format!("{base}/healthz")).send().await.is_err());
     let other = pki(&["intruder"]);
