@@ -1,6 +1,6 @@
 # `make run` starts three local etcd shards and the router; `make test` runs
 # formatting, lints and the full test suite against real etcd processes.
-.PHONY: run test test-python test-typescript build fmt lint
+.PHONY: run test test-python test-typescript test-api-fuzz build fmt lint
 .PHONY: prereqs prereqs-build prereqs-run prereqs-bench prereqs-check
 
 # Each target checks what it needs, and installs what is missing from Debian
@@ -20,6 +20,12 @@ prereqs-check:
 
 run: prereqs-run
 	@deploy/local/run.sh
+
+# `make run` with auth on: a lockId key and an admin principal's bearer token,
+# made once under .local/auth/ and printed at start (deploy/local/run.sh).
+.PHONY: run-auth
+run-auth: prereqs-run
+	@deploy/local/run.sh --auth
 
 build: prereqs-build
 	cargo build --release
@@ -43,6 +49,7 @@ test: prereqs lint
 	cargo test -p lockrouter --test tests -- --test-threads=1 dashboards:: renewals::
 	$(MAKE) test-python
 	$(MAKE) test-typescript
+	$(MAKE) test-api-fuzz
 
 # The Python SDK (clients/python, docs/client.md) against a real router and
 # real etcd started by its fixtures: builds the router, keeps a venv in
@@ -65,6 +72,23 @@ test-typescript:
 	cargo build --bin lockrouter
 	cd clients/typescript && npm ci --no-audit --no-fund --loglevel=error
 	cd clients/typescript && LOCKROUTER_BIN=$(CURDIR)/target/debug/lockrouter timeout 300 npm test
+
+# The HTTP API against docs/openapi.yaml (tests/api-fuzz/run.py, whose header
+# says what it sends and checks): builds the router, keeps a venv in
+# target/api-fuzz-venv (made once) with schemathesis and its dependencies at
+# the exact versions of tests/api-fuzz/requirements.txt, starts three real
+# etcd shards and the router on free loopback ports, and runs schemathesis
+# over every operation with a fixed seed and at most 100 generated cases per
+# operation. Fails on any 5xx, undocumented answer or dropped connection, and
+# when etcd or the router cannot start; the whole run is bounded by
+# timeout(1). About a minute (the first run also fills the venv).
+API_FUZZ_VENV := target/api-fuzz-venv
+test-api-fuzz:
+	cargo build --bin lockrouter
+	test -x $(API_FUZZ_VENV)/bin/pip || python3 -m venv $(API_FUZZ_VENV)
+	$(API_FUZZ_VENV)/bin/pip install --quiet --disable-pip-version-check -r tests/api-fuzz/requirements.txt
+	LOCKROUTER_BIN=$(CURDIR)/target/debug/lockrouter timeout 300 \
+		$(API_FUZZ_VENV)/bin/python tests/api-fuzz/run.py
 
 # Benchmarks (loadtest/, docs/benchmarks.md). Both start their own etcd
 # shards and router on loopback and stop them when done, even on failure.
