@@ -17,7 +17,7 @@ trap 'rm -rf "$tmp"' EXIT
 # scripts, not symlinks: a case that replaces one with a fake must never
 # write through a link into the system's own binary (CI runs as root).
 mkdir -p "$tmp/real"
-for t in mktemp rm mkdir cat env cc as ld protoc; do
+for t in mktemp rm mkdir cat env timeout cc as ld protoc; do
   p=$(command -v "$t") || {
     echo "prereqs-selftest: $t is missing; run deploy/local/prereqs.sh build first" >&2
     exit 1
@@ -83,6 +83,16 @@ python_fake() { # version venv
 python_fake 3.11.7 ok
 fake "$bin" node 'echo v20.11.1'
 fake "$bin" npm 'echo 10.2.4'
+# A chromium of major version $1 that renders the check's page (or, with
+# `broken`, fails to start as a browser missing a library does), and a
+# chromedriver of major version $2.
+chromium_fake() { # browser-major driver-major [broken]
+  local page='echo "<html><head></head><body><p>lockrouter-prereqs-ok</p></body></html>"'
+  [ "${3:-}" != broken ] || page='echo "error while loading shared libraries: libgbm.so.1" >&2; exit 127'
+  fake "$bin" chromium "case \$1 in --version) echo 'Chromium $1.0.8078.114 built on Debian GNU/Linux 12 (bookworm)' ;; *) $page ;; esac"
+  fake "$bin" chromedriver "echo 'ChromeDriver $2.0.8078.114 (ea19f97-refs/branch-heads/8078@{#5})'"
+}
+chromium_fake 156 156
 
 n=0
 sandbox() {
@@ -212,6 +222,27 @@ sandbox && fake "$bin" node 'echo v18.19.0'
 expect 1 "node too old: .*Node v18\.19\.0; .*needs Node >= 20" --check test
 sandbox && fake "$bin" npm 'echo "npm: command not found" >&2; exit 127'
 expect 1 "npm missing or unusable: .*\[Debian: npm\]" --check test
+
+# ... and chromium with a chromedriver of its own major version, able to
+# load a page headless.
+sandbox && rm "$bin/chromium"
+expect 1 "chromium missing .*\[Debian: chromium chromium-driver\]" --check test
+sandbox && rm "$bin/chromedriver"
+expect 1 "chromedriver missing .*\[Debian: chromium chromium-driver\]" --check test
+sandbox && chromium_fake 156 150
+expect 1 "chromedriver does not match chromium: chromedriver is version 150, chromium 156" --check test
+sandbox && fake "$bin" chromedriver 'echo "ChromeDriver"'
+expect 1 "chromedriver version unreadable: .*printed 'ChromeDriver'" --check test
+sandbox && chromium_fake 156 156 broken
+expect 1 "chromium cannot load a page headless .*libgbm\.so\.1.*\[Debian: chromium\]" --check test
+# A good pair is not reported (as for python3 above).
+sandbox
+out=$(env -u PROTOC -u PROTOC_INCLUDE PATH="$bin" "$BASH" "$script" --check test 2>&1) || true
+if grep -qi chrom <<<"$out"; then
+  echo "prereqs-selftest: FAIL case $n: a good chromium was reported:" >&2
+  printf '%s\n' "$out" | sed 's/^/    /' >&2
+  failures=$((failures + 1))
+fi
 
 # Installing mode: with no apt-get it names the packages and fails; what
 # no package fixes fails without trying to install.

@@ -18,10 +18,14 @@
 #          restore test (etcd-client); iproute2's `ip` able to make a network
 #          namespace with a bridge and a veth pair, for the partition tests
 #          (iproute2; they also need root); python3 >= 3.11 able to make a
-#          venv with pip, for the Python SDK's tests (python3 python3-venv
-#          python3-pip: make test-python builds target/python-venv); node >= 20
+#          venv with pip, for the Python SDK's tests and the API fuzzer
+#          (python3 python3-venv python3-pip: make test-python builds
+#          target/python-venv, make test-api-fuzz target/api-fuzz-venv, with
+#          schemathesis from PyPI; the fuzzer starts the etcd above); node >= 20
 #          with npm, for the TypeScript SDK's tests (nodejs npm: make
-#          test-typescript runs npm ci and npm test).
+#          test-typescript runs npm ci and npm test); chromium able to load
+#          a page headless, and a chromedriver of the same major version,
+#          for the status page's browser test (chromium chromium-driver).
 #
 # Every check runs what the build or the tests will run (protoc compiles a
 # .proto importing the well-known types, cc builds and runs a C program, etcd
@@ -57,7 +61,7 @@ case $mode in
   build) checks=(check_cargo check_cc check_protoc) ;;
   run) checks=(check_cargo check_cc check_protoc check_etcd_on_path) ;;
   bench) checks=(check_cargo check_cc check_protoc check_etcd_for_tests) ;;
-  test) checks=(check_cargo check_cc check_protoc check_etcd_for_tests check_prometheus check_etcdctl check_netns check_python check_node) ;;
+  test) checks=(check_cargo check_cc check_protoc check_etcd_for_tests check_prometheus check_etcdctl check_netns check_python check_node check_chromium) ;;
 esac
 
 tmp=$(mktemp -d)
@@ -265,13 +269,15 @@ $(indent "$out")"
 }
 
 # make test-python makes target/python-venv with `python3 -m venv` and
-# installs the SDK with that venv's pip; the SDK needs Python 3.11. Debian
+# installs the SDK with that venv's pip; make test-api-fuzz does the same in
+# target/api-fuzz-venv for schemathesis (tests/api-fuzz/requirements.txt).
+# Both the SDK and that schemathesis release need Python 3.11. Debian
 # splits venv (ensurepip) and pip out of python3, so make a venv and run its
 # pip, rather than trusting the interpreter alone.
 check_python() {
   local out v major minor
   if ! command -v python3 >/dev/null 2>&1; then
-    fail "python3 missing (make test-python runs the Python SDK's tests with it)" python3 python3-venv python3-pip
+    fail "python3 missing (make test-python runs the Python SDK's tests with it, make test-api-fuzz the API fuzzer)" python3 python3-venv python3-pip
     return
   fi
   if ! out=$(python3 --version 2>&1); then
@@ -287,16 +293,16 @@ $(indent "$out")" python3 python3-venv python3-pip
   minor=$((10#${BASH_REMATCH[2]}))
   v=$major.$minor
   if ((major < 3 || (major == 3 && minor < 11))); then
-    fail "python3 too old: $(command -v python3) is Python $v; the Python SDK (make test-python) needs Python >= 3.11" python3
+    fail "python3 too old: $(command -v python3) is Python $v; the Python SDK (make test-python) needs Python >= 3.11, as does the API fuzzer (make test-api-fuzz)" python3
     return
   fi
   if ! out=$(python3 -m venv "$tmp/venv" 2>&1); then
-    fail "python3 cannot make a venv: \`python3 -m venv\` fails (make test-python makes one):
+    fail "python3 cannot make a venv: \`python3 -m venv\` fails (make test-python and make test-api-fuzz make one):
 $(indent "$out")" python3-venv python3-pip
     return
   fi
   if ! out=$("$tmp/venv/bin/pip" --version 2>&1); then
-    fail "a new venv has no working pip: \`venv/bin/pip --version\` fails (make test-python installs the SDK with it):
+    fail "a new venv has no working pip: \`venv/bin/pip --version\` fails (make test-python installs the SDK with it, make test-api-fuzz schemathesis):
 $(indent "$out")" python3-venv python3-pip
   fi
 }
@@ -327,6 +333,46 @@ $(indent "$out")" nodejs npm
   if ! out=$(npm --version 2>&1); then
     fail "npm missing or unusable: \`npm --version\` fails (make test-typescript installs the SDK's build tools with it):
 $(indent "$out")" npm
+  fi
+}
+
+# The status page's browser test (tests/ui.rs) starts the `chromedriver` on
+# PATH, which drives the `chromium` on PATH headless. A driver speaks only to
+# a browser of its own major version, so compare them; and load a page with
+# the test's flags, since a browser that prints its version may still lack a
+# library it needs to render.
+check_chromium() {
+  local tool out browser="" driver="" re='([0-9]+)\.[0-9]+\.[0-9]+\.[0-9]+'
+  for tool in chromium chromedriver; do
+    if ! command -v "$tool" >/dev/null 2>&1; then
+      fail "$tool missing (the status page's browser test of make test runs it)" chromium chromium-driver
+    elif ! out=$("$tool" --version 2>&1); then
+      fail "$tool unusable: \`$tool --version\` fails:
+$(indent "$out")" chromium chromium-driver
+    elif [[ ! $out =~ $re ]]; then
+      fail "$tool version unreadable: \`$tool --version\` printed '${out%%$'\n'*}', with no version X.Y.Z.W" chromium chromium-driver
+    elif [ "$tool" = chromium ]; then
+      browser=${BASH_REMATCH[1]}
+    else
+      driver=${BASH_REMATCH[1]}
+    fi
+  done
+  [ -n "$browser" ] && [ -n "$driver" ] || return 0
+  if [ "$browser" != "$driver" ]; then
+    fail "chromedriver does not match chromium: chromedriver is version $driver, chromium $browser (a driver drives only its own major version; install both from one release)" chromium chromium-driver
+    return
+  fi
+  # Bounded: a browser stuck on a broken display or profile must not hang
+  # the check. XDG dirs in $tmp: Chromium writes its crash database and
+  # caches there, not in the caller's home.
+  if ! out=$(XDG_CONFIG_HOME="$tmp/chromium-config" XDG_CACHE_HOME="$tmp/chromium-cache" \
+    timeout 60 chromium --headless --no-sandbox --disable-gpu --disable-quic \
+    --no-first-run --disable-background-networking --disable-component-update \
+    --disable-sync --user-data-dir="$tmp/chromium" \
+    --dump-dom 'data:text/html,<p>lockrouter-prereqs-ok</p>' 2>&1) ||
+    [[ $out != *"<p>lockrouter-prereqs-ok</p>"* ]]; then
+    fail "chromium cannot load a page headless (the status page's browser test needs it):
+$(indent "$out")" chromium
   fi
 }
 
