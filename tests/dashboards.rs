@@ -1,6 +1,8 @@
 //! The monitoring files in `deploy/` against real processes. Debian's
 //! `prometheus`, started on `deploy/prometheus/`'s config and rules, scrapes
-//! the router binary and two etcd shards under light load; then every panel
+//! the router binary and two etcd shards under light load (with principals,
+//! one of them at its quota, a sealed-lockId key, waiting acquires and
+//! force-releases, so that every series has samples); then every panel
 //! query of both Grafana dashboards must return a number, every recording
 //! rule must evaluate to one, every alert must evaluate without error, and
 //! the shard-down alert must fire once a shard's etcd dies. `promtool` must
@@ -320,12 +322,57 @@ fn as_grafana_sends(expr: &str) -> String {
     q
 }
 
+const DASH_TOKEN: &str = "dash-token-3c9e1f7a2b6d";
+const TIGHT_TOKEN: &str = "tight-token-8d2a6c4e0f1b";
+const OPS_TOKEN: &str = "ops-token-5b7d9f1e3a2c";
+
+/// Principals `dash` (the load), `tight` (every name, but one lock at a
+/// time: its second is a quota refusal) and the admin `ops`, and a lockId
+/// key `k1` sealing every lockId.
+fn auth_toml() -> String {
+    use base64::Engine;
+    use sha2::{Digest, Sha256};
+    let hash = |token: &str| hex::encode(Sha256::digest(token.as_bytes()));
+    let secret = base64::engine::general_purpose::STANDARD.encode([7u8; 32]);
+    format!(
+        "\n[[auth.lock_id_keys]]\nid = \"k1\"\nsecret = \"{secret}\"\n\n\
+         [[auth.principals]]\nname = \"dash\"\ntoken_sha256 = [\"{}\"]\nname_prefixes = [\"\"]\n\n\
+         [[auth.principals]]\nname = \"tight\"\ntoken_sha256 = [\"{}\"]\nname_prefixes = [\"\"]\n\
+         max_held_locks = 1\n\n\
+         [[auth.principals]]\nname = \"ops\"\ntoken_sha256 = [\"{}\"]\nadmin = true\n",
+        hash(DASH_TOKEN),
+        hash(TIGHT_TOKEN),
+        hash(OPS_TOKEN)
+    )
+}
+
+/// The router as each principal of [`auth_toml`].
+#[derive(Clone)]
+struct Callers {
+    dash: Api,
+    tight: Api,
+    ops: Api,
+}
+
+impl Callers {
+    fn of(api: &Api) -> Self {
+        Self {
+            dash: api.with_bearer(DASH_TOKEN),
+            tight: api.with_bearer(TIGHT_TOKEN),
+            ops: api.with_bearer(OPS_TOKEN),
+        }
+    }
+}
+
 /// Acquires, renews (one by one and in batches), inspects and releases a
 /// few dozen names, and sends a bad request now and then, until `stop`.
 /// Most acquires find their name held by another worker, so they are
 /// answered by a read first; the renewals go through the lock-key cache,
-/// and grants and releases through group commits.
-async fn light_load(api: Api, stop: Arc<AtomicBool>) {
+/// and grants and releases through group commits. Now and then `ops`
+/// force-releases a held name, and `tight` asks for a second lock while it
+/// holds its one (refused at its quota).
+async fn light_load(callers: Callers, stop: Arc<AtomicBool>) {
+    let api = callers.dash;
     let mut held: BTreeMap<String, (String, u64)> = BTreeMap::new();
     let mut i = 0u64;
     while !stop.load(Ordering::Relaxed) {
@@ -361,6 +408,20 @@ async fn light_load(api: Api, stop: Arc<AtomicBool>) {
         if i % 10 == 0 {
             api.acquire(&name, 1, &client).await; // 400 invalid_argument
         }
+        if i % 4 == 0 {
+            // The first is granted (or is tight's own lock already); the
+            // second finds tight at its max_held_locks.
+            callers.tight.acquire("tight-0", 10_000, "t").await;
+            callers.tight.acquire("tight-1", 10_000, "t").await;
+        }
+        if i % 15 == 7 {
+            if let Some(taken) = held.keys().next_back().cloned() {
+                let path = format!("/admin/v1/locks/{taken}/force-release");
+                let reason = json!({"reason": "dashboard test"});
+                callers.ops.post(&path, reason).await;
+                held.remove(&taken);
+            }
+        }
         i += 1;
         // Light on purpose: the suite runs other timing-sensitive tests
         // beside this one on few cores.
@@ -368,10 +429,56 @@ async fn light_load(api: Api, stop: Arc<AtomicBool>) {
     }
 }
 
+/// Waiting acquires, until `stop`: a holder takes a name, a waiter queues
+/// for it and gets it when the holder releases (or, every third round, gives
+/// up first), then releases it too: waiters, waits of both outcomes and
+/// hold times of a fraction of a second.
+async fn waiting_load(api: Api, stop: Arc<AtomicBool>) {
+    let mut round = 0u64;
+    while !stop.load(Ordering::Relaxed) {
+        let name = format!("dash-wait-{}", round % 4);
+        let r = api.acquire(&name, 10_000, "holder").await;
+        if r.body["acquired"] != true {
+            round += 1;
+            sleep_ms(200).await;
+            continue;
+        }
+        let holder = (
+            r.body["lockId"].as_str().unwrap().to_string(),
+            r.body["fencingToken"].as_u64().unwrap(),
+        );
+        let gives_up = round % 3 == 2;
+        let wait_ms = if gives_up { 150 } else { 5_000 };
+        let waiter = {
+            let (api, name) = (api.clone(), name.clone());
+            tokio::spawn(async move {
+                let body =
+                    json!({"name": name, "ttlMs": 10_000, "clientId": "waiter", "waitMs": wait_ms});
+                api.post("/api/v1/locks/acquire", body).await
+            })
+        };
+        sleep_ms(300).await;
+        api.release(&holder).await;
+        // Not asserted: the test ends by killing a shard under this load.
+        let r = waiter.await.unwrap();
+        if r.body["acquired"] == true {
+            sleep_ms(100).await;
+            let lock = (
+                r.body["lockId"].as_str().unwrap().to_string(),
+                r.body["fencingToken"].as_u64().unwrap(),
+            );
+            api.release(&lock).await;
+        }
+        round += 1;
+        sleep_ms(200).await;
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn every_panel_and_rule_shows_data_from_a_live_router() {
     let mut shards = [EtcdCluster::single(), EtcdCluster::single()];
-    let router = RouterProcess::start(&[&shards[0], &shards[1]], free_port()).await;
+    let router =
+        RouterProcess::start_with(&[&shards[0], &shards[1]], free_port(), &auth_toml()).await;
     let members: Vec<(String, String)> = shards
         .iter()
         .enumerate()
@@ -390,7 +497,9 @@ async fn every_panel_and_rule_shows_data_from_a_live_router() {
     prom.wait_ready(&http).await;
 
     let stop = Arc::new(AtomicBool::new(false));
-    let load = tokio::spawn(light_load(router.api.clone(), stop.clone()));
+    let callers = Callers::of(&router.api);
+    let waits = tokio::spawn(waiting_load(callers.dash.clone(), stop.clone()));
+    let load = tokio::spawn(light_load(callers, stop.clone()));
 
     // Everything that must show a number: each panel query, each recorded
     // series. Retried until each does: counters need two scrapes, the lock
@@ -404,6 +513,17 @@ async fn every_panel_and_rule_shows_data_from_a_live_router() {
                 pending.insert(as_grafana_sends(t["expr"].as_str().unwrap()), what);
             }
         }
+    }
+    // Panels that show 0 when their series is missing must see the
+    // series itself too: the load makes each of them.
+    for series in [
+        "lockrouter_force_releases_total",
+        "lockrouter_quota_refusals_total{principal=\"tight\", quota=\"max_held_locks\"}",
+        "lockrouter_wait_seconds_count{outcome=\"not_acquired\"}",
+        "lockrouter_lock_ids_opened_total{key=\"k1\"}",
+    ] {
+        let q = format!("sum({series}) > 0");
+        pending.insert(q, format!("the load's {series}"));
     }
     let groups = prom.api(&http, "rules", &[]).await;
     let mut alerts = Vec::new();
@@ -477,4 +597,5 @@ async fn every_panel_and_rule_shows_data_from_a_live_router() {
     }
     stop.store(true, Ordering::Relaxed);
     load.await.unwrap();
+    waits.await.unwrap();
 }

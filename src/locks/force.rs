@@ -25,9 +25,12 @@ impl Active {
                 .map_err(|e| LockError::Internal(format!("unreadable lock value: {e}")))?;
             let fencing_token = fencing::token(value.epoch, kv.create_revision())
                 .ok_or_else(|| LockError::Internal("token out of range".into()))?;
+            // Not counted in lockrouter_hold_seconds: a holder's own
+            // releases are; force-releases have a counter of their own.
             if place
                 .release_txn(&k, kv.create_revision(), kv.lease())
                 .await?
+                .released()
             {
                 return Ok(Some(Forced {
                     shard: place.name.clone(),

@@ -30,9 +30,9 @@ use super::conn::{EtcdConn, EtcdError};
 use super::keys::{Keys, LockValue, Recorded};
 use super::name::{
     acquire_txn, classify_refusal, gets, grant_ops, name_compares, name_state, own_reads,
-    release_txn, revision, shard_compares,
+    release_outcome, release_txn, revision, shard_compares,
 };
-use super::name::{AcquireTxn, Grantable, NameKeys, NameState};
+use super::name::{AcquireTxn, Grantable, NameKeys, NameState, ReleaseTxn};
 
 /// Batches of each kind in flight at once per shard. More than one, so
 /// that at low load an acquire never waits behind another's round trip.
@@ -43,6 +43,11 @@ pub const IN_FLIGHT: usize = 2;
 /// that etcd refuses anyway (a lower limit, `--max-request-bytes`) is sent
 /// again in halves.
 const MAX_BATCH: usize = 100;
+/// Largest answer a batch's txn may bring: up to [`MAX_BATCH`] lock values
+/// (a refused grant's reads, a release's deleted key), each up to about
+/// 70 KB with the largest `limits.max_metadata_bytes`, more than tonic's
+/// 4 MiB default. An answer cut short would fail a txn etcd applied.
+const MAX_ANSWER_BYTES: usize = 64 << 20;
 
 /// One acquire waiting for its batch.
 pub struct AcquireJob {
@@ -63,7 +68,7 @@ pub struct ReleaseJob {
     pub lease: i64,
     /// The deadline of the request it serves, if any.
     deadline: Option<Instant>,
-    reply: oneshot::Sender<Result<bool, EtcdError>>,
+    reply: oneshot::Sender<Result<ReleaseTxn, EtcdError>>,
 }
 
 /// Handle to a shard's committer tasks; dropping it stops them.
@@ -126,7 +131,7 @@ impl Committer {
         k: &NameKeys,
         revision: i64,
         lease: i64,
-    ) -> Result<bool, EtcdError> {
+    ) -> Result<ReleaseTxn, EtcdError> {
         let (reply, rx) = oneshot::channel();
         let job = ReleaseJob {
             k: k.clone(),
@@ -358,15 +363,14 @@ async fn run_releases(
 }
 
 /// Sends `batch` as one txn of nested release txns (a single release as
-/// its own txn) and answers whether each deleted its key.
+/// its own txn) and answers what each did.
 async fn commit_releases(target: &Target, batch: Vec<ReleaseJob>) {
     let deadline = latest(batch.iter().map(|j| j.deadline));
     if batch.len() == 1 {
         let job = batch.into_iter().next().expect("one job");
         let txn = release_txn(&job.k, job.revision, job.lease);
-        let _ = job
-            .reply
-            .send(call(target, txn, deadline).await.map(|r| r.succeeded()));
+        let outcome = call(target, txn, deadline).await;
+        let _ = job.reply.send(outcome.map(|r| release_outcome(&r)));
         return;
     }
     let nested: Vec<TxnOp> = batch
@@ -376,8 +380,11 @@ async fn commit_releases(target: &Target, batch: Vec<ReleaseJob>) {
     match call(target, Txn::new().and_then(nested), deadline).await {
         Ok(resp) => {
             for (job, op) in batch.into_iter().zip(resp.op_responses()) {
-                let deleted = matches!(op, TxnOpResponse::Txn(inner) if inner.succeeded());
-                let _ = job.reply.send(Ok(deleted));
+                let outcome = match op {
+                    TxnOpResponse::Txn(inner) => release_outcome(&inner),
+                    _ => ReleaseTxn::NotHeld, // not an answer a nested txn gives
+                };
+                let _ = job.reply.send(Ok(outcome));
             }
         }
         Err(EtcdError::Other { .. }) => {
@@ -413,7 +420,11 @@ async fn call(
     txn: Txn,
     deadline: Option<Instant>,
 ) -> Result<TxnResponse, EtcdError> {
-    let mut kv = target.conn.client().kv_client();
+    let mut kv = target
+        .conn
+        .client()
+        .kv_client()
+        .max_decoding_message_size(MAX_ANSWER_BYTES);
     let call = target.conn.call("Txn", kv.txn(txn));
     match deadline {
         Some(d) => super::conn::under_deadline(d, call).await,

@@ -3,8 +3,10 @@
 //! (`docs/design.md`, section 3). Nothing here calls etcd: the shard's
 //! calls (`txn.rs`) and its group commit (`commit.rs`) send these.
 
+use std::time::{Duration, SystemTime};
+
 use etcd_client::{
-    Compare, CompareOp, KeyValue, PutOptions, Txn, TxnOp, TxnOpResponse, TxnResponse,
+    Compare, CompareOp, DeleteOptions, KeyValue, PutOptions, Txn, TxnOp, TxnOpResponse, TxnResponse,
 };
 
 use super::keys::{HeldValue, Keys, LockValue, NameHash, Recorded};
@@ -86,7 +88,9 @@ pub fn acquire_txn(
         .or_else(name_reads(keys, k))
 }
 
-/// The release txn of one lock (`Shard::release_txn`).
+/// The release txn of one lock (`Shard::release_txn`). The lock key's
+/// delete returns the value it deleted (`prev_kv`), which says when the
+/// lock was granted: the release's answer, not another read.
 pub fn release_txn(k: &NameKeys, revision: i64, lease: i64) -> Txn {
     Txn::new()
         .when([
@@ -94,9 +98,45 @@ pub fn release_txn(k: &NameKeys, revision: i64, lease: i64) -> Txn {
             Compare::lease(k.lock.clone(), CompareOp::Equal, lease),
         ])
         .and_then([
-            TxnOp::delete(k.lock.clone(), None),
+            TxnOp::delete(k.lock.clone(), Some(DeleteOptions::new().with_prev_key())),
             TxnOp::delete(k.held.clone(), None),
         ])
+}
+
+/// Outcome of a release txn.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ReleaseTxn {
+    /// The lock key was deleted. `granted_at`: when the lock was granted,
+    /// by the granting router's clock, as the deleted value recorded it
+    /// (`None` for locks granted before it was recorded).
+    Released { granted_at: Option<SystemTime> },
+    /// The key was gone already, or is another grant's: nothing deleted.
+    NotHeld,
+}
+
+impl ReleaseTxn {
+    pub fn released(&self) -> bool {
+        matches!(self, ReleaseTxn::Released { .. })
+    }
+}
+
+/// How the answer to [`release_txn`] (alone, or nested in a batch) reads.
+pub fn release_outcome(resp: &TxnResponse) -> ReleaseTxn {
+    if !resp.succeeded() {
+        return ReleaseTxn::NotHeld;
+    }
+    // The lock key's delete comes first; the held record's asks no value.
+    let at = match resp.op_responses().first() {
+        Some(TxnOpResponse::Delete(d)) => d
+            .prev_kvs()
+            .first()
+            .and_then(|kv| serde_json::from_slice::<LockValue>(kv.value()).ok())
+            .map_or(0, |v| v.at),
+        _ => 0,
+    };
+    ReleaseTxn::Released {
+        granted_at: (at > 0).then(|| SystemTime::UNIX_EPOCH + Duration::from_millis(at)),
+    }
 }
 
 /// The compares every grant makes on the name itself (the queue's are

@@ -14,7 +14,7 @@ use super::conn::EtcdError;
 use super::keys::{HeldValue, LockValue};
 use super::name::{
     classify_refusal, gets, grant_compares, grant_ops, name_reads, name_state, read_name, revision,
-    AcquireTxn, Grantable, NameKeys, NameState, QueueHead,
+    AcquireTxn, Grantable, NameKeys, NameState, QueueHead, ReleaseTxn,
 };
 use super::Shard;
 use crate::config::LockDelay;
@@ -142,14 +142,15 @@ impl Shard {
     }
 
     /// Deletes the lock key (and its held record) only if the key still has
-    /// this create revision and lease, in whatever group commit it joins.
-    /// Returns whether it deleted.
+    /// this create revision and lease, in whatever group commit it joins:
+    /// one raft write, no read. Returns whether it deleted, and when the
+    /// deleted lock was granted (its value comes back with the delete).
     pub async fn release_txn(
         &self,
         k: &NameKeys,
         revision: i64,
         lease: i64,
-    ) -> Result<bool, EtcdError> {
+    ) -> Result<ReleaseTxn, EtcdError> {
         self.committer.release(k, revision, lease).await
     }
 

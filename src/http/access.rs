@@ -1,0 +1,143 @@
+//! The access log: with `server.access_log` on, one info line per HTTP
+//! request, target `lockrouter::access`, logged inside the request's span,
+//! so that the span's fields (`op`, `request_id`, `shard`, `outcome`) go
+//! with it as with every line logged for the request: the `request{...}`
+//! prefix in text, `span` in JSON. The switch is a flag the reloader sets,
+//! so a reload turns the log on or off from the next request on.
+//!
+//! A line says: `method`; `route`, the route's label (never the raw path,
+//! which may hold a lock name or a clientId); `status`; `latency_ms`;
+//! `client_id`, the clientId an acquire's body names; `principal`, when the
+//! caller authenticated as one; `lock_name`, for an inspect or a
+//! force-release only (a request about one lock by name, where an operator
+//! reading the log wants to know which; an acquire's name is the
+//! application's data and the hot path's volume, and is left out); and
+//! `request_id` again, so the line stands alone under any log filter. It
+//! never says a bearer token, a lockId (a credential once lockIds are
+//! sealed: renewals and releases name their lock only by lockId, so their
+//! lines carry no name and no clientId) or a body. Names and clientIds are
+//! logged quoted and escaped, so a newline in one cannot forge a line.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use http::Method;
+
+/// Whether the access log is on; set at start and by each reload.
+pub type Switch = Arc<AtomicBool>;
+
+/// A new switch, on or off.
+pub fn switch(on: bool) -> Switch {
+    Arc::new(AtomicBool::new(on))
+}
+
+/// What a request's line says beyond its route and answer, learnt while the
+/// request is handled. With the log off nothing is copied.
+#[derive(Debug, Default)]
+pub struct Facts {
+    on: bool,
+    client_id: Option<String>,
+    principal: Option<String>,
+    name: Option<String>,
+}
+
+impl Facts {
+    /// The facts of a request that arrives while `switch` is as it is now.
+    pub fn of(switch: &AtomicBool) -> Self {
+        Self {
+            on: switch.load(Ordering::Relaxed),
+            ..Self::default()
+        }
+    }
+
+    /// Whether this request gets a line.
+    pub fn on(&self) -> bool {
+        self.on
+    }
+
+    /// The clientId an acquire's body names.
+    pub fn client_id(&mut self, client_id: &str) {
+        if self.on {
+            self.client_id = Some(client_id.to_string());
+        }
+    }
+
+    /// The principal the caller authenticated as.
+    pub fn principal(&mut self, principal: &str) {
+        if self.on {
+            self.principal = Some(principal.to_string());
+        }
+    }
+
+    /// The lock an inspect or a force-release names.
+    pub fn name(&mut self, name: &str) {
+        if self.on {
+            self.name = Some(name.to_string());
+        }
+    }
+}
+
+/// How the request went, as its line says it.
+pub struct Line<'a> {
+    pub method: &'a Method,
+    /// The route's label (`op` of the metrics), `unknown` for no route.
+    pub route: &'static str,
+    pub status: u16,
+    pub elapsed: Duration,
+    pub request_id: &'a str,
+}
+
+/// Logs the request's line inside `span`, if its facts say the log was on
+/// when it arrived.
+pub fn log(span: &tracing::Span, line: Line<'_>, facts: &Facts) {
+    if !facts.on {
+        return;
+    }
+    // Milliseconds to the microsecond.
+    let latency_ms = (line.elapsed.as_secs_f64() * 1e6).round() / 1e3;
+    span.in_scope(|| {
+        tracing::info!(
+            target: "lockrouter::access",
+            method = line.method.as_str(),
+            route = line.route,
+            status = line.status,
+            latency_ms,
+            client_id = facts.client_id.as_deref(),
+            principal = facts.principal.as_deref(),
+            lock_name = facts.name.as_deref(),
+            request_id = line.request_id,
+            "request"
+        )
+    });
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn facts_are_kept_only_while_the_log_is_on() {
+        let off = AtomicBool::new(false);
+        let mut facts = Facts::of(&off);
+        facts.client_id("worker-1");
+        facts.principal("payments");
+        facts.name("order:42");
+        assert!(!facts.on());
+        assert!(facts.client_id.is_none() && facts.principal.is_none() && facts.name.is_none());
+
+        let on = switch(true);
+        let mut facts = Facts::of(&on);
+        facts.client_id("worker-1");
+        facts.principal("payments");
+        facts.name("order:42");
+        assert!(facts.on());
+        assert_eq!(facts.client_id.as_deref(), Some("worker-1"));
+        assert_eq!(facts.principal.as_deref(), Some("payments"));
+        assert_eq!(facts.name.as_deref(), Some("order:42"));
+        // A request that arrived while it was on keeps its line when the
+        // switch flips meanwhile.
+        on.store(false, Ordering::Relaxed);
+        assert!(facts.on());
+    }
+}
