@@ -77,4 +77,5 @@ pub use client::{Client, ClientBuilder};
 pub use error::{Error, LostReason};
 pub use lock::{Lock, LockHandle};
 pub use renewal::MAX_BATCH;
+pub use transport::connector;
 pub use validity::MIN_MARGIN;

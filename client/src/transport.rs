@@ -113,6 +113,21 @@ fn tls_config(ca_pem: Option<&[u8]>) -> Result<rustls::ClientConfig, Error> {
         .with_no_client_auth())
 }
 
+/// A connector for `http://` and `https://` routers over rustls, trusting
+/// the public web roots and the CA certificates in `ca_pem` (for tools
+/// that speak to routers beyond the lock API, such as the operator's
+/// commands).
+pub fn connector(ca_pem: Option<&[u8]>) -> Result<HttpsConnector<HttpConnector>, Error> {
+    let mut connector = HttpConnector::new();
+    connector.set_nodelay(true);
+    connector.enforce_http(false);
+    Ok(hyper_rustls::HttpsConnectorBuilder::new()
+        .with_tls_config(tls_config(ca_pem)?)
+        .https_or_http()
+        .enable_http1()
+        .wrap_connector(connector))
+}
+
 impl Transport {
     /// A transport to `base_url` (`http://` or `https://`); `ca_pem`: PEM
     /// CA certificates to trust besides the public web roots (a private
@@ -127,21 +142,13 @@ impl Transport {
                 "router URL {base_url:?} must look like http://host:port or https://host:port"
             )));
         }
-        let mut connector = HttpConnector::new();
-        connector.set_nodelay(true);
-        connector.enforce_http(false);
-        let connector = hyper_rustls::HttpsConnectorBuilder::new()
-            .with_tls_config(tls_config(ca_pem)?)
-            .https_or_http()
-            .enable_http1()
-            .wrap_connector(connector);
         let http = HttpClient::builder(TokioExecutor::new())
             .pool_timer(TokioTimer::new())
             // Below the router's idle close (`server.header_read_timeout_ms`,
             // 10 s by default): a request sent on a connection the router is
             // closing would be reset.
             .pool_idle_timeout(Duration::from_secs(5))
-            .build(connector);
+            .build(connector(ca_pem)?);
         Ok(Self { http, base })
     }
 

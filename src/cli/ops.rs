@@ -1,9 +1,11 @@
-//! The operator's subcommands, each one call to a router's API:
-//! `inspect NAME` (who holds a name), `force-release NAME --reason R`,
-//! `ring` (the ring, shards and migration) and `reload`. The router and the
-//! admin token come from `--url` / `--token` or `LOCKROUTER_URL` /
-//! `LOCKROUTER_TOKEN`. The answer's JSON body goes to stdout; the exit code
-//! says how it went (see [`codes`]).
+//! The operator's subcommands, each one call to a router's API (`locks
+//! --all` one per page): `inspect NAME` (who holds a name), `locks`
+//! (the held locks, by prefix), `client ID` (what a client holds),
+//! `force-release NAME --reason R`, `ring` (the ring, shards and
+//! migration) and `reload`. The router, its CA and the token come from
+//! `--url` / `--ca-file` / `--token` or `LOCKROUTER_URL` /
+//! `LOCKROUTER_CA_FILE` / `LOCKROUTER_TOKEN`. The answer's JSON body goes
+//! to stdout; the exit code says how it went (see [`codes`]).
 
 use std::time::Duration;
 
@@ -34,16 +36,37 @@ pub struct Target {
         global = true
     )]
     pub url: String,
-    /// The admin bearer token (`admin.token`), if the router has one.
+    /// The bearer token: `admin.token`, or an admin principal's token
+    /// (see docs/security.md), if the router needs one.
     #[arg(long, env = "LOCKROUTER_TOKEN", hide_env_values = true, global = true)]
     pub token: Option<String>,
+    /// PEM CA certificates to trust for an `https://` router, besides the
+    /// public web roots.
+    #[arg(long, env = "LOCKROUTER_CA_FILE", global = true)]
+    pub ca_file: Option<std::path::PathBuf>,
 }
 
 /// One operator call.
 #[derive(Debug, Clone)]
 pub enum Call {
-    Inspect { name: String },
-    ForceRelease { name: String, reason: String },
+    Inspect {
+        name: String,
+    },
+    /// One page of held locks (every page, one lock a line, with `all`).
+    Locks {
+        prefix: String,
+        limit: u32,
+        cursor: Option<String>,
+        all: bool,
+    },
+    Client {
+        client_id: String,
+        principal: Option<String>,
+    },
+    ForceRelease {
+        name: String,
+        reason: String,
+    },
     Ring,
     Reload,
 }
@@ -65,6 +88,35 @@ impl Call {
                 format!("/admin/v1/locks/{}/force-release", encoded(name)),
                 Some(serde_json::json!({ "reason": reason })),
             ),
+            Call::Locks {
+                prefix,
+                limit,
+                cursor,
+                ..
+            } => {
+                let mut query = form_urlencoded::Serializer::new(String::new());
+                query.append_pair("prefix", prefix);
+                query.append_pair("limit", &limit.to_string());
+                if let Some(c) = cursor {
+                    query.append_pair("cursor", c);
+                }
+                (
+                    Method::GET,
+                    format!("/admin/v1/locks?{}", query.finish()),
+                    None,
+                )
+            }
+            Call::Client {
+                client_id,
+                principal,
+            } => {
+                let mut path = format!("/admin/v1/clients/{}", encoded(client_id));
+                if let Some(p) = principal {
+                    path.push_str("?principal=");
+                    path.push_str(&encoded(p));
+                }
+                (Method::GET, path, None)
+            }
             Call::Ring => (Method::GET, "/admin/v1/ring".into(), None),
             Call::Reload => (Method::POST, "/admin/v1/reload".into(), None),
         }
@@ -83,14 +135,38 @@ pub fn run(target: &Target, call: &Call) -> u8 {
             return codes::UNAVAILABLE;
         }
     };
-    match runtime.block_on(send(target, call)) {
-        Ok((status, body)) => {
+    let outcome = match call {
+        Call::Locks { all: true, .. } => runtime.block_on(every_page(target, call.clone())),
+        _ => runtime.block_on(send(target, call)).map(|(status, body)| {
             println!("{}", body.trim_end());
             exit_code(status)
+        }),
+    };
+    outcome.unwrap_or_else(|e| {
+        eprintln!("lockrouter: {e}");
+        e.code
+    })
+}
+
+/// `locks --all`: every page, following `nextCursor`, one lock a line.
+async fn every_page(target: &Target, mut call: Call) -> Result<u8, Failed> {
+    loop {
+        let (status, body) = send(target, &call).await?;
+        if !status.is_success() {
+            println!("{}", body.trim_end());
+            return Ok(exit_code(status));
         }
-        Err(e) => {
-            eprintln!("lockrouter: {e}");
-            e.code
+        let page: serde_json::Value = serde_json::from_str(&body).map_err(|e| Failed {
+            code: codes::UNAVAILABLE,
+            why: format!("the router's answer is not JSON: {e}"),
+        })?;
+        for lock in page["locks"].as_array().into_iter().flatten() {
+            println!("{lock}");
+        }
+        let next = page["nextCursor"].as_str().map(str::to_string);
+        match (&mut call, next) {
+            (Call::Locks { cursor, .. }, Some(next)) => *cursor = Some(next),
+            _ => return Ok(0),
         }
     }
 }
@@ -110,12 +186,24 @@ impl std::fmt::Display for Failed {
 async fn send(target: &Target, call: &Call) -> Result<(StatusCode, String), Failed> {
     let (method, path, body) = call.request();
     let base = target.url.trim_end_matches('/');
-    if !base.starts_with("http://") {
+    if !(base.starts_with("http://") || base.starts_with("https://")) {
         return Err(Failed {
             code: codes::USAGE,
-            why: format!("--url must be an http:// URL, got {base:?}"),
+            why: format!("--url must be an http:// or https:// URL, got {base:?}"),
         });
     }
+    let usage = |why: String| Failed {
+        code: codes::USAGE,
+        why,
+    };
+    let ca = match &target.ca_file {
+        Some(path) => Some(
+            std::fs::read(path).map_err(|e| usage(format!("--ca-file {}: {e}", path.display())))?,
+        ),
+        None => None,
+    };
+    let connector = lockrouter_client::connector(ca.as_deref())
+        .map_err(|e| usage(format!("--ca-file: {e}")))?;
     let mut req = Request::builder()
         .method(method)
         .uri(format!("{base}{path}"));
@@ -133,7 +221,7 @@ async fn send(target: &Target, call: &Call) -> Result<(StatusCode, String), Fail
         code: codes::USAGE,
         why: format!("bad request for {base}: {e}"),
     })?;
-    let client = Client::builder(TokioExecutor::new()).build_http();
+    let client = Client::builder(TokioExecutor::new()).build(connector);
     let unavailable = |why: String| Failed {
         code: codes::UNAVAILABLE,
         why,

@@ -1,11 +1,11 @@
 //! Inspect: who holds a name, with its token and expiry, looking on the
 //! previous shard too while a migration moves the name.
 
-use std::time::Instant;
+use std::time::{Duration, Instant, UNIX_EPOCH};
 
 use super::validate::check_text;
 use super::*;
-use crate::shard::keys::{name_hash, LockValue};
+use crate::shard::keys::{name_hash, LockValue, NameHash};
 use crate::token::fencing;
 
 impl Active {
@@ -60,10 +60,14 @@ impl Active {
                 // name is still refused to others until etcd deletes the key.
                 let expires = lease_end(place, &kv).await?;
                 let expires = Expiry(expires.0.max(Instant::now()));
+                let at = Some(value.at).filter(|ms| *ms > 0);
                 return Ok(Inspection {
                     shard: place.name.clone(),
                     holder: Some((token, expires)),
                     client_id: Some(value.client),
+                    acquired_at: at.map(|ms| UNIX_EPOCH + Duration::from_millis(ms)),
+                    metadata: value.meta,
+                    waiters: self.waiters(&places[0], &hash).await?,
                 });
             }
         }
@@ -71,6 +75,16 @@ impl Active {
             shard: places[0].name.clone(),
             holder: None,
             client_id: None,
+            acquired_at: None,
+            metadata: None,
+            waiters: self.waiters(&places[0], &hash).await?,
         })
+    }
+
+    /// Waiting acquires queued for the name of `hash` on `shard` (the
+    /// name's own shard: the only one with a queue for it).
+    async fn waiters(&self, shard: &Shard, hash: &NameHash) -> Result<u64, LockError> {
+        let k = shard.name_keys(hash);
+        Ok(shard.count_prefix(&k.waiters).await?.max(0) as u64)
     }
 }

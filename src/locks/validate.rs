@@ -30,6 +30,21 @@ pub(crate) fn check_text(field: &str, value: &str, max: usize) -> Result<(), Inv
     Ok(())
 }
 
+/// An acquire's `metadata`: a JSON object or string of at most `max` bytes
+/// as compact JSON.
+pub(crate) fn check_metadata(meta: &serde_json::Value, max: usize) -> Result<(), Invalid> {
+    if !(meta.is_object() || meta.is_string()) {
+        return Err(invalid("metadata must be a JSON object or a string"));
+    }
+    let len = serde_json::to_vec(meta).map_or(usize::MAX, |v| v.len());
+    if len > max {
+        return Err(invalid(format!(
+            "metadata must be at most {max} bytes as compact JSON, got {len}"
+        )));
+    }
+    Ok(())
+}
+
 /// The lease TTL, in whole seconds, of a lock asked for `ttl_ms`: within
 /// the limits, rounded up so the lock lives at least `ttl_ms`.
 pub(crate) fn ttl_secs(limits: &Limits, ttl_ms: u64) -> Result<u32, Invalid> {
@@ -46,6 +61,19 @@ pub(crate) fn ttl_secs(limits: &Limits, ttl_ms: u64) -> Result<u32, Invalid> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn metadata_is_a_small_object_or_string() {
+        use serde_json::json;
+        assert!(check_metadata(&json!({"job": "nightly", "host": "w7"}), 64).is_ok());
+        assert!(check_metadata(&json!("batch 7"), 64).is_ok());
+        for bad in [json!(1), json!([1]), json!(null), json!(true)] {
+            assert!(check_metadata(&bad, 64).is_err(), "{bad}");
+        }
+        let big = json!({"k": "x".repeat(100)});
+        let err = check_metadata(&big, 64).unwrap_err().to_string();
+        assert!(err.contains("at most 64"), "{err}");
+    }
 
     #[test]
     fn names_are_bytes_of_utf8_without_control_characters() {

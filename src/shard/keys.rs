@@ -151,6 +151,19 @@ pub struct LockValue {
     /// locks granted before it was recorded).
     #[serde(default)]
     pub ttl: u32,
+    /// When the router granted it, in ms since the Unix epoch, by its
+    /// clock (0 in locks granted before it was recorded). For people:
+    /// nothing is decided by it.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub at: u64,
+    /// What the acquirer attached to the lock (a small JSON object or
+    /// string), shown by inspect.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub meta: Option<serde_json::Value>,
+}
+
+fn is_zero(n: &u64) -> bool {
+    *n == 0
 }
 
 /// Value of a held record and of a lock-delay: which name, and the TTL of

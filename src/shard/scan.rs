@@ -106,6 +106,67 @@ impl Shard {
         self.name_keys(&hash)
     }
 
+    /// Up to `limit` lock keys, with values, in key order, after the lock
+    /// key of `after` (a 32-hex-digit hash suffix; from the first without
+    /// it), and the suffix to go on after (`None`: no lock key follows).
+    /// One range read, no raft write.
+    ///
+    /// The read covers only a slice of the hash space after `after`, sized
+    /// for about `4 * limit` keys by the lock-key cache's count: etcd 3.4
+    /// collects every revision of a range before it applies the limit, so
+    /// a read to the end of a million keys costs the million. The slice
+    /// may hold fewer than `limit` keys, even none; the suffix returned
+    /// then points past it.
+    pub async fn lock_page(
+        &self,
+        after: Option<&[u8]>,
+        limit: i64,
+    ) -> Result<(Vec<KeyValue>, Option<Vec<u8>>), EtcdError> {
+        const SPACE: u64 = 1 << 32;
+        let (start, end) = self.keys.locks_range();
+        let held = self.cache.len().unwrap_or(1_000_000).max(1) as u64;
+        let width = (SPACE.saturating_mul(4 * limit.max(1) as u64) / held).max(1);
+        let first = after.map_or(0, hash_position);
+        // The last position the slice covers (`SPACE - 1`: to the end).
+        let last = first.saturating_add(width - 1).min(SPACE - 1);
+        let from = match after {
+            Some(suffix) => [start.as_slice(), suffix, &[0]].concat(),
+            None => start.clone(),
+        };
+        let to = match last {
+            p if p >= SPACE - 1 => end,
+            p => [start.as_slice(), format!("{:08x}", p + 1).as_bytes()].concat(),
+        };
+        let opts = GetOptions::new().with_range(to).with_limit(limit);
+        let mut kv = self.conn.client().kv_client();
+        let mut resp = self.conn.call("Range", kv.get(from, Some(opts))).await?;
+        let more = resp.more();
+        let kvs = resp.take_kvs();
+        let next = match kvs.last() {
+            Some(kv) if more => Some(self.lock_suffix(kv.key()).to_vec()),
+            _ if last >= SPACE - 1 => None,
+            // The slice is read: go on after its last possible key.
+            _ => Some(format!("{last:08x}{}", "f".repeat(24)).into_bytes()),
+        };
+        Ok((kvs, next))
+    }
+
+    /// The hex hash suffix of a lock key.
+    pub fn lock_suffix<'k>(&self, key: &'k [u8]) -> &'k [u8] {
+        &key[self.keys.locks_range().0.len().min(key.len())..]
+    }
+
+    /// Number of keys starting with `prefix` (a count-only range).
+    pub async fn count_prefix(&self, prefix: &[u8]) -> Result<i64, EtcdError> {
+        let mut kv = self.conn.client().kv_client();
+        let opts = GetOptions::new().with_prefix().with_count_only();
+        Ok(self
+            .conn
+            .call("Range", kv.get(prefix, Some(opts)))
+            .await?
+            .count())
+    }
+
     /// Number of lock keys on the shard (a count-only range: no values read).
     pub async fn count_locks(&self) -> Result<i64, EtcdError> {
         let (start, end) = self.keys.locks_range();
@@ -171,6 +232,14 @@ impl Pages {
         }
         Ok(Some(kvs))
     }
+}
+
+/// The place of a hash suffix in the hash space: its first 32 bits.
+fn hash_position(suffix: &[u8]) -> u64 {
+    std::str::from_utf8(suffix.get(..8).unwrap_or(b"0"))
+        .ok()
+        .and_then(|h| u64::from_str_radix(h, 16).ok())
+        .unwrap_or(0)
 }
 
 /// The name recorded in a lock key, held record or lock-delay.

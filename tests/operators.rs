@@ -1,0 +1,305 @@
+//! What operators see: inspect with when a lock was acquired, what its
+//! holder attached and how many wait for it; the admin listing of held
+//! locks across shards, page by page with a cursor; and what one client
+//! holds with its session leases. Real routers on real etcd.
+
+use std::collections::HashSet;
+use std::time::{Duration, Instant, SystemTime};
+
+use serde_json::{json, Value};
+
+use lockrouter_testkit::api::Api;
+use lockrouter_testkit::config::config_toml;
+use lockrouter_testkit::etcd::EtcdCluster;
+use lockrouter_testkit::router::TestRouter;
+
+const ACQUIRE: &str = "/api/v1/locks/acquire";
+
+async fn acquire_with(api: &Api, name: &str, client: &str, extra: Value) -> Value {
+    let mut body = json!({"name": name, "ttlMs": 10_000, "clientId": client});
+    body.as_object_mut()
+        .unwrap()
+        .extend(extra.as_object().unwrap().clone());
+    let r = api.post(ACQUIRE, body).await;
+    assert_eq!(r.status, 200, "{r:?}");
+    r.body
+}
+
+/// Every page of `GET /admin/v1/locks?prefix=...&limit=...` until the
+/// last; the names listed, in order, and how many pages it took.
+async fn list_all(api: &Api, prefix: &str, limit: usize) -> (Vec<Value>, usize) {
+    let mut out = Vec::new();
+    let mut cursor: Option<String> = None;
+    let mut pages = 0;
+    loop {
+        let mut path = format!("/admin/v1/locks?prefix={prefix}&limit={limit}");
+        if let Some(c) = &cursor {
+            path.push_str(&format!("&cursor={c}"));
+        }
+        let r = api.get(&path).await;
+        assert_eq!(r.status, 200, "{r:?}");
+        pages += 1;
+        let page = r.body["locks"].as_array().unwrap();
+        assert!(
+            page.len() <= limit,
+            "{} locks in a page of {limit}",
+            page.len()
+        );
+        out.extend(page.iter().cloned());
+        match r.body["nextCursor"].as_str() {
+            Some(c) => cursor = Some(c.to_string()),
+            None => return (out, pages),
+        }
+        assert!(pages < 10_000, "the listing never ends");
+    }
+}
+
+/// Inspect shows when the lock was acquired, what its holder attached, and
+/// how many wait for it; metadata is bounded and must be an object or a
+/// string.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn inspect_shows_acquired_at_metadata_and_waiters() {
+    let etcd = EtcdCluster::single();
+    let router = TestRouter::start(&[&etcd]).await;
+    let api = &router.api;
+    let before = SystemTime::now();
+    let meta = json!({"job": "nightly-report", "host": "worker-7"});
+    let granted = acquire_with(api, "ops:report", "w7", json!({"metadata": meta})).await;
+    assert_eq!(granted["acquired"], true);
+    let seen = api.inspect("ops:report").await.body;
+    assert_eq!(seen["metadata"], meta);
+    assert!(seen.get("waiters").is_none(), "nobody waits: {seen}");
+    let at = humantime::parse_rfc3339(seen["acquiredAt"].as_str().unwrap()).unwrap();
+    let slack = Duration::from_secs(2);
+    assert!(
+        at + slack >= before && at <= SystemTime::now() + slack,
+        "{seen}"
+    );
+    // Two waiters queue for it.
+    let mut waiting = Vec::new();
+    for client in ["w8", "w9"] {
+        let api = api.clone();
+        waiting.push(tokio::spawn(async move {
+            api.post(
+                ACQUIRE,
+                json!({"name": "ops:report", "ttlMs": 10_000, "clientId": client, "waitMs": 3_000}),
+            )
+            .await
+        }));
+    }
+    let deadline = Instant::now() + Duration::from_secs(3);
+    loop {
+        let seen = api.inspect("ops:report").await.body;
+        if seen["waiters"] == 2 {
+            break;
+        }
+        assert!(Instant::now() < deadline, "waiters never counted: {seen}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    for w in waiting {
+        assert_eq!(w.await.unwrap().body["acquired"], false);
+    }
+    // Bounded, and an object or a string.
+    for bad in [json!([1, 2]), json!(7), json!({"big": "x".repeat(2_000)})] {
+        let r = api
+            .post(
+                ACQUIRE,
+                json!({"name": "ops:bad", "ttlMs": 10_000, "clientId": "w", "metadata": bad}),
+            )
+            .await;
+        assert_eq!(r.status, 400, "{r:?}");
+    }
+    let plain = acquire_with(api, "ops:plain", "w", json!({"metadata": "batch 7"})).await;
+    assert_eq!(plain["acquired"], true);
+    assert_eq!(api.inspect("ops:plain").await.body["metadata"], "batch 7");
+}
+
+/// The listing walks every held lock of a prefix across three shards
+/// exactly once, page by page, while locks come and go between pages;
+/// bad queries get 400.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_admin_listing_pages_through_every_held_lock_once() {
+    let shards = [
+        EtcdCluster::single(),
+        EtcdCluster::single(),
+        EtcdCluster::single(),
+    ];
+    let refs: Vec<&EtcdCluster> = shards.iter().collect();
+    let router = TestRouter::with_toml(&config_toml(&refs, "127.0.0.1:0", "")).await;
+    let api = &router.api;
+    let mut kept = HashSet::new();
+    for i in 0..120 {
+        let name = format!("job/{i:03}");
+        acquire_with(api, &name, &format!("w{}", i % 7), json!({})).await;
+        kept.insert(name);
+    }
+    for i in 0..30 {
+        acquire_with(api, &format!("other/{i}"), "w", json!({})).await;
+    }
+    // Page by page, acquiring and releasing other job/ names in between.
+    let mut listed: Vec<String> = Vec::new();
+    let mut cursor: Option<String> = None;
+    let mut churn = 0;
+    loop {
+        let mut path = "/admin/v1/locks?prefix=job/&limit=25".to_string();
+        if let Some(c) = &cursor {
+            path.push_str(&format!("&cursor={c}"));
+        }
+        let r = api.get(&path).await;
+        assert_eq!(r.status, 200, "{r:?}");
+        for l in r.body["locks"].as_array().unwrap() {
+            assert!(
+                l["fencingToken"].as_u64().is_some() && l["ttlMs"] == 10_000,
+                "{l}"
+            );
+            listed.push(l["name"].as_str().unwrap().to_string());
+        }
+        let churned = format!("job/churn-{churn}");
+        let lock = api.must_acquire(&churned, 10_000, "c").await;
+        if churn % 2 == 0 {
+            assert_eq!(api.release(&lock).await.status, 204);
+        }
+        churn += 1;
+        match r.body["nextCursor"].as_str() {
+            Some(c) => cursor = Some(c.to_string()),
+            None => break,
+        }
+    }
+    let unique: HashSet<&String> = listed.iter().collect();
+    assert_eq!(
+        unique.len(),
+        listed.len(),
+        "a lock listed twice: {listed:?}"
+    );
+    for name in &kept {
+        assert!(
+            unique.contains(name),
+            "{name} held throughout but not listed"
+        );
+    }
+    assert!(listed.iter().all(|n| n.starts_with("job/")), "{listed:?}");
+    let (all, _) = list_all(api, "", 1000).await;
+    assert!(all.len() >= 150, "{}", all.len());
+    for bad in [
+        "/admin/v1/locks?limit=0",
+        "/admin/v1/locks?limit=1001",
+        "/admin/v1/locks?cursor=not-a-cursor",
+        "/admin/v1/locks?colour=blue",
+        "/admin/v1/locks?limit=5&limit=6",
+    ] {
+        let r = api.get(bad).await;
+        assert_eq!(r.status, 400, "{bad}: {r:?}");
+    }
+}
+
+/// Many locks: the listing reads them all, a bounded page at a time
+/// (prints the page time; no timed assertion). A page of a prefix that
+/// matches nothing still ends, reading at most its bound of keys per page.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_admin_listing_walks_many_locks_in_bounded_pages() {
+    const LOCKS: usize = 10_000;
+    let etcd = EtcdCluster::single();
+    let router = TestRouter::start(&[&etcd]).await;
+    let api = &router.api;
+    let started = Instant::now();
+    let mut tasks = Vec::new();
+    for worker in 0..16 {
+        let api = api.clone();
+        tasks.push(tokio::spawn(async move {
+            let mut names = Vec::new();
+            let mut i = worker;
+            while i < LOCKS {
+                let name = format!("bulk/{i:06}");
+                let r = api.acquire(&name, 60_000, &format!("bulk-{worker}")).await;
+                assert_eq!(
+                    (r.status, &r.body["acquired"]),
+                    (200, &json!(true)),
+                    "{r:?}"
+                );
+                names.push(name);
+                i += 16;
+            }
+            names
+        }));
+    }
+    for t in tasks {
+        t.await.unwrap();
+    }
+    println!("{LOCKS} locks acquired in {:?}", started.elapsed());
+    let started = Instant::now();
+    let (all, pages) = list_all(api, "bulk/", 1000).await;
+    let took = started.elapsed();
+    println!(
+        "listed {} locks in {pages} pages in {took:?} ({:?} a page)",
+        all.len(),
+        took / pages as u32
+    );
+    assert_eq!(all.len(), LOCKS);
+    let unique: HashSet<&str> = all.iter().map(|l| l["name"].as_str().unwrap()).collect();
+    assert_eq!(unique.len(), LOCKS);
+    let (none, pages) = list_all(api, "nothing/", 1000).await;
+    assert!(none.is_empty());
+    assert!(
+        pages >= LOCKS / 5_000,
+        "{pages} pages: each reads a bounded number of keys"
+    );
+}
+
+/// A client's locks on every shard, with the session leases they ride on
+/// (one per TTL on each shard) and the time etcd gives each; another
+/// client's are not in it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_client_view_lists_its_locks_and_sessions() {
+    let shards = [EtcdCluster::single(), EtcdCluster::single()];
+    let refs: Vec<&EtcdCluster> = shards.iter().collect();
+    let router = TestRouter::with_toml(&config_toml(&refs, "127.0.0.1:0", "")).await;
+    let api = &router.api;
+    let mut mine = HashSet::new();
+    for i in 0..8 {
+        let name = format!("client-view/{i}");
+        let ttl = if i % 2 == 0 { 10_000 } else { 20_000 };
+        let r = api.acquire(&name, ttl, "worker/7 ü").await;
+        assert_eq!(r.body["acquired"], true, "{r:?}");
+        mine.insert(name);
+    }
+    api.must_acquire("client-view/other", 10_000, "worker-8")
+        .await;
+    let r = api.get("/admin/v1/clients/worker%2F7%20%C3%BC").await;
+    assert_eq!(r.status, 200, "{r:?}");
+    assert_eq!(r.body["clientId"], "worker/7 ü");
+    let locks = r.body["locks"].as_array().unwrap();
+    let names: HashSet<String> = locks
+        .iter()
+        .map(|l| l["name"].as_str().unwrap().to_string())
+        .collect();
+    assert_eq!(names, mine);
+    let sessions = r.body["sessions"].as_array().unwrap();
+    let per_shard_ttl: HashSet<(String, u64)> = sessions
+        .iter()
+        .map(|s| {
+            (
+                s["shard"].as_str().unwrap().to_string(),
+                s["ttlMs"].as_u64().unwrap(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        per_shard_ttl.len(),
+        sessions.len(),
+        "one session per shard and TTL"
+    );
+    let total: u64 = sessions.iter().map(|s| s["locks"].as_u64().unwrap()).sum();
+    assert_eq!(total, 8);
+    for s in sessions {
+        let left = s["expiresInMs"].as_u64().unwrap();
+        assert!(left > 0 && left <= s["ttlMs"].as_u64().unwrap(), "{s}");
+    }
+    let nobody = api.get("/admin/v1/clients/nobody").await;
+    assert_eq!(nobody.status, 200);
+    assert_eq!(nobody.body["locks"], json!([]));
+    assert_eq!(
+        api.get("/admin/v1/clients/x?who=y").await.status,
+        400,
+        "unknown query parameter"
+    );
+}
