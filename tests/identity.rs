@@ -275,6 +275,7 @@ async fn a_migration_never_reuses_an_epoch_a_bump_has_used() {
                 name: n.to_string(),
                 endpoints: c.endpoints(),
                 weight: *w,
+                ..ShardSettings::default()
             })
             .collect()
     };

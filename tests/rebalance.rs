@@ -44,6 +44,7 @@ pub(crate) fn ring(shards: &[(&str, &EtcdCluster, u32)]) -> Ring {
             name: name.to_string(),
             endpoints: c.endpoints(),
             weight: *weight,
+            ..ShardSettings::default()
         })
         .collect();
     Ring::new(&settings, 160)

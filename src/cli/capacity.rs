@@ -427,6 +427,7 @@ pub fn ring_imbalance(shards: u32, vnodes: u32) -> f64 {
             name: shard_name(i),
             endpoints: vec!["http://127.0.0.1:2379".into()],
             weight: 1,
+            ..ShardSettings::default()
         })
         .collect();
     let ring = Ring::new(&settings, vnodes);

@@ -16,7 +16,7 @@
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
 
-use crate::config::Settings;
+use crate::config::{Settings, ShardSettings};
 use crate::metrics as m;
 use crate::placement::ring::Ring;
 use crate::placement::topology::{log_ring_change, Migration, Router};
@@ -38,7 +38,11 @@ pub fn opening_meta(epoch: u64, from: &Router, to: &Ring) -> RingMeta {
         previous: Some(PreviousRing {
             ring: from.ring.fingerprint().to_string(),
             vnodes: from.vnodes,
-            shards: from.shard_settings.clone(),
+            shards: from
+                .shard_settings
+                .iter()
+                .map(ShardSettings::recordable)
+                .collect(),
         }),
     }
 }
@@ -72,7 +76,7 @@ pub async fn follow(router: &Router, open: &Recorded) -> bool {
             };
             let mut shards = Vec::new();
             for s in &prev.shards {
-                match router.pool.get(&s.name, &s.endpoints).await {
+                match router.pool.get_recorded(s).await {
                     Ok(shard) => shards.push(shard),
                     Err(e) => {
                         tracing::error!(shard = %s.name, error = %e, "cannot connect a shard of the previous ring");
@@ -232,11 +236,7 @@ pub async fn already_moved(old: &Router, new: &Settings, ring: &Ring) -> Result<
         }
     }
     for s in &new.shards {
-        let shard = old
-            .pool
-            .get(&s.name, &s.endpoints)
-            .await
-            .map_err(|e| Refused(e.to_string()))?;
+        let shard = old.pool.get(s).await.map_err(|e| Refused(e.to_string()))?;
         let recorded = shard
             .read_ring()
             .await
@@ -274,11 +274,7 @@ pub async fn open(old: &Router, new: &Settings, ring: &Ring) -> Result<(), Refus
         .iter()
         .filter(|s| !old.shards.iter().any(|o| o.name == s.name))
     {
-        let shard = old
-            .pool
-            .get(&s.name, &s.endpoints)
-            .await
-            .map_err(|e| Refused(e.to_string()))?;
+        let shard = old.pool.get(s).await.map_err(|e| Refused(e.to_string()))?;
         shards.push((shard, true));
     }
     let mut base = None::<u64>;

@@ -152,6 +152,7 @@ mod tests {
                 name: n.to_string(),
                 endpoints: vec!["http://127.0.0.1:2379".into()],
                 weight: 1,
+                ..ShardSettings::default()
             })
             .collect()
     }

@@ -18,6 +18,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::config::{LockDelay, Settings, ShardSettings};
 use crate::placement::ring::Ring;
+use crate::shard::access::{Access, AccessError};
 use crate::shard::conn::EtcdConn;
 use crate::shard::keys::Recorded;
 use crate::shard::{classify, Grantable, IdentityProblem, RingState, Shard};
@@ -27,12 +28,17 @@ use crate::shard::{classify, Grantable, IdentityProblem, RingState, Shard};
 /// references: a shard no router uses is disconnected.
 pub struct ShardPool {
     settings: Mutex<PoolSettings>,
-    /// By shard name: the endpoints it was connected to, and the shard.
+    /// By shard name: what it was connected with (endpoints, and the
+    /// contents of its TLS and password files), and the shard.
     shards: Mutex<HashMap<String, Pooled>>,
+    /// By shard name: the settings this replica's own config last gave
+    /// it, to reach a shard only a record on the shards names (a previous
+    /// ring's) with this replica's TLS and user for it.
+    configured: Mutex<HashMap<String, ShardSettings>>,
     cancel: CancellationToken,
 }
 
-type Pooled = (Vec<String>, Weak<Shard>);
+type Pooled = (Access, Weak<Shard>);
 
 #[derive(Clone, PartialEq)]
 struct PoolSettings {
@@ -46,6 +52,7 @@ impl ShardPool {
         Arc::new(Self {
             settings: Mutex::new(PoolSettings::of(settings)),
             shards: Mutex::new(HashMap::new()),
+            configured: Mutex::new(HashMap::new()),
             cancel,
         })
     }
@@ -62,27 +69,62 @@ impl ShardPool {
         }
     }
 
-    /// The live shard `name` at `endpoints`, connecting it if needed.
-    pub async fn get(&self, name: &str, endpoints: &[String]) -> Result<Arc<Shard>, ConnectError> {
-        if let Some((eps, weak)) = self.shards.lock().expect("pool lock").get(name) {
-            if eps.as_slice() == endpoints {
+    /// The live shard this replica's config describes as `shard`,
+    /// connecting it if needed: its files are read now, and a shard
+    /// connected with other endpoints or other file contents is connected
+    /// anew.
+    pub async fn get(&self, shard: &ShardSettings) -> Result<Arc<Shard>, ConnectError> {
+        self.configured
+            .lock()
+            .expect("pool lock")
+            .insert(shard.name.clone(), shard.clone());
+        self.connect(shard).await
+    }
+
+    /// The live shard a record on the shards names (a previous ring's), at
+    /// its recorded endpoints, with the TLS and user this replica's config
+    /// last gave a shard of that name; never with files or a user the
+    /// record names (a record is input: it may not make a router read a
+    /// file or send a password).
+    pub async fn get_recorded(&self, recorded: &ShardSettings) -> Result<Arc<Shard>, ConnectError> {
+        let local = self
+            .configured
+            .lock()
+            .expect("pool lock")
+            .get(&recorded.name)
+            .cloned();
+        let shard = match local {
+            Some(local) => ShardSettings {
+                endpoints: recorded.endpoints.clone(),
+                ..local
+            },
+            None => recorded.recordable(),
+        };
+        self.connect(&shard).await
+    }
+
+    async fn connect(&self, shard: &ShardSettings) -> Result<Arc<Shard>, ConnectError> {
+        let name = &shard.name;
+        let access = Access::load(shard)?;
+        if let Some((known, weak)) = self.shards.lock().expect("pool lock").get(name) {
+            if *known == access {
                 if let Some(shard) = weak.upgrade() {
                     return Ok(shard);
                 }
             }
         }
         let s = self.settings.lock().expect("pool lock").clone();
-        let conn = EtcdConn::connect(name, endpoints, s.timeout, s.connect_timeout)
+        let conn = EtcdConn::connect(name, &access, s.timeout, s.connect_timeout)
             .await
-            .map_err(|source| ConnectError {
+            .map_err(|source| ConnectError::Client {
                 shard: name.to_string(),
                 source,
             })?;
         let shard = Arc::new(Shard::new(conn, &s.prefix, &self.cancel));
-        self.shards.lock().expect("pool lock").insert(
-            name.to_string(),
-            (endpoints.to_vec(), Arc::downgrade(&shard)),
-        );
+        self.shards
+            .lock()
+            .expect("pool lock")
+            .insert(name.to_string(), (access, Arc::downgrade(&shard)));
         Ok(shard)
     }
 }
@@ -97,15 +139,20 @@ impl PoolSettings {
     }
 }
 
-/// A shard's etcd client could not be built (a malformed endpoint that
-/// passed validation, or a TLS setup error); nothing is connected until
+/// A shard's etcd client could not be built; nothing is connected until
 /// the first call, so an unreachable shard is not this error.
 #[derive(Debug, thiserror::Error)]
-#[error("shard {shard:?}: {source}")]
-pub struct ConnectError {
-    pub shard: String,
-    #[source]
-    pub source: etcd_client::Error,
+pub enum ConnectError {
+    /// A TLS or password file the shard's settings name cannot be used.
+    #[error(transparent)]
+    Access(#[from] AccessError),
+    /// A malformed endpoint that passed validation, or a TLS setup error.
+    #[error("shard {shard:?}: {source}")]
+    Client {
+        shard: String,
+        #[source]
+        source: etcd_client::Error,
+    },
 }
 
 /// An open migration as recorded on the shards.
@@ -187,7 +234,7 @@ impl Router {
     ) -> Result<Arc<Self>, ConnectError> {
         let mut shards = Vec::new();
         for s in &settings.shards {
-            shards.push(pool.get(&s.name, &s.endpoints).await?);
+            shards.push(pool.get(s).await?);
         }
         let router = Arc::new(Self {
             ring: Ring::new(&settings.shards, settings.ring.vnodes),

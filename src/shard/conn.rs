@@ -2,6 +2,10 @@
 //! through [`EtcdConn::call`], which applies the shard's deadline, classifies
 //! errors, records metrics and keeps the shard's up/down flag current.
 //! Cheap to clone (the etcd client is a handle to a shared channel).
+//!
+//! Every client it opens (the balanced channel, each member's own) uses
+//! the shard's [`Access`]: its TLS, and its etcd user, whose token each
+//! client gets through a [`Login`] before it is used.
 
 use std::collections::HashSet;
 use std::future::Future;
@@ -11,6 +15,8 @@ use std::time::{Duration, Instant};
 
 use etcd_client::{Client, ConnectOptions};
 
+use super::access::Access;
+use super::login::{AuthProblem, Login};
 use crate::metrics as m;
 
 /// How long an idempotent request (a read, a barrier) waits for its first
@@ -81,9 +87,11 @@ struct Inner {
     shard: String,
     metrics: m::ShardMetrics,
     client: Client,
+    /// `client`'s token for the shard's etcd user.
+    login: Login,
     /// One single-endpoint client per member, to probe members one by one
     /// (only for shards with several endpoints).
-    members: Vec<(String, Client)>,
+    members: Vec<Member>,
     /// Members currently in `client`'s balanced channel. etcd-client keeps
     /// sending to a dead member, so dead ones are taken out until they answer.
     in_rotation: Mutex<HashSet<String>>,
@@ -92,8 +100,20 @@ struct Inner {
     timeout: Duration,
     /// False after a call failed for unavailability, until a probe succeeds.
     up: AtomicBool,
+    /// The shard's unavailability was logged since it was last up (or
+    /// since the connection was made: a shard never reached is logged
+    /// too, with why).
+    down_logged: AtomicBool,
     /// The members' etcd version was checked once (see `check_version`).
     version_checked: AtomicBool,
+}
+
+/// One member's own client.
+struct Member {
+    endpoint: String,
+    client: Client,
+    /// Its token; a member whose client has none is not handed out.
+    login: Login,
 }
 
 #[derive(Clone)]
@@ -102,27 +122,33 @@ pub struct EtcdConn {
 }
 
 impl EtcdConn {
-    /// Builds the client; no connection is made until the first call, so a
-    /// shard that is down at start-up does not stop the router.
+    /// Builds the client; no connection is made (nor token asked for)
+    /// until the first call, so a shard that is down at start-up does not
+    /// stop the router.
     pub async fn connect(
         shard: &str,
-        endpoints: &[String],
+        access: &Access,
         timeout: Duration,
         connect_timeout: Duration,
     ) -> Result<Self, etcd_client::Error> {
-        let options = ConnectOptions::new()
-            .with_connect_timeout(connect_timeout)
-            // HTTP/2 pings notice a dead member even when no call is running.
-            .with_keep_alive(Duration::from_secs(1), Duration::from_secs(1))
-            .with_keep_alive_while_idle(true);
+        let endpoints = &access.endpoints;
+        let options = access.options(
+            ConnectOptions::new()
+                .with_connect_timeout(connect_timeout)
+                // HTTP/2 pings notice a dead member even when no call is running.
+                .with_keep_alive(Duration::from_secs(1), Duration::from_secs(1))
+                .with_keep_alive_while_idle(true),
+        );
+        let user = || access.user().cloned();
         let client = Client::connect(endpoints, Some(options.clone())).await?;
         let mut members = Vec::new();
         if endpoints.len() > 1 {
             for ep in endpoints {
-                members.push((
-                    ep.clone(),
-                    Client::connect([ep], Some(options.clone())).await?,
-                ));
+                members.push(Member {
+                    endpoint: ep.clone(),
+                    client: Client::connect([ep], Some(options.clone())).await?,
+                    login: Login::quiet(shard, user()),
+                });
             }
         }
         m::shard_up(shard, false);
@@ -131,11 +157,13 @@ impl EtcdConn {
                 shard: shard.to_string(),
                 metrics: m::ShardMetrics::new(shard),
                 client,
+                login: Login::new(shard, user()),
                 members,
                 in_rotation: Mutex::new(endpoints.iter().cloned().collect()),
                 next_member: AtomicUsize::new(0),
                 timeout,
                 up: AtomicBool::new(false),
+                down_logged: AtomicBool::new(false),
                 version_checked: AtomicBool::new(false),
             }),
         }
@@ -159,9 +187,10 @@ impl EtcdConn {
         self
     }
 
-    /// A member's own client, in rotation, taken in turn; `avoid` (an
-    /// index returned before) is skipped when another is in rotation.
-    /// `None` for a shard with one endpoint.
+    /// A member's own client, in rotation and holding a token if the
+    /// shard has a user, taken in turn; `avoid` (an index returned before)
+    /// is skipped when another is in rotation. `None` for a shard with one
+    /// endpoint, or when no member's client can be used.
     pub fn member(&self, avoid: Option<usize>) -> Option<(usize, Client)> {
         let members = &self.inner.members;
         if members.is_empty() {
@@ -171,14 +200,14 @@ impl EtcdConn {
         let start = self.inner.next_member.fetch_add(1, Ordering::Relaxed);
         let candidates = (0..members.len()).map(|k| (start + k) % members.len());
         let in_rotation: Vec<usize> = candidates
-            .filter(|&i| live.contains(&members[i].0))
+            .filter(|&i| live.contains(&members[i].endpoint) && members[i].login.is_ready())
             .collect();
         let pick = in_rotation
             .iter()
             .copied()
             .find(|&i| Some(i) != avoid)
             .or(in_rotation.first().copied())?;
-        Some((pick, members[pick].1.clone()))
+        Some((pick, members[pick].client.clone()))
     }
 
     /// Runs an RPC that may safely run twice (a read, a barrier put) under
@@ -243,13 +272,21 @@ impl EtcdConn {
     }
 
     pub fn set_up(&self, up: bool) {
-        if self.inner.up.swap(up, Ordering::Relaxed) != up {
+        self.set_state(up, "");
+    }
+
+    /// Like [`set_up`](Self::set_up); `why` (what failed) is logged when
+    /// the shard goes down.
+    fn set_state(&self, up: bool, why: &str) {
+        let was = self.inner.up.swap(up, Ordering::Relaxed);
+        if was != up {
             m::shard_up(&self.inner.shard, up);
-            if up {
-                tracing::info!(shard = %self.inner.shard, "shard is reachable");
-            } else {
-                tracing::warn!(shard = %self.inner.shard, "shard is unavailable");
-            }
+        }
+        if up && !was {
+            self.inner.down_logged.store(false, Ordering::Relaxed);
+            tracing::info!(shard = %self.inner.shard, "shard is reachable");
+        } else if !up && !self.inner.down_logged.swap(true, Ordering::Relaxed) {
+            tracing::warn!(shard = %self.inner.shard, error = %why, "shard is unavailable");
         }
     }
 
@@ -265,13 +302,17 @@ impl EtcdConn {
     /// serves (an election), the rotation is left as it is.
     pub async fn check_members(&self) {
         let timeout = self.inner.timeout.min(MEMBER_PROBE_TIMEOUT);
-        let probes = self.inner.members.iter().map(|(ep, client)| async move {
-            let mut m = client.maintenance_client();
-            let status = match tokio::time::timeout(timeout, m.status()).await {
-                Ok(Ok(s)) => Some((s.leader(), s.raft_term())),
+        let probes = self.inner.members.iter().map(|member| async move {
+            // A member whose client cannot get a token cannot serve.
+            let probe = async {
+                member.login.ensure(&member.client).await.ok()?;
+                member.client.maintenance_client().status().await.ok()
+            };
+            let status = match tokio::time::timeout(timeout, probe).await {
+                Ok(Some(s)) => Some((s.leader(), s.raft_term())),
                 _ => None,
             };
-            (ep, status)
+            (&member.endpoint, status)
         });
         let answers = futures::future::join_all(probes).await;
         let statuses: Vec<Option<(u64, u64)>> = answers.iter().map(|(_, s)| *s).collect();
@@ -313,7 +354,11 @@ impl EtcdConn {
             return;
         }
         let mut m = self.inner.client.maintenance_client();
-        let Ok(Ok(status)) = tokio::time::timeout(self.inner.timeout, m.status()).await else {
+        let status = async {
+            self.inner.login.ensure(&self.inner.client).await.ok()?;
+            m.status().await.ok()
+        };
+        let Ok(Some(status)) = tokio::time::timeout(self.inner.timeout, status).await else {
             return; // asked again next round
         };
         self.inner.version_checked.store(true, Ordering::Relaxed);
@@ -357,9 +402,16 @@ impl EtcdConn {
             Some(left) if left < self.inner.timeout => (left, true),
             _ => (self.inner.timeout, false),
         };
-        let result = match tokio::time::timeout(limit, fut).await {
+        // The token first (etcd-client reads it when the call is sent).
+        let call = async {
+            if let Err(e) = self.inner.login.ensure(&self.inner.client).await {
+                return Err(self.unavailable(e.to_string()));
+            }
+            fut.await.map_err(|e| self.classify(e))
+        };
+        let result = match tokio::time::timeout(limit, call).await {
             Ok(Ok(v)) => Ok(v),
-            Ok(Err(e)) => Err(self.classify(e)),
+            Ok(Err(e)) => Err(e),
             Err(_) if by_request => {
                 self.inner
                     .metrics
@@ -381,7 +433,7 @@ impl EtcdConn {
         match &result {
             Err(EtcdError::Unavailable { detail, .. }) => {
                 tracing::debug!(shard = %self.inner.shard, rpc, %detail, "etcd call failed");
-                self.set_up(false);
+                self.set_state(false, detail);
             }
             // An answer proves the shard reachable.
             _ => self.set_up(true),
@@ -392,6 +444,9 @@ impl EtcdConn {
     pub fn classify(&self, e: etcd_client::Error) -> EtcdError {
         use etcd_client::Error as E;
         use tonic_code::*;
+        if let Some(problem) = AuthProblem::of(&e) {
+            return self.refused(problem, e);
+        }
         match e {
             E::GRpcStatus(s) if s.message().contains("lease not found") => EtcdError::LeaseNotFound,
             E::LeaseKeepAliveError(msg) if msg.contains("lease not found") => {
@@ -407,6 +462,42 @@ impl EtcdConn {
                 shard: self.inner.shard.clone(),
                 detail: other.to_string(),
             },
+        }
+    }
+}
+
+impl EtcdConn {
+    /// An answer about authentication: the shard cannot be used as this
+    /// router is configured for it, which is unavailability (each call
+    /// says why, and the shard is marked down) rather than a bug. A lost
+    /// token is asked for again by the next call (every client: the
+    /// members' share the user).
+    fn refused(&self, problem: AuthProblem, e: etcd_client::Error) -> EtcdError {
+        let has_user = self.inner.login.user_name().is_some();
+        let detail = match problem {
+            AuthProblem::TokenLost if has_user => {
+                self.forget_tokens();
+                format!("etcd no longer accepts this router's token: {e}")
+            }
+            AuthProblem::TokenLost => format!(
+                "etcd requires authentication: set shards[].username and shards[].password_file: {e}"
+            ),
+            AuthProblem::Refused => {
+                self.forget_tokens();
+                format!("etcd refused this router's credentials: {e}")
+            }
+            AuthProblem::NotPermitted => format!(
+                "etcd does not permit this router's user: grant its role readwrite on the keys under etcd.prefix: {e}"
+            ),
+        };
+        self.unavailable(detail)
+    }
+
+    /// Every client asks for a new token before its next use.
+    fn forget_tokens(&self) {
+        self.inner.login.forget();
+        for member in &self.inner.members {
+            member.login.forget();
         }
     }
 }

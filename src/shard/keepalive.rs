@@ -702,7 +702,8 @@ mod tests {
     async fn task() -> Task {
         let endpoints = ["http://127.0.0.1:9".to_string()];
         let second = Duration::from_secs(1);
-        let conn = EtcdConn::connect("t", &endpoints, second, second)
+        let access = crate::shard::access::Access::plain(&endpoints);
+        let conn = EtcdConn::connect("t", &access, second, second)
             .await
             .expect("connecting is lazy");
         Task::new(conn, Arc::default())

@@ -19,6 +19,22 @@ pub struct Reply {
     pub retry_after: Option<String>,
 }
 
+impl Reply {
+    /// `(lockId, fencingToken)` of an acquire's answer, which must be a
+    /// grant.
+    pub fn granted(&self) -> (String, u64) {
+        assert_eq!(
+            (self.status, &self.body["acquired"]),
+            (200, &json!(true)),
+            "expected a grant: {self:?}"
+        );
+        (
+            self.body["lockId"].as_str().unwrap().to_string(),
+            self.body["fencingToken"].as_u64().unwrap(),
+        )
+    }
+}
+
 #[derive(Clone)]
 pub struct Api {
     /// `http://<addr>`, for clients a test builds itself.
@@ -36,6 +52,23 @@ impl Api {
                 // Well before the router closes an idle connection (10 s):
                 // a request sent as it closes would be reset.
                 .pool_idle_timeout(Duration::from_secs(5))
+                .build()
+                .unwrap(),
+        }
+    }
+
+    /// The same router, every request carrying `Authorization: Bearer
+    /// <token>` (a principal's or the admin token).
+    pub fn with_bearer(&self, token: &str) -> Self {
+        let mut headers = reqwest::header::HeaderMap::new();
+        let value = format!("Bearer {token}").parse().expect("a header value");
+        headers.insert(reqwest::header::AUTHORIZATION, value);
+        Self {
+            base: self.base.clone(),
+            http: reqwest::Client::builder()
+                .timeout(Duration::from_secs(20))
+                .pool_idle_timeout(Duration::from_secs(5))
+                .default_headers(headers)
                 .build()
                 .unwrap(),
         }

@@ -1,5 +1,8 @@
 //! Router configs for the kit's etcd clusters: the TOML a router (in-process
 //! or a process) serves, with shards named a, b, c, ... in the order given.
+//! A cluster with TLS gets its CA (and, if it requires one, its client
+//! certificate), one with auth its user and password file: each on a line
+//! of its own, which a test can replace or drop.
 
 use crate::etcd::EtcdCluster;
 
@@ -25,6 +28,20 @@ pub fn shards_toml(shards: &[&EtcdCluster]) -> String {
             shard_name(i),
             eps.join(", ")
         ));
+        let mut key = |key: &str, value: &dyn std::fmt::Display| {
+            toml.push_str(&format!("{key} = \"{value}\"\n"));
+        };
+        if let Some(tls) = s.tls() {
+            key("tls_ca_file", &tls.ca_file.display());
+            if tls.client_cert_auth {
+                key("tls_cert_file", &tls.client_cert_file.display());
+                key("tls_key_file", &tls.client_key_file.display());
+            }
+        }
+        if let Some(auth) = s.auth() {
+            key("username", &auth.user);
+            key("password_file", &auth.password_file.display());
+        }
     }
     toml
 }

@@ -11,6 +11,14 @@
 //!
 //! Members run with short raft timings (heartbeat 50 ms, election 500 ms) so
 //! tests elect fast; extra flags come after them and win.
+//!
+//! A cluster built with [`tls`](EtcdBuilder::tls) serves its clients over
+//! `https://` with certificates of a CA of its own, made when it starts
+//! ([`EtcdTls`]); [`client_cert_auth`](EtcdBuilder::client_cert_auth) also
+//! requires client certificates. With [`auth`](EtcdBuilder::auth), etcd
+//! auth is on and routers authenticate as a user of their own
+//! ([`EtcdAuth`]). [`config`](crate::config) writes both into the router
+//! configs it makes.
 
 use std::net::{Ipv4Addr, SocketAddr};
 use std::path::{Path, PathBuf};
@@ -24,7 +32,17 @@ use tempfile::TempDir;
 use crate::child::{die_with_parent, log_tail, poll_until};
 use crate::loopback::{self, try_free_port};
 use crate::netns::{self, Network};
+use crate::pki::Ca;
 use crate::Error;
+
+/// The key prefix the router user's role may read and write: the one the
+/// kit's router configs use.
+pub const ROUTER_PREFIX: &str = "/lockrouter";
+/// The etcd user routers authenticate as on a cluster with auth.
+pub const ROUTER_USER: &str = "lockrouter";
+/// The common name of the client certificate [`EtcdTls`] makes: no etcd
+/// user has it, so etcd auth never takes the certificate for a user.
+pub const CLIENT_CERT_NAME: &str = "lockrouter-test-client";
 
 /// How long a member may take to answer healthy after it starts.
 const HEALTHY_WITHIN: Duration = Duration::from_secs(30);
@@ -45,6 +63,9 @@ struct Member {
     peer_host: Ipv4Addr,
     /// Likewise fixed: the other members know it by this port.
     peer_port: u16,
+    /// Where health and metrics are served over plain http, on a cluster
+    /// with TLS (`--listen-metrics-urls`): the kit probes it there.
+    metrics_port: Option<u16>,
     /// Its data dir and log, kept across kills until a wipe.
     dir: PathBuf,
     /// The network namespace it runs in, if any.
@@ -61,6 +82,92 @@ impl Member {
     fn client_addr(&self) -> SocketAddr {
         SocketAddr::from((self.client_host, self.client_port))
     }
+
+    /// Where `/health` and `/metrics` answer over plain http.
+    fn health_addr(&self) -> SocketAddr {
+        let port = self.metrics_port.unwrap_or(self.client_port);
+        SocketAddr::from((self.client_host, port))
+    }
+}
+
+/// A cluster's TLS: PEM files in its dir, made when it starts.
+pub struct EtcdTls {
+    /// The CA that signed the members' and the client's certificates.
+    pub ca: Ca,
+    pub ca_file: PathBuf,
+    /// A client certificate the CA signed (common name
+    /// [`CLIENT_CERT_NAME`]), and its key.
+    pub client_cert_file: PathBuf,
+    pub client_key_file: PathBuf,
+    /// Whether members require a client certificate the CA signed.
+    pub client_cert_auth: bool,
+    /// The members' certificate (127.0.0.1 and localhost) and key.
+    server_cert_file: PathBuf,
+    server_key_file: PathBuf,
+}
+
+impl EtcdTls {
+    fn make(dir: &Path, client_cert_auth: bool) -> Result<Self, Error> {
+        let dir = dir.join("tls");
+        std::fs::create_dir_all(&dir).map_err(Error::prepare("etcd's TLS dir"))?;
+        let ca = Ca::new("lockrouter test etcd CA");
+        let server = ca.server(&["127.0.0.1", "localhost"]);
+        let client = ca.client(CLIENT_CERT_NAME);
+        let write = |name: &str, text: &str| {
+            let path = dir.join(name);
+            std::fs::write(&path, text).map_err(Error::prepare(format!("etcd's {name}")))?;
+            Ok::<_, Error>(path)
+        };
+        Ok(Self {
+            ca_file: write("ca.pem", &ca.pem)?,
+            server_cert_file: write("server.pem", &server.cert_pem)?,
+            server_key_file: write("server-key.pem", &server.key_pem)?,
+            client_cert_file: write("client.pem", &client.cert_pem)?,
+            client_key_file: write("client-key.pem", &client.key_pem)?,
+            client_cert_auth,
+            ca,
+        })
+    }
+
+    /// The members' TLS flags.
+    fn member_args(&self) -> Vec<std::ffi::OsString> {
+        let mut args: Vec<std::ffi::OsString> = vec![
+            "--cert-file".into(),
+            self.server_cert_file.clone().into(),
+            "--key-file".into(),
+            self.server_key_file.clone().into(),
+        ];
+        if self.client_cert_auth {
+            args.extend([
+                "--client-cert-auth".into(),
+                "--trusted-ca-file".into(),
+                self.ca_file.clone().into(),
+            ]);
+        }
+        args
+    }
+
+    /// etcd-client's TLS options: trusting the CA, presenting the client
+    /// certificate.
+    pub fn client_options(&self) -> etcd_client::TlsOptions {
+        let read = |p: &Path| std::fs::read(p).unwrap_or_else(|e| panic!("{}: {e}", p.display()));
+        etcd_client::TlsOptions::new()
+            .ca_certificate(etcd_client::Certificate::from_pem(&self.ca.pem))
+            .identity(etcd_client::Identity::from_pem(
+                read(&self.client_cert_file),
+                read(&self.client_key_file),
+            ))
+    }
+}
+
+/// etcd auth on a cluster: a root user, and [`ROUTER_USER`], whose role may
+/// read and write the keys under [`ROUTER_PREFIX`] only.
+pub struct EtcdAuth {
+    pub user: String,
+    pub password: String,
+    /// A file holding `password` and a newline, for `shards[].password_file`.
+    pub password_file: PathBuf,
+    root_password: String,
 }
 
 pub struct EtcdCluster {
@@ -76,6 +183,10 @@ pub struct EtcdCluster {
     dir: TempDir,
     /// The namespaces the members run in; dropped after they are killed.
     _network: Option<Arc<Network>>,
+    /// `Some`: clients speak TLS to the members.
+    tls: Option<EtcdTls>,
+    /// `Some`: etcd auth is on.
+    auth: Option<EtcdAuth>,
 }
 
 /// How a cluster is started: its size, extra flags, and whether its members
@@ -90,6 +201,10 @@ pub struct EtcdBuilder {
     die_with_parent: bool,
     /// See [`in_network`](Self::in_network).
     network: Option<Arc<Network>>,
+    /// See [`tls`](Self::tls): `Some(client_cert_auth)`.
+    tls: Option<bool>,
+    /// See [`auth`](Self::auth).
+    auth: bool,
 }
 
 impl EtcdBuilder {
@@ -116,6 +231,32 @@ impl EtcdBuilder {
         self
     }
 
+    /// Members serve their clients over TLS only (`https://`, with a
+    /// certificate for 127.0.0.1 signed by a CA of the cluster's own; see
+    /// [`EtcdCluster::tls`]); peers stay on plain http on loopback, and
+    /// health and metrics move to a plain http listener of their own.
+    /// Loopback clusters only.
+    pub fn tls(mut self) -> Self {
+        self.tls = Some(self.tls.unwrap_or(false));
+        self
+    }
+
+    /// TLS, and members refuse clients without a certificate their CA
+    /// signed (`--client-cert-auth`).
+    pub fn client_cert_auth(mut self) -> Self {
+        self.tls = Some(true);
+        self
+    }
+
+    /// Turns etcd auth on once the members are up: a root user, and
+    /// [`ROUTER_USER`] with readwrite on [`ROUTER_PREFIX`] (see
+    /// [`EtcdCluster::auth`]). A token lapses after `--auth-token-ttl`
+    /// seconds unused (300 unless [`args`](Self::args) say otherwise).
+    pub fn auth(mut self) -> Self {
+        self.auth = true;
+        self
+    }
+
     /// Starts every member and waits until each answers healthy.
     pub fn start(self) -> Result<EtcdCluster, Error> {
         // tmpfs when there is one: fsync there is cheap, so tests run faster.
@@ -128,6 +269,14 @@ impl EtcdBuilder {
             .prefix("lockrouter-etcd-")
             .tempdir_in(base)
             .map_err(Error::prepare("etcd's temp dir"))?;
+        assert!(
+            self.tls.is_none() || self.network.is_none(),
+            "TLS clusters run on loopback only"
+        );
+        let tls = match self.tls {
+            Some(client_cert_auth) => Some(EtcdTls::make(dir.path(), client_cert_auth)?),
+            None => None,
+        };
         let members = (0..self.size)
             .map(|i| {
                 let dir = dir.path().join(format!("m{i}"));
@@ -141,6 +290,7 @@ impl EtcdBuilder {
                             client_port: netns::CLIENT_PORT,
                             peer_host: net.peer_addr(i),
                             peer_port: netns::PEER_PORT,
+                            metrics_port: None,
                             dir,
                             netns: Some(net.member(i)),
                             child: None,
@@ -152,6 +302,10 @@ impl EtcdBuilder {
                         client_port: try_free_port()?,
                         peer_host: Ipv4Addr::LOCALHOST,
                         peer_port: try_free_port()?,
+                        metrics_port: match tls {
+                            Some(_) => Some(try_free_port()?),
+                            None => None,
+                        },
                         dir,
                         netns: None,
                         child: None,
@@ -165,6 +319,16 @@ impl EtcdBuilder {
             .map(|m| format!("{}=http://{}:{}", m.name, m.peer_host, m.peer_port))
             .collect::<Vec<_>>()
             .join(",");
+        let auth = self.auth.then(|| EtcdAuth {
+            user: ROUTER_USER.to_string(),
+            password: "router-password".to_string(),
+            password_file: dir.path().join("router-password"),
+            root_password: "root-password".to_string(),
+        });
+        if let Some(a) = &auth {
+            std::fs::write(&a.password_file, format!("{}\n", a.password))
+                .map_err(Error::prepare("the router's password file"))?;
+        }
         let mut cluster = EtcdCluster {
             members,
             args: self.args,
@@ -172,8 +336,11 @@ impl EtcdBuilder {
             die_with_parent: self.die_with_parent,
             dir,
             _network: self.network,
+            tls,
+            auth,
         };
         cluster.start_all()?;
+        cluster.enable_auth()?;
         Ok(cluster)
     }
 }
@@ -232,6 +399,8 @@ impl EtcdCluster {
             args: Vec::new(),
             die_with_parent: false,
             network: None,
+            tls: None,
+            auth: false,
         }
     }
 
@@ -264,6 +433,8 @@ impl EtcdCluster {
 
     fn spawn(&mut self, i: usize) -> Result<(), Error> {
         let binary = etcd_binary()?;
+        let client = self.client_url(i);
+        let tls_args = self.tls.as_ref().map(EtcdTls::member_args);
         let m = &mut self.members[i];
         std::fs::create_dir_all(&m.dir).map_err(Error::prepare("etcd's data dir"))?;
         let log = std::fs::OpenOptions::new()
@@ -271,7 +442,6 @@ impl EtcdCluster {
             .append(true)
             .open(m.log())
             .map_err(Error::prepare("etcd's log"))?;
-        let client = format!("http://{}", m.client_addr());
         let peer = format!("http://{}:{}", m.peer_host, m.peer_port);
         // `ip netns exec` enters the namespace and execs etcd: the child's
         // pid is etcd's, for signals and kills.
@@ -293,9 +463,12 @@ impl EtcdCluster {
             .args(["--initial-cluster", &self.initial_cluster])
             .args(["--initial-cluster-token", "lockrouter-test"])
             .args(["--heartbeat-interval", "50", "--election-timeout", "500"])
-            .args(&self.args)
-            .stdout(Stdio::null())
-            .stderr(log);
+            .args(tls_args.unwrap_or_default());
+        if let Some(port) = m.metrics_port {
+            let url = format!("http://{}:{port}", m.client_host);
+            cmd.args(["--listen-metrics-urls", &url]);
+        }
+        cmd.args(&self.args).stdout(Stdio::null()).stderr(log);
         if self.die_with_parent {
             die_with_parent(&mut cmd);
         }
@@ -310,7 +483,7 @@ impl EtcdCluster {
     fn wait_healthy(&self, i: usize) -> Result<(), Error> {
         let m = &self.members[i];
         let healthy = || {
-            loopback::request_at(m.client_addr(), "GET", "/health", PROBE_WITHIN)
+            loopback::request_at(m.health_addr(), "GET", "/health", PROBE_WITHIN)
                 .is_ok_and(|r| r.body.contains("\"health\":\"true\""))
         };
         if poll_until(HEALTHY_WITHIN, healthy) {
@@ -324,12 +497,70 @@ impl EtcdCluster {
         })
     }
 
-    /// Client URLs of every member.
+    /// Client URLs of every member (`https://` with TLS).
     pub fn endpoints(&self) -> Vec<String> {
-        self.members
-            .iter()
-            .map(|m| format!("http://{}", m.client_addr()))
+        (0..self.members.len())
+            .map(|i| self.client_url(i))
             .collect()
+    }
+
+    fn client_url(&self, i: usize) -> String {
+        let scheme = if self.tls.is_some() { "https" } else { "http" };
+        format!("{scheme}://{}", self.members[i].client_addr())
+    }
+
+    /// The cluster's certificates, if it speaks TLS.
+    pub fn tls(&self) -> Option<&EtcdTls> {
+        self.tls.as_ref()
+    }
+
+    /// The router's etcd user, if auth is on.
+    pub fn auth(&self) -> Option<&EtcdAuth> {
+        self.auth.as_ref()
+    }
+
+    /// Member `i`'s log.
+    pub fn log_text(&self, i: usize) -> String {
+        std::fs::read_to_string(self.members[i].log()).unwrap_or_default()
+    }
+
+    /// etcd-client options reaching the members: TLS with the client
+    /// certificate if the cluster has TLS; no user.
+    fn options(&self) -> etcd_client::ConnectOptions {
+        let options = etcd_client::ConnectOptions::new();
+        match &self.tls {
+            Some(tls) => options.with_tls(tls.client_options()),
+            None => options,
+        }
+    }
+
+    /// With [`auth`](EtcdBuilder::auth): creates the users and role, then
+    /// enables auth (through etcd-client, on a thread of its own: a test's
+    /// runtime may be running on this one).
+    fn enable_auth(&self) -> Result<(), Error> {
+        let Some(auth) = &self.auth else {
+            return Ok(());
+        };
+        let (endpoints, options) = (self.endpoints(), self.options());
+        let setup = async move {
+            use etcd_client::Permission;
+            let mut c = etcd_client::Client::connect(endpoints, Some(options)).await?;
+            c.user_add("root", auth.root_password.as_str(), None)
+                .await?;
+            c.user_grant_role("root", "root").await?;
+            c.role_add(ROUTER_USER).await?;
+            let perm = Permission::read_write(ROUTER_PREFIX).with_prefix();
+            c.role_grant_permission(ROUTER_USER, perm).await?;
+            c.user_add(auth.user.as_str(), auth.password.as_str(), None)
+                .await?;
+            c.user_grant_role(auth.user.as_str(), ROUTER_USER).await?;
+            c.auth_enable().await?;
+            Ok::<_, etcd_client::Error>(())
+        };
+        on_own_runtime(setup).map_err(|e| Error::Command {
+            command: "enable etcd auth".into(),
+            output: e.to_string(),
+        })
     }
 
     /// The process id of member `i`, while it runs.
@@ -339,7 +570,7 @@ impl EtcdCluster {
 
     /// Member `i`'s `/metrics`, as Prometheus text.
     pub fn metrics_text(&self, i: usize) -> std::io::Result<String> {
-        let addr = self.members[i].client_addr();
+        let addr = self.members[i].health_addr();
         loopback::request_at(addr, "GET", "/metrics", loopback::ANSWER_WITHIN).map(|r| r.body)
     }
 
@@ -395,7 +626,8 @@ impl EtcdCluster {
     /// report it (`None` while there is none or none answers).
     pub async fn leader(&self) -> Option<usize> {
         for (i, ep) in self.endpoints().iter().enumerate() {
-            let opts = etcd_client::ConnectOptions::new()
+            let opts = self
+                .options()
                 .with_connect_timeout(Duration::from_millis(300))
                 .with_timeout(Duration::from_millis(500));
             let Ok(mut c) = etcd_client::Client::connect([ep], Some(opts)).await else {
@@ -457,13 +689,15 @@ impl EtcdCluster {
     }
 
     /// Kills every member and deletes its data, then starts it empty on the
-    /// same ports (a shard that lost its data, or a fresh replacement).
+    /// same ports (a shard that lost its data, or a fresh replacement);
+    /// with auth, the users are made again.
     pub fn wipe(&mut self) {
         self.kill();
         for m in &self.members {
             let _ = std::fs::remove_dir_all(m.dir.join("data"));
         }
         self.start_all().unwrap_or_else(|e| panic!("{e}"));
+        self.enable_auth().unwrap_or_else(|e| panic!("{e}"));
     }
 
     /// Starts every member again on the same ports and data.
@@ -472,11 +706,37 @@ impl EtcdCluster {
         self.start_all().unwrap_or_else(|e| panic!("{e}"));
     }
 
+    /// A client of the cluster: over TLS with the client certificate if
+    /// it has TLS, as root if auth is on.
     pub async fn client(&self) -> etcd_client::Client {
-        etcd_client::Client::connect(self.endpoints(), None)
+        let options = match &self.auth {
+            Some(a) => self.options().with_user("root", a.root_password.as_str()),
+            None => self.options(),
+        };
+        etcd_client::Client::connect(self.endpoints(), Some(options))
             .await
             .unwrap()
     }
+}
+
+/// Runs `f` to completion on a runtime of its own, on a thread of its own.
+fn on_own_runtime<F>(f: F) -> F::Output
+where
+    F: std::future::Future + Send,
+    F::Output: Send,
+{
+    std::thread::scope(|scope| {
+        scope
+            .spawn(|| {
+                tokio::runtime::Builder::new_current_thread()
+                    .enable_all()
+                    .build()
+                    .expect("a runtime")
+                    .block_on(f)
+            })
+            .join()
+            .expect("the thread finishes")
+    })
 }
 
 impl Drop for EtcdCluster {

@@ -11,7 +11,9 @@
 //! builders, which return an [`Error`] instead.
 //!
 //! # Layout
-//! - [`etcd`]: etcd clusters of one or more members, and faults on them.
+//! - [`etcd`]: etcd clusters of one or more members, and faults on them;
+//!   optionally with TLS (client certificates too) and etcd auth.
+//! - [`pki`]: certificates made at test time (a CA, servers, clients).
 //! - [`config`]: router configs naming the kit's etcd clusters as shards.
 //! - [`router`]: routers in-process, built from [`lockrouter::Application`].
 //! - [`router_process`]: the `lockrouter` binary as a child process.
@@ -43,6 +45,7 @@ pub mod loopback;
 pub mod metrics;
 pub mod netns;
 pub mod openapi;
+pub mod pki;
 pub mod procfs;
 pub mod procs;
 pub mod proxy;

@@ -93,10 +93,14 @@ impl FileRouter {
 
     /// Writes a new config and reloads it through the admin route.
     pub async fn reload(&self, toml: &str) -> Reply {
+        self.reload_as(&self.api, toml).await
+    }
+
+    /// [`reload`](Self::reload) through `admin` (an [`Api`] carrying the
+    /// admin's credentials).
+    pub async fn reload_as(&self, admin: &Api, toml: &str) -> Reply {
         std::fs::write(&self.path, toml).unwrap();
-        self.api
-            .post("/admin/v1/reload", serde_json::json!({}))
-            .await
+        admin.post("/admin/v1/reload", serde_json::json!({})).await
     }
 
     pub async fn ring(&self) -> Value {

@@ -68,6 +68,7 @@ impl Warmup {
                 name: lockrouter_testkit::config::shard_name(i),
                 endpoints: Vec::new(),
                 weight: 1,
+                ..ShardSettings::default()
             })
             .collect();
         Self {

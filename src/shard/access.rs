@@ -1,0 +1,294 @@
+//! How the router reaches one shard's etcd and proves who it is: TLS (the
+//! CA that signed the members' certificates, and a client certificate for
+//! etcd started with `--client-cert-auth`) and an etcd user, read from the
+//! files the shard's settings name.
+//!
+//! Every client the router opens to a shard (its balanced channel, each
+//! member's own client for probes, hedges and keepalive streams) is built
+//! from one [`Access`], so none goes out with less TLS or other
+//! credentials than the rest. The files are read and checked at start and
+//! at every reload, before anything changes: a file that cannot be used
+//! refuses both, naming the setting. Two loads are equal only if the
+//! files' contents are, so a reload after a certificate or password file
+//! changed connects the shard anew with them (how they are rotated).
+
+use std::path::Path;
+use std::sync::Arc;
+
+use etcd_client::{Certificate, ConnectOptions, Identity, TlsOptions};
+use rustls::pki_types::pem::PemObject;
+use rustls::pki_types::{CertificateDer, PrivateKeyDer};
+
+use crate::config::ShardSettings;
+
+/// What the router connects to a shard with.
+#[derive(Clone, PartialEq, Eq)]
+pub struct Access {
+    /// The members' client URLs, all `http://` or all `https://`.
+    pub endpoints: Vec<String>,
+    /// `None` for `http://` endpoints.
+    tls: Option<TlsFiles>,
+    /// `None` when etcd auth is not used.
+    user: Option<User>,
+}
+
+/// PEM contents, kept to compare loads and to build the clients.
+#[derive(Clone, PartialEq, Eq)]
+struct TlsFiles {
+    ca: Vec<u8>,
+    /// Client certificate chain and key.
+    identity: Option<(Vec<u8>, Vec<u8>)>,
+}
+
+/// An etcd user and its password.
+#[derive(Clone, PartialEq, Eq)]
+pub struct User {
+    pub name: String,
+    password: String,
+}
+
+impl User {
+    pub fn credentials(&self) -> (String, String) {
+        (self.name.clone(), self.password.clone())
+    }
+}
+
+impl std::fmt::Debug for Access {
+    /// Names what is used, never a key or a password.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Access")
+            .field("endpoints", &self.endpoints)
+            .field("tls", &self.tls.is_some())
+            .field(
+                "client_cert",
+                &self.tls.as_ref().is_some_and(|t| t.identity.is_some()),
+            )
+            .field("user", &self.user.as_ref().map(|u| &u.name))
+            .finish()
+    }
+}
+
+/// A file a shard's settings name cannot be used; the message names the
+/// shard, the setting, the file and the problem.
+#[derive(Debug, Clone, thiserror::Error)]
+#[error("shard {shard:?}: shards[].{setting}: {detail}")]
+pub struct AccessError {
+    pub shard: String,
+    pub setting: &'static str,
+    pub detail: String,
+}
+
+impl Access {
+    /// Reads and checks the files `shard` names (validated settings).
+    pub fn load(shard: &ShardSettings) -> Result<Self, AccessError> {
+        let fail = |setting: &'static str, path: &Path, why: String| AccessError {
+            shard: shard.name.clone(),
+            setting,
+            detail: format!("{}: {why}", path.display()),
+        };
+        let read = |setting: &'static str, path: &Path| {
+            std::fs::read(path).map_err(|e| fail(setting, path, e.to_string()))
+        };
+        let tls = match &shard.tls_ca_file {
+            None => None,
+            Some(ca_path) => {
+                let ca = read("tls_ca_file", ca_path)?;
+                let identity = match (&shard.tls_cert_file, &shard.tls_key_file) {
+                    (Some(c), Some(k)) => {
+                        Some((read("tls_cert_file", c)?, read("tls_key_file", k)?))
+                    }
+                    _ => None,
+                };
+                let files = TlsFiles { ca, identity };
+                files.check().map_err(|(setting, why)| {
+                    let path = match setting {
+                        "tls_ca_file" => ca_path,
+                        "tls_cert_file" => shard.tls_cert_file.as_deref().unwrap_or(ca_path),
+                        _ => shard.tls_key_file.as_deref().unwrap_or(ca_path),
+                    };
+                    fail(setting, path, why)
+                })?;
+                Some(files)
+            }
+        };
+        let user = match (&shard.username, &shard.password_file) {
+            (Some(name), Some(path)) => {
+                let bytes = read("password_file", path)?;
+                let text = String::from_utf8(bytes)
+                    .map_err(|_| fail("password_file", path, "not UTF-8 text".into()))?;
+                let password = text.strip_suffix('\n').unwrap_or(&text);
+                let password = password.strip_suffix('\r').unwrap_or(password);
+                if password.is_empty() {
+                    return Err(fail("password_file", path, "it is empty".into()));
+                }
+                Some(User {
+                    name: name.clone(),
+                    password: password.to_string(),
+                })
+            }
+            _ => None,
+        };
+        Ok(Self {
+            endpoints: shard.endpoints.clone(),
+            tls,
+            user,
+        })
+    }
+
+    /// Plain `http://` endpoints without a user.
+    pub fn plain(endpoints: &[String]) -> Self {
+        Self {
+            endpoints: endpoints.to_vec(),
+            tls: None,
+            user: None,
+        }
+    }
+
+    /// The etcd user, if any.
+    pub fn user(&self) -> Option<&User> {
+        self.user.as_ref()
+    }
+
+    /// `base` with this shard's TLS, and with expired tokens renewed by
+    /// etcd-client when a user is set (the first token is asked for by
+    /// [`Login`](super::login::Login), not at connect).
+    pub fn options(&self, base: ConnectOptions) -> ConnectOptions {
+        let mut options = base.with_auto_token_refresh(self.user.is_some());
+        if let Some(tls) = &self.tls {
+            let mut t = TlsOptions::new().ca_certificate(Certificate::from_pem(&tls.ca));
+            if let Some((cert, key)) = &tls.identity {
+                t = t.identity(Identity::from_pem(cert, key));
+            }
+            options = options.with_tls(t);
+        }
+        options
+    }
+}
+
+impl TlsFiles {
+    /// Builds the TLS client config these files make, as the connection
+    /// will (rustls, aws-lc-rs): every PEM parses, the CA has a usable
+    /// certificate and the key is the certificate's. Err names the setting.
+    fn check(&self) -> Result<(), (&'static str, String)> {
+        let certs = |setting, pem: &[u8]| {
+            let certs = CertificateDer::pem_slice_iter(pem)
+                .collect::<Result<Vec<_>, _>>()
+                .map_err(|e| (setting, e.to_string()))?;
+            if certs.is_empty() {
+                return Err((setting, "no PEM certificate in it".to_string()));
+            }
+            Ok(certs)
+        };
+        let mut roots = rustls::RootCertStore::empty();
+        for c in certs("tls_ca_file", &self.ca)? {
+            roots.add(c).map_err(|e| ("tls_ca_file", e.to_string()))?;
+        }
+        let provider = Arc::new(rustls::crypto::aws_lc_rs::default_provider());
+        let builder = rustls::ClientConfig::builder_with_provider(provider)
+            .with_safe_default_protocol_versions()
+            .map_err(|e| ("tls_ca_file", e.to_string()))?
+            .with_root_certificates(roots);
+        if let Some((cert, key)) = &self.identity {
+            let chain = certs("tls_cert_file", cert)?;
+            let key =
+                PrivateKeyDer::from_pem_slice(key).map_err(|e| ("tls_key_file", e.to_string()))?;
+            builder.with_client_auth_cert(chain, key).map_err(|e| {
+                (
+                    "tls_key_file",
+                    format!("does not go with shards[].tls_cert_file: {e}"),
+                )
+            })?;
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn shard(dir: &Path, files: &[(&str, &str)]) -> ShardSettings {
+        let path = |name: &str| {
+            files.iter().find(|(n, _)| *n == name).map(|(n, text)| {
+                let p = dir.join(n);
+                std::fs::write(&p, text).unwrap();
+                p
+            })
+        };
+        ShardSettings {
+            name: "a".into(),
+            endpoints: vec!["https://127.0.0.1:2379".into()],
+            weight: 1,
+            tls_ca_file: path("ca.pem").or(Some(dir.join("missing.pem"))),
+            tls_cert_file: path("cert.pem"),
+            tls_key_file: path("key.pem"),
+            username: path("password").map(|_| "router".into()),
+            password_file: path("password"),
+        }
+    }
+
+    fn pki() -> (String, String, String) {
+        let ca_key = rcgen::KeyPair::generate().unwrap();
+        let mut ca = rcgen::CertificateParams::new(Vec::<String>::new()).unwrap();
+        ca.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
+        let ca = ca.self_signed(&ca_key).unwrap();
+        let key = rcgen::KeyPair::generate().unwrap();
+        let cert = rcgen::CertificateParams::new(vec!["router".to_string()])
+            .unwrap()
+            .signed_by(&key, &ca, &ca_key)
+            .unwrap();
+        (ca.pem(), cert.pem(), key.serialize_pem())
+    }
+
+    #[test]
+    fn files_that_cannot_be_used_are_named() {
+        let dir = tempfile::tempdir().unwrap();
+        let (ca, cert, _) = pki();
+        let err = |files: &[(&str, &str)]| Access::load(&shard(dir.path(), files)).unwrap_err();
+        let e = err(&[]);
+        assert_eq!(e.setting, "tls_ca_file");
+        assert!(e.to_string().contains("missing.pem"), "{e}");
+        assert_eq!(
+            err(&[("ca.pem", "not a certificate")]).setting,
+            "tls_ca_file"
+        );
+        let e = err(&[("ca.pem", &ca), ("cert.pem", &cert), ("key.pem", "garbage")]);
+        assert_eq!(e.setting, "tls_key_file", "{e}");
+        let (_, _, other_key) = pki();
+        let e = err(&[
+            ("ca.pem", &ca),
+            ("cert.pem", &cert),
+            ("key.pem", &other_key),
+        ]);
+        assert_eq!(e.setting, "tls_key_file", "{e}");
+        let e = err(&[("ca.pem", &ca), ("password", "\n")]);
+        assert_eq!(e.setting, "password_file", "{e}");
+    }
+
+    #[test]
+    fn loads_compare_by_content_and_never_print_secrets() {
+        let dir = tempfile::tempdir().unwrap();
+        let (ca, cert, key) = pki();
+        let files = [
+            ("ca.pem", ca.as_str()),
+            ("cert.pem", &cert),
+            ("key.pem", &key),
+            ("password", "s3cret-pw\n"),
+        ];
+        let s = shard(dir.path(), &files);
+        let first = Access::load(&s).unwrap();
+        assert_eq!(first.user().unwrap().credentials().1, "s3cret-pw");
+        assert_eq!(first, Access::load(&s).unwrap());
+        let shown = format!("{first:?}");
+        assert!(
+            !shown.contains("s3cret") && !shown.contains("PRIVATE"),
+            "{shown}"
+        );
+        // A rotated certificate (same paths, new contents) is another access.
+        let (_, cert2, key2) = pki();
+        std::fs::write(dir.path().join("cert.pem"), cert2).unwrap();
+        std::fs::write(dir.path().join("key.pem"), key2).unwrap();
+        let rotated = Access::load(&s).unwrap();
+        assert_ne!(first, rotated);
+    }
+}
