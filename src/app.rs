@@ -49,6 +49,12 @@ impl Application {
         };
         let tasks = CancellationToken::new();
         let pool = ShardPool::new(&settings, tasks.clone());
+        let sealer = crate::auth::sealer(&settings.auth).map_err(StartError::Auth)?;
+        let principals =
+            crate::auth::Principals::new(&settings.auth, settings.admin.token.as_deref())
+                .map_err(StartError::Auth)?;
+        let principals: crate::auth::Shared = Arc::new(arc_swap::ArcSwap::from_pointee(principals));
+        let access_log = crate::http::access::switch(settings.server.access_log);
         let router = crate::placement::serve(&settings, pool.clone()).await?;
         let locks = Arc::new(Locks::new(
             Active {
@@ -56,6 +62,7 @@ impl Application {
                 limits: settings.limits.clone(),
                 coalesce: Duration::from_millis(settings.etcd.keepalive_coalesce_ms),
                 lock_delay: settings.locks.lock_delay,
+                sealer,
             },
             crate::http::admission::per_shard_acquires(settings.server.max_in_flight),
         ));
@@ -65,16 +72,19 @@ impl Application {
             locks.clone(),
             pool,
             tls.clone(),
+            principals.clone(),
+            access_log.clone(),
         ));
         let upkeep = crate::metrics::start_upkeep(metrics.clone(), crate::metrics::UPKEEP_EVERY);
         let state = Arc::new(AppState {
             locks,
             reloader,
-            admin_token: settings.admin.token.clone(),
+            principals,
             metrics,
             timeouts: settings.http_timeouts(),
             admission: crate::http::admission::Admission::new(settings.server.max_in_flight),
             tls,
+            access_log,
         });
         Ok(Self {
             listener,
@@ -155,4 +165,7 @@ pub enum StartError {
     /// A TLS file named in `[server]` cannot be used.
     #[error("{0}")]
     Tls(String),
+    /// A lockId key of `[auth]` cannot be used.
+    #[error("{0}")]
+    Auth(String),
 }

@@ -28,6 +28,9 @@ pub struct Settings {
     /// Who may call `/admin/v1/*`.
     #[serde(default)]
     pub admin: AdminSettings,
+    /// Who may call the lock API, and the keys lockIds are sealed with.
+    #[serde(default)]
+    pub auth: AuthSettings,
     /// How locks behave beyond the API's limits.
     #[serde(default)]
     pub locks: LockSettings,
@@ -78,6 +81,10 @@ pub struct ServerSettings {
     /// acquires and the renewals of held locks find room. Read at start.
     #[serde(default = "defaults::max_in_flight")]
     pub max_in_flight: usize,
+    /// One info line per HTTP request, target `lockrouter::access` (see
+    /// `src/http/access.rs` for its fields). Applies at once on reload.
+    #[serde(default)]
+    pub access_log: bool,
 }
 
 #[derive(Debug, Clone, Deserialize, serde::Serialize)]
@@ -137,6 +144,9 @@ pub struct Limits {
     /// beyond it, 429. 0: no limit (read at start).
     #[serde(default = "defaults::acquires_per_client_per_sec")]
     pub acquires_per_client_per_sec: u32,
+    /// Largest `metadata` an acquire may attach, as compact JSON.
+    #[serde(default = "defaults::max_metadata_bytes")]
+    pub max_metadata_bytes: usize,
 }
 
 #[derive(Debug, Clone, Deserialize, serde::Serialize)]
@@ -158,6 +168,128 @@ impl Default for AdminSettings {
             token: None,
             reload_poll_ms: defaults::reload_poll_ms(),
         }
+    }
+}
+
+/// Principals (tenants) and sealed lockIds (see docs/security.md).
+#[derive(Debug, Clone, Default, Deserialize, serde::Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct AuthSettings {
+    /// Keys lockIds are sealed with (HMAC-SHA-256): the first seals new
+    /// lockIds, every one opens them, so a key is rotated by adding the new
+    /// one behind it, moving it first, then dropping the old one. Without
+    /// keys, lockIds are only checksummed. Read at start and at reload.
+    #[serde(default)]
+    pub lock_id_keys: Vec<LockIdKey>,
+    /// Also accept checksummed lockIds while keys are configured: for
+    /// turning sealing on without losing the locks held meanwhile. Not with
+    /// principals (a checksummed lockId names no owner).
+    #[serde(default)]
+    pub accept_unsigned_lock_ids: bool,
+    /// Who may call the lock API. With any, every lock API call must
+    /// authenticate as one of them (401 otherwise) and stays within its
+    /// names (403 otherwise). Reloaded with the config.
+    #[serde(default)]
+    pub principals: Vec<PrincipalSettings>,
+}
+
+/// One key lockIds are sealed with: `secret` (base64 of at least 32 bytes)
+/// or `secret_file` (a file holding the same), not both.
+#[derive(Debug, Clone, Deserialize, serde::Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct LockIdKey {
+    /// 1 to 16 characters of `[A-Za-z0-9_-]`, named in every lockId it seals.
+    pub id: String,
+    #[serde(default, serialize_with = "masked")]
+    pub secret: Option<String>,
+    #[serde(default)]
+    pub secret_file: Option<std::path::PathBuf>,
+}
+
+/// A caller of the lock API: who it is (a bearer token, whose SHA-256 is
+/// all the config holds, or a client certificate's identity) and what it
+/// may do.
+#[derive(Debug, Clone, Deserialize, serde::Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct PrincipalSettings {
+    /// 1 to 64 characters of `[A-Za-z0-9_-]`, unique; recorded with every
+    /// lock it holds.
+    pub name: String,
+    /// Hex SHA-256 of each bearer token it may send (`lockrouter auth
+    /// new-token` makes a token and prints both); several while a token is
+    /// rotated.
+    #[serde(default)]
+    pub token_sha256: Vec<String>,
+    /// A DNS name, URI or common name its client certificate carries (needs
+    /// `server.tls_client_ca_file`).
+    #[serde(default)]
+    pub tls_identity: Option<String>,
+    /// The names it may acquire and inspect: those starting with one of
+    /// these (`""` for every name; none for an admin-only principal).
+    #[serde(default)]
+    pub name_prefixes: Vec<String>,
+    /// If set, every clientId it acquires with must start with this.
+    #[serde(default)]
+    pub client_id_prefix: Option<String>,
+    /// May call `/admin/v1/*` and see holders.
+    #[serde(default)]
+    pub admin: bool,
+    /// Acquires it may start per second through one router, in bursts of as
+    /// many (0: no limit of its own). Read at start and at reload.
+    #[serde(default)]
+    pub acquires_per_sec: u32,
+    /// Most locks it may hold at once, across every shard and replica
+    /// (0: no bound); past it, acquires of new locks get 403.
+    #[serde(default)]
+    pub max_held_locks: u64,
+    /// Most session leases (clientId and TTL, per shard and replica) its
+    /// locks may ride on (0: no bound); past it, acquires that need a new
+    /// session get 403.
+    #[serde(default)]
+    pub max_sessions: u64,
+}
+
+fn masked<S: serde::Serializer>(v: &Option<String>, s: S) -> Result<S::Ok, S::Error> {
+    match v {
+        Some(_) => s.serialize_str("***"),
+        None => s.serialize_none(),
+    }
+}
+
+impl AuthSettings {
+    /// The lockId keys' (id, secret), in order, reading `secret_file`s.
+    pub fn lock_id_secrets(&self) -> Result<Vec<(String, Vec<u8>)>, ConfigError> {
+        use base64::Engine;
+        self.lock_id_keys
+            .iter()
+            .map(|k| {
+                let text = match (&k.secret, &k.secret_file) {
+                    (Some(s), None) => s.clone(),
+                    (None, Some(path)) => std::fs::read_to_string(path).map_err(|e| {
+                        invalid(format!(
+                            "auth.lock_id_keys {:?}: cannot read secret_file {}: {e}",
+                            k.id,
+                            path.display()
+                        ))
+                    })?,
+                    _ => {
+                        return Err(invalid(format!(
+                            "auth.lock_id_keys {:?} needs exactly one of secret and secret_file",
+                            k.id
+                        )))
+                    }
+                };
+                let secret = base64::engine::general_purpose::STANDARD
+                    .decode(text.trim())
+                    .map_err(|_| {
+                        invalid(format!(
+                            "auth.lock_id_keys {:?}: the secret is not base64",
+                            k.id
+                        ))
+                    })?;
+                Ok((k.id.clone(), secret))
+            })
+            .collect()
     }
 }
 
@@ -185,16 +317,63 @@ pub enum LockDelay {
     Off,
 }
 
-#[derive(Debug, Clone, Deserialize, serde::Serialize, PartialEq, Eq)]
+/// One shard. `Default` is for building settings in code: an empty name
+/// and no endpoints never validate.
+///
+/// The TLS and user keys are serialised only when set: a previous ring
+/// recorded on the shards (see `keys.rs`) carries name, endpoints and
+/// weight only (see [`ShardSettings::recordable`]), in the bytes earlier
+/// releases wrote and read.
+#[derive(Debug, Clone, Default, Deserialize, serde::Serialize, PartialEq, Eq)]
 #[serde(deny_unknown_fields)]
 pub struct ShardSettings {
     /// Stable name; it is part of every lockId and of the ring fingerprint.
     pub name: String,
-    /// Client URLs of the cluster's members.
+    /// Client URLs of the cluster's members: all `http://` or all
+    /// `https://`.
     pub endpoints: Vec<String>,
     /// Relative share of names this shard receives.
     #[serde(default = "defaults::weight")]
     pub weight: u32,
+    /// PEM CA certificates that signed the members' certificates: the only
+    /// roots trusted for this shard. Required with `https://` endpoints.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tls_ca_file: Option<std::path::PathBuf>,
+    /// PEM client certificate chain the router presents (etcd started
+    /// with `--client-cert-auth`); with `tls_key_file`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tls_cert_file: Option<std::path::PathBuf>,
+    /// PEM private key of `tls_cert_file`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tls_key_file: Option<std::path::PathBuf>,
+    /// etcd user the router authenticates as (etcd auth enabled); with
+    /// `password_file`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub username: Option<String>,
+    /// A file holding that user's password (one trailing newline is not
+    /// part of it), so that no secret sits in the config.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub password_file: Option<std::path::PathBuf>,
+}
+
+impl ShardSettings {
+    /// What a record on the shards may carry of this shard: name,
+    /// endpoints and weight. File paths and user names stay in each
+    /// replica's own config: a router never reads a file, nor sends a
+    /// password, because a record in etcd named it.
+    pub fn recordable(&self) -> Self {
+        Self {
+            name: self.name.clone(),
+            endpoints: self.endpoints.clone(),
+            weight: self.weight,
+            ..Self::default()
+        }
+    }
+
+    /// Whether the endpoints are `https://` (validated: all or none).
+    pub fn uses_tls(&self) -> bool {
+        self.endpoints.iter().any(|e| e.starts_with("https://"))
+    }
 }
 
 mod defaults {
@@ -265,6 +444,9 @@ mod defaults {
     pub fn acquires_per_client_per_sec() -> u32 {
         1_000
     }
+    pub fn max_metadata_bytes() -> usize {
+        1_024
+    }
     pub fn weight() -> u32 {
         1
     }
@@ -303,6 +485,7 @@ impl Default for Limits {
             max_wait_ms: defaults::max_wait_ms(),
             max_waiters: defaults::max_waiters(),
             acquires_per_client_per_sec: defaults::acquires_per_client_per_sec(),
+            max_metadata_bytes: defaults::max_metadata_bytes(),
         }
     }
 }
@@ -382,6 +565,7 @@ impl Settings {
                 "server.tls_client_ca_file needs server.tls_cert_file and server.tls_key_file",
             ));
         }
+        self.validate_auth()?;
         self.validate_shards()
     }
 
@@ -448,6 +632,9 @@ impl Settings {
                 "limits.max_wait_ms must be 1..=600000 and limits.max_waiters 1..=1000000",
             ));
         }
+        if l.max_metadata_bytes > 65_536 {
+            return Err(invalid("limits.max_metadata_bytes must be at most 65536"));
+        }
         if l.max_body_bytes < 1_024 {
             return Err(invalid("limits.max_body_bytes must be at least 1024"));
         }
@@ -460,19 +647,106 @@ impl Settings {
         Ok(())
     }
 
+    fn validate_auth(&self) -> Result<(), ConfigError> {
+        let a = &self.auth;
+        for k in &a.lock_id_keys {
+            if k.secret.is_some() == k.secret_file.is_some() {
+                return Err(invalid(format!(
+                    "auth.lock_id_keys {:?} needs exactly one of secret and secret_file",
+                    k.id
+                )));
+            }
+        }
+        if a.principals.is_empty() {
+            return Ok(());
+        }
+        if a.lock_id_keys.is_empty() || a.accept_unsigned_lock_ids {
+            return Err(invalid(
+                "auth.principals need auth.lock_id_keys, and no auth.accept_unsigned_lock_ids: \
+                 a lockId must name its owner under a key",
+            ));
+        }
+        let mut names = HashSet::new();
+        let mut tokens = HashSet::new();
+        let mut identities = HashSet::new();
+        for p in &a.principals {
+            let what = format!("auth.principals {:?}", p.name);
+            if !short_name(&p.name, 64) {
+                return Err(invalid(format!(
+                    "{what}: name must be 1 to 64 characters of [A-Za-z0-9_-]"
+                )));
+            }
+            if !names.insert(p.name.as_str()) {
+                return Err(invalid(format!("{what} is listed twice")));
+            }
+            if p.token_sha256.is_empty() && p.tls_identity.is_none() {
+                return Err(invalid(format!(
+                    "{what} needs token_sha256 or tls_identity (or both)"
+                )));
+            }
+            for hash in &p.token_sha256 {
+                if hash.len() != 64 || !hash.bytes().all(|b| b.is_ascii_hexdigit()) {
+                    return Err(invalid(format!(
+                        "{what}: token_sha256 must be 64 hex digits (the SHA-256 of the token)"
+                    )));
+                }
+                if !tokens.insert(hash.to_ascii_lowercase()) {
+                    return Err(invalid(format!(
+                        "{what}: its token_sha256 is another principal's"
+                    )));
+                }
+            }
+            if let Some(id) = &p.tls_identity {
+                if self.server.tls_client_ca_file.is_none() {
+                    return Err(invalid(format!(
+                        "{what}: tls_identity needs server.tls_client_ca_file (client certificates)"
+                    )));
+                }
+                if id.is_empty() || id.len() > 255 || id.chars().any(char::is_control) {
+                    return Err(invalid(format!(
+                        "{what}: tls_identity must be 1 to 255 printable bytes"
+                    )));
+                }
+                if !identities.insert(id.as_str()) {
+                    return Err(invalid(format!(
+                        "{what}: its tls_identity is another principal's"
+                    )));
+                }
+            }
+            let l = &self.limits;
+            for prefix in &p.name_prefixes {
+                if prefix.len() > l.max_name_bytes || prefix.chars().any(char::is_control) {
+                    return Err(invalid(format!(
+                        "{what}: name prefix {prefix:?} must be at most limits.max_name_bytes printable bytes"
+                    )));
+                }
+            }
+            if let Some(prefix) = &p.client_id_prefix {
+                if prefix.is_empty()
+                    || prefix.len() >= l.max_client_id_bytes
+                    || prefix.chars().any(char::is_control)
+                {
+                    return Err(invalid(format!(
+                        "{what}: client_id_prefix must be 1 to limits.max_client_id_bytes - 1 printable bytes"
+                    )));
+                }
+            }
+            if p.acquires_per_sec > 1_000_000 {
+                return Err(invalid(format!(
+                    "{what}: acquires_per_sec must be 0 (no limit) to 1000000"
+                )));
+            }
+        }
+        Ok(())
+    }
+
     fn validate_shards(&self) -> Result<(), ConfigError> {
         if self.shards.is_empty() {
             return Err(invalid("no shards configured: add at least one [[shards]]"));
         }
         let mut seen = HashSet::new();
         for s in &self.shards {
-            if s.name.is_empty()
-                || s.name.len() > 64
-                || !s
-                    .name
-                    .bytes()
-                    .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_')
-            {
+            if !short_name(&s.name, 64) {
                 return Err(invalid(format!(
                     "shard name {:?} must be 1-64 characters of [A-Za-z0-9_-]",
                     s.name
@@ -487,6 +761,7 @@ impl Settings {
             for ep in &s.endpoints {
                 validate_endpoint(&s.name, ep)?;
             }
+            validate_shard_access(s)?;
             if !(1..=1_000).contains(&s.weight) {
                 return Err(invalid(format!(
                     "shard {:?} weight {} must be 1..=1000",
@@ -521,6 +796,15 @@ pub struct HttpTimeouts {
     pub request: Duration,
 }
 
+/// 1 to `max` characters of `[A-Za-z0-9_-]`.
+fn short_name(name: &str, max: usize) -> bool {
+    !name.is_empty()
+        && name.len() <= max
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_')
+}
+
 fn parse_addr(key: &str, value: &str) -> Result<SocketAddr, ConfigError> {
     value
         .parse()
@@ -530,13 +814,63 @@ fn parse_addr(key: &str, value: &str) -> Result<SocketAddr, ConfigError> {
 fn validate_endpoint(shard: &str, ep: &str) -> Result<(), ConfigError> {
     let bad = || {
         invalid(format!(
-            "shard {shard:?} endpoint {ep:?} must be an http://host:port URL"
+            "shard {shard:?} endpoint {ep:?} must be an http://host:port or https://host:port URL"
         ))
     };
     let uri: http::Uri = ep.parse().map_err(|_| bad())?;
     match (uri.scheme_str(), uri.host(), uri.port_u16()) {
-        (Some("http"), Some(h), Some(_)) if !h.is_empty() => Ok(()),
+        (Some("http" | "https"), Some(h), Some(_)) if !h.is_empty() => Ok(()),
         _ => Err(bad()),
+    }
+}
+
+/// How a shard is reached: one scheme for all its members, TLS files only
+/// with `https://` (and a CA with it: the router trusts no system roots
+/// for etcd, whose certificates a private CA signs), a client certificate
+/// with its key, a user with a password file. Whether the files can be
+/// used is checked when they are read (at start and at every reload).
+fn validate_shard_access(s: &ShardSettings) -> Result<(), ConfigError> {
+    let name = &s.name;
+    let https = s
+        .endpoints
+        .iter()
+        .filter(|e| e.starts_with("https://"))
+        .count();
+    if https != 0 && https != s.endpoints.len() {
+        return Err(invalid(format!(
+            "shard {name:?} endpoints mix http:// and https://: use one scheme for all of its members"
+        )));
+    }
+    let tls_files = [
+        ("tls_ca_file", s.tls_ca_file.is_some()),
+        ("tls_cert_file", s.tls_cert_file.is_some()),
+        ("tls_key_file", s.tls_key_file.is_some()),
+    ];
+    if s.uses_tls() && s.tls_ca_file.is_none() {
+        return Err(invalid(format!(
+            "shard {name:?}: https:// endpoints need shards[].tls_ca_file, the CA that signed the members' certificates"
+        )));
+    }
+    if let Some((key, _)) = tls_files.iter().find(|(_, set)| *set && !s.uses_tls()) {
+        return Err(invalid(format!(
+            "shard {name:?}: shards[].{key} needs https:// endpoints"
+        )));
+    }
+    if s.tls_cert_file.is_some() != s.tls_key_file.is_some() {
+        return Err(invalid(format!(
+            "shard {name:?}: shards[].tls_cert_file and shards[].tls_key_file go together: set both or neither"
+        )));
+    }
+    match (&s.username, &s.password_file) {
+        (Some(user), Some(_)) if user.is_empty() || user.chars().any(char::is_control) => {
+            Err(invalid(format!(
+                "shard {name:?}: shards[].username must be non-empty and printable"
+            )))
+        }
+        (Some(_), None) | (None, Some(_)) => Err(invalid(format!(
+            "shard {name:?}: shards[].username and shards[].password_file go together: set both or neither"
+        ))),
+        _ => Ok(()),
     }
 }
 
@@ -584,6 +918,73 @@ mod tests {
         );
     }
 
+    /// `[auth]` with a key and one principal `p`, then `extra` lines in
+    /// the principal's table.
+    fn with_auth(extra: &str) -> String {
+        let hash = "ab".repeat(32);
+        format!(
+            "{MINIMAL}\n[[auth.lock_id_keys]]\nid = \"k1\"\nsecret = \"{}\"\n\
+             [[auth.principals]]\nname = \"p\"\ntoken_sha256 = [\"{hash}\"]\n{extra}",
+            "A".repeat(44)
+        )
+    }
+
+    #[test]
+    fn auth_settings_are_checked_and_secrets_masked() {
+        let ok = Settings::from_toml(&with_auth("name_prefixes = [\"p/\"]")).unwrap();
+        assert_eq!(ok.auth.principals[0].name_prefixes, ["p/"]);
+        assert_eq!(ok.auth.lock_id_secrets().unwrap()[0].1.len(), 33);
+        let shown = serde_json::to_string(&ok).unwrap();
+        assert!(
+            !shown.contains(&"A".repeat(44)),
+            "the secret is masked: {shown}"
+        );
+        assert!(shown.contains("***"));
+        // Principals without a key would get lockIds naming no owner.
+        let no_key = with_auth("").replace("[[auth.lock_id_keys]]\nid = \"k1\"\n", "");
+        let no_key = no_key.replace(&format!("secret = \"{}\"\n", "A".repeat(44)), "");
+        rejects(&no_key, "auth.lock_id_keys");
+        rejects(
+            &with_auth("").replace(
+                "\n[[auth.lock_id_keys]]",
+                "\n[auth]\naccept_unsigned_lock_ids = true\n[[auth.lock_id_keys]]",
+            ),
+            "accept_unsigned",
+        );
+        rejects(
+            &with_auth("tls_identity = \"w.example\""),
+            "tls_client_ca_file",
+        );
+        rejects(&with_auth("").replace(&"ab".repeat(32), "abc"), "64 hex");
+        rejects(&with_auth("client_id_prefix = \"\""), "client_id_prefix");
+        rejects(
+            &format!(
+                "{}\n[[auth.principals]]\nname = \"p\"\ntoken_sha256 = [\"{}\"]",
+                with_auth(""),
+                "cd".repeat(32)
+            ),
+            "listed twice",
+        );
+        rejects(
+            &format!(
+                "{}\n[[auth.principals]]\nname = \"q\"\ntoken_sha256 = [\"{}\"]",
+                with_auth(""),
+                "ab".repeat(32)
+            ),
+            "another principal",
+        );
+        rejects(
+            &with_auth("").replace("name = \"p\"\n", "name = \"p q\"\n"),
+            "[A-Za-z0-9_-]",
+        );
+        rejects(
+            &with_auth("").replace("token_sha256 = [", "tls_identity_x = ["),
+            "tls_identity_x",
+        );
+        let both = with_auth("").replace("secret = ", "secret_file = \"/k\"\nsecret = ");
+        rejects(&both, "exactly one of secret and secret_file");
+    }
+
     #[test]
     fn bad_configs_name_the_problem() {
         rejects(&MINIMAL.replace("prefix", "prefx"), "prefx");
@@ -611,6 +1012,51 @@ mod tests {
         rejects(
             &format!("{MINIMAL}\n[limits]\nmin_ttl_ms = 1000"),
             "min_ttl_ms",
+        );
+    }
+
+    #[test]
+    fn shard_tls_and_user_settings_are_checked_and_never_recorded() {
+        let https = MINIMAL.replace("http://", "https://");
+        rejects(&https, "shards[].tls_ca_file");
+        let with_ca = format!("{https}tls_ca_file = \"/ca.pem\"\n");
+        let s = Settings::from_toml(&with_ca).unwrap();
+        assert!(s.shards[0].uses_tls());
+        rejects(
+            &with_ca.replace(
+                "[\"https://127.0.0.1:2379\"]",
+                "[\"https://127.0.0.1:2379\", \"http://127.0.0.1:2380\"]",
+            ),
+            "mix http:// and https://",
+        );
+        rejects(
+            &format!("{with_ca}tls_key_file = \"/k.pem\"\n"),
+            "shards[].tls_cert_file and shards[].tls_key_file",
+        );
+        rejects(
+            &format!("{MINIMAL}tls_cert_file = \"/c.pem\"\n"),
+            "shards[].tls_cert_file needs https://",
+        );
+        rejects(
+            &format!("{MINIMAL}username = \"router\"\n"),
+            "shards[].username and shards[].password_file",
+        );
+        rejects(
+            &format!("{MINIMAL}username = \"\"\npassword_file = \"/pw\"\n"),
+            "shards[].username must be non-empty",
+        );
+        rejects(&format!("{MINIMAL}password = \"x\"\n"), "password");
+        // What a record on the shards carries: no file, no user, and the
+        // bytes of a shard without them.
+        let full = format!(
+            "{with_ca}tls_cert_file = \"/c.pem\"\ntls_key_file = \"/k.pem\"\n\
+             username = \"router\"\npassword_file = \"/pw\"\n"
+        );
+        let shard = &Settings::from_toml(&full).unwrap().shards[0];
+        let recorded = serde_json::to_string(&shard.recordable()).unwrap();
+        assert_eq!(
+            recorded,
+            r#"{"name":"a","endpoints":["https://127.0.0.1:2379"],"weight":1}"#
         );
     }
 }

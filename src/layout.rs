@@ -18,6 +18,7 @@ const RANKS: &[(&str, u32)] = &[
     ("metrics", 0),
     ("token", 1),
     ("tls", 1),
+    ("auth", 2),
     ("shard", 2),
     ("placement", 3),
     ("locks", 4),

@@ -12,14 +12,16 @@
 //!   main.rs     the binary: serve | exec | plan | config check
 //!   app.rs      Application: bind the listeners, connect, serve until shutdown
 //!   reload.rs   Reloader: apply a changed config file while serving
-//!   http/       routes, body, answers, api, admin, admission, error, request_id,
-//!               state
-//!   locks/      acquire, wait, limit, renew, release, inspect, force, validate
+//!   http/       routes, body, answers, api, admin, admission, caller, error,
+//!               request_id, state, ui
+//!   locks/      acquire, wait, limit, renew, release, inspect, force, listing,
+//!               validate
 //!   placement/  ring, topology, migration, monitor
-//!   shard/      conn, keys, name, txn, commit, records, scan, cache, sessions,
-//!               keepalive, verify
-//!   token/      fencing, lock_id
+//!   shard/      conn, access, login, keys, name, txn, commit, records, scan,
+//!               cache, sessions, keepalive, verify
+//!   token/      fencing, lock_id, lease_tag
 //!   tls.rs      the main listener's certificates (rustls), swapped on reload
+//!   auth.rs     principals: who is calling and what it may do
 //!   cli/        exec, plan, capacity, ops
 //!   config.rs, metrics.rs   leaves any layer may use
 //! ```
@@ -38,7 +40,9 @@
 //!
 //! Leaf modules, used by any layer: [`config`] (settings), [`token`]
 //! (fencing-token and lockId formats), [`metrics`] (Prometheus series),
-//! [`tls`] (the main listener's certificates).
+//! [`tls`] (the main listener's certificates); [`auth`] (principals, by
+//! token or client certificate, and the names each may lock) sits beside
+//! the shard layer.
 //! [`cli`] holds the other subcommands (`exec`, `plan`), which use only the
 //! client crate and the capacity model.
 
@@ -47,6 +51,7 @@
 #![allow(rustdoc::private_intra_doc_links)]
 
 pub mod app;
+pub mod auth;
 pub mod cli;
 pub mod config;
 pub mod http;

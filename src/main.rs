@@ -50,6 +50,9 @@ enum Command {
     /// Work with a config file without running the router.
     #[command(subcommand)]
     Config(ConfigCommand),
+    /// Make credentials for `[auth]` (see docs/security.md).
+    #[command(subcommand)]
+    Auth(AuthCommand),
     /// Who holds a lock: its token, expiry, shard (and, with the admin
     /// token, the holder's clientId).
     Inspect {
@@ -69,6 +72,36 @@ enum Command {
         #[command(flatten)]
         target: lockrouter::cli::ops::Target,
     },
+    /// The locks held across every shard whose names start with a prefix
+    /// (admin): one page as JSON, or with `--all` every page, one lock a
+    /// line.
+    Locks {
+        /// Only names starting with this.
+        #[arg(long, default_value = "")]
+        prefix: String,
+        /// Locks per page (1 to 1000).
+        #[arg(long, default_value_t = 100)]
+        limit: u32,
+        /// Where to go on: a `nextCursor` from a page before.
+        #[arg(long)]
+        cursor: Option<String>,
+        /// Every page, following the cursors; one lock a line.
+        #[arg(long)]
+        all: bool,
+        #[command(flatten)]
+        target: lockrouter::cli::ops::Target,
+    },
+    /// What a client holds: its locks and the session leases they ride on
+    /// (admin).
+    Client {
+        /// The clientId.
+        client_id: String,
+        /// The principal it belongs to, when the router has principals.
+        #[arg(long)]
+        principal: Option<String>,
+        #[command(flatten)]
+        target: lockrouter::cli::ops::Target,
+    },
     /// The router's ring, shards and any open migration (admin).
     Ring {
         #[command(flatten)]
@@ -82,6 +115,17 @@ enum Command {
     /// Print a shell completion script: `lockrouter completions bash >
     /// /etc/bash_completion.d/lockrouter`.
     Completions { shell: clap_complete::Shell },
+}
+
+#[derive(Subcommand)]
+enum AuthCommand {
+    /// A new random bearer token for a principal: the token (give it to
+    /// the principal's workers) and its SHA-256 (the principal's
+    /// `token_sha256`; the config never holds the token itself).
+    NewToken,
+    /// A new random lockId key (base64 of 32 bytes), for a
+    /// `[[auth.lock_id_keys]]` entry's `secret` or `secret_file`.
+    NewKey,
 }
 
 #[derive(Subcommand)]
@@ -100,7 +144,12 @@ fn main() -> ExitCode {
         .with_env_filter(
             tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()),
         )
-        .with_writer(std::io::stderr);
+        .with_writer(std::io::stderr)
+        // A log line that cannot be written (stderr closed: a log pipe that
+        // died) is dropped. Reporting it would print to the same stderr,
+        // which panics, and a panicking signal task would leave the router
+        // deaf to SIGTERM.
+        .log_internal_errors(false);
     match cli.log_format {
         LogFormat::Text => logs.with_ansi(std::io::stderr().is_terminal()).init(),
         // The current span's fields (the request's id, op, shard) go with
@@ -116,12 +165,47 @@ fn main() -> ExitCode {
         Command::Exec(args) => ExitCode::from(lockrouter::cli::exec::main(args)),
         Command::Plan(args) => ExitCode::from(lockrouter::cli::plan::run(&args)),
         Command::Config(ConfigCommand::Check { config }) => check(&config),
+        Command::Auth(AuthCommand::NewToken) => {
+            let (token, hash) = lockrouter::auth::new_token();
+            println!("token = {token}\ntoken_sha256 = [\"{hash}\"]");
+            ExitCode::SUCCESS
+        }
+        Command::Auth(AuthCommand::NewKey) => {
+            println!("{}", lockrouter::auth::new_key());
+            ExitCode::SUCCESS
+        }
         Command::Inspect { name, target } => ops(&target, Call::Inspect { name }),
         Command::ForceRelease {
             name,
             reason,
             target,
         } => ops(&target, Call::ForceRelease { name, reason }),
+        Command::Locks {
+            prefix,
+            limit,
+            cursor,
+            all,
+            target,
+        } => ops(
+            &target,
+            Call::Locks {
+                prefix,
+                limit,
+                cursor,
+                all,
+            },
+        ),
+        Command::Client {
+            client_id,
+            principal,
+            target,
+        } => ops(
+            &target,
+            Call::Client {
+                client_id,
+                principal,
+            },
+        ),
         Command::Ring { target } => ops(&target, Call::Ring),
         Command::Reload { target } => ops(&target, Call::Reload),
         Command::Completions { shell } => {
@@ -207,9 +291,11 @@ fn serve(path: PathBuf) -> ExitCode {
 async fn wait_for_signal(shutdown: CancellationToken) {
     use tokio::signal::unix::{signal, SignalKind};
     let mut term = signal(SignalKind::terminate()).expect("SIGTERM handler");
-    tokio::select! {
-        _ = term.recv() => tracing::info!("SIGTERM: draining"),
-        _ = tokio::signal::ctrl_c() => tracing::info!("SIGINT: draining"),
-    }
+    let signal = tokio::select! {
+        _ = term.recv() => "SIGTERM",
+        _ = tokio::signal::ctrl_c() => "SIGINT",
+    };
+    // First: nothing after this may keep the router from draining.
     shutdown.cancel();
+    tracing::info!("{signal}: draining");
 }

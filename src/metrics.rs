@@ -1,7 +1,8 @@
 //! Metric names and the Prometheus recorder. Every series is labelled by
-//! bounded values only (operation, outcome, shard, RPC): never by lock name
-//! or client id, so the number of series stays fixed however many locks
-//! exist. `docs/metrics.md` lists them.
+//! bounded values only (operation, outcome, shard, RPC, and principals' and
+//! lockId keys' names from the config): never by lock name or client id,
+//! so the number of series stays fixed however many locks exist.
+//! `docs/metrics.md` lists them.
 
 use std::collections::HashMap;
 use std::hash::Hash;
@@ -15,6 +16,15 @@ const LATENCY_BUCKETS: &[f64] = &[
     0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0, 2.0, 5.0,
 ];
 const BATCH_BUCKETS: &[f64] = &[1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0, 128.0];
+/// `lockrouter_wait_seconds`: up to `limits.max_wait_ms`'s ceiling, 600 s.
+const WAIT_BUCKETS: &[f64] = &[
+    0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0, 600.0,
+];
+/// `lockrouter_hold_seconds`: from a quick critical section to an hour
+/// (longer holds count in `+Inf`).
+const HOLD_BUCKETS: &[f64] = &[
+    0.01, 0.05, 0.1, 0.5, 1.0, 5.0, 10.0, 30.0, 60.0, 300.0, 600.0, 1800.0, 3600.0,
+];
 
 static HANDLE: OnceLock<PrometheusHandle> = OnceLock::new();
 /// `process_*` series (resident memory, CPU seconds, open fds, ...).
@@ -40,6 +50,13 @@ pub fn install() -> PrometheusHandle {
                 .set_buckets_for_metric(Matcher::Suffix("_seconds".into()), LATENCY_BUCKETS)
                 .and_then(|b| {
                     b.set_buckets_for_metric(Matcher::Suffix("_batch_size".into()), BATCH_BUCKETS)
+                })
+                // A full name wins over the `_seconds` suffix.
+                .and_then(|b| {
+                    b.set_buckets_for_metric(Matcher::Full(WAIT_SECONDS.into()), WAIT_BUCKETS)
+                })
+                .and_then(|b| {
+                    b.set_buckets_for_metric(Matcher::Full(HOLD_SECONDS.into()), HOLD_BUCKETS)
                 })
                 .expect("bucket lists are non-empty")
                 .build_recorder();
@@ -86,6 +103,18 @@ fn describe() {
         "lease keepalives sent to etcd"
     );
     describe_counter!("lockrouter_acquires_total", "acquires by shard and outcome");
+    describe_counter!(
+        "lockrouter_lock_ids_opened_total",
+        "lockIds opened by renew, renew-batch and release, by the key that sealed them"
+    );
+    describe_counter!(
+        "lockrouter_quota_refusals_total",
+        "acquires refused at a principal's max_held_locks or max_sessions"
+    );
+    describe_counter!(
+        "lockrouter_principal_requests_total",
+        "lock API requests by principal and operation"
+    );
     describe_counter!(
         "lockrouter_config_reloads_total",
         "config reloads by outcome"
@@ -161,6 +190,20 @@ fn describe() {
         "lockrouter_force_releases_total",
         "locks an operator took from their holder (POST /admin/v1/locks/{name}/force-release)"
     );
+    describe_gauge!(
+        WAITERS,
+        "waiting acquires (waitMs > 0) this replica holds now, by the shard of their name"
+    );
+    describe_histogram!(
+        WAIT_SECONDS,
+        Unit::Seconds,
+        "how long waiting acquires that found their name held waited, by outcome"
+    );
+    describe_histogram!(
+        HOLD_SECONDS,
+        Unit::Seconds,
+        "how long released locks were held, from grant to release"
+    );
 }
 
 /// How often histogram samples are folded into their buckets when nobody
@@ -210,6 +253,74 @@ pub fn acquire_read_first(shard: &str, answered: bool) {
 /// An operator force-released a lock on `shard`.
 pub fn force_release(shard: &str) {
     counter!("lockrouter_force_releases_total", "shard" => shard.to_string()).increment(1);
+}
+
+/// `n` lockIds opened under `key` (a key id, or `unsigned`): when an old
+/// key's count stops growing, no lock still uses it (key rotation).
+pub fn lock_ids_opened(key: &str, n: u64) {
+    counter!("lockrouter_lock_ids_opened_total", "key" => key.to_string()).increment(n);
+}
+
+/// A lock API request by `principal` (bounded: principals come from the
+/// config).
+pub fn principal_request(principal: &str, op: &'static str) {
+    counter!("lockrouter_principal_requests_total", "principal" => principal.to_string(), "op" => op)
+        .increment(1);
+}
+
+/// An acquire refused at `principal`'s `quota` (`max_held_locks` or
+/// `max_sessions`).
+pub fn quota_refusal(principal: &str, quota: &'static str) {
+    counter!("lockrouter_quota_refusals_total", "principal" => principal.to_string(), "quota" => quota)
+        .increment(1);
+}
+
+const WAITERS: &str = "lockrouter_waiters";
+const WAIT_SECONDS: &str = "lockrouter_wait_seconds";
+const HOLD_SECONDS: &str = "lockrouter_hold_seconds";
+
+/// A waiting acquire (`waitMs` > 0) that found its name held, from then
+/// until it answers: counted in `lockrouter_waiters` while this value
+/// lives, its wait recorded in `lockrouter_wait_seconds` when it is
+/// dropped. The drop does both, so no way out of a wait (an answer, an
+/// error, the request dropped when its client goes or its deadline
+/// passes) leaves the gauge counted; the outcome is `error` unless
+/// [`Waiting::ended`] named another.
+pub struct Waiting {
+    shard: String,
+    since: std::time::Instant,
+    outcome: &'static str,
+}
+
+impl Waiting {
+    /// A wait on `shard` begins now.
+    pub fn start(shard: &str) -> Self {
+        gauge!(WAITERS, "shard" => shard.to_string()).increment(1.0);
+        Self {
+            shard: shard.to_string(),
+            since: std::time::Instant::now(),
+            outcome: "error",
+        }
+    }
+
+    /// The wait ends with an answer: `acquired` or `not_acquired`.
+    pub fn ended(&mut self, acquired: bool) {
+        self.outcome = if acquired { "acquired" } else { "not_acquired" };
+    }
+}
+
+impl Drop for Waiting {
+    fn drop(&mut self) {
+        let shard = std::mem::take(&mut self.shard);
+        gauge!(WAITERS, "shard" => shard.clone()).decrement(1.0);
+        histogram!(WAIT_SECONDS, "shard" => shard, "outcome" => self.outcome)
+            .record(self.since.elapsed().as_secs_f64());
+    }
+}
+
+/// A lock on `shard` was released after being held `held`.
+pub fn lock_held(shard: &str, held: Duration) {
+    histogram!(HOLD_SECONDS, "shard" => shard.to_string()).record(held.as_secs_f64());
 }
 
 /// A lost holder's name got its lock-delay.

@@ -10,6 +10,7 @@
 //! ring then fail their acquire txns' compare and refuse to grant.
 
 use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -35,9 +36,15 @@ pub enum ReloadError {
     /// The change needs a restart (it is never applied by a reload).
     #[error("{0}")]
     NeedsRestart(String),
+    /// A TLS or password file a shard's settings name cannot be used.
+    #[error(transparent)]
+    ShardAccess(#[from] crate::shard::access::AccessError),
     /// A TLS file named in `[server]` cannot be used.
     #[error("{0}")]
     Tls(String),
+    /// A lockId key of `[auth]` cannot be used.
+    #[error("{0}")]
+    Auth(String),
 }
 
 /// What a reload did.
@@ -57,6 +64,10 @@ pub struct Reloader {
     current: tokio::sync::Mutex<Settings>,
     /// The main listener's TLS config, replaced by each reload.
     tls: crate::tls::Shared,
+    /// The principals, replaced by each reload.
+    principals: crate::auth::Shared,
+    /// The access log's switch (`server.access_log`), set by each reload.
+    access_log: Arc<AtomicBool>,
 }
 
 impl From<Refused> for ReloadError {
@@ -72,6 +83,8 @@ impl Reloader {
         locks: Arc<Locks>,
         pool: Arc<ShardPool>,
         tls: crate::tls::Shared,
+        principals: crate::auth::Shared,
+        access_log: Arc<AtomicBool>,
     ) -> Self {
         Self {
             path,
@@ -79,6 +92,8 @@ impl Reloader {
             pool,
             current: tokio::sync::Mutex::new(settings),
             tls,
+            principals,
+            access_log,
         }
     }
 
@@ -120,10 +135,17 @@ impl Reloader {
         // Read first, swapped only once the rest applied: a bad file
         // changes nothing. Plain HTTP and TLS do not switch while serving.
         let tls = crate::tls::load(&new.server).map_err(ReloadError::Tls)?;
+        let sealer = crate::auth::sealer(&new.auth).map_err(ReloadError::Auth)?;
+        // admin.token changes only on restart (see the README).
+        let principals = crate::auth::Principals::new(&new.auth, old.admin.token.as_deref())
+            .map_err(ReloadError::Auth)?;
         if tls.is_some() != self.tls.load().is_some() {
             return Err(ReloadError::NeedsRestart(
                 "turning TLS on or off takes a restart; certificates and keys reload".into(),
             ));
+        }
+        for shard in &new.shards {
+            crate::shard::access::Access::load(shard)?;
         }
         if old.etcd.prefix != new.etcd.prefix {
             return Err(ReloadError::NeedsRestart(
@@ -166,9 +188,16 @@ impl Reloader {
             limits: new.limits.clone(),
             coalesce: Duration::from_millis(new.etcd.keepalive_coalesce_ms),
             lock_delay: new.locks.lock_delay,
+            sealer,
         });
         replaced.router.retire();
         self.tls.store(tls);
+        self.principals.store(Arc::new(principals));
+        let access_log = new.server.access_log;
+        if self.access_log.swap(access_log, Ordering::Relaxed) != access_log {
+            let now = if access_log { "on" } else { "off" };
+            tracing::info!("access log turned {now}");
+        }
         Ok(Reloaded {
             placement_changed,
             migration_opened,

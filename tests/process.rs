@@ -90,6 +90,48 @@ async fn sigterm_drains_and_exits_zero() {
     assert!(status.success(), "{status:?}\n{}", router.log_text());
 }
 
+/// A router whose stderr is a pipe nobody reads any more (its log shipper
+/// died) still drains and exits on SIGTERM: log lines it cannot write are
+/// dropped, and nothing it logs can stop the shutdown.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigterm_ends_a_router_whose_log_pipe_broke() {
+    let etcd = EtcdCluster::single();
+    let port = free_port();
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("router.toml");
+    let toml = lockrouter_testkit::config::config_toml(&[&etcd], &format!("127.0.0.1:{port}"), "");
+    std::fs::write(&path, toml).unwrap();
+    let mut child = Command::new(env!("CARGO_BIN_EXE_lockrouter"))
+        .args(["serve", "--config"])
+        .arg(&path)
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let api = lockrouter_testkit::api::Api::new(format!("127.0.0.1:{port}").parse().unwrap());
+    api.wait_ready().await;
+    drop(child.stderr.take()); // the reading end goes: writes now fail
+    api.must_acquire("broken-pipe", 5_000, "A").await;
+    let pid = child.id().to_string();
+    assert!(Command::new("kill")
+        .args(["-TERM", &pid])
+        .status()
+        .unwrap()
+        .success());
+    let deadline = Instant::now() + Duration::from_secs(15);
+    let status = loop {
+        if let Some(s) = child.try_wait().unwrap() {
+            break s;
+        }
+        if Instant::now() > deadline {
+            let _ = child.kill();
+            panic!("the router ignored SIGTERM with its stderr closed");
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    assert!(status.success(), "{status:?}");
+}
+
 #[test]
 fn bad_configs_exit_nonzero_naming_the_problem() {
     let dir = tempfile::tempdir().unwrap();
@@ -327,6 +369,35 @@ async fn operators_inspect_and_force_release_from_the_command_line() {
         (seen["held"].as_bool(), seen["clientId"].as_str()),
         (Some(true), Some("cron-7"))
     );
+    let (code, page) = run(&["locks", "--prefix", "nightly:"], Some(token));
+    assert_eq!(code, Some(0), "{page}");
+    assert_eq!(page["locks"][0]["name"], "nightly:batch", "{page}");
+    assert_eq!(page["locks"][0]["clientId"], "cron-7", "{page}");
+    let (code, _) = run(&["locks"], None);
+    assert_eq!(code, Some(77), "the listing is an admin route");
+    let (code, view) = run(&["client", "cron-7"], Some(token));
+    assert_eq!(code, Some(0), "{view}");
+    assert_eq!(view["locks"][0]["fencingToken"].as_u64(), Some(held.1));
+    assert_eq!(view["sessions"].as_array().map(Vec::len), Some(1), "{view}");
+    // --all: every page, one lock a line.
+    router
+        .api
+        .must_acquire("nightly:other", 30_000, "cron-8")
+        .await;
+    let all = tokio::task::block_in_place(|| {
+        Command::new(env!("CARGO_BIN_EXE_lockrouter"))
+            .args(["locks", "--all", "--limit", "1", "--prefix", "nightly:"])
+            .env("LOCKROUTER_URL", &url)
+            .env("LOCKROUTER_TOKEN", token)
+            .output()
+            .unwrap()
+    });
+    assert!(all.status.success(), "{all:?}");
+    let lines: Vec<serde_json::Value> = String::from_utf8_lossy(&all.stdout)
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    assert_eq!(lines.len(), 2, "{lines:?}");
     let (code, _) = run(
         &["force-release", "nightly:batch", "--reason", "hung"],
         None,

@@ -13,7 +13,8 @@ use proptest::test_runner::{Config, TestRunner};
 use serde_json::{json, Map, Value};
 
 use lockrouter::keys::{PreviousRing, Recorded, RingMeta};
-use lockrouter::token::{fencing, lock_id::LockId};
+use lockrouter::token::fencing;
+use lockrouter::token::lock_id::{LockId, Seal, Sealer};
 use lockrouter::Settings;
 use lockrouter_testkit::etcd::EtcdCluster;
 use lockrouter_testkit::router::TestRouter;
@@ -46,8 +47,23 @@ fn lock_ids() -> impl Strategy<Value = LockId> {
                 lease,
                 revision,
                 name_hash,
+                owner: String::new(),
             },
         )
+}
+
+/// Grants with an owner (a principal's name), as sealed lockIds carry.
+fn owned_lock_ids() -> impl Strategy<Value = LockId> {
+    (lock_ids(), "[A-Za-z0-9_-]{0,64}").prop_map(|(id, owner)| LockId { owner, ..id })
+}
+
+/// A sealer with the keys `k2` (sealing) and `k1`.
+fn sealer() -> Sealer {
+    let keys = [
+        ("k2".to_string(), vec![2u8; 32]),
+        ("k1".to_string(), vec![1u8; 32]),
+    ];
+    Sealer::new(&keys, false).expect("valid keys")
 }
 
 const BASE64URL: &[u8] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-_";
@@ -95,6 +111,51 @@ proptest! {
                 prop_assert_eq!(i, s.len() - 1, "altered at {} of {}, decoded {:?}", i, s.len(), other);
                 prop_assert_eq!(other, id);
             }
+        }
+    }
+
+    /// Whatever the string or bytes, opening a lockId answers Ok or Err,
+    /// and what opens seals back to the same grant.
+    #[test]
+    fn sealed_lock_id_open_never_panics(s in "\\PC{0,300}|[A-Za-z0-9_-]{80,280}", b in proptest::collection::vec(any::<u8>(), 0..300)) {
+        let sealer = sealer();
+        if let Ok((id, _)) = sealer.open(&s) {
+            prop_assert_eq!(sealer.open(&sealer.seal(&id)).map(|(id, _)| id), Ok(id));
+        }
+        let _ = sealer.open(&String::from_utf8_lossy(&b));
+    }
+
+    /// A sealed lockId opens to its grant and owner under the sealing key;
+    /// any one character changed (the last one included: its padding bits
+    /// are checked by the MAC's length), cut or extended, it is refused.
+    #[test]
+    fn sealed_lock_ids_round_trip_and_any_edit_is_refused(
+        id in owned_lock_ids(),
+        at in any::<prop::sample::Index>(),
+        to in 0..BASE64URL.len(),
+        cut in 1usize..8,
+        extra in "[A-Za-z0-9_-]{1,8}",
+    ) {
+        let sealer = sealer();
+        let s = sealer.seal(&id);
+        prop_assert!(s.len() <= 512, "{} characters", s.len());
+        prop_assert_eq!(sealer.open(&s), Ok((id.clone(), Seal::Key("k2"))));
+        let i = at.index(s.len());
+        let mut b = s.clone().into_bytes();
+        prop_assume!(b[i] != BASE64URL[to]);
+        b[i] = BASE64URL[to];
+        let altered = String::from_utf8(b).unwrap();
+        match sealer.open(&altered) {
+            Err(_) => {}
+            Ok((other, _)) => {
+                prop_assert_eq!(i, s.len() - 1, "altered at {} of {}, opened {:?}", i, s.len(), other);
+                prop_assert_eq!(other, id.clone());
+            }
+        }
+        prop_assert!(sealer.open(&s[..s.len().saturating_sub(cut)]).is_err());
+        match sealer.open(&format!("{s}{extra}")) {
+            Err(_) => {}
+            Ok((other, _)) => prop_assert_eq!(other, id),
         }
     }
 
@@ -215,6 +276,7 @@ fn ring_metas() -> impl Strategy<Value = RingMeta> {
                         name,
                         endpoints: vec![ep],
                         weight,
+                        ..Default::default()
                     })
                     .collect(),
             }),

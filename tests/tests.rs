@@ -2,16 +2,20 @@
 //! starts its own etcd clusters (real processes on free loopback ports) and
 //! its own routers, with the harness in `lockrouter-testkit`.
 
+mod access_log;
 mod client;
 mod commit;
 mod contract;
 mod dashboards;
+mod etcd_tls;
 mod exec;
 mod faults;
 mod fencing;
 mod hostile;
 mod identity;
+mod lock_metrics;
 mod locks;
+mod operators;
 mod overload;
 mod partitions;
 mod plan;
@@ -20,5 +24,7 @@ mod properties;
 mod rebalance;
 mod renewals;
 mod shards;
+mod tenants;
 mod tls;
+mod ui;
 mod wait;

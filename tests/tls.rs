@@ -17,36 +17,48 @@ use lockrouter_testkit::router_process::RouterProcess;
 use lockrouter_testkit::sleep_ms;
 
 /// A CA, and a certificate it signed for `names`; PEMs.
-struct Pki {
-    ca_pem: String,
-    cert_pem: String,
-    key_pem: String,
+pub(crate) struct Pki {
+    pub(crate) ca_pem: String,
+    pub(crate) cert_pem: String,
+    pub(crate) key_pem: String,
 }
 
-fn pki(names: &[&str]) -> Pki {
+pub(crate) fn pki(names: &[&str]) -> Pki {
+    pki_many(&[names]).remove(0)
+}
+
+/// One CA, and a certificate it signed for each entry of `leaves`.
+pub(crate) fn pki_many(leaves: &[&[&str]]) -> Vec<Pki> {
     let ca_key = KeyPair::generate().unwrap();
     let mut ca = CertificateParams::new(Vec::<String>::new()).unwrap();
     ca.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
     let ca_cert = ca.self_signed(&ca_key).unwrap();
-    let key = KeyPair::generate().unwrap();
-    let params =
-        CertificateParams::new(names.iter().map(|n| n.to_string()).collect::<Vec<_>>()).unwrap();
-    let cert = params.signed_by(&key, &ca_cert, &ca_key).unwrap();
-    Pki {
-        ca_pem: ca_cert.pem(),
-        cert_pem: cert.pem(),
-        key_pem: key.serialize_pem(),
-    }
+    leaves
+        .iter()
+        .map(|names| {
+            let key = KeyPair::generate().unwrap();
+            let names: Vec<String> = names.iter().map(|n| n.to_string()).collect();
+            let cert = CertificateParams::new(names)
+                .unwrap()
+                .signed_by(&key, &ca_cert, &ca_key)
+                .unwrap();
+            Pki {
+                ca_pem: ca_cert.pem(),
+                cert_pem: cert.pem(),
+                key_pem: key.serialize_pem(),
+            }
+        })
+        .collect()
 }
 
-fn write(dir: &Path, name: &str, text: &str) -> String {
+pub(crate) fn write(dir: &Path, name: &str, text: &str) -> String {
     let path = dir.join(name);
     std::fs::write(&path, text).unwrap();
     path.display().to_string()
 }
 
 /// A client trusting `ca_pem` only (and presenting `identity`, if given).
-fn client(ca_pem: &str, identity: Option<String>) -> reqwest::Client {
+pub(crate) fn client(ca_pem: &str, identity: Option<String>) -> reqwest::Client {
     let mut b = reqwest::Client::builder()
         .use_rustls_tls()
         .tls_built_in_root_certs(false)
@@ -65,7 +77,7 @@ async fn assert_healthy(c: &reqwest::Client, base: &str) {
     assert_eq!(r.status(), 200);
 }
 
-async fn wait_ready(c: &reqwest::Client, base: &str) {
+pub(crate) async fn wait_ready(c: &reqwest::Client, base: &str) {
     let deadline = Instant::now() + Duration::from_secs(20);
     loop {
         if let Ok(r) = c.get(format!("{base}/readyz")).send().await {
@@ -81,7 +93,13 @@ async fn wait_ready(c: &reqwest::Client, base: &str) {
     }
 }
 
-fn tls_toml(etcd: &EtcdCluster, port: u16, cert: &str, key: &str, extra: &str) -> String {
+pub(crate) fn tls_toml(
+    etcd: &EtcdCluster,
+    port: u16,
+    cert: &str,
+    key: &str,
+    extra: &str,
+) -> String {
     config_toml(&[etcd], &format!("127.0.0.1:{port}"), "").replace(
         "[server]\n",
         &format!("[server]\ntls_cert_file = \"{cert}\"\ntls_key_file = \"{key}\"\n{extra}"),
@@ -230,8 +248,9 @@ fn tls_settings_that_cannot_work_stop_the_router_naming_them() {
     assert!(err.contains("tls_client_ca_file"), "{err}");
 }
 
-/// The Rust SDK and `lockrouter exec` reach a TLS router whose certificate
-/// a private CA signed, when given that CA; without it they are refused.
+/// The Rust SDK, `lockrouter exec` and the operator's commands reach a TLS
+/// router whose certificate a private CA signed, when given that CA;
+/// without it they are refused.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_sdk_and_exec_speak_https_with_a_private_ca() {
     let etcd = EtcdCluster::single();
@@ -287,4 +306,20 @@ async fn the_sdk_and_exec_speak_https_with_a_private_ca() {
     });
     assert_eq!(out.status.code(), Some(0), "{out:?}");
     assert!(String::from_utf8_lossy(&out.stdout).starts_with("token "));
+
+    // The operator's commands too: with the CA they reach it, without it
+    // they are refused (69: unavailable).
+    let ring = |ca: Option<&str>| {
+        let mut cmd = std::process::Command::new(env!("CARGO_BIN_EXE_lockrouter"));
+        cmd.args(["ring", "--url", &base])
+            .env_remove("LOCKROUTER_CA_FILE");
+        if let Some(ca) = ca {
+            cmd.args(["--ca-file", ca]);
+        }
+        tokio::task::block_in_place(|| cmd.output().unwrap())
+    };
+    let out = ring(Some(&ca));
+    assert_eq!(out.status.code(), Some(0), "{out:?}");
+    assert!(String::from_utf8_lossy(&out.stdout).contains("\"ring\""));
+    assert_eq!(ring(None).status.code(), Some(69));
 }

@@ -1,57 +1,58 @@
 //! Admin routes (`/admin/v1/*`): reload the config, show the ring and any
-//! open migration, take a lock from its holder. Guarded by a bearer token when one is configured, else
-//! open to loopback clients only.
+//! open migration, take a lock from its holder. Guarded by `admin.token`
+//! or an admin principal when either is configured, else open to loopback
+//! clients only.
 
 use std::net::SocketAddr;
 
-use super::answers::{json, Bumped, ForceReleased, RingView};
+use super::answers::{
+    json, Bumped, ClientAnswer, ForceReleased, ListedLock, LockList, RingView, SessionAnswer,
+};
 use super::api;
 use super::error::ApiError;
 use super::state::AppState;
+use crate::auth::{Credential, Principals};
 use crate::placement::migration::BumpRequest;
 use crate::reload::ReloadError;
 use bytes::Bytes;
-use http::{header, Request, Response, StatusCode};
+use http::{Response, StatusCode};
 use http_body_util::Full;
-use hyper::body::Incoming;
 
+/// Whether `credential` may call admin routes: the admin token or an admin
+/// principal; with neither configured, any loopback client.
 pub fn authorize(
-    state: &AppState,
+    principals: &Principals,
+    credential: &Credential,
     peer: SocketAddr,
-    req: &Request<Incoming>,
 ) -> Result<(), ApiError> {
-    let Some(token) = &state.admin_token else {
-        if peer.ip().to_canonical().is_loopback() {
-            return Ok(());
+    let guarded = principals.has_admin_token() || principals.enabled();
+    let unauthenticated =
+        |msg: &str| ApiError::new(StatusCode::UNAUTHORIZED, "unauthenticated", msg);
+    match credential {
+        Credential::AdminToken => Ok(()),
+        Credential::Principal(p) if p.admin => Ok(()),
+        Credential::Principal(p) => Err(ApiError::forbidden(format!(
+            "principal {:?} is not an admin",
+            p.name
+        ))),
+        // Unguarded, a token (the CLI may always send one) changes nothing.
+        Credential::None | Credential::Unknown if !guarded => {
+            if peer.ip().to_canonical().is_loopback() {
+                Ok(())
+            } else {
+                Err(ApiError::forbidden(
+                    "admin routes answer only to loopback clients unless admin.token or an admin principal is set",
+                ))
+            }
         }
-        return Err(ApiError::new(
-            StatusCode::FORBIDDEN,
-            "permission_denied",
-            "admin routes answer only to loopback clients unless admin.token is set",
-        ));
-    };
-    let given = req
-        .headers()
-        .get(header::AUTHORIZATION)
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.strip_prefix("Bearer "));
-    match given {
-        None => Err(ApiError::new(
-            StatusCode::UNAUTHORIZED,
-            "unauthenticated",
-            "send Authorization: Bearer <admin token>",
-        )),
-        Some(t) if constant_time_eq(t.as_bytes(), token.as_bytes()) => Ok(()),
-        Some(_) => Err(ApiError::new(
-            StatusCode::FORBIDDEN,
-            "permission_denied",
-            "wrong admin token",
+        Credential::Unknown if !principals.enabled() => {
+            Err(ApiError::forbidden("wrong admin token"))
+        }
+        Credential::Unknown => Err(unauthenticated("the bearer token names no principal")),
+        Credential::None => Err(unauthenticated(
+            "send Authorization: Bearer <admin token or an admin principal's token>",
         )),
     }
-}
-
-fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
-    a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
 }
 
 pub async fn reload(state: &AppState) -> api::Answer {
@@ -100,11 +101,13 @@ pub async fn force_release(
     let answer = match forced {
         Some(f) => {
             crate::metrics::force_release(&f.shard);
+            let (principal, client_id) = crate::locks::split_holder(&f.client_id);
             tracing::warn!(
                 name,
                 shard = %f.shard,
                 fencing_token = f.fencing_token,
-                holder = %f.client_id,
+                holder = %client_id,
+                principal,
                 reason,
                 caller = %caller.ip(),
                 "lock force-released"
@@ -112,9 +115,10 @@ pub async fn force_release(
             ForceReleased {
                 name: name.to_string(),
                 released: true,
-                shard: Some(f.shard),
+                shard: Some(f.shard.clone()),
                 fencing_token: Some(f.fencing_token),
-                client_id: Some(f.client_id),
+                principal: Some(principal.to_string()).filter(|p| !p.is_empty()),
+                client_id: Some(client_id.to_string()),
             }
         }
         None => ForceReleased {
@@ -122,6 +126,7 @@ pub async fn force_release(
             released: false,
             shard: None,
             fencing_token: None,
+            principal: None,
             client_id: None,
         },
     };
@@ -129,7 +134,141 @@ pub async fn force_release(
     Ok((json(StatusCode::OK, &answer), label))
 }
 
+/// Named query parameters of `query`, each at most once, and no others.
+fn query_params(query: Option<&str>, known: &[&str]) -> Result<Vec<(String, String)>, ApiError> {
+    let mut seen: Vec<(String, String)> = Vec::new();
+    for (k, v) in form_urlencoded::parse(query.unwrap_or("").as_bytes()) {
+        if !known.contains(&k.as_ref()) {
+            return Err(ApiError::invalid(format!(
+                "unknown query parameter {k:?}; known: {}",
+                known.join(", ")
+            )));
+        }
+        if seen.iter().any(|(s, _)| *s == k) {
+            return Err(ApiError::invalid(format!(
+                "query parameter {k:?} is given twice"
+            )));
+        }
+        seen.push((k.into_owned(), v.into_owned()));
+    }
+    Ok(seen)
+}
+
+/// `GET /admin/v1/locks`'s query: `prefix`, `cursor`, `limit` (1 to 1000,
+/// default 100).
+pub struct LocksQuery {
+    prefix: String,
+    cursor: Option<String>,
+    limit: usize,
+}
+
+impl LocksQuery {
+    pub fn parse(query: Option<&str>) -> Result<Self, ApiError> {
+        let mut q = Self {
+            prefix: String::new(),
+            cursor: None,
+            limit: 100,
+        };
+        for (k, v) in query_params(query, &["prefix", "cursor", "limit"])? {
+            match k.as_str() {
+                "prefix" => q.prefix = v,
+                "cursor" => q.cursor = Some(v),
+                _ => {
+                    q.limit = v
+                        .parse()
+                        .ok()
+                        .filter(|n| (1..=1000).contains(n))
+                        .ok_or_else(|| ApiError::invalid("limit must be 1 to 1000"))?
+                }
+            }
+        }
+        Ok(q)
+    }
+}
+
+/// Lists held locks, a page at a time.
+pub async fn list_locks(locks: &crate::locks::Locks, q: LocksQuery) -> api::Answer {
+    let page = locks
+        .list_locks(&q.prefix, q.cursor.as_deref(), q.limit)
+        .await?;
+    let body = LockList {
+        locks: page.locks.iter().map(ListedLock::of).collect(),
+        next_cursor: page.next,
+    };
+    Ok((json(StatusCode::OK, &body), "ok"))
+}
+
+/// `GET /admin/v1/clients/{clientId}`'s query: the `principal` the
+/// clientId belongs to, when principals are configured.
+pub struct ClientQuery {
+    principal: Option<String>,
+}
+
+impl ClientQuery {
+    pub fn parse(query: Option<&str>) -> Result<Self, ApiError> {
+        let principal = query_params(query, &["principal"])?.pop().map(|(_, v)| v);
+        Ok(Self { principal })
+    }
+}
+
+/// What one client holds: its locks and their session leases.
+pub async fn client(locks: &crate::locks::Locks, client_id: &str, q: ClientQuery) -> api::Answer {
+    let caller = match &q.principal {
+        Some(name) => crate::locks::Caller::Principal {
+            name,
+            quota: Default::default(),
+        },
+        None => crate::locks::Caller::Anyone,
+    };
+    let view = locks
+        .client_view(&crate::locks::holder(caller, client_id))
+        .await?;
+    let body = ClientAnswer {
+        client_id: client_id.to_string(),
+        principal: q.principal,
+        locks: view.locks.iter().map(ListedLock::of).collect(),
+        sessions: view.sessions.iter().map(SessionAnswer::of).collect(),
+        truncated: view.truncated,
+    };
+    Ok((json(StatusCode::OK, &body), "ok"))
+}
+
 pub fn ring(state: &AppState) -> (Response<Full<Bytes>>, &'static str) {
     let router = state.locks.active().router.clone();
     (json(StatusCode::OK, &RingView::of(&router)), "ok")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::auth::PeerIdentity;
+    use crate::config::AuthSettings;
+
+    #[test]
+    fn admin_routes_need_the_token_once_it_is_set_and_loopback_before() {
+        let open = Principals::new(&AuthSettings::default(), None).unwrap();
+        let guarded =
+            Principals::new(&AuthSettings::default(), Some("an-admin-token-0123")).unwrap();
+        let (local, remote): (SocketAddr, SocketAddr) = (
+            "127.0.0.1:1".parse().unwrap(),
+            "192.0.2.1:1".parse().unwrap(),
+        );
+        let none = PeerIdentity::default();
+        let status = |p: &Principals, header: Option<&[u8]>, peer| {
+            authorize(p, &p.identify(header, &none), peer).map_err(|e| e.status.as_u16())
+        };
+        assert_eq!(status(&open, None, local), Ok(()));
+        assert_eq!(
+            status(&open, Some(b"Bearer anything"), local),
+            Ok(()),
+            "a stray token"
+        );
+        assert_eq!(status(&open, None, remote), Err(403));
+        assert_eq!(status(&guarded, None, local), Err(401));
+        assert_eq!(status(&guarded, Some(b"Bearer wrong"), local), Err(403));
+        assert_eq!(
+            status(&guarded, Some(b"Bearer an-admin-token-0123"), remote),
+            Ok(())
+        );
+    }
 }

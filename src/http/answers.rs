@@ -114,6 +114,19 @@ pub struct Inspected {
     pub fencing_token: Option<u64>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub expires_at: Option<String>,
+    /// When the holder was granted it (locks granted by older routers
+    /// have none).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub acquired_at: Option<String>,
+    /// What the holder attached at acquire.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub metadata: Option<serde_json::Value>,
+    /// Waiting acquires queued for the name, when any.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub waiters: Option<u64>,
+    /// The holder's principal, for admin callers only (when it has one).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub principal: Option<String>,
     /// The holder's clientId, for admin callers only.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub client_id: Option<String>,
@@ -130,8 +143,96 @@ pub struct ForceReleased {
     pub shard: Option<String>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub fencing_token: Option<u64>,
+    /// The former holder's principal (when it had one) and clientId.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub principal: Option<String>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub client_id: Option<String>,
+}
+
+/// `GET /admin/v1/locks`.
+#[derive(Debug, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct LockList {
+    pub locks: Vec<ListedLock>,
+    /// Where the next page starts; absent on the last page.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub next_cursor: Option<String>,
+}
+
+/// A held lock in a listing.
+#[derive(Debug, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ListedLock {
+    pub name: String,
+    pub shard: String,
+    pub fencing_token: u64,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub principal: Option<String>,
+    pub client_id: String,
+    pub ttl_ms: u64,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub acquired_at: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub metadata: Option<serde_json::Value>,
+}
+
+impl ListedLock {
+    pub fn of(l: &crate::locks::listing::Listed) -> Self {
+        let (principal, client_id) = crate::locks::split_holder(&l.holder);
+        Self {
+            name: l.name.clone(),
+            shard: l.shard.clone(),
+            fencing_token: l.fencing_token,
+            principal: Some(principal.to_string()).filter(|p| !p.is_empty()),
+            client_id: client_id.to_string(),
+            ttl_ms: u64::from(l.ttl_secs) * 1000,
+            acquired_at: l
+                .acquired_at
+                .map(|t| humantime::format_rfc3339_millis(t).to_string()),
+            metadata: l.metadata.clone(),
+        }
+    }
+}
+
+/// `GET /admin/v1/clients/{clientId}`.
+#[derive(Debug, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ClientAnswer {
+    pub client_id: String,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub principal: Option<String>,
+    pub locks: Vec<ListedLock>,
+    pub sessions: Vec<SessionAnswer>,
+    /// The client holds more locks than the answer lists.
+    pub truncated: bool,
+}
+
+/// A session lease of a client on a shard.
+#[derive(Debug, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct SessionAnswer {
+    pub shard: String,
+    /// The etcd lease id.
+    pub lease: i64,
+    pub ttl_ms: u64,
+    /// What etcd gives it now, unless renewed (whole seconds, rounded down).
+    #[serde(flatten)]
+    pub times: Times,
+    /// Locks riding on it.
+    pub locks: usize,
+}
+
+impl SessionAnswer {
+    pub fn of(s: &crate::locks::listing::SessionView) -> Self {
+        Self {
+            shard: s.shard.clone(),
+            lease: s.lease,
+            ttl_ms: u64::from(s.ttl_secs) * 1000,
+            times: Times::of(&s.expires),
+            locks: s.locks,
+        }
+    }
 }
 
 /// `GET /healthz`.
@@ -324,6 +425,10 @@ mod tests {
             held: false,
             fencing_token: None,
             expires_at: None,
+            acquired_at: None,
+            metadata: None,
+            waiters: None,
+            principal: None,
             client_id: None,
             shard: "a".into(),
         };

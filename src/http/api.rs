@@ -12,7 +12,7 @@ use super::answers::{
     Renewed, Times,
 };
 use super::error::ApiError;
-use crate::locks::{AcquireRequest, Acquired, Locks, RenewOutcome};
+use crate::locks::{split_holder, AcquireRequest, Acquired, Caller, Locks, RenewOutcome};
 
 pub type Answer = Result<(Response<Full<Bytes>>, &'static str), ApiError>;
 
@@ -24,11 +24,21 @@ pub struct AcquireBody {
     client_id: String,
     #[serde(default)]
     wait_ms: u64,
+    #[serde(default)]
+    metadata: Option<serde_json::Value>,
 }
 
 impl AcquireBody {
     pub fn wait_ms(&self) -> u64 {
         self.wait_ms
+    }
+
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    pub fn client_id(&self) -> &str {
+        &self.client_id
     }
 }
 
@@ -54,14 +64,16 @@ pub struct RenewBatchBody {
     locks: Vec<LockRef>,
 }
 
-pub async fn acquire(locks: &Locks, body: AcquireBody) -> Answer {
+pub async fn acquire(locks: &Locks, body: AcquireBody, caller: Caller<'_>) -> Answer {
     let req = AcquireRequest {
         name: body.name,
         ttl_ms: body.ttl_ms,
         client_id: body.client_id,
         wait_ms: body.wait_ms,
+        owner: None,
+        metadata: body.metadata,
     };
-    Ok(match locks.acquire(&req).await? {
+    Ok(match locks.acquire(req, caller).await? {
         Acquired::Granted(g) => {
             let body = Granted {
                 acquired: true,
@@ -81,9 +93,9 @@ pub async fn acquire(locks: &Locks, body: AcquireBody) -> Answer {
     })
 }
 
-pub async fn renew(locks: &Locks, body: RenewBody) -> Answer {
+pub async fn renew(locks: &Locks, body: RenewBody, caller: Caller<'_>) -> Answer {
     let outcome = locks
-        .renew(&body.lock_id, body.fencing_token, body.ttl_ms)
+        .renew(&body.lock_id, body.fencing_token, body.ttl_ms, caller)
         .await?;
     let (answer, label) = renew_answer(&outcome);
     let status = match answer {
@@ -93,13 +105,13 @@ pub async fn renew(locks: &Locks, body: RenewBody) -> Answer {
     Ok((json(status, &answer), label))
 }
 
-pub async fn renew_batch(locks: &Locks, body: RenewBatchBody) -> Answer {
+pub async fn renew_batch(locks: &Locks, body: RenewBatchBody, caller: Caller<'_>) -> Answer {
     let items: Vec<(String, u64)> = body
         .locks
         .into_iter()
         .map(|l| (l.lock_id, l.fencing_token))
         .collect();
-    let outcomes = locks.renew_batch(&items).await?;
+    let outcomes = locks.renew_batch(&items, caller).await?;
     let results = items
         .into_iter()
         .zip(&outcomes)
@@ -134,8 +146,10 @@ fn renew_answer(o: &RenewOutcome) -> (RenewAnswer, &'static str) {
     }
 }
 
-pub async fn release(locks: &Locks, body: LockRef) -> Answer {
-    locks.release(&body.lock_id, body.fencing_token).await?;
+pub async fn release(locks: &Locks, body: LockRef, caller: Caller<'_>) -> Answer {
+    locks
+        .release(&body.lock_id, body.fencing_token, caller)
+        .await?;
     let resp = Response::builder()
         .status(StatusCode::NO_CONTENT)
         .body(Full::new(Bytes::new()))
@@ -153,7 +167,22 @@ pub async fn inspect(locks: &Locks, name: &str, admin: bool) -> Answer {
         held,
         fencing_token: found.holder.map(|(token, _)| token),
         expires_at: found.holder.map(|(_, e)| Times::of(&e).expires_at),
-        client_id: found.client_id.filter(|_| admin),
+        acquired_at: found
+            .acquired_at
+            .map(|t| humantime::format_rfc3339_millis(t).to_string()),
+        metadata: found.metadata,
+        waiters: Some(found.waiters).filter(|n| *n > 0),
+        principal: found
+            .client_id
+            .as_deref()
+            .map(|h| split_holder(h).0)
+            .filter(|p| admin && !p.is_empty())
+            .map(str::to_string),
+        client_id: found
+            .client_id
+            .as_deref()
+            .filter(|_| admin)
+            .map(|h| split_holder(h).1.to_string()),
         shard: found.shard,
     };
     let label = if held { "held" } else { "free" };

@@ -9,6 +9,7 @@ use bytes::Bytes;
 use http::{header, HeaderValue, Response, StatusCode};
 use http_body_util::Full;
 
+use crate::auth::AuthError;
 use crate::locks::{LockError, RETRY_AFTER};
 
 /// An error answer of the v1 API.
@@ -35,6 +36,10 @@ impl ApiError {
 
     pub fn invalid(message: impl Into<String>) -> Self {
         Self::new(StatusCode::BAD_REQUEST, "invalid_argument", message)
+    }
+
+    pub fn forbidden(message: impl Into<String>) -> Self {
+        Self::new(StatusCode::FORBIDDEN, "permission_denied", message)
     }
 
     pub fn not_found() -> Self {
@@ -77,10 +82,26 @@ impl ApiError {
     }
 }
 
+impl From<AuthError> for ApiError {
+    fn from(e: AuthError) -> Self {
+        match e {
+            AuthError::Unauthenticated(msg) => {
+                ApiError::new(StatusCode::UNAUTHORIZED, "unauthenticated", msg)
+            }
+            AuthError::PermissionDenied(msg) => ApiError::forbidden(msg),
+            AuthError::RateLimited { retry_after, .. } => ApiError {
+                retry_after: Some(retry_after.max(Duration::from_secs(1))),
+                ..ApiError::new(StatusCode::TOO_MANY_REQUESTS, "rate_limited", e.to_string())
+            },
+        }
+    }
+}
+
 impl From<LockError> for ApiError {
     fn from(e: LockError) -> Self {
         match e {
             LockError::InvalidArgument(msg) => ApiError::invalid(msg),
+            LockError::PermissionDenied(msg) => ApiError::forbidden(msg),
             LockError::ShardUnavailable { shard, detail } => {
                 tracing::debug!(%shard, %detail, "shard unavailable");
                 ApiError {

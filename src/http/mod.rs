@@ -5,17 +5,22 @@
 //! [`api`], the admin routes' in [`admin`]; every answer body is a type in
 //! [`answers`]; [`error`] is the one place an error becomes a response;
 //! [`request_id`] names each request in its answer and its log lines;
-//! [`state`] is what every handler shares. TLS comes from [`crate::tls`].
+//! [`access`] is the access log (`server.access_log`);
+//! [`caller`] says which principal a lock API request acts for;
+//! [`state`] is what every handler shares; [`ui`] is the status page. TLS comes from [`crate::tls`].
 
+pub mod access;
 pub mod admin;
 pub mod admission;
 pub mod answers;
 pub mod api;
 pub mod body;
+pub mod caller;
 pub mod error;
 pub mod request_id;
 pub mod routes;
 pub mod state;
+pub mod ui;
 
 use std::convert::Infallible;
 use std::net::SocketAddr;
@@ -33,6 +38,7 @@ use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
 
+use crate::auth::PeerIdentity;
 use crate::locks::Locks;
 use crate::metrics as m;
 use error::ApiError;
@@ -82,11 +88,13 @@ pub async fn serve(
         };
         let handshake_within = state.timeouts.header_read;
         let state = state.clone();
-        let svc = service_fn(move |req| handle(state.clone(), kind, peer, req));
         let builder = builder.clone();
         let watcher = graceful.watcher();
         tokio::spawn(async move {
             let Some(config) = tls else {
+                let who = Arc::new(PeerIdentity::default());
+                let svc =
+                    service_fn(move |req| handle(state.clone(), kind, peer, who.clone(), req));
                 let conn = builder.serve_connection(TokioIo::new(stream), svc);
                 let _ = watcher.watch(conn).await;
                 return;
@@ -103,6 +111,10 @@ pub async fn serve(
                 }
                 Err(_) => return,
             };
+            // The client certificate (mTLS) names the caller for the whole
+            // connection.
+            let who = Arc::new(PeerIdentity::of(stream.get_ref().1.peer_certificates()));
+            let svc = service_fn(move |req| handle(state.clone(), kind, peer, who.clone(), req));
             let conn = builder.serve_connection(TokioIo::new(stream), svc);
             let _ = watcher.watch(conn).await;
         });
@@ -120,12 +132,15 @@ async fn handle(
     state: Arc<AppState>,
     kind: Listener,
     peer: SocketAddr,
+    who: Arc<PeerIdentity>,
     req: Request<Incoming>,
 ) -> Result<Response<Full<Bytes>>, Infallible> {
     let started = Instant::now();
     let route = Route::of(req.method(), req.uri().path(), kind);
     let op = route.map_or("unknown", Route::label);
     let request_id = request_id::of(req.headers());
+    let method = req.method().clone();
+    let mut facts = access::Facts::of(&state.access_log);
     // At info, so that every line logged for the request names it.
     let span = tracing::info_span!(
         "request",
@@ -136,7 +151,7 @@ async fn handle(
     );
     let result = match route {
         Some(route) => {
-            dispatch(&state, route, peer, req)
+            dispatch(&state, route, peer, &who, req, &mut facts)
                 .instrument(span.clone())
                 .await
         }
@@ -163,17 +178,31 @@ async fn handle(
             "request failed"
         );
     }
-    m::request(op, outcome, started.elapsed());
+    let elapsed = started.elapsed();
+    m::request(op, outcome, elapsed);
+    let line = access::Line {
+        method: &method,
+        route: op,
+        status: resp.status().as_u16(),
+        elapsed,
+        request_id: &request_id,
+    };
+    access::log(&span, line, &facts);
     Ok(resp)
 }
 
-/// Runs `route`'s handler: checks its method, the admin guard for admin
-/// routes, parses its body, and applies the request's deadline.
+/// Runs `route`'s handler: checks its method, who the caller is (the admin
+/// guard for admin routes, a principal for the lock API when principals
+/// are configured), parses its body, and applies the request's deadline.
+/// What the access log says of the request beyond its answer goes in
+/// `facts`.
 async fn dispatch(
     state: &AppState,
     route: Route,
     peer: SocketAddr,
+    who: &PeerIdentity,
     req: Request<Incoming>,
+    facts: &mut access::Facts,
 ) -> api::Answer {
     let allow = if route.method() == Method::POST {
         "POST"
@@ -185,11 +214,25 @@ async fn dispatch(
     if !(route.method() == Method::GET && req.method() == Method::HEAD) {
         body::only(&req, route.method(), allow)?;
     }
+    let principals = state.principals.load();
+    let authorization = req.headers().get(header::AUTHORIZATION);
+    let credential = principals.identify(authorization.map(|v| v.as_bytes()), who);
+    if let crate::auth::Credential::Principal(p) = &credential {
+        facts.principal(&p.name);
+    }
     if route.is_admin() {
-        admin::authorize(state, peer, &req)?;
+        admin::authorize(&principals, &credential, peer)?;
     }
     // Who holds a name is shown to admin callers only.
-    let admin_caller = route == Route::Inspect && admin::authorize(state, peer, &req).is_ok();
+    let admin_caller =
+        route == Route::Inspect && admin::authorize(&principals, &credential, peer).is_ok();
+    let principal = match route.is_lock_api() {
+        true => caller::lock_caller(&principals, credential, admin_caller)?,
+        false => None,
+    };
+    if let Some(p) = &principal {
+        m::principal_request(&p.name, route.label());
+    }
     // Held until the answer is built; refused at once when full.
     let _slot = state.admission.admit(route)?;
     let active = state.locks.active();
@@ -204,6 +247,10 @@ async fn dispatch(
     match route {
         Route::Acquire => {
             let body: api::AcquireBody = body::parse(req, max, t.body_read).await?;
+            facts.client_id(body.client_id());
+            if let Some(p) = &principal {
+                p.may_acquire(body.name(), body.client_id())?;
+            }
             let wait = Duration::from_millis(body.wait_ms().min(max_wait));
             let deadline = match asked {
                 // The caller's deadline bounds the whole request, wait included.
@@ -217,19 +264,32 @@ async fn dispatch(
                 // A waiting acquire may take its waitMs on top of the deadline.
                 None => t.request + wait,
             };
-            within(deadline, api::acquire(locks, body)).await
+            within(
+                deadline,
+                api::acquire(locks, body, caller::as_caller(&principal)),
+            )
+            .await
         }
         Route::Renew => {
             let body = body::parse(req, max, t.body_read).await?;
-            within(t.request, api::renew(locks, body)).await
+            within(
+                t.request,
+                api::renew(locks, body, caller::as_caller(&principal)),
+            )
+            .await
         }
         Route::RenewBatch => {
             let body = body::parse(req, max, t.body_read).await?;
-            within(t.request, api::renew_batch(locks, body)).await
+            let caller = caller::as_caller(&principal);
+            within(t.request, api::renew_batch(locks, body, caller)).await
         }
         Route::Release => {
             let body = body::parse(req, max, t.body_read).await?;
-            within(t.request, api::release(locks, body)).await
+            within(
+                t.request,
+                api::release(locks, body, caller::as_caller(&principal)),
+            )
+            .await
         }
         Route::Inspect => {
             let raw = &req.uri().path()[routes::LOCKS_PREFIX.len()..];
@@ -238,6 +298,10 @@ async fn dispatch(
                 .map_err(|_| {
                     ApiError::invalid("the name in the path is not percent-encoded UTF-8")
                 })?;
+            facts.name(&name);
+            if let Some(p) = &principal {
+                p.may_lock(&name)?;
+            }
             within(t.request, api::inspect(locks, &name, admin_caller)).await
         }
         Route::AdminForceRelease => {
@@ -249,6 +313,7 @@ async fn dispatch(
                     ApiError::invalid("the name in the path is not percent-encoded UTF-8")
                 })?
                 .into_owned();
+            facts.name(&name);
             let body = body::parse(req, max, t.body_read).await?;
             within(t.request, admin::force_release(locks, &name, body, peer)).await
         }
@@ -263,6 +328,22 @@ async fn dispatch(
             within(t.request, admin::bump_epoch(state, body)).await
         }
         Route::AdminRing => Ok(admin::ring(state)),
+        Route::AdminLocks => {
+            let query = admin::LocksQuery::parse(req.uri().query())?;
+            within(t.request, admin::list_locks(locks, query)).await
+        }
+        Route::AdminClient => {
+            let raw = &req.uri().path()[routes::CLIENTS_PREFIX.len()..];
+            let client = percent_encoding::percent_decode_str(raw)
+                .decode_utf8()
+                .map_err(|_| {
+                    ApiError::invalid("the clientId in the path is not percent-encoded UTF-8")
+                })?
+                .into_owned();
+            let query = admin::ClientQuery::parse(req.uri().query())?;
+            within(t.request, admin::client(locks, &client, query)).await
+        }
+        Route::Ui => Ok(ui::page()),
         Route::Metrics => {
             crate::metrics::collect_process();
             state.metrics.run_upkeep();

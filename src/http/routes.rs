@@ -29,6 +29,9 @@ pub enum Route {
     AdminBumpEpoch,
     AdminRing,
     AdminForceRelease,
+    AdminLocks,
+    AdminClient,
+    Ui,
 }
 
 /// Where lock names live in paths (`GET /api/v1/locks/{name}`).
@@ -36,10 +39,12 @@ pub const LOCKS_PREFIX: &str = "/api/v1/locks/";
 /// `POST /admin/v1/locks/{name}/force-release`: before and after the name.
 pub const FORCE_PREFIX: &str = "/admin/v1/locks/";
 pub const FORCE_SUFFIX: &str = "/force-release";
+/// `GET /admin/v1/clients/{clientId}`: before the clientId.
+pub const CLIENTS_PREFIX: &str = "/admin/v1/clients/";
 
 impl Route {
     /// Every route, in the order the API documents them.
-    pub const ALL: [Route; 12] = [
+    pub const ALL: [Route; 15] = [
         Route::Acquire,
         Route::Renew,
         Route::RenewBatch,
@@ -52,6 +57,9 @@ impl Route {
         Route::AdminBumpEpoch,
         Route::AdminRing,
         Route::AdminForceRelease,
+        Route::AdminLocks,
+        Route::AdminClient,
+        Route::Ui,
     ];
 
     pub fn method(self) -> Method {
@@ -63,9 +71,14 @@ impl Route {
             | Route::AdminReload
             | Route::AdminBumpEpoch
             | Route::AdminForceRelease => Method::POST,
-            Route::Inspect | Route::Healthz | Route::Readyz | Route::Metrics | Route::AdminRing => {
-                Method::GET
-            }
+            Route::Inspect
+            | Route::Healthz
+            | Route::Readyz
+            | Route::Metrics
+            | Route::AdminRing
+            | Route::AdminLocks
+            | Route::AdminClient
+            | Route::Ui => Method::GET,
         }
     }
 
@@ -84,6 +97,9 @@ impl Route {
             Route::AdminBumpEpoch => "/admin/v1/bump-epoch",
             Route::AdminRing => "/admin/v1/ring",
             Route::AdminForceRelease => "/admin/v1/locks/{name}/force-release",
+            Route::AdminLocks => "/admin/v1/locks",
+            Route::AdminClient => "/admin/v1/clients/{clientId}",
+            Route::Ui => "/ui",
         }
     }
 
@@ -103,7 +119,18 @@ impl Route {
             Route::AdminBumpEpoch => "admin_bump_epoch",
             Route::AdminRing => "admin_ring",
             Route::AdminForceRelease => "admin_force_release",
+            Route::AdminLocks => "admin_locks",
+            Route::AdminClient => "admin_client",
+            Route::Ui => "ui",
         }
+    }
+
+    /// The lock API: with principals configured, each needs one.
+    pub fn is_lock_api(self) -> bool {
+        matches!(
+            self,
+            Route::Acquire | Route::Renew | Route::RenewBatch | Route::Release | Route::Inspect
+        )
     }
 
     /// Routes that need the admin guard.
@@ -114,6 +141,8 @@ impl Route {
                 | Route::AdminBumpEpoch
                 | Route::AdminRing
                 | Route::AdminForceRelease
+                | Route::AdminLocks
+                | Route::AdminClient
         )
     }
 
@@ -135,6 +164,9 @@ impl Route {
                 .filter(|name| !name.is_empty())
                 .map(|_| Route::AdminForceRelease);
         }
+        if let Some(client) = path.strip_prefix(CLIENTS_PREFIX) {
+            return (!client.is_empty()).then_some(Route::AdminClient);
+        }
         let exact = Route::ALL
             .into_iter()
             .find(|r| *r != Route::Inspect && r.template() == path);
@@ -149,7 +181,10 @@ mod tests {
     #[test]
     fn every_route_is_found_by_its_own_method_and_path() {
         for route in Route::ALL {
-            let path = route.template().replace("{name}", "order%3A42");
+            let path = route
+                .template()
+                .replace("{name}", "order%3A42")
+                .replace("{clientId}", "worker-7");
             assert_eq!(
                 Route::of(&route.method(), &path, Listener::Main),
                 Some(route)

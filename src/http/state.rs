@@ -1,5 +1,6 @@
 //! What every request handler shares: the lock operations, the reloader,
-//! the admin guard, the metrics handle and the deadlines.
+//! the admin guard, the metrics handle, the deadlines and the access log's
+//! switch.
 
 use std::sync::Arc;
 
@@ -13,8 +14,8 @@ use crate::reload::Reloader;
 pub struct AppState {
     pub locks: Arc<Locks>,
     pub reloader: Arc<Reloader>,
-    /// Bearer token for `/admin/v1/*`; without one, loopback clients only.
-    pub admin_token: Option<String>,
+    /// The principals in force and the admin token (swapped on reload).
+    pub principals: crate::auth::Shared,
     pub metrics: PrometheusHandle,
     /// Header, body and whole-request deadlines.
     pub timeouts: HttpTimeouts,
@@ -22,4 +23,7 @@ pub struct AppState {
     pub admission: super::admission::Admission,
     /// TLS for new connections to the main listener; `None`: plain HTTP.
     pub tls: crate::tls::Shared,
+    /// Whether each request gets an access log line (`server.access_log`,
+    /// set by the reloader).
+    pub access_log: super::access::Switch,
 }

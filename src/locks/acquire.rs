@@ -28,12 +28,16 @@ impl Active {
     pub(crate) fn check_acquire(&self, req: &AcquireRequest) -> Result<u32, LockError> {
         check_text("name", &req.name, self.limits.max_name_bytes)?;
         check_text("clientId", &req.client_id, self.limits.max_client_id_bytes)?;
+        if let Some(meta) = &req.metadata {
+            validate::check_metadata(meta, self.limits.max_metadata_bytes)?;
+        }
         self.ttl_secs(req.ttl_ms)
     }
 
-    /// Acquire without waiting (`waitMs` is not looked at).
+    /// Acquire without waiting (`waitMs` is not looked at), once
+    /// [`Active::check_acquire`] passed.
     pub async fn acquire_now(&self, req: &AcquireRequest) -> Result<Acquired, LockError> {
-        let ttl_secs = self.check_acquire(req)?;
+        let ttl_secs = self.ttl_secs(req.ttl_ms)?;
         let shard = self.router.shard_for(&req.name);
         tracing::Span::current().record("shard", shard.name.as_str());
         let k = shard.name_keys(&name_hash(&req.name));
@@ -51,10 +55,15 @@ impl Active {
             if let Some(answer) = self.look_first(shard, &k, &req.client_id, &g).await? {
                 return Ok(answer);
             }
+            // Not the holder's own re-acquire (that answered above): a new grant.
+            self.check_locks_quota(req.owner.as_ref())?;
             let value = lock_value(req, &g.ring, ttl_secs)?;
+            let owner = req.owner.as_ref();
             let session = shard
                 .sessions
-                .get_or_grant(&req.client_id, ttl_secs, || grant_session(shard, ttl_secs))
+                .get_or_grant(&req.client_id, ttl_secs, || {
+                    self.new_session(shard, ttl_secs, owner)
+                })
                 .await?;
             let sent = Instant::now();
             // The txn is applied within the etcd deadline or fails; with a
@@ -176,8 +185,9 @@ impl Active {
                     lease: session.id,
                     revision,
                     name_hash: k.hash,
+                    owner: String::new(),
                 };
-                Acquired::Granted(grant(lock, &renewal?, sent)?)
+                Acquired::Granted(self.grant(lock, client_id, &renewal?, sent)?)
             }
             AcquireTxn::Held(holder) => {
                 let own = (session.id == holder.lease()).then_some(renewal);
@@ -337,8 +347,11 @@ impl Active {
                     lease: holder.lease(),
                     revision: holder.create_revision(),
                     name_hash: k.hash,
+                    owner: String::new(),
                 };
-                Ok(Acquired::Granted(grant(lock, &renewal, sent)?))
+                Ok(Acquired::Granted(
+                    self.grant(lock, client_id, &renewal, sent)?,
+                ))
             }
             _ => Ok(Acquired::Held(lease_end(shard, &holder).await?)),
         }

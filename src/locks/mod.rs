@@ -15,7 +15,8 @@
 //!   still has that create revision and lease, so a stale lockId never
 //!   touches a later holder.
 //! - [`inspect`]: who holds a name; [`force`]: an operator takes a name
-//!   from its holder; [`validate`]: the input rules.
+//!   from its holder; [`listing`]: the locks held, page by page, and what
+//!   one client holds; [`validate`]: the input rules.
 //!
 //! This file holds the shared types ([`Locks`], [`Active`], errors,
 //! answers); the submodules only add methods to [`Active`].
@@ -34,16 +35,19 @@ use etcd_client::KeyValue;
 
 use crate::config::{Limits, LockDelay};
 use crate::placement::topology::{NotServing, Router};
+use crate::shard::cache::Held;
 use crate::shard::conn::EtcdError;
 use crate::shard::keepalive::Renewal;
 use crate::shard::keys::{LockValue, Recorded};
 use crate::shard::sessions::SessionLease;
 use crate::shard::{Grantable, Shard};
-use crate::token::lock_id::LockId;
+use crate::token::lease_tag::LeaseTag;
+use crate::token::lock_id::{LockId, Seal, Sealer};
 mod acquire;
 mod force;
 mod inspect;
 mod limit;
+pub mod listing;
 mod release;
 mod renew;
 mod validate;
@@ -65,6 +69,9 @@ pub enum LockError {
         reason: String,
         retry_after: Duration,
     },
+    /// The caller's principal may not touch this name or lock.
+    #[error("{0}")]
+    PermissionDenied(String),
     /// This replica already has its most acquires in flight on the shard
     /// (a slow shard), or in all.
     #[error("shard {shard} has {in_flight} acquires in flight through this router, its limit; retry after a second")]
@@ -116,8 +123,63 @@ impl Expiry {
 pub struct AcquireRequest {
     pub name: String,
     pub ttl_ms: u64,
+    /// Who holds the lock: the caller's clientId, scoped to its principal
+    /// ([`holder`]) once [`Locks::acquire`] has checked it.
     pub client_id: String,
     pub wait_ms: u64,
+    /// Its principal, set by [`Locks::acquire`].
+    pub owner: Option<Owner>,
+    /// A small JSON object or string to record with the lock.
+    pub metadata: Option<serde_json::Value>,
+}
+
+/// On whose behalf a lock operation runs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Caller<'a> {
+    /// No principals are configured: anyone may do anything.
+    Anyone,
+    /// This principal: its locks are held under clientIds scoped to it,
+    /// and only it may renew or release them.
+    Principal { name: &'a str, quota: Quota },
+}
+
+/// A principal's bounds on what it holds across the deployment, as this
+/// replica's lock-key caches count it (0: no bound).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Quota {
+    pub max_held_locks: u64,
+    /// Session leases holding its locks.
+    pub max_sessions: u64,
+}
+
+/// The principal an acquire is made for, as quotas need it.
+#[derive(Debug, Clone)]
+pub struct Owner {
+    pub name: String,
+    /// In the lease ids of its sessions.
+    pub tag: LeaseTag,
+    pub quota: Quota,
+}
+
+/// Between a principal's name and a clientId in a holder: a control
+/// character, which no clientId contains, so a scoped holder never equals
+/// another principal's or an unscoped one.
+const OWNER_SEP: char = '\u{1f}';
+
+/// The holder identity of `client_id` acting for `caller`: the clientId
+/// itself, or scoped to the principal, so principals never share a
+/// holder, a session lease or a waiter's place.
+pub fn holder(caller: Caller<'_>, client_id: &str) -> String {
+    match caller {
+        Caller::Anyone => client_id.to_string(),
+        Caller::Principal { name, .. } => format!("{name}{OWNER_SEP}{client_id}"),
+    }
+}
+
+/// A holder split into (principal, clientId); the principal is empty for
+/// an unscoped holder.
+pub fn split_holder(holder: &str) -> (&str, &str) {
+    holder.split_once(OWNER_SEP).unwrap_or(("", holder))
 }
 
 pub struct Grant {
@@ -147,6 +209,12 @@ pub struct Inspection {
     pub holder: Option<(u64, Expiry)>,
     /// The holder's clientId (shown to admin callers only).
     pub client_id: Option<String>,
+    /// When the holder was granted it, if recorded.
+    pub acquired_at: Option<SystemTime>,
+    /// What the holder attached at acquire.
+    pub metadata: Option<serde_json::Value>,
+    /// Waiting acquires queued for the name on its shard.
+    pub waiters: u64,
 }
 
 /// The lock a force-release took away.
@@ -174,6 +242,8 @@ pub struct Active {
     pub coalesce: Duration,
     /// What happens to the name of a holder lost other than by release.
     pub lock_delay: LockDelay,
+    /// Issues and opens lockIds (sealed under the configured keys).
+    pub sealer: Sealer,
 }
 
 /// An acquire in flight on a shard, given back when dropped.
@@ -220,15 +290,35 @@ impl Locks {
         self.active.swap(Arc::new(active))
     }
 
-    pub async fn acquire(&self, req: &AcquireRequest) -> Result<Acquired, LockError> {
+    /// Acquires `req.name` for `req.client_id`, acting for `caller`.
+    pub async fn acquire(
+        &self,
+        req: AcquireRequest,
+        caller: Caller<'_>,
+    ) -> Result<Acquired, LockError> {
         let active = self.active();
+        active.check_acquire(&req)?;
+        let owner = match caller {
+            Caller::Principal { name, quota } => Some(Owner {
+                name: name.to_string(),
+                tag: LeaseTag::of(name),
+                quota,
+            }),
+            Caller::Anyone => None,
+        };
+        let req = AcquireRequest {
+            client_id: holder(caller, &req.client_id),
+            owner,
+            ..req
+        };
+        let req = &req;
         let limited = match &self.per_client {
             Some(limiter) => limiter
                 .check(&req.client_id)
                 .map_err(|wait| LockError::RateLimited {
                     reason: format!(
                         "clientId {:?} is past {} acquires/s; retry in {} ms",
-                        req.client_id,
+                        split_holder(&req.client_id).1,
                         limiter.per_sec(),
                         wait.as_millis().max(1)
                     ),
@@ -253,7 +343,8 @@ impl Locks {
             Err(LockError::RateLimited { .. }) => "rate_limited",
             Err(LockError::Overloaded { .. }) => "overloaded",
             Err(LockError::Internal(_)) => "error",
-            Err(LockError::InvalidArgument(_)) => return result, // no shard to speak of
+            // No shard to speak of.
+            Err(LockError::InvalidArgument(_) | LockError::PermissionDenied(_)) => return result,
         };
         shard.conn.metrics().acquire(outcome);
         result
@@ -289,19 +380,26 @@ impl Locks {
         lock_id: &str,
         token: u64,
         ttl_ms: Option<u64>,
+        caller: Caller<'_>,
     ) -> Result<RenewOutcome, LockError> {
-        self.active().renew(lock_id, token, ttl_ms).await
+        self.active().renew(lock_id, token, ttl_ms, caller).await
     }
 
     pub async fn renew_batch(
         &self,
         locks: &[(String, u64)],
+        caller: Caller<'_>,
     ) -> Result<Vec<RenewOutcome>, LockError> {
-        self.active().renew_batch(locks).await
+        self.active().renew_batch(locks, caller).await
     }
 
-    pub async fn release(&self, lock_id: &str, token: u64) -> Result<(), LockError> {
-        self.active().release(lock_id, token).await
+    pub async fn release(
+        &self,
+        lock_id: &str,
+        token: u64,
+        caller: Caller<'_>,
+    ) -> Result<(), LockError> {
+        self.active().release(lock_id, token, caller).await
     }
 
     pub async fn inspect(&self, name: &str) -> Result<Inspection, LockError> {
@@ -360,11 +458,16 @@ pub(crate) fn lock_value(
     ttl_secs: u32,
 ) -> Result<LockValue, LockError> {
     epoch_of(ring)?;
+    let at = SystemTime::now()
+        .duration_since(SystemTime::UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as u64);
     Ok(LockValue {
         client: req.client_id.clone(),
         epoch: ring.meta.epoch,
         name: req.name.clone(),
         ttl: ttl_secs,
+        at,
+        meta: req.metadata.clone(),
     })
 }
 
@@ -373,9 +476,14 @@ pub(crate) fn epoch_of(ring: &Recorded) -> Result<u16, LockError> {
         .map_err(|_| LockError::Internal("ring epoch out of range".into()))
 }
 
-pub(crate) async fn grant_session(shard: &Shard, ttl_secs: u32) -> Result<SessionLease, EtcdError> {
+/// A new session lease, its id carrying `tag` (a principal's).
+pub(crate) async fn grant_session(
+    shard: &Shard,
+    ttl_secs: u32,
+    tag: Option<LeaseTag>,
+) -> Result<SessionLease, EtcdError> {
     let sent_at = Instant::now();
-    let (id, granted) = shard.grant(ttl_secs).await?;
+    let (id, granted) = shard.grant_with(ttl_secs, tag).await?;
     crate::metrics::session_granted(&shard.name);
     let renewal = Renewal {
         sent_at,
@@ -385,24 +493,127 @@ pub(crate) async fn grant_session(shard: &Shard, ttl_secs: u32) -> Result<Sessio
     Ok(SessionLease { id, ttl_secs })
 }
 
-/// The answer to a grant (or re-acquire) confirmed by a txn sent at `sent`.
-pub(crate) fn grant(lock: LockId, renewal: &Renewal, sent: Instant) -> Result<Grant, LockError> {
-    let fencing_token = lock
-        .token()
-        .ok_or_else(|| LockError::Internal("fencing token out of range".into()))?;
-    Ok(Grant {
-        lock_id: lock.encode(),
-        fencing_token,
-        expires: Expiry::vouched(renewal, sent),
-    })
+impl Active {
+    /// The answer to a grant (or re-acquire) to `holder`, confirmed by a txn
+    /// sent at `sent`; the lockId names the holder's principal.
+    pub(crate) fn grant(
+        &self,
+        mut lock: LockId,
+        holder: &str,
+        renewal: &Renewal,
+        sent: Instant,
+    ) -> Result<Grant, LockError> {
+        let fencing_token = lock
+            .token()
+            .ok_or_else(|| LockError::Internal("fencing token out of range".into()))?;
+        lock.owner = split_holder(holder).0.to_string();
+        Ok(Grant {
+            lock_id: self.sealer.seal(&lock),
+            fencing_token,
+            expires: Expiry::vouched(renewal, sent),
+        })
+    }
+
+    /// The grant a lockId and token name, if this deployment issued it to
+    /// `caller`. Counts the key that opened it (see [`crate::metrics`]).
+    fn open(&self, lock_id: &str, token: u64, caller: Caller<'_>) -> Result<LockId, LockError> {
+        let (id, seal) = self.open_uncounted(lock_id, token, caller)?;
+        crate::metrics::lock_ids_opened(seal_label(seal), 1);
+        Ok(id)
+    }
+
+    /// [`Active::open`] without counting (batches count once per key).
+    fn open_uncounted<'s>(
+        &'s self,
+        lock_id: &str,
+        token: u64,
+        caller: Caller<'_>,
+    ) -> Result<(LockId, Seal<'s>), LockError> {
+        let (id, seal) = self
+            .sealer
+            .open(lock_id)
+            .map_err(|e| invalid(e.to_string()))?;
+        if id.token() != Some(token) {
+            return Err(invalid("fencingToken does not belong to this lockId"));
+        }
+        if let Caller::Principal { name, .. } = caller {
+            if id.owner != name {
+                return Err(LockError::PermissionDenied(
+                    "this lock belongs to another principal".into(),
+                ));
+            }
+        }
+        Ok((id, seal))
+    }
 }
 
-fn decode(lock_id: &str, token: u64) -> Result<LockId, LockError> {
-    let id = LockId::decode(lock_id).map_err(|e| invalid(e.to_string()))?;
-    if id.token() != Some(token) {
-        return Err(invalid("fencingToken does not belong to this lockId"));
+impl Active {
+    /// What `tag` holds on every shard of this router (the previous ring's
+    /// included), as the lock-key caches count it now; `None` while a cache
+    /// cannot say (loading, or its watch broke).
+    fn held_by(&self, tag: LeaseTag) -> Option<Held> {
+        self.router
+            .all_shards()
+            .iter()
+            .try_fold(Held::default(), |total, shard| {
+                let h = shard.cache.held(tag)?;
+                Some(Held {
+                    locks: total.locks + h.locks,
+                    sessions: total.sessions + h.sessions,
+                })
+            })
     }
-    Ok(id)
+
+    /// Refuses a new grant to an owner at its `max_held_locks`. While a
+    /// cache cannot count, the quota is not enforced (grants go on).
+    pub(crate) fn check_locks_quota(&self, owner: Option<&Owner>) -> Result<(), LockError> {
+        let Some(o) = owner.filter(|o| o.quota.max_held_locks > 0) else {
+            return Ok(());
+        };
+        match self.held_by(o.tag) {
+            Some(h) if h.locks >= o.quota.max_held_locks => Err(quota_refused(
+                o,
+                "max_held_locks",
+                format!("holds {} locks", h.locks),
+            )),
+            _ => Ok(()),
+        }
+    }
+
+    /// A new session lease for `owner` on `shard`, unless it is at its
+    /// `max_sessions`.
+    pub(crate) async fn new_session(
+        &self,
+        shard: &Shard,
+        ttl_secs: u32,
+        owner: Option<&Owner>,
+    ) -> Result<SessionLease, LockError> {
+        if let Some(o) = owner.filter(|o| o.quota.max_sessions > 0) {
+            if let Some(h) = self.held_by(o.tag) {
+                if h.sessions >= o.quota.max_sessions {
+                    let now = format!("has {} sessions holding locks", h.sessions);
+                    return Err(quota_refused(o, "max_sessions", now));
+                }
+            }
+        }
+        Ok(grant_session(shard, ttl_secs, owner.map(|o| o.tag)).await?)
+    }
+}
+
+fn quota_refused(owner: &Owner, quota: &'static str, now: String) -> LockError {
+    crate::metrics::quota_refusal(&owner.name, quota);
+    LockError::PermissionDenied(format!(
+        "principal {:?} {now}, its {quota}: release some locks first",
+        owner.name
+    ))
+}
+
+/// The `key` label of a lockId's seal.
+pub(crate) fn seal_label(seal: Seal<'_>) -> &str {
+    match seal {
+        Seal::Key(id) => id,
+        Seal::Unsigned => "unsigned",
+    }
 }
 
 pub(crate) fn check_up(shard: &Shard) -> Result<(), LockError> {

@@ -1,18 +1,34 @@
 //! Release: deletes the lock key and its held record only if the key still
 //! has the lockId's create revision and lease, so a stale lockId never
-//! touches a later holder.
+//! touches a later holder. How long the lock was held is learnt from the
+//! deleted value (`lockrouter_hold_seconds`), without another read.
 
 use super::*;
+use crate::shard::ReleaseTxn;
 
 impl Active {
     /// After this the name is not held under `lock_id` (released now or
     /// already gone).
-    pub async fn release(&self, lock_id: &str, token: u64) -> Result<(), LockError> {
-        let id = decode(lock_id, token)?;
+    pub async fn release(
+        &self,
+        lock_id: &str,
+        token: u64,
+        caller: Caller<'_>,
+    ) -> Result<(), LockError> {
+        let id = self.open(lock_id, token, caller)?;
         let shard = self.shard_of(&id)?;
         check_identity(&shard)?;
         let k = shard.name_keys(&id.name_hash);
-        shard.release_txn(&k, id.revision, id.lease).await?;
+        let done = shard.release_txn(&k, id.revision, id.lease).await?;
+        if let ReleaseTxn::Released {
+            granted_at: Some(at),
+        } = done
+        {
+            // By two routers' clocks (the granting one's, this one's): a
+            // skew shows as a longer or shorter hold, never a negative one.
+            let held = SystemTime::now().duration_since(at).unwrap_or_default();
+            crate::metrics::lock_held(&shard.name, held);
+        }
         Ok(())
     }
 }

@@ -22,8 +22,9 @@ impl Active {
         lock_id: &str,
         token: u64,
         ttl_ms: Option<u64>,
+        caller: Caller<'_>,
     ) -> Result<RenewOutcome, LockError> {
-        let id = decode(lock_id, token)?;
+        let id = self.open(lock_id, token, caller)?;
         if let Some(ttl_ms) = ttl_ms {
             let secs = self.ttl_secs(ttl_ms)?;
             if secs != id.ttl_secs {
@@ -45,6 +46,7 @@ impl Active {
     pub async fn renew_batch(
         &self,
         locks: &[(String, u64)],
+        caller: Caller<'_>,
     ) -> Result<Vec<RenewOutcome>, LockError> {
         if locks.is_empty() || locks.len() > self.limits.max_batch {
             return Err(invalid(format!(
@@ -53,9 +55,21 @@ impl Active {
             )));
         }
         let mut ids = Vec::with_capacity(locks.len());
+        let mut seals: HashMap<&str, u64> = HashMap::new();
         for (i, (lock_id, token)) in locks.iter().enumerate() {
-            let id = decode(lock_id, *token).map_err(|e| invalid(format!("locks[{i}]: {e}")))?;
+            let (id, seal) = self
+                .open_uncounted(lock_id, *token, caller)
+                .map_err(|e| match e {
+                    LockError::PermissionDenied(m) => {
+                        LockError::PermissionDenied(format!("locks[{i}]: {m}"))
+                    }
+                    e => invalid(format!("locks[{i}]: {e}")),
+                })?;
+            *seals.entry(seal_label(seal)).or_default() += 1;
             ids.push(id);
+        }
+        for (key, n) in seals {
+            crate::metrics::lock_ids_opened(key, n);
         }
         // One check and one keepalive per lease for each shard's locks.
         let mut by_shard: HashMap<String, (Option<Arc<Shard>>, Vec<usize>)> = HashMap::new();

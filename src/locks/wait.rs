@@ -31,8 +31,8 @@ use etcd_client::{EventType, KeyValue, PutOptions, Txn, TxnOp, TxnOpResponse};
 
 use crate::config::LockDelay;
 use crate::locks::{
-    epoch_of, grant, grant_session, invalid, lease_end, lock_value, AcquireRequest, Acquired,
-    Active, Expiry, LockError, WaitSlots,
+    epoch_of, invalid, lease_end, lock_value, AcquireRequest, Acquired, Active, Expiry, LockError,
+    WaitSlots,
 };
 use crate::shard::conn::EtcdError;
 use crate::shard::keepalive::Renewal;
@@ -120,7 +120,7 @@ impl Active {
         req: &AcquireRequest,
         slots: &WaitSlots,
     ) -> Result<Acquired, LockError> {
-        let ttl_secs = self.check_acquire(req)?;
+        let ttl_secs = self.ttl_secs(req.ttl_ms)?;
         if req.wait_ms > self.limits.max_wait_ms {
             return Err(invalid(format!(
                 "waitMs must be at most {}",
@@ -137,17 +137,26 @@ impl Active {
             })?;
         let deadline = Instant::now() + Duration::from_millis(req.wait_ms);
         let shard = self.router.shard_for(&req.name).clone();
+        // A waiter from the first answer that the name is held until its
+        // own answer (an acquire answered at once never waited); dropping
+        // it uncounts it, however the wait ends.
+        let mut waiting: Option<crate::metrics::Waiting> = None;
         loop {
             let answer = self.acquire_now(req).await?;
             if !matches!(answer, Acquired::Held(_)) || Instant::now() >= deadline {
+                if let Some(w) = &mut waiting {
+                    w.ended(matches!(answer, Acquired::Granted(_)));
+                }
                 return Ok(answer);
             }
+            let w = waiting.get_or_insert_with(|| crate::metrics::Waiting::start(&shard.name));
             if self.moved(&req.name, &shard) {
                 // Held where no queue exists (its previous shard): retry.
                 tokio::time::sleep(Duration::from_millis(20)).await;
                 continue;
             }
             if let Some(answer) = self.queue(req, ttl_secs, &shard, deadline).await? {
+                w.ended(matches!(answer, Acquired::Granted(_)));
                 return Ok(answer);
             }
             // The name turned out to be moved while queued: retry as above.
@@ -173,7 +182,9 @@ impl Active {
         let k = shard.name_keys(&name_hash(&req.name));
         let session = shard
             .sessions
-            .get_or_grant(&req.client_id, ttl_secs, || grant_session(shard, ttl_secs))
+            .get_or_grant(&req.client_id, ttl_secs, || {
+                self.new_session(shard, ttl_secs, req.owner.as_ref())
+            })
             .await?;
         let entry = Entry::enter(shard, &k, &req.client_id).await?;
         let now = Instant::now();
@@ -224,8 +235,10 @@ impl Active {
                         lease: alive.session.id,
                         revision,
                         name_hash: k.hash,
+                        owner: String::new(),
                     };
-                    return Ok(Some(Acquired::Granted(grant(lock, &renewal, sent)?)));
+                    let granted = self.grant(lock, &req.client_id, &renewal, sent)?;
+                    return Ok(Some(Acquired::Granted(granted)));
                 }
                 // Our entry's lease ended (it could not be kept alive).
                 AcquireTxn::Gone => return Ok(Some(Acquired::Held(Expiry(Instant::now())))),

@@ -8,6 +8,10 @@
 //! the renewal began has a lower revision, so the cache then reflects it.
 //! While the cache is loading, after its watch broke, or when a barrier is
 //! not applied in time, it does not vouch, and callers read etcd instead.
+//!
+//! It also counts, per [`LeaseTag`], the lock keys and distinct leases it
+//! holds: the locks and sessions of each principal on the shard, which
+//! per-principal quotas read (a count, never the basis of a grant).
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -21,6 +25,7 @@ use tokio_util::sync::CancellationToken;
 use super::conn::{EtcdConn, EtcdError};
 use super::keys::{Keys, NameHash};
 use super::verify::IdentityCell;
+use crate::token::lease_tag::LeaseTag;
 
 /// Longest a renewal waits for the cache to apply its barrier before it
 /// reads etcd instead.
@@ -51,10 +56,69 @@ pub enum Vouched {
     Unsure,
 }
 
+/// The lock keys of a principal (a lease tag) on the shard.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct Held {
+    pub locks: u64,
+    /// Distinct leases (sessions) its lock keys ride on.
+    pub sessions: u64,
+}
+
+/// Every lock key, and the counts per lease tag kept with them.
+#[derive(Default)]
+struct Table {
+    keys: HashMap<NameHash, Entry>,
+    /// Per tag: its lock count and the lock count of each of its leases.
+    tags: HashMap<LeaseTag, (u64, HashMap<i64, u64>)>,
+}
+
+impl Table {
+    fn insert(&mut self, hash: NameHash, entry: Entry) {
+        if let Some(old) = self.keys.insert(hash, entry) {
+            self.uncount(old.1);
+        }
+        let (locks, leases) = self.tags.entry(LeaseTag::in_lease(entry.1)).or_default();
+        *locks += 1;
+        *leases.entry(entry.1).or_default() += 1;
+    }
+
+    fn remove(&mut self, hash: &NameHash) {
+        if let Some(old) = self.keys.remove(hash) {
+            self.uncount(old.1);
+        }
+    }
+
+    fn uncount(&mut self, lease: i64) {
+        let tag = LeaseTag::in_lease(lease);
+        let Some((locks, leases)) = self.tags.get_mut(&tag) else {
+            return;
+        };
+        *locks -= 1;
+        if let Some(n) = leases.get_mut(&lease) {
+            *n -= 1;
+            if *n == 0 {
+                leases.remove(&lease);
+            }
+        }
+        if *locks == 0 {
+            self.tags.remove(&tag);
+        }
+    }
+
+    fn held(&self, tag: LeaseTag) -> Held {
+        self.tags
+            .get(&tag)
+            .map_or(Held::default(), |(locks, leases)| Held {
+                locks: *locks,
+                sessions: leases.len() as u64,
+            })
+    }
+}
+
 /// The cache's state, shared by its feeder task and its readers.
 struct State {
     /// std `RwLock`: lookups and event batches are short and never await.
-    keys: RwLock<HashMap<NameHash, Entry>>,
+    keys: RwLock<Table>,
     /// The revision up to which every change of the lock keys is applied.
     applied: watch::Sender<i64>,
     /// False while loading or after the watch broke.
@@ -91,7 +155,7 @@ impl LockCache {
         cancel: &CancellationToken,
     ) -> Self {
         let state = Arc::new(State {
-            keys: RwLock::new(HashMap::new()),
+            keys: RwLock::new(Table::default()),
             applied: watch::Sender::new(0),
             usable: AtomicBool::new(false),
             last_barrier: Mutex::new(None),
@@ -151,7 +215,7 @@ impl LockCache {
             return Ok(Vouched::Unsure);
         }
         Ok(Vouched::Entries(
-            hashes.iter().map(|h| keys.get(h).copied()).collect(),
+            hashes.iter().map(|h| keys.keys.get(h).copied()).collect(),
         ))
     }
 
@@ -167,8 +231,19 @@ impl LockCache {
             .keys
             .read()
             .expect("cache lock")
+            .keys
             .get(hash)
             .copied()
+    }
+
+    /// The locks and sessions of `tag` on the shard as the cache has them
+    /// now (no barrier), while it vouches.
+    pub fn held(&self, tag: LeaseTag) -> Option<Held> {
+        let table = self.state.keys.read().expect("cache lock");
+        self.state
+            .usable
+            .load(Ordering::Acquire)
+            .then(|| table.held(tag))
     }
 
     /// Lock keys the cache holds (for metrics), while it vouches.
@@ -176,7 +251,7 @@ impl LockCache {
         self.state
             .usable
             .load(Ordering::Acquire)
-            .then(|| self.state.keys.read().expect("cache lock").len())
+            .then(|| self.state.keys.read().expect("cache lock").keys.len())
     }
 }
 
@@ -286,7 +361,7 @@ async fn feed(source: Source, state: Arc<State>, cancel: CancellationToken) {
 async fn load(source: &Source, state: &State) -> Result<i64, EtcdError> {
     let (start, end) = source.keys.locks_range();
     let prefix = start.len();
-    let mut keys = HashMap::new();
+    let mut keys = Table::default();
     let mut from = start;
     let mut revision = 0;
     loop {
@@ -419,6 +494,34 @@ fn hash_of(hex: &[u8]) -> Option<NameHash> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn counts_per_tag_follow_puts_replacements_and_deletes() {
+        let (pay, ship) = (LeaseTag::of("pay"), LeaseTag::of("ship"));
+        let (a, b) = (pay.new_lease_id(), pay.new_lease_id());
+        let s = ship.new_lease_id();
+        let h = |n: &str| crate::shard::keys::name_hash(n);
+        let mut t = Table::default();
+        t.insert(h("1"), (10, a));
+        t.insert(h("2"), (11, a));
+        t.insert(h("3"), (12, b));
+        t.insert(h("4"), (13, s));
+        let held = |locks, sessions| Held { locks, sessions };
+        assert_eq!(t.held(pay), held(3, 2));
+        assert_eq!(t.held(ship), held(1, 1));
+        // The same name put again (a new grant after a delete we missed):
+        // counted once, under its new lease.
+        t.insert(h("3"), (14, s));
+        assert_eq!((t.held(pay), t.held(ship)), (held(2, 1), held(2, 1)));
+        t.remove(&h("1"));
+        t.remove(&h("1"));
+        t.remove(&h("2"));
+        assert_eq!(t.held(pay), held(0, 0));
+        assert!(!t.tags.contains_key(&pay), "an empty tag is forgotten");
+        t.remove(&h("3"));
+        t.remove(&h("4"));
+        assert!(t.tags.is_empty() && t.keys.is_empty());
+    }
 
     #[test]
     fn lock_key_suffixes_parse_back_to_their_hash() {

@@ -1,8 +1,9 @@
 //! A shard: one etcd cluster, and every etcd call lockrouter makes to it.
 //!
-//! Besides its connection ([`conn`]), a shard owns the background helpers
-//! that make the hot paths cheap (the multiplexed keepalive stream in
-//! [`keepalive`], the lock-key cache renewals consult in [`cache`], batched
+//! Besides its connection ([`conn`], with the TLS and etcd user of
+//! [`access`], whose tokens [`login`] keeps), a shard owns the background
+//! helpers that make the hot paths cheap (the multiplexed keepalive stream
+//! in [`keepalive`], the lock-key cache renewals consult in [`cache`], batched
 //! verification for when the cache cannot vouch in [`verify`], the
 //! session-lease cache in [`sessions`], the group commit of grants and
 //! releases in [`commit`]), the ring state it last read from etcd, and the
@@ -23,11 +24,13 @@ use std::sync::RwLock;
 use etcd_client::{KeyValue, LeaseTimeToLiveOptions, Txn, TxnResponse};
 use tokio_util::sync::CancellationToken;
 
+pub mod access;
 pub mod cache;
 pub mod commit;
 pub mod conn;
 pub mod keepalive;
 pub mod keys;
+pub mod login;
 pub mod name;
 mod records;
 mod scan;
@@ -40,7 +43,7 @@ use commit::Committer;
 use conn::{EtcdConn, EtcdError};
 use keepalive::Keepalive;
 use keys::{Identity, Keys, NameHash, Recorded, Reservation};
-pub use name::{AcquireTxn, Grantable, NameKeys, QueueHead};
+pub use name::{AcquireTxn, Grantable, NameKeys, QueueHead, ReleaseTxn};
 use sessions::Sessions;
 use verify::{IdentityCell, Verifier};
 
@@ -213,10 +216,22 @@ impl Shard {
     /// Grants a lease; returns its id and the TTL etcd granted (which may
     /// be above the one asked for: etcd raises TTLs to its minimum).
     pub async fn grant(&self, ttl_secs: u32) -> Result<(i64, i64), EtcdError> {
+        self.grant_with(ttl_secs, None).await
+    }
+
+    /// [`Shard::grant`], with an id carrying `tag` (see [`sessions`]). An
+    /// id already in use (a chance of one in 2^39 per lease of the tag)
+    /// fails the grant, and the acquire answers 500; a retry gets another.
+    pub async fn grant_with(
+        &self,
+        ttl_secs: u32,
+        tag: Option<crate::token::lease_tag::LeaseTag>,
+    ) -> Result<(i64, i64), EtcdError> {
         let mut lease = self.conn.client().lease_client();
+        let options = tag.map(|t| etcd_client::LeaseGrantOptions::new().with_id(t.new_lease_id()));
         let resp = self
             .conn
-            .call("LeaseGrant", lease.grant(ttl_secs.into(), None))
+            .call("LeaseGrant", lease.grant(ttl_secs.into(), options))
             .await?;
         Ok((resp.id(), resp.ttl()))
     }

@@ -5,6 +5,13 @@
 //! This cache is only an optimisation (etcd holds the truth): losing it, or
 //! running several replicas, costs extra leases, never safety. A slot's async
 //! mutex makes concurrent first acquires of one client share a single grant.
+//!
+//! A principal's session leases carry its
+//! [`LeaseTag`](crate::token::lease_tag::LeaseTag) in the high bits of
+//! their etcd lease id (etcd lets the client choose the id), so that every
+//! replica's lock-key cache, which sees every lock key's lease, can count
+//! the locks and sessions of each principal with no extra etcd read
+//! (per-principal quotas).
 
 use std::collections::HashMap;
 use std::future::Future;

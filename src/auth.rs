@@ -1,0 +1,407 @@
+//! Who is calling, and what it may do: the principals of `auth.principals`.
+//!
+//! A principal is known by a bearer token, of which the config holds only
+//! the SHA-256 (tokens are random and long, so a fast hash is enough: there
+//! is no dictionary to try), or by an identity its client certificate
+//! carries (mTLS). Each may lock only names under its prefixes, only with
+//! clientIds under its clientId prefix, and touch only the locks it
+//! acquired (the owner sealed into their lockIds); an admin principal may
+//! also call `/admin/v1/*`. With no principals configured, the lock API is
+//! open, as before. The table is built from the config at start and at
+//! each reload, and swapped whole.
+
+use std::collections::HashMap;
+use std::num::NonZeroU32;
+use std::sync::Arc;
+use std::time::Duration;
+
+use arc_swap::ArcSwap;
+use governor::clock::{Clock, DefaultClock};
+use governor::{DefaultDirectRateLimiter, Quota, RateLimiter};
+use sha2::{Digest, Sha256};
+
+use crate::config::{AuthSettings, PrincipalSettings};
+use crate::token::lease_tag::LeaseTag;
+use crate::token::lock_id::Sealer;
+
+/// Why a request was refused here; `http::error` maps each to its status.
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+pub enum AuthError {
+    /// No credentials, or credentials that name nobody (401).
+    #[error("{0}")]
+    Unauthenticated(String),
+    /// A known caller outside what it may do (403).
+    #[error("{0}")]
+    PermissionDenied(String),
+    /// Past the principal's own acquire rate (429).
+    #[error("principal {principal:?} is past {per_sec} acquires/s")]
+    RateLimited {
+        principal: String,
+        per_sec: u32,
+        retry_after: Duration,
+    },
+}
+
+/// A caller of the lock API, as requests are checked against it.
+pub struct Principal {
+    pub name: String,
+    prefixes: Vec<String>,
+    client_id_prefix: Option<String>,
+    pub admin: bool,
+    /// Its own acquires per second through this replica, if limited.
+    rate: Option<(u32, DefaultDirectRateLimiter)>,
+    /// Its bound on locks held at once (0: none).
+    pub max_held_locks: u64,
+    /// Its bound on sessions holding its locks (0: none).
+    pub max_sessions: u64,
+}
+
+impl Principal {
+    fn new(p: &PrincipalSettings) -> Self {
+        let rate = NonZeroU32::new(p.acquires_per_sec)
+            .map(|n| (n.get(), RateLimiter::direct(Quota::per_second(n))));
+        Self {
+            name: p.name.clone(),
+            prefixes: p.name_prefixes.clone(),
+            client_id_prefix: p.client_id_prefix.clone(),
+            admin: p.admin,
+            rate,
+            max_held_locks: p.max_held_locks,
+            max_sessions: p.max_sessions,
+        }
+    }
+
+    /// Whether `name` is under one of its prefixes.
+    pub fn may_lock(&self, name: &str) -> Result<(), AuthError> {
+        if self.prefixes.iter().any(|p| name.starts_with(p.as_str())) {
+            return Ok(());
+        }
+        Err(AuthError::PermissionDenied(format!(
+            "principal {:?} may not use this name (allowed prefixes: {:?})",
+            self.name, self.prefixes
+        )))
+    }
+
+    /// Whether it may acquire `name` as `client_id`, at this moment.
+    pub fn may_acquire(&self, name: &str, client_id: &str) -> Result<(), AuthError> {
+        self.may_lock(name)?;
+        if let Some(prefix) = &self.client_id_prefix {
+            if !client_id.starts_with(prefix.as_str()) {
+                return Err(AuthError::PermissionDenied(format!(
+                    "principal {:?} must use clientIds starting with {prefix:?}",
+                    self.name
+                )));
+            }
+        }
+        if let Some((per_sec, limiter)) = &self.rate {
+            limiter
+                .check()
+                .map_err(|not_until| AuthError::RateLimited {
+                    principal: self.name.clone(),
+                    per_sec: *per_sec,
+                    retry_after: not_until.wait_time_from(DefaultClock::default().now()),
+                })?;
+        }
+        Ok(())
+    }
+}
+
+/// The identities a client certificate carries: its DNS and URI subject
+/// alternative names and its subject's common names. Read once per
+/// connection; empty without a client certificate.
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
+pub struct PeerIdentity {
+    pub names: Vec<String>,
+}
+
+impl PeerIdentity {
+    /// The identities of the first (end-entity) certificate of `chain`.
+    /// The TLS layer has verified the chain; an unparsable certificate
+    /// carries no identity.
+    pub fn of(chain: Option<&[rustls::pki_types::CertificateDer<'_>]>) -> Self {
+        use x509_parser::extensions::GeneralName;
+        let Some(cert) = chain.and_then(|c| c.first()) else {
+            return Self::default();
+        };
+        let Ok((_, cert)) = x509_parser::parse_x509_certificate(cert.as_ref()) else {
+            return Self::default();
+        };
+        let mut names: Vec<String> = Vec::new();
+        if let Ok(Some(san)) = cert.subject_alternative_name() {
+            for name in &san.value.general_names {
+                match name {
+                    GeneralName::DNSName(n) | GeneralName::URI(n) => names.push(n.to_string()),
+                    _ => {}
+                }
+            }
+        }
+        for cn in cert.subject().iter_common_name() {
+            if let Ok(cn) = cn.as_str() {
+                names.push(cn.to_string());
+            }
+        }
+        Self { names }
+    }
+}
+
+/// Who a request comes from, before any route's rules apply.
+pub enum Credential {
+    /// Nothing presented (or a certificate naming no principal).
+    None,
+    /// The `admin.token` bearer.
+    AdminToken,
+    /// A principal, by its token or its certificate.
+    Principal(Arc<Principal>),
+    /// A bearer token that is neither.
+    Unknown,
+}
+
+/// The principals of one config.
+pub struct Principals {
+    by_token: HashMap<[u8; 32], Arc<Principal>>,
+    by_identity: HashMap<String, Arc<Principal>>,
+    /// `admin.token`, compared in constant time.
+    admin_token: Option<String>,
+    /// Whether any principal is configured (the lock API then needs one).
+    enabled: bool,
+}
+
+/// The principals in force, swapped whole on reload.
+pub type Shared = Arc<ArcSwap<Principals>>;
+
+impl Principals {
+    /// The principals of `auth`; refused when two of them share a lease
+    /// tag and either has a quota (their counts would be one).
+    pub fn new(auth: &AuthSettings, admin_token: Option<&str>) -> Result<Self, String> {
+        let mut by_token = HashMap::new();
+        let mut by_identity = HashMap::new();
+        let mut tags: HashMap<LeaseTag, &PrincipalSettings> = HashMap::new();
+        for p in &auth.principals {
+            if let Some(other) = tags.insert(LeaseTag::of(&p.name), p) {
+                let quota = |p: &PrincipalSettings| p.max_held_locks > 0 || p.max_sessions > 0;
+                if quota(p) || quota(other) {
+                    return Err(format!(
+                        "auth.principals {:?} and {:?} would share their quota counts \
+                         (their names hash alike): rename one",
+                        other.name, p.name
+                    ));
+                }
+            }
+            let principal = Arc::new(Principal::new(p));
+            let hashes = p.token_sha256.iter().filter_map(|h| hex::decode(h).ok());
+            for hash in hashes.filter_map(|h| <[u8; 32]>::try_from(h).ok()) {
+                by_token.insert(hash, principal.clone());
+            }
+            if let Some(id) = &p.tls_identity {
+                by_identity.insert(id.clone(), principal);
+            }
+        }
+        Ok(Self {
+            by_token,
+            by_identity,
+            admin_token: admin_token.map(str::to_string),
+            enabled: !auth.principals.is_empty(),
+        })
+    }
+
+    /// Whether the lock API needs a principal.
+    pub fn enabled(&self) -> bool {
+        self.enabled
+    }
+
+    /// Whether `admin.token` is set.
+    pub fn has_admin_token(&self) -> bool {
+        self.admin_token.is_some()
+    }
+
+    /// Who `authorization` (the header's value, if any) and the
+    /// connection's certificate say the caller is. A bearer token decides
+    /// alone: a wrong token is not excused by a certificate.
+    pub fn identify(&self, authorization: Option<&[u8]>, peer: &PeerIdentity) -> Credential {
+        if let Some(value) = authorization {
+            let Some(token) = value.strip_prefix(b"Bearer ") else {
+                return Credential::Unknown;
+            };
+            if let Some(admin) = &self.admin_token {
+                if constant_time_eq(token, admin.as_bytes()) {
+                    return Credential::AdminToken;
+                }
+            }
+            // The lookup compares hashes, not tokens: what its timing could
+            // tell is about a hash, from which no token can be worked back.
+            let hash: [u8; 32] = Sha256::digest(token).into();
+            return match self.by_token.get(&hash) {
+                Some(p) => Credential::Principal(p.clone()),
+                None => Credential::Unknown,
+            };
+        }
+        peer.names
+            .iter()
+            .find_map(|n| self.by_identity.get(n))
+            .map_or(Credential::None, |p| Credential::Principal(p.clone()))
+    }
+}
+
+/// The sealer `auth` configures, reading its key files now. The error
+/// names the setting.
+pub fn sealer(auth: &AuthSettings) -> Result<Sealer, String> {
+    let secrets = auth.lock_id_secrets().map_err(|e| e.to_string())?;
+    Sealer::new(&secrets, auth.accept_unsigned_lock_ids).map_err(|e| format!("auth.{e}"))
+}
+
+/// A new random bearer token and its SHA-256 (hex), for `token_sha256`.
+pub fn new_token() -> (String, String) {
+    use base64::Engine;
+    let token = base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(random_bytes());
+    let hash = hex::encode(Sha256::digest(token.as_bytes()));
+    (token, hash)
+}
+
+/// A new random lockId key, base64 as `auth.lock_id_keys` takes it.
+pub fn new_key() -> String {
+    use base64::Engine;
+    base64::engine::general_purpose::STANDARD.encode(random_bytes())
+}
+
+fn random_bytes() -> [u8; 32] {
+    let mut b = [0u8; 32];
+    rustls::crypto::aws_lc_rs::default_provider()
+        .secure_random
+        .fill(&mut b)
+        .expect("the system's random source works");
+    b
+}
+
+fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
+    a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn settings(principals: Vec<PrincipalSettings>) -> AuthSettings {
+        AuthSettings {
+            principals,
+            ..AuthSettings::default()
+        }
+    }
+
+    fn principal(name: &str, token: &str) -> PrincipalSettings {
+        PrincipalSettings {
+            name: name.into(),
+            token_sha256: vec![hex::encode(Sha256::digest(token.as_bytes()))],
+            tls_identity: Some(format!("{name}.workers.test")),
+            name_prefixes: vec![format!("{name}/")],
+            client_id_prefix: None,
+            admin: false,
+            acquires_per_sec: 0,
+            max_held_locks: 0,
+            max_sessions: 0,
+        }
+    }
+
+    fn name_of(c: Credential) -> Option<String> {
+        match c {
+            Credential::Principal(p) => Some(p.name.clone()),
+            _ => None,
+        }
+    }
+
+    #[test]
+    fn tokens_and_certificates_name_their_principal() {
+        let table = Principals::new(
+            &settings(vec![
+                principal("pay", "tok-pay"),
+                principal("ship", "tok-ship"),
+            ]),
+            Some("the-admin-token-0123"),
+        )
+        .unwrap();
+        let none = PeerIdentity::default();
+        assert_eq!(
+            name_of(table.identify(Some(b"Bearer tok-ship"), &none)),
+            Some("ship".into())
+        );
+        assert!(matches!(
+            table.identify(Some(b"Bearer the-admin-token-0123"), &none),
+            Credential::AdminToken
+        ));
+        for bad in [
+            &b"Bearer tok-nope"[..],
+            b"Basic dG9rLXBheQ==",
+            b"tok-pay",
+            b"",
+        ] {
+            assert!(matches!(
+                table.identify(Some(bad), &none),
+                Credential::Unknown
+            ));
+        }
+        let cert = PeerIdentity {
+            names: vec!["other".into(), "pay.workers.test".into()],
+        };
+        assert_eq!(name_of(table.identify(None, &cert)), Some("pay".into()));
+        assert!(matches!(table.identify(None, &none), Credential::None));
+        // A wrong token is not excused by a good certificate.
+        assert!(matches!(
+            table.identify(Some(b"Bearer wrong"), &cert),
+            Credential::Unknown
+        ));
+    }
+
+    #[test]
+    fn prefixes_client_ids_and_rates_bound_a_principal() {
+        let mut p = principal("pay", "t");
+        p.name_prefixes = vec!["pay/".into(), "refund:".into()];
+        p.client_id_prefix = Some("pay-".into());
+        p.acquires_per_sec = 2;
+        let p = Principal::new(&p);
+        p.may_lock("pay/42").unwrap();
+        p.may_lock("refund:7").unwrap();
+        assert!(matches!(
+            p.may_lock("ship/42"),
+            Err(AuthError::PermissionDenied(_))
+        ));
+        assert!(matches!(
+            p.may_acquire("pay/1", "ship-worker"),
+            Err(AuthError::PermissionDenied(_))
+        ));
+        p.may_acquire("pay/1", "pay-worker").unwrap();
+        let past = p
+            .may_acquire("pay/1", "pay-worker")
+            .and_then(|_| p.may_acquire("pay/1", "pay-worker"));
+        match past {
+            Err(AuthError::RateLimited { retry_after, .. }) => {
+                assert!(retry_after <= Duration::from_secs(1))
+            }
+            other => panic!("expected a rate limit, got {other:?}"),
+        }
+        let none = Principal::new(&PrincipalSettings {
+            name_prefixes: vec![],
+            ..principal("admin", "t")
+        });
+        assert!(none.may_lock("").is_err(), "no prefixes: no names");
+    }
+
+    #[test]
+    fn new_tokens_hash_as_the_config_expects() {
+        let (token, hash) = new_token();
+        assert!(token.len() >= 43, "32 random bytes");
+        let table = Principals::new(
+            &settings(vec![PrincipalSettings {
+                token_sha256: vec![hash],
+                ..principal("p", "unused")
+            }]),
+            None,
+        )
+        .unwrap();
+        let bearer = format!("Bearer {token}");
+        assert_eq!(
+            name_of(table.identify(Some(bearer.as_bytes()), &PeerIdentity::default())),
+            Some("p".into())
+        );
+        assert_ne!(new_token().0, token);
+        assert_eq!(new_key().len(), 44);
+    }
+}
