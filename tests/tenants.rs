@@ -544,3 +544,44 @@ async fn a_client_certificate_names_its_principal() {
     let stranger = client(&server.ca_pem, Some(stranger_cert));
     assert_eq!(acquire(&stranger, "pay/2").await.unwrap().status(), 401);
 }
+
+/// The Rust SDK and `lockrouter exec` carry a principal's bearer token:
+/// with it they hold a lock, without it the router refuses them (401; exec
+/// exits 77), and outside the principal's names exec exits 77 too.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_sdk_and_exec_send_the_principals_token() {
+    let etcd = EtcdCluster::single();
+    let router = FileRouter::start(&auth_toml(&etcd, &key_toml("k1", 1))).await;
+    let base = &router.api.base;
+    let sdk = lockrouter_client::Client::builder(base)
+        .client_id("pay-sdk")
+        .bearer_token(PAY)
+        .build()
+        .unwrap();
+    let lock = sdk
+        .acquire("pay/sdk", Duration::from_secs(3))
+        .await
+        .unwrap()
+        .expect("acquired");
+    tokio::time::sleep(Duration::from_millis(3_500)).await;
+    assert!(lock.is_held(), "renewed with the token past its TTL");
+    lock.release().await.unwrap();
+    let anonymous = lockrouter_client::Client::new(base, None).unwrap();
+    match anonymous.acquire("pay/sdk", Duration::from_secs(3)).await {
+        Err(lockrouter_client::Error::Router { status: 401, .. }) => {}
+        other => panic!("expected a 401, got {other:?}"),
+    }
+    let exec = |name: &str, token: Option<&str>| {
+        let mut cmd = std::process::Command::new(env!("CARGO_BIN_EXE_lockrouter"));
+        cmd.args(["exec", "--router", base, "--name", name, "--ttl", "3s"])
+            .args(["--client-id", "pay-exec", "--", "true"])
+            .env_remove("LOCKROUTER_TOKEN");
+        if let Some(t) = token {
+            cmd.env("LOCKROUTER_TOKEN", t);
+        }
+        tokio::task::block_in_place(|| cmd.output().unwrap())
+    };
+    assert_eq!(exec("pay/exec", Some(PAY)).status.code(), Some(0));
+    assert_eq!(exec("pay/exec", None).status.code(), Some(77));
+    assert_eq!(exec("ship/exec", Some(PAY)).status.code(), Some(77));
+}

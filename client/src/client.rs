@@ -83,9 +83,18 @@ pub struct ClientBuilder {
     margin: Option<Duration>,
     request_timeout: Duration,
     ca_pem: Option<Vec<u8>>,
+    bearer_token: Option<String>,
 }
 
 impl ClientBuilder {
+    /// The bearer token of this client's principal, for a router with
+    /// principals configured: sent as `Authorization: Bearer <token>` with
+    /// every call.
+    pub fn bearer_token(mut self, token: impl Into<String>) -> Self {
+        self.bearer_token = Some(token.into());
+        self
+    }
+
     /// PEM CA certificates to trust for an `https://` router, besides the
     /// public web roots (for a router whose certificate a private CA
     /// signed).
@@ -120,7 +129,10 @@ impl ClientBuilder {
     pub fn build(self) -> Result<Client, Error> {
         let runtime = tokio::runtime::Handle::try_current()
             .map_err(|_| Error::Config("a Client must be built inside a tokio runtime".into()))?;
-        let transport = Transport::new(&self.base_url, self.ca_pem.as_deref())?;
+        let mut transport = Transport::new(&self.base_url, self.ca_pem.as_deref())?;
+        if let Some(token) = &self.bearer_token {
+            transport = transport.with_bearer(token)?;
+        }
         let client_id = match self.client_id {
             Some(id) if id.is_empty() => return Err(Error::Config("empty client id".into())),
             Some(id) => id,
@@ -165,6 +177,7 @@ impl Client {
             margin: None,
             request_timeout: Duration::from_secs(5),
             ca_pem: None,
+            bearer_token: None,
         }
     }
 

@@ -22,6 +22,8 @@ pub(crate) struct Transport {
     http: HttpClient<HttpsConnector<HttpConnector>, Full<Bytes>>,
     /// `scheme://authority[/prefix]` without a trailing slash.
     base: String,
+    /// `Bearer <token>` of the caller's principal, sent with every call.
+    authorization: Option<http::HeaderValue>,
 }
 
 #[derive(Serialize)]
@@ -149,7 +151,23 @@ impl Transport {
             // closing would be reset.
             .pool_idle_timeout(Duration::from_secs(5))
             .build(connector(ca_pem)?);
-        Ok(Self { http, base })
+        Ok(Self {
+            http,
+            base,
+            authorization: None,
+        })
+    }
+
+    /// The same transport, sending `Authorization: Bearer <token>` (a
+    /// principal's token, see the router's docs/security.md) with every
+    /// call.
+    pub fn with_bearer(mut self, token: &str) -> Result<Self, Error> {
+        let mut value = http::HeaderValue::from_str(&format!("Bearer {token}")).map_err(|_| {
+            Error::Config("the bearer token has characters a header cannot carry".into())
+        })?;
+        value.set_sensitive(true);
+        self.authorization = Some(value);
+        Ok(self)
     }
 
     pub async fn acquire(
@@ -213,10 +231,14 @@ impl Transport {
         timeout: Duration,
     ) -> Result<(StatusCode, Bytes), Error> {
         let json = serde_json::to_vec(body).map_err(|e| Error::Config(e.to_string()))?;
-        let req = Request::builder()
+        let mut req = Request::builder()
             .method(Method::POST)
             .uri(format!("{}{path}", self.base))
-            .header(header::CONTENT_TYPE, "application/json")
+            .header(header::CONTENT_TYPE, "application/json");
+        if let Some(auth) = &self.authorization {
+            req = req.header(header::AUTHORIZATION, auth.clone());
+        }
+        let req = req
             .body(Full::new(Bytes::from(json)))
             .map_err(|e| Error::Config(e.to_string()))?;
         let call = async {

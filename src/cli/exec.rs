@@ -35,6 +35,9 @@ pub mod codes {
     /// The router refused the acquire as malformed, e.g. a TTL outside its
     /// limits (a 4xx other than 429) (EX_USAGE).
     pub const REFUSED: u8 = 64;
+    /// The router refused the caller's credentials or its principal may not
+    /// take the name (401, 403) (EX_NOPERM).
+    pub const NOPERM: u8 = 77;
     /// Someone else holds the lock (after `--wait`, if given) (EX_TEMPFAIL).
     pub const NOT_ACQUIRED: u8 = 75;
     /// The lock was lost while the command ran; the command was stopped.
@@ -58,6 +61,10 @@ pub struct ExecArgs {
     /// public web roots.
     #[arg(long)]
     pub ca_file: Option<std::path::PathBuf>,
+    /// The bearer token of this command's principal, for a router with
+    /// principals (see docs/security.md).
+    #[arg(long, env = "LOCKROUTER_TOKEN", hide_env_values = true)]
+    pub token: Option<String>,
     /// The lock's name.
     #[arg(long)]
     pub name: String,
@@ -101,6 +108,9 @@ async fn run(args: ExecArgs) -> u8 {
     if let Some(id) = &args.client_id {
         builder = builder.client_id(id.clone());
     }
+    if let Some(token) = &args.token {
+        builder = builder.bearer_token(token.clone());
+    }
     if let Some(path) = &args.ca_file {
         match std::fs::read(path) {
             Ok(pem) => builder = builder.ca_pem(pem),
@@ -130,6 +140,9 @@ async fn run(args: ExecArgs) -> u8 {
         Err(e) => {
             eprintln!("lockrouter exec: cannot acquire {:?}: {e}", args.name);
             return match e {
+                Error::Router {
+                    status: 401 | 403, ..
+                } => codes::NOPERM,
                 Error::Router { status, .. } if (400..500).contains(&status) && status != 429 => {
                     codes::REFUSED
                 }
