@@ -122,7 +122,6 @@ impl Shard {
         after: Option<&[u8]>,
         limit: i64,
     ) -> Result<(Vec<KeyValue>, Option<Vec<u8>>), EtcdError> {
-        const SPACE: u64 = 1 << 32;
         let (start, end) = self.keys.locks_range();
         let held = self.cache.len().unwrap_or(1_000_000).max(1) as u64;
         let width = (SPACE.saturating_mul(4 * limit.max(1) as u64) / held).max(1);
@@ -182,23 +181,61 @@ impl Shard {
 
 /// A range read a page of 1,000 keys at a time, every page at the revision
 /// of the first.
+///
+/// Each read covers only a slice of the range's hash space (its keys are
+/// `prefix <32 hex digits>`): etcd 3.4 collects every revision of a range
+/// before it applies the limit, so pages read to the end of the range would
+/// cost O(keys after them) each, O(n²) for the scan. The first slice is
+/// the whole range (one read, for a range of fewer than 1,000 keys); a
+/// slice that holds more than a page is halved for the next read, one that
+/// holds under a quarter of a page doubled. Slices follow each other with
+/// no gap: a read that filled its page goes on after its last key, one
+/// that did not, at the end of its slice.
 struct Pages {
+    /// The range's start: its keys' common prefix.
+    prefix: Vec<u8>,
     from: Vec<u8>,
     end: Vec<u8>,
     keys_only: bool,
     /// 0 until the first page is read.
     revision: i64,
+    /// Positions of the hash space (see [`hash_position`]) the next read
+    /// covers.
+    width: u64,
     done: bool,
 }
+
+/// Positions in the hash space: the first 32 bits of a hash.
+const SPACE: u64 = 1 << 32;
+/// Keys a page reads.
+const PAGE: usize = 1_000;
 
 impl Pages {
     fn new((start, end): (Vec<u8>, Vec<u8>), keys_only: bool) -> Self {
         Self {
+            prefix: start.clone(),
             from: start,
             end,
             keys_only,
             revision: 0,
+            width: SPACE,
             done: false,
+        }
+    }
+
+    /// The end (exclusive) of the slice that starts at `self.from`.
+    fn slice_end(&self) -> Vec<u8> {
+        let suffix = &self.from[self.prefix.len().min(self.from.len())..];
+        let last = hash_position(suffix).saturating_add(self.width - 1);
+        let to = match last {
+            p if p >= SPACE - 1 => return self.end.clone(),
+            p => [self.prefix.as_slice(), format!("{:08x}", p + 1).as_bytes()].concat(),
+        };
+        // Never behind `from` (a key whose suffix is not a hash).
+        if to <= self.from {
+            self.end.clone()
+        } else {
+            to
         }
     }
 
@@ -206,9 +243,10 @@ impl Pages {
         if self.done {
             return Ok(None);
         }
+        let to = self.slice_end();
         let mut opts = GetOptions::new()
-            .with_range(self.end.clone())
-            .with_limit(1_000);
+            .with_range(to.clone())
+            .with_limit(PAGE as i64);
         if self.keys_only {
             opts = opts.with_keys_only();
         }
@@ -227,8 +265,15 @@ impl Pages {
             Some(last) if more => {
                 self.from = last.key().to_vec();
                 self.from.push(0);
+                self.width = (self.width / 2).max(1);
             }
-            _ => self.done = true,
+            _ if to >= self.end => self.done = true,
+            _ => {
+                self.from = to;
+                if kvs.len() < PAGE / 4 {
+                    self.width = (self.width * 2).min(SPACE);
+                }
+            }
         }
         Ok(Some(kvs))
     }
