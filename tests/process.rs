@@ -73,21 +73,30 @@ async fn sigterm_drains_and_exits_zero() {
         );
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
-    let pid = router.child.id().to_string();
+    let status = sigterm_and_wait(&mut router.child);
+    assert!(status.success(), "{status:?}\n{}", router.log_text());
+}
+
+/// Sends SIGTERM to `child` and waits up to 15 s for it to exit; kills it
+/// and panics if it does not.
+fn sigterm_and_wait(child: &mut std::process::Child) -> std::process::ExitStatus {
+    let pid = child.id().to_string();
     assert!(Command::new("kill")
         .args(["-TERM", &pid])
         .status()
         .unwrap()
         .success());
     let deadline = Instant::now() + Duration::from_secs(15);
-    let status = loop {
-        if let Some(s) = router.child.try_wait().unwrap() {
-            break s;
+    loop {
+        if let Some(s) = child.try_wait().unwrap() {
+            return s;
         }
-        assert!(Instant::now() < deadline, "router did not exit on SIGTERM");
+        if Instant::now() > deadline {
+            let _ = child.kill();
+            panic!("the router did not exit on SIGTERM");
+        }
         std::thread::sleep(Duration::from_millis(50));
-    };
-    assert!(status.success(), "{status:?}\n{}", router.log_text());
+    }
 }
 
 /// A router whose stderr is a pipe nobody reads any more (its log shipper
@@ -112,23 +121,7 @@ async fn sigterm_ends_a_router_whose_log_pipe_broke() {
     api.wait_ready().await;
     drop(child.stderr.take()); // the reading end goes: writes now fail
     api.must_acquire("broken-pipe", 5_000, "A").await;
-    let pid = child.id().to_string();
-    assert!(Command::new("kill")
-        .args(["-TERM", &pid])
-        .status()
-        .unwrap()
-        .success());
-    let deadline = Instant::now() + Duration::from_secs(15);
-    let status = loop {
-        if let Some(s) = child.try_wait().unwrap() {
-            break s;
-        }
-        if Instant::now() > deadline {
-            let _ = child.kill();
-            panic!("the router ignored SIGTERM with its stderr closed");
-        }
-        std::thread::sleep(Duration::from_millis(50));
-    };
+    let status = sigterm_and_wait(&mut child);
     assert!(status.success(), "{status:?}");
 }
 
