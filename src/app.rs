@@ -52,7 +52,8 @@ impl Application {
         let sealer = crate::auth::sealer(&settings.auth).map_err(StartError::Auth)?;
         let principals =
             crate::auth::Principals::new(&settings.auth, settings.admin.token.as_deref())
-                .map_err(StartError::Auth)?;
+                .map_err(StartError::Auth)?
+                .with_admin_hosts(&settings.admin.allowed_hosts);
         let principals: crate::auth::Shared = Arc::new(arc_swap::ArcSwap::from_pointee(principals));
         let access_log = crate::http::access::switch(settings.server.access_log);
         let router = crate::placement::serve(&settings, pool.clone()).await?;
@@ -63,6 +64,7 @@ impl Application {
                 coalesce: Duration::from_millis(settings.etcd.keepalive_coalesce_ms),
                 lock_delay: settings.locks.lock_delay,
                 sealer,
+                quotas: Default::default(),
             },
             crate::http::admission::per_shard_acquires(settings.server.max_in_flight),
         ));

@@ -164,6 +164,10 @@ pub struct Principals {
     admin_token: Option<String>,
     /// Whether any principal is configured (the lock API then needs one).
     enabled: bool,
+    /// `admin.allowed_hosts`: names besides loopback addresses that admin
+    /// requests may be addressed to while the admin routes are open to
+    /// loopback clients.
+    admin_hosts: Vec<String>,
 }
 
 /// The principals in force, swapped whole on reload.
@@ -177,15 +181,14 @@ impl Principals {
         let mut by_identity = HashMap::new();
         let mut tags: HashMap<LeaseTag, &PrincipalSettings> = HashMap::new();
         for p in &auth.principals {
+            // The tag confines a principal's lockIds to its own leases and
+            // counts its quotas: two principals may not share one.
             if let Some(other) = tags.insert(LeaseTag::of(&p.name), p) {
-                let quota = |p: &PrincipalSettings| p.max_held_locks > 0 || p.max_sessions > 0;
-                if quota(p) || quota(other) {
-                    return Err(format!(
-                        "auth.principals {:?} and {:?} would share their quota counts \
-                         (their names hash alike): rename one",
-                        other.name, p.name
-                    ));
-                }
+                return Err(format!(
+                    "auth.principals {:?} and {:?} would share a lease tag \
+                     (their names hash alike), and so their locks' leases and quota counts: rename one",
+                    other.name, p.name
+                ));
             }
             let principal = Arc::new(Principal::new(p));
             let hashes = p.token_sha256.iter().filter_map(|h| hex::decode(h).ok());
@@ -201,7 +204,26 @@ impl Principals {
             by_identity,
             admin_token: admin_token.map(str::to_string),
             enabled: !auth.principals.is_empty(),
+            admin_hosts: Vec::new(),
         })
+    }
+
+    /// With `admin.allowed_hosts`.
+    pub fn with_admin_hosts(mut self, hosts: &[String]) -> Self {
+        self.admin_hosts = hosts.iter().map(|h| h.to_ascii_lowercase()).collect();
+        self
+    }
+
+    /// Whether admin requests may be addressed to `host` (a `Host` header's
+    /// name, without its port) while the admin routes are open to loopback
+    /// clients: a loopback address, `localhost`, or an allowed name.
+    pub fn admin_host_allowed(&self, host: &str) -> bool {
+        let host = host.trim_end_matches('.').to_ascii_lowercase();
+        host == "localhost"
+            || host
+                .parse::<std::net::IpAddr>()
+                .is_ok_and(|ip| ip.to_canonical().is_loopback())
+            || self.admin_hosts.contains(&host)
     }
 
     /// Whether the lock API needs a principal.
@@ -299,6 +321,24 @@ mod tests {
             max_held_locks: 0,
             max_sessions: 0,
         }
+    }
+
+    #[test]
+    fn principals_whose_names_share_a_lease_tag_are_refused() {
+        // Birthday search over 24-bit tags: a pair turns up within a few
+        // thousand names.
+        let mut seen = HashMap::new();
+        let (a, b) = (0..100_000)
+            .find_map(|i| {
+                let name = format!("p{i}");
+                seen.insert(LeaseTag::of(&name), name.clone())
+                    .map(|other| (other, name))
+            })
+            .expect("a collision among 100,000 names");
+        let both = settings(vec![principal(&a, "token-a"), principal(&b, "token-b")]);
+        let refused = Principals::new(&both, None).err().expect("refused");
+        assert!(refused.contains(&a) && refused.contains(&b), "{refused}");
+        assert!(Principals::new(&settings(vec![principal(&a, "token-a")]), None).is_ok());
     }
 
     fn name_of(c: Credential) -> Option<String> {

@@ -160,6 +160,12 @@ pub struct AdminSettings {
     /// and `POST /admin/v1/reload` still reload).
     #[serde(default = "defaults::reload_poll_ms")]
     pub reload_poll_ms: u64,
+    /// Host names (besides loopback addresses and `localhost`) that admin
+    /// requests may be addressed to while the admin routes are open to
+    /// loopback clients: any other `Host` is refused, so that a web page
+    /// that rebinds its own name to 127.0.0.1 cannot reach them.
+    #[serde(default)]
+    pub allowed_hosts: Vec<String>,
 }
 
 impl Default for AdminSettings {
@@ -167,6 +173,7 @@ impl Default for AdminSettings {
         Self {
             token: None,
             reload_poll_ms: defaults::reload_poll_ms(),
+            allowed_hosts: Vec::new(),
         }
     }
 }

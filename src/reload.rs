@@ -136,9 +136,10 @@ impl Reloader {
         // changes nothing. Plain HTTP and TLS do not switch while serving.
         let tls = crate::tls::load(&new.server).map_err(ReloadError::Tls)?;
         let sealer = crate::auth::sealer(&new.auth).map_err(ReloadError::Auth)?;
-        // admin.token changes only on restart (see the README).
-        let principals = crate::auth::Principals::new(&new.auth, old.admin.token.as_deref())
-            .map_err(ReloadError::Auth)?;
+        // admin.token reloads with the principals, at once.
+        let principals = crate::auth::Principals::new(&new.auth, new.admin.token.as_deref())
+            .map_err(ReloadError::Auth)?
+            .with_admin_hosts(&new.admin.allowed_hosts);
         if tls.is_some() != self.tls.load().is_some() {
             return Err(ReloadError::NeedsRestart(
                 "turning TLS on or off takes a restart; certificates and keys reload".into(),
@@ -189,6 +190,7 @@ impl Reloader {
             coalesce: Duration::from_millis(new.etcd.keepalive_coalesce_ms),
             lock_delay: new.locks.lock_delay,
             sealer,
+            quotas: active.quotas.clone(),
         });
         replaced.router.retire();
         self.tls.store(tls);

@@ -156,6 +156,53 @@ async fn stale_lock_id_never_touches_the_new_holder() {
     );
 }
 
+/// A lockId re-encoded with a neighbour's lease id (etcd hands out
+/// consecutive ids, and unsealed lockIds are only checksummed) renews
+/// nothing: every renew and renew-batch of it is refused, and the
+/// neighbour, who stopped renewing, loses its lock within its TTL as if the
+/// forger were not there.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_forged_lock_id_never_keeps_another_holders_lease_alive() {
+    use lockrouter::token::lock_id::LockId;
+    let etcd = EtcdCluster::single();
+    let router = TestRouter::start(&[&etcd]).await;
+    let api = &router.api;
+    let acquired = Instant::now();
+    let victim = api.must_acquire("victim", 2_000, "V").await;
+    let own = api.must_acquire("forger", 2_000, "F").await;
+    let mut forged = LockId::decode(&own.0).unwrap();
+    forged.lease = LockId::decode(&victim.0).unwrap().lease;
+    let forged = (forged.encode(), forged.token().unwrap());
+    let entry = json!({"lockId": forged.0, "fencingToken": forged.1});
+    let mut batch = vec![entry.clone(); 50];
+    batch.push(json!({"lockId": own.0, "fencingToken": own.1}));
+    let freed = loop {
+        assert!(
+            acquired.elapsed() < Duration::from_secs(8),
+            "the victim's 2 s lock outlived its TTL by far: the forger kept its lease alive"
+        );
+        let r = api.renew(&forged).await;
+        assert_eq!(
+            (r.status, &r.body["reason"]),
+            (409, &json!("stolen")),
+            "{r:?}"
+        );
+        let r = api
+            .post("/api/v1/locks/renew-batch", json!({ "locks": batch }))
+            .await;
+        assert_eq!(r.status, 200, "{r:?}");
+        assert_eq!(r.body["results"][0]["renewed"], false, "{r:?}");
+        assert_eq!(r.body["results"][50]["renewed"], true, "{r:?}");
+        if api.inspect("victim").await.body["held"] == false {
+            break acquired.elapsed();
+        }
+        sleep_ms(200).await;
+    };
+    // TTL 2 s, plus etcd's expiry scan (every 500 ms) and a slow machine.
+    assert!(freed < Duration::from_secs(5), "freed after {freed:?}");
+    assert_eq!(api.renew(&victim).await.status, 409);
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn reacquire_by_the_holder_is_idempotent() {
     let etcd = EtcdCluster::single();
@@ -335,6 +382,31 @@ async fn with_lock_delay_off_a_lost_holders_name_is_free_at_once() {
     revoke_all_leases(&etcd).await;
     let second = api.must_acquire("early", 3_000, "B").await;
     assert!(second.1 > first.1);
+}
+
+/// etcd raises a TTL below its minimum (here 8 s for a 2 s lock), and
+/// says so in every keepalive answer; the router still reports no more
+/// than the lock's own TTL, which is what a lost holder's lock-delay
+/// covers.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_raised_lease_ttl_is_never_reported_past_the_locks_own() {
+    let etcd = EtcdCluster::start_with(1, &["--election-timeout", "5000"]);
+    let router = TestRouter::start(&[&etcd]).await;
+    let api = &router.api;
+    let r = api.acquire("raised-ttl", 2_000, "A").await;
+    let lock = r.granted();
+    let at_most = |r: &lockrouter_testkit::api::Reply| {
+        let left = r.body["expiresInMs"].as_u64().expect("expiresInMs");
+        assert!(left <= 2_000, "told {left} ms of a 2 s lock: {r:?}");
+    };
+    at_most(&r);
+    sleep_ms(500).await;
+    let renewed = api.renew(&lock).await;
+    assert_eq!(renewed.status, 200, "{renewed:?}");
+    at_most(&renewed);
+    let again = api.acquire("raised-ttl", 2_000, "A").await;
+    assert_eq!(again.granted(), lock);
+    at_most(&again);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

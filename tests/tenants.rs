@@ -456,6 +456,130 @@ async fn quotas_bound_held_locks_and_sessions_across_replicas() {
     assert!(refusals >= 1.0, "{refusals}");
 }
 
+/// A burst of parallel acquires of distinct names on one replica never
+/// passes `max_held_locks`: exactly the quota is granted, the rest 403,
+/// however many arrive at once (each reserves its place before its txn).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_burst_of_acquires_on_one_replica_never_passes_the_quota() {
+    let etcd = EtcdCluster::single();
+    for (quota, burst) in [(1usize, 40usize), (3, 24)] {
+        let toml = auth_toml(&etcd, &key_toml("k1", 1)).replace(
+            "client_id_prefix = \"pay-\"\n",
+            &format!("client_id_prefix = \"pay-\"\nmax_held_locks = {quota}\n"),
+        );
+        let router = FileRouter::start(&toml).await;
+        let pay = router.api.with_bearer(PAY);
+        for round in 0..3 {
+            let replies = futures::future::join_all((0..burst).map(|i| {
+                let pay = pay.clone();
+                async move {
+                    let name = format!("pay/burst-{quota}-{round}-{i}");
+                    acquire(&pay, &name, &format!("pay-w{}", i % 4)).await
+                }
+            }))
+            .await;
+            let granted: Vec<_> = replies.iter().filter(|r| r.status == 200).collect();
+            for r in &replies {
+                if r.status != 200 {
+                    assert_eq!(code(r), (403, "permission_denied"), "{r:?}");
+                }
+            }
+            assert_eq!(granted.len(), quota, "quota {quota}, round {round}");
+            for r in granted {
+                assert_eq!(pay.release(&r.granted()).await.status, 204);
+            }
+            // Releases are counted once the cache sees them.
+            granted_once_counted(&pay, &format!("pay/probe-{quota}-{round}"), "pay-w").await;
+            let probe = acquire(&pay, &format!("pay/probe-{quota}-{round}"), "pay-w").await;
+            assert_eq!(pay.release(&probe.granted()).await.status, 204);
+            tokio::time::sleep(Duration::from_millis(300)).await;
+        }
+    }
+}
+
+/// A waiting acquire is held to the quota as an immediate one: a principal
+/// at `max_held_locks` that waits for a name another principal holds is
+/// refused (403), never granted when the name frees.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_waiting_acquire_never_passes_the_quota() {
+    let etcd = EtcdCluster::single();
+    let toml = auth_toml(&etcd, &key_toml("k1", 1)).replace(
+        "client_id_prefix = \"pay-\"\n",
+        "client_id_prefix = \"pay-\"\nmax_held_locks = 1\n",
+    );
+    let router = FileRouter::start(&toml).await;
+    let (pay, ship) = (router.api.with_bearer(PAY), router.api.with_bearer(SHIP));
+    let mine = acquire(&pay, "pay/one", "pay-w").await.granted();
+    refused_once_counted(&pay, "pay/two", "pay-w", "max_held_locks").await;
+    let theirs = acquire(&ship, "shared/x", "s1").await.granted();
+    let waiter = {
+        let pay = pay.clone();
+        tokio::spawn(async move {
+            pay.post(
+                ACQUIRE,
+                json!({"name": "shared/x", "ttlMs": 10_000, "clientId": "pay-w", "waitMs": 4_000}),
+            )
+            .await
+        })
+    };
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert_eq!(ship.release(&theirs).await.status, 204);
+    let waited = waiter.await.unwrap();
+    assert_eq!(code(&waited), (403, "permission_denied"), "{waited:?}");
+    assert_eq!(
+        router.api.with_bearer(OPS).inspect("shared/x").await.body["held"],
+        false
+    );
+    // Within the quota the same wait is granted.
+    assert_eq!(pay.release(&mine).await.status, 204);
+    let theirs = acquire(&ship, "shared/x", "s1").await.granted();
+    let waiter = {
+        let pay = pay.clone();
+        tokio::spawn(async move {
+            let deadline = std::time::Instant::now() + Duration::from_secs(5);
+            loop {
+                let r = pay
+                    .post(
+                        ACQUIRE,
+                        json!({"name": "shared/x", "ttlMs": 10_000, "clientId": "pay-w", "waitMs": 4_000}),
+                    )
+                    .await;
+                // The release of pay/one may not be counted yet.
+                if r.status != 403 || std::time::Instant::now() > deadline {
+                    return r;
+                }
+            }
+        })
+    };
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert_eq!(ship.release(&theirs).await.status, 204);
+    waiter.await.unwrap().granted();
+}
+
+/// A lockId that names its owner but another principal's lease (which only
+/// someone holding a lockId key could seal) is refused before it touches
+/// anything: the lease's tag is not the caller's.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lock_id_naming_another_principals_lease_is_refused() {
+    let etcd = EtcdCluster::single();
+    let router = FileRouter::start(&auth_toml(&etcd, &key_toml("k1", 1))).await;
+    let (pay, ship) = (router.api.with_bearer(PAY), router.api.with_bearer(SHIP));
+    let sealer = Sealer::new(&[("k1".to_string(), vec![1u8; 32])], false).unwrap();
+    let theirs = acquire(&ship, "shared/t", "s1").await.granted();
+    let mine = acquire(&pay, "pay/m", "pay-w").await.granted();
+    let (mut forged, _) = sealer.open(&mine.0).unwrap();
+    forged.lease = sealer.open(&theirs.0).unwrap().0.lease;
+    let forged = (sealer.seal(&forged), forged.token().unwrap());
+    let r = pay.renew(&forged).await;
+    assert_eq!(code(&r), (403, "permission_denied"), "{r:?}");
+    assert_eq!(
+        code(&pay.release(&forged).await),
+        (403, "permission_denied")
+    );
+    assert_eq!(ship.renew(&theirs).await.status, 200);
+    assert_eq!(pay.renew(&mine).await.status, 200);
+}
+
 /// Acquires `name` as `client` until it is refused at `quota` (403), within
 /// a few seconds: the router counts from its lock-key caches, which follow
 /// etcd by a watch, so an acquire sent before they caught up may still be

@@ -3,6 +3,7 @@
 //! its own routers, with the harness in `lockrouter-testkit`.
 
 mod access_log;
+mod admin_guard;
 mod client;
 mod commit;
 mod contract;

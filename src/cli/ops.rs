@@ -118,7 +118,11 @@ impl Call {
                 (Method::GET, path, None)
             }
             Call::Ring => (Method::GET, "/admin/v1/ring".into(), None),
-            Call::Reload => (Method::POST, "/admin/v1/reload".into(), None),
+            Call::Reload => (
+                Method::POST,
+                "/admin/v1/reload".into(),
+                Some(serde_json::json!({})),
+            ),
         }
     }
 }

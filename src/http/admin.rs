@@ -55,6 +55,79 @@ pub fn authorize(
     }
 }
 
+/// Refuses admin calls a web page could make in the browser of someone
+/// who can reach the router: any whose `Origin` is not the router's own
+/// (a cross-site form post or fetch: browsers always send `Origin` on
+/// those), and, while the admin routes are open to loopback clients (no
+/// `admin.token`, no principals), any whose `Host` is not a loopback
+/// address, `localhost` or a name in `admin.allowed_hosts` (a
+/// DNS-rebinding page names its own host, and its `Origin` then matches
+/// it). Callers that are not browsers (the CLI, curl, scripts) send no
+/// `Origin` and name the address they dial.
+pub fn check_browser(
+    principals: &Principals,
+    uri: &http::Uri,
+    headers: &http::HeaderMap,
+) -> Result<(), ApiError> {
+    let host = uri.authority().map(|a| a.as_str().to_string()).or_else(|| {
+        let h = headers.get(http::header::HOST)?;
+        h.to_str().ok().map(str::to_string)
+    });
+    let refuse = |why: String| ApiError::forbidden(why);
+    let open = !(principals.has_admin_token() || principals.enabled());
+    if let (true, Some(host)) = (open, &host) {
+        if !principals.admin_host_allowed(host_name(host)) {
+            return Err(refuse(format!(
+                "admin routes open to loopback clients answer only requests addressed to a                  loopback address or a name in admin.allowed_hosts, not {host:?}"
+            )));
+        }
+    }
+    if let Some(origin) = headers.get(http::header::ORIGIN) {
+        let origin = origin.to_str().unwrap_or("");
+        let same = host
+            .as_deref()
+            .is_some_and(|host| same_origin(origin, host));
+        if !same {
+            return Err(refuse(format!(
+                "admin routes refuse requests from another origin ({origin:?}):                  a web page may not drive them"
+            )));
+        }
+    }
+    Ok(())
+}
+
+/// The host part of a `Host` header or authority: without its port, an
+/// IPv6 literal without its brackets.
+fn host_name(authority: &str) -> &str {
+    if let Some(rest) = authority.strip_prefix('[') {
+        return rest.split(']').next().unwrap_or(rest);
+    }
+    match authority.rsplit_once(':') {
+        Some((name, port)) if port.bytes().all(|b| b.is_ascii_digit()) => name,
+        _ => authority,
+    }
+}
+
+/// Whether `origin` (`scheme://host[:port]`) is the origin of a request
+/// addressed to `host`, default ports aside.
+fn same_origin(origin: &str, host: &str) -> bool {
+    let Some((scheme, authority)) = origin.split_once("://") else {
+        return false; // "null", or not an origin at all
+    };
+    let default = match scheme.to_ascii_lowercase().as_str() {
+        "http" => ":80",
+        "https" => ":443",
+        _ => return false,
+    };
+    let bare = |a: &str| a.strip_suffix(default).unwrap_or(a).to_ascii_lowercase();
+    bare(authority) == bare(host)
+}
+
+/// The body of a POST that takes no fields (`{}`, or empty).
+#[derive(Debug, Default, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct NoFields {}
+
 pub async fn reload(state: &AppState) -> api::Answer {
     match state.reloader.reload().await {
         Ok(done) => Ok((json(StatusCode::OK, &done), "reloaded")),

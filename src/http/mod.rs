@@ -221,6 +221,7 @@ async fn dispatch(
         facts.principal(&p.name);
     }
     if route.is_admin() {
+        admin::check_browser(&principals, req.uri(), req.headers())?;
         admin::authorize(&principals, &credential, peer)?;
     }
     // Who holds a name is shown to admin callers only.
@@ -322,7 +323,10 @@ async fn dispatch(
             "ok",
         )),
         Route::Readyz => Ok(readyz(locks)),
-        Route::AdminReload => within(t.request, admin::reload(state)).await,
+        Route::AdminReload => {
+            let _: admin::NoFields = body::parse_optional(req, max, t.body_read).await?;
+            within(t.request, admin::reload(state)).await
+        }
         Route::AdminBumpEpoch => {
             let body = body::parse_optional(req, max, t.body_read).await?;
             within(t.request, admin::bump_epoch(state, body)).await

@@ -55,14 +55,15 @@ impl Active {
             if let Some(answer) = self.look_first(shard, &k, &req.client_id, &g).await? {
                 return Ok(answer);
             }
-            // Not the holder's own re-acquire (that answered above): a new grant.
-            self.check_locks_quota(req.owner.as_ref())?;
+            // Not the holder's own re-acquire (that answered above): a new
+            // grant, reserved in the owner's quota until its cache counts it.
+            let reservation = self.quotas.reserve_lock(self, req.owner.as_ref())?;
             let value = lock_value(req, &g.ring, ttl_secs)?;
             let owner = req.owner.as_ref();
             let session = shard
                 .sessions
                 .get_or_grant(&req.client_id, ttl_secs, || {
-                    self.new_session(shard, ttl_secs, owner)
+                    self.new_session(shard, ttl_secs, owner, reservation.as_ref())
                 })
                 .await?;
             let sent = Instant::now();
@@ -106,6 +107,9 @@ impl Active {
                     .invalidate(&req.client_id, ttl_secs, session.id)
                     .await;
                 continue;
+            }
+            if let (Ok(AcquireTxn::Granted { revision }), Some(r)) = (&txn, reservation) {
+                r.granted(shard, *revision);
             }
             let own = (session, renewal);
             match self

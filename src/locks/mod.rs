@@ -43,11 +43,13 @@ use crate::shard::sessions::SessionLease;
 use crate::shard::{Grantable, Shard};
 use crate::token::lease_tag::LeaseTag;
 use crate::token::lock_id::{LockId, Seal, Sealer};
+pub use quota::Quotas;
 mod acquire;
 mod force;
 mod inspect;
 mod limit;
 pub mod listing;
+mod quota;
 mod release;
 mod renew;
 mod validate;
@@ -112,11 +114,16 @@ impl Expiry {
         (left.as_millis() as u64, SystemTime::now() + left)
     }
 
-    /// The expiry a renewal vouches for, counted from no later than
-    /// `key_seen` (the send of the request that saw the lock key).
-    pub fn vouched(renewal: &Renewal, key_seen: Instant) -> Self {
+    /// The expiry a renewal vouches for a lock of `lock_ttl` seconds,
+    /// counted from no later than `key_seen` (the send of the request that
+    /// saw the lock key). Never more than the lock's own TTL, even when
+    /// etcd gave its lease a longer one (it raises TTLs below its minimum):
+    /// the lock-delay of a lost holder lasts the lock's TTL, and covers
+    /// only validity it was told of within that (`docs/design.md`, 7).
+    pub fn vouched(renewal: &Renewal, key_seen: Instant, lock_ttl: u32) -> Self {
         let from = renewal.sent_at.min(key_seen);
-        Self(from + Duration::from_secs(renewal.ttl_secs.max(0) as u64))
+        let secs = renewal.ttl_secs.clamp(0, i64::from(lock_ttl));
+        Self(from + Duration::from_secs(secs as u64))
     }
 }
 
@@ -244,6 +251,9 @@ pub struct Active {
     pub lock_delay: LockDelay,
     /// Issues and opens lockIds (sealed under the configured keys).
     pub sealer: Sealer,
+    /// Per-principal quota reservations of this replica (shared by every
+    /// generation: acquires in flight across a reload still count).
+    pub quotas: Arc<Quotas>,
 }
 
 /// An acquire in flight on a shard, given back when dropped.
@@ -510,7 +520,7 @@ impl Active {
         Ok(Grant {
             lock_id: self.sealer.seal(&lock),
             fencing_token,
-            expires: Expiry::vouched(renewal, sent),
+            expires: Expiry::vouched(renewal, sent, lock.ttl_secs),
         })
     }
 
@@ -537,7 +547,11 @@ impl Active {
             return Err(invalid("fencingToken does not belong to this lockId"));
         }
         if let Caller::Principal { name, .. } = caller {
-            if id.owner != name {
+            // The owner a lockId names, and the lease its lock rides on:
+            // every session lease of a principal carries its tag, so an
+            // unsealed lockId edited to name another principal's lease is
+            // refused here, before it can renew or release anything.
+            if id.owner != name || LeaseTag::in_lease(id.lease) != LeaseTag::of(name) {
                 return Err(LockError::PermissionDenied(
                     "this lock belongs to another principal".into(),
                 ));
@@ -564,37 +578,18 @@ impl Active {
             })
     }
 
-    /// Refuses a new grant to an owner at its `max_held_locks`. While a
-    /// cache cannot count, the quota is not enforced (grants go on).
-    pub(crate) fn check_locks_quota(&self, owner: Option<&Owner>) -> Result<(), LockError> {
-        let Some(o) = owner.filter(|o| o.quota.max_held_locks > 0) else {
-            return Ok(());
-        };
-        match self.held_by(o.tag) {
-            Some(h) if h.locks >= o.quota.max_held_locks => Err(quota_refused(
-                o,
-                "max_held_locks",
-                format!("holds {} locks", h.locks),
-            )),
-            _ => Ok(()),
-        }
-    }
-
-    /// A new session lease for `owner` on `shard`, unless it is at its
-    /// `max_sessions`.
+    /// A new session lease for the acquire on `shard`, its id carrying the
+    /// owner's tag, reserved in the owner's `max_sessions` first (refused
+    /// at it).
     pub(crate) async fn new_session(
         &self,
         shard: &Shard,
         ttl_secs: u32,
         owner: Option<&Owner>,
+        reservation: Option<&quota::Reservation>,
     ) -> Result<SessionLease, LockError> {
-        if let Some(o) = owner.filter(|o| o.quota.max_sessions > 0) {
-            if let Some(h) = self.held_by(o.tag) {
-                if h.sessions >= o.quota.max_sessions {
-                    let now = format!("has {} sessions holding locks", h.sessions);
-                    return Err(quota_refused(o, "max_sessions", now));
-                }
-            }
+        if let Some(r) = reservation {
+            r.add_session(self)?;
         }
         Ok(grant_session(shard, ttl_secs, owner.map(|o| o.tag)).await?)
     }

@@ -1,8 +1,8 @@
-//! Renew and renew-batch: a coalesced keepalive per lease and a check that
-//! each key still has its lockId's create revision and lease, answered by
-//! the shard's lock-key cache after a barrier (or by linearizable reads when
-//! the cache cannot vouch); a lock found gone is answered without waiting
-//! for its keepalive.
+//! Renew and renew-batch: a check that each key still has its lockId's
+//! create revision and lease, answered by the shard's lock-key cache after a
+//! barrier (or by linearizable reads when the cache cannot vouch), then a
+//! coalesced keepalive of each lease a lock was verified on; a lock found
+//! gone is answered without a keepalive.
 
 use std::collections::HashMap;
 use std::time::Instant;
@@ -105,42 +105,44 @@ impl Active {
     }
 
     /// Renews `ids`, all on `shard`: one check of their keys (the lock-key
-    /// cache after one barrier, or reads when it cannot vouch) and one
-    /// keepalive per distinct lease, in parallel. A lock the check finds
-    /// gone or taken is answered without waiting for its keepalive.
+    /// cache after one barrier, or reads when it cannot vouch), then one
+    /// keepalive per lease that a lock of the batch was verified on. A
+    /// lease is never kept alive on a lockId's word alone: a forged or
+    /// stale lockId naming another holder's lease renews nothing
+    /// (`docs/security.md`). A lock the check finds gone or taken is
+    /// answered without a keepalive.
     async fn renew_on(
         &self,
         shard: &Arc<Shard>,
         ids: &[&LockId],
     ) -> Vec<Result<RenewOutcome, EtcdError>> {
         let sent = Instant::now();
-        let mut keepalives = HashMap::new();
-        for id in ids {
-            keepalives.entry(id.lease).or_insert_with(|| {
-                let (shard, lease, ttl) = (shard.clone(), id.lease, id.ttl_secs);
-                let window = self.window(ttl);
-                tokio::spawn(async move { shard.keepalive.refresh(lease, window, ttl).await })
-            });
-        }
         let entries = check_keys(shard, ids).await;
-        let mut renewals: HashMap<i64, Result<Renewal, EtcdError>> = HashMap::new();
+        let verified = |id: &LockId, entry: &Result<Option<Entry>, EtcdError>| matches!(entry, Ok(Some((revision, lease))) if *revision == id.revision && *lease == id.lease);
+        let mut keepalives = HashMap::new();
+        for (id, entry) in ids.iter().zip(&entries) {
+            if verified(id, entry) {
+                keepalives.entry(id.lease).or_insert_with(|| {
+                    let (shard, lease, ttl) = (shard.clone(), id.lease, id.ttl_secs);
+                    let window = self.window(ttl);
+                    async move { shard.keepalive.refresh(lease, window, ttl).await }
+                });
+            }
+        }
+        let leases: Vec<i64> = keepalives.keys().copied().collect();
+        let answers = join_all(keepalives.into_values()).await;
+        let renewals: HashMap<i64, Result<Renewal, EtcdError>> =
+            leases.into_iter().zip(answers).collect();
         let mut outcomes = Vec::with_capacity(ids.len());
         for (id, entry) in ids.iter().zip(entries) {
             let outcome = match entry {
                 Err(e) => Err(e),
                 Ok(None) => Ok(RenewOutcome::Expired),
                 Ok(Some((revision, lease))) if revision == id.revision && lease == id.lease => {
-                    if let std::collections::hash_map::Entry::Vacant(slot) = renewals.entry(lease) {
-                        let task = keepalives.remove(&lease).expect("one keepalive per lease");
-                        let renewal = task.await.unwrap_or_else(|_| {
-                            Err(shard.conn.unavailable("keepalive task ended"))
-                        });
-                        slot.insert(renewal);
-                    }
                     match &renewals[&lease] {
                         Ok(r) if r.alive() => {
                             shard.sessions.touch(lease);
-                            Ok(RenewOutcome::Renewed(Expiry::vouched(r, sent)))
+                            Ok(RenewOutcome::Renewed(Expiry::vouched(r, sent, id.ttl_secs)))
                         }
                         Ok(_) => Ok(RenewOutcome::Expired),
                         Err(e) => Err(e.clone()),

@@ -180,12 +180,17 @@ impl Active {
         deadline: Instant,
     ) -> Result<Option<Acquired>, LockError> {
         let k = shard.name_keys(&name_hash(&req.name));
-        let session = shard
-            .sessions
-            .get_or_grant(&req.client_id, ttl_secs, || {
-                self.new_session(shard, ttl_secs, req.owner.as_ref())
-            })
-            .await?;
+        // A principal at its quota is refused before it queues (as an
+        // acquire that does not wait), and again at each grant below.
+        let session = {
+            let reservation = self.quotas.reserve_lock(self, req.owner.as_ref())?;
+            shard
+                .sessions
+                .get_or_grant(&req.client_id, ttl_secs, || {
+                    self.new_session(shard, ttl_secs, req.owner.as_ref(), reservation.as_ref())
+                })
+                .await?
+        };
         let entry = Entry::enter(shard, &k, &req.client_id).await?;
         let now = Instant::now();
         let mut alive = KeepAlive {
@@ -209,12 +214,16 @@ impl Active {
                 key: &entry.key,
                 revision: entry.revision,
             };
+            let reservation = self.quotas.reserve_lock(self, req.owner.as_ref())?;
             let sent = Instant::now();
             let step = shard
                 .head_grant_txn(&k, &value, alive.session.id, &g, mine, replace_held.take())
                 .await?;
             let target = match step {
                 AcquireTxn::Granted { revision } => {
+                    if let Some(r) = reservation {
+                        r.granted(shard, revision);
+                    }
                     let window = self.window(ttl_secs);
                     let renewal = shard
                         .keepalive

@@ -219,6 +219,12 @@ impl LockCache {
         ))
     }
 
+    /// The revision up to which the cache has applied every change (its
+    /// counts included); 0 before its first load.
+    pub fn applied(&self) -> i64 {
+        *self.state.applied.borrow()
+    }
+
     /// The entry of `hash` as the cache has it now, with no barrier: a
     /// hint that may be stale either way, never the basis of an answer.
     /// Acquires use it to look before they write (a held name is refused
