@@ -82,3 +82,23 @@ async def test_async_lost_fires_by_the_client_clock_when_the_router_is_killed(
         with pytest.raises(lockrouter.LockLost):
             async with lock:
                 pass
+
+
+@pytest.mark.asyncio
+async def test_async_calls_after_aclose_raise_the_sdks_typed_error_and_exits_keep_the_blocks_error(
+    router: Router,
+) -> None:
+    client = lockrouter.AsyncClient(router.url, request_timeout=0.5)
+    lock = await client.acquire("py:async-closed", ttl=10)
+    boom = ValueError("the block's own error")
+    with pytest.raises(ValueError) as e:
+        async with lock:
+            router.kill()
+            await client.aclose()  # its release cannot get through
+            raise boom
+    assert e.value is boom, f"the exit replaced the block's exception with {e.value!r}"
+    with pytest.raises(lockrouter.ClientClosed) as closed:
+        await lock.release()
+    assert isinstance(closed.value, lockrouter.LockrouterError) and not closed.value.retryable
+    with pytest.raises(lockrouter.ClientClosed):
+        await client.acquire("py:async-closed", ttl=10)

@@ -154,6 +154,18 @@ def test_errors_are_typed() -> None:
             c.acquire("x", ttl=2)
 
 
+@pytest.mark.filterwarnings("ignore::DeprecationWarning")  # httpx 0.28 prefers an SSLContext
+def test_setup_errors_are_config_errors_never_httpx_or_os_errors(tmp_path) -> None:
+    with pytest.raises(lockrouter.ConfigError):
+        lockrouter.Client("http://127.0.0.1:99999")
+    with pytest.raises(lockrouter.ConfigError):
+        lockrouter.Client("http://[::1")
+    with pytest.raises(lockrouter.ConfigError):
+        lockrouter.Client("https://127.0.0.1:8443", verify=str(tmp_path / "missing-ca.pem"))
+    with pytest.raises(lockrouter.ConfigError):
+        lockrouter.AsyncClient("https://127.0.0.1:8443", cert=str(tmp_path / "missing-cert.pem"))
+
+
 def _closed_port() -> int:
     import socket
 

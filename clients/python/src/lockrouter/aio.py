@@ -22,6 +22,8 @@ from ._common import (
     Grants,
     Seconds,
     check_client_id,
+    closed_before_release,
+    closed_during_acquire,
     confirmation,
     log,
     not_settled,
@@ -33,7 +35,7 @@ from ._common import (
 from ._schedule import Batch, Outcome, Retry, Schedule, outcome, refused
 from ._state import Claim, LockState, Release
 from ._transport import AcquireBody, AsyncTransport, Settings, acquire_body, check_url
-from .errors import ConfigError, LockLost, LockrouterError, LostReason, NotAcquired
+from .errors import ClientClosed, LockLost, LockrouterError, LostReason, NotAcquired
 
 __all__ = ["AsyncClient", "AsyncLock", "AsyncLockContext"]
 
@@ -155,6 +157,9 @@ async def renew(transport: AsyncTransport, batch: Batch) -> list[tuple[int, Outc
     try:
         results = await transport.renew_batch(batch.refs, batch.timeout)
         return [(k, outcome(r)) for k, r in zip(batch.keys, results)]
+    except ClientClosed:
+        # Closed under the request: close() took these locks over already.
+        return [(k, Retry()) for k in batch.keys]
     except LockrouterError as e:
         if e.retryable:
             log.debug("renewal of %d locks failed; will retry: %s", len(batch.keys), e)
@@ -206,6 +211,10 @@ class _AsyncKeeper:
                     return
                 try:
                     await self.transport.release(state.ref, self.request_timeout)
+                except ClientClosed:
+                    # Nothing sends it any more: the lock expires at its TTL.
+                    finished = True
+                    raise closed_before_release(state.name) from None
                 except LockrouterError as e:
                     if not e.retryable:
                         log.warning("the router refused to release %r: %s", state.name, e)
@@ -387,7 +396,7 @@ class AsyncClient:
     ) -> AsyncLock | None:
         """See :meth:`lockrouter.Client.try_acquire`."""
         if self._closed:
-            raise ConfigError("the client is closed")
+            raise ClientClosed("the client is closed")
         self._keeper.loop.start()
         ttl_s, wait_s = seconds(ttl, "ttl"), seconds(wait, "wait")
         ms = ttl_ms(ttl_s)
@@ -440,6 +449,12 @@ class AsyncClient:
                         k.release_in_background(state)
                     raise
         claim, state = k.grants.claim(name, ttl, margin, got, until, cid)
+        if self._closed:
+            # close() ran while this acquire was on the wire: nothing would
+            # renew the lock. Release it if there is still time to.
+            if claim is Claim.NEW and state is not None:
+                k.release_in_background(state)
+            raise closed_during_acquire(name)
         if claim is Claim.NEW and state is not None:
             k.loop.track(state)
         return claim, state

@@ -24,6 +24,8 @@ from ._common import (
     Grants,
     Seconds,
     check_client_id,
+    closed_before_release,
+    closed_during_acquire,
     confirmation,
     log,
     not_settled,
@@ -35,7 +37,7 @@ from ._common import (
 from ._schedule import Batch, Outcome, Retry, Schedule, outcome, refused
 from ._state import Claim, LockState, Release
 from ._transport import AcquireBody, Settings, SyncTransport, acquire_body, check_url
-from .errors import ConfigError, LockLost, LockrouterError, LostReason, NotAcquired
+from .errors import ClientClosed, LockLost, LockrouterError, LostReason, NotAcquired
 
 __all__ = ["Client", "Lock", "LockContext"]
 
@@ -123,6 +125,9 @@ def renew(transport: SyncTransport, batch: Batch) -> list[tuple[int, Outcome]]:
     try:
         results = transport.renew_batch(batch.refs, batch.timeout)
         return [(k, outcome(r)) for k, r in zip(batch.keys, results)]
+    except ClientClosed:
+        # Closed under the request: close() took these locks over already.
+        return [(k, Retry()) for k in batch.keys]
     except LockrouterError as e:
         if e.retryable:
             log.debug("renewal of %d locks failed; will retry: %s", len(batch.keys), e)
@@ -176,6 +181,10 @@ class _Keeper:
                     return
                 try:
                     self.transport.release(state.ref, self.request_timeout)
+                except ClientClosed:
+                    # Nothing sends it any more: the lock expires at its TTL.
+                    finished = True
+                    raise closed_before_release(state.name) from None
                 except LockrouterError as e:
                     if not e.retryable:
                         log.warning("the router refused to release %r: %s", state.name, e)
@@ -261,7 +270,10 @@ class Lock:
         Transport errors, 429 and 5xx are retried with backoff while the
         lock's validity lasts; then the error is raised and the renewal
         thread keeps retrying while the client is open. Raises
-        :class:`LockLost` if the grant has passed to a newer ``Lock``."""
+        :class:`LockLost` if the grant has passed to a newer ``Lock``, and
+        :class:`ClientClosed` if the client is closed and its release of
+        the lock was not confirmed (the lock then expires at its TTL);
+        after a ``close()`` that released it, returns at once."""
         self._finalizer.detach()
         self._keeper.release(self._state)
 
@@ -436,6 +448,12 @@ class Client:
                     raise
                 # Still valid: the renewal thread confirms it shortly.
         claim, state = k.grants.claim(name, ttl, margin, got, until, cid)
+        if self._closed:
+            # close() ran while this acquire was on the wire: nothing would
+            # renew the lock. Release it if there is still time to.
+            if claim is Claim.NEW and state is not None:
+                k.release_in_background(state)
+            raise closed_during_acquire(name)
         if claim is Claim.NEW and state is not None:
             k.loop.track(state)
         return claim, state
@@ -450,7 +468,7 @@ class Client:
 
     def _check_open(self) -> None:
         if self._closed:
-            raise ConfigError("the client is closed")
+            raise ClientClosed("the client is closed")
 
     def close(self) -> None:
         """Releases every lock still held and stops the renewal thread,
