@@ -317,11 +317,23 @@ class AsyncLock:
 
 
 async def release_on_exit(lock: AsyncLock, clean: bool) -> None:
+    """As the sync client's ``release_on_exit``.
+
+    A release that fails with an error of this SDK is logged (a warning on
+    the ``lockrouter`` logger), not raised: while the client is open the
+    renewal loop retries it; once it is closed the lock expires at its TTL.
+    When the block raised, its exception reaches the caller unchanged,
+    whatever the release ran into (anything else is logged with its
+    traceback)."""
     reason = lock._state.lost_now()
     try:
         await lock.release()
     except LockrouterError as e:
         log.warning("release of %r at the end of its block not confirmed: %s", lock.name, e)
+    except Exception:
+        if clean:
+            raise
+        log.warning("release of %r at the end of its block failed", lock.name, exc_info=True)
     if clean and reason is not None and reason is not LostReason.RELEASED:
         raise LockLost(lock.name, reason)
 

@@ -295,12 +295,23 @@ class Lock:
 def release_on_exit(lock: Lock, clean: bool) -> None:
     """The end of a ``with`` block: release; if the block finished but the
     lock was lost meanwhile, its work was not protected: raise
-    :class:`LockLost`."""
+    :class:`LockLost`.
+
+    A release that fails with an error of this SDK is logged (a warning on
+    the ``lockrouter`` logger), not raised: while the client is open the
+    renewal loop retries it; once it is closed the lock expires at its TTL.
+    When the block raised, its exception reaches the caller unchanged,
+    whatever the release ran into (anything else is logged with its
+    traceback)."""
     reason = lock._state.lost_now()
     try:
         lock.release()
     except LockrouterError as e:
         log.warning("release of %r at the end of its block not confirmed: %s", lock.name, e)
+    except Exception:
+        if clean:
+            raise
+        log.warning("release of %r at the end of its block failed", lock.name, exc_info=True)
     if clean and reason is not None and reason is not LostReason.RELEASED:
         raise LockLost(lock.name, reason)
 
