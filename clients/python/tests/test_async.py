@@ -5,6 +5,7 @@ event on a router kill, judged by the client's clock."""
 from __future__ import annotations
 
 import asyncio
+import gc
 import time
 from typing import Callable
 
@@ -102,3 +103,20 @@ async def test_async_calls_after_aclose_raise_the_sdks_typed_error_and_exits_kee
     assert isinstance(closed.value, lockrouter.LockrouterError) and not closed.value.retryable
     with pytest.raises(lockrouter.ClientClosed):
         await client.acquire("py:async-closed", ttl=10)
+
+
+@pytest.mark.asyncio
+async def test_async_a_client_never_closed_ends_its_renewal_task_once_it_and_its_locks_are_gone(
+    router: Router,
+) -> None:
+    before = asyncio.all_tasks()
+    client = lockrouter.AsyncClient(router.url, request_timeout=1)
+    lock = await client.acquire("py:async-unclosed", ttl=10)
+    renewal = [t for t in asyncio.all_tasks() - before if t.get_name() == "lockrouter-renewal"]
+    assert len(renewal) == 1, "the renewal task runs"
+    del client, lock  # never closed, never released
+    gc.collect()
+    done, _ = await asyncio.wait(renewal, timeout=5)
+    assert done, "the renewal task still runs"
+    # Released on the way out, not left to its TTL.
+    assert router.inspect("py:async-unclosed")["held"] is False

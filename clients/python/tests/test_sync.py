@@ -8,6 +8,7 @@ and one grant acquired twice being one lock.
 
 from __future__ import annotations
 
+import gc
 import json
 import threading
 import time
@@ -332,3 +333,22 @@ def test_an_acquire_on_its_way_when_its_client_closes_raises_client_closed(route
         t.join(5)
         # Never a Lock that nothing renews any more.
         assert len(outcome) == 1 and isinstance(outcome[0], lockrouter.ClientClosed), outcome
+
+
+def test_a_client_never_closed_stops_its_threads_once_it_and_its_locks_are_gone(router: Router) -> None:
+    before = set(threading.enumerate())
+
+    def new_threads() -> list[threading.Thread]:
+        return [t for t in threading.enumerate() if t not in before and t.name.startswith("lockrouter-")]
+
+    client = lockrouter.Client(router.url, request_timeout=1)
+    lock = client.acquire("py:unclosed", ttl=10)
+    assert new_threads(), "the renewal thread runs"
+    del client, lock  # never closed, never released
+    gc.collect()
+    deadline = time.monotonic() + 5
+    while new_threads() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not new_threads(), f"still running: {new_threads()}"
+    # Released on the way out, not left to its TTL.
+    assert router.inspect("py:unclosed")["held"] is False

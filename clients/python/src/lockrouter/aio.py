@@ -52,6 +52,7 @@ class _AsyncLoop:
         self._wake = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
         self._io: set[asyncio.Task[None]] = set()
+        self._stopping = False
 
     def start(self) -> None:
         """Starts the task on the running loop, once."""
@@ -84,16 +85,28 @@ class _AsyncLoop:
     def hurry(self, key: int) -> None:
         self.send(lambda: self._schedule.hurry(key, validity.now()))
 
-    async def close(self, timeout: float) -> None:
+    def stop(self) -> None:
+        """Winds the task down without waiting: every lock still renewed is
+        released, pending releases get one request timeout more, then the
+        task closes the transport and ends. Never blocks; safe from any
+        thread, a garbage collector's finalizer included."""
+        if self._task is None or self._stopping:
+            return
+        self._stopping = True
+
         def closing() -> None:
             now = validity.now()
             for state in self._schedule.close(now):
                 if state.begin_release():
                     self._schedule.release(state, 0, now)
 
+        self.send(closing)
+
+    async def close(self, timeout: float) -> None:
+        """:meth:`stop`, and waits for the task at most ``timeout``."""
         if self._task is None:
             return
-        self.send(closing)
+        self.stop()
         try:
             await asyncio.wait_for(asyncio.shield(self._task), timeout)
         except asyncio.TimeoutError:
@@ -123,6 +136,9 @@ class _AsyncLoop:
                 pass
         if s.abandoned():
             log.warning("client closed with releases not confirmed; those locks expire at their TTL")
+        for t in list(self._io):
+            t.cancel()
+        await self._transport.close()
 
     def _spawn(self, coro: Any) -> None:
         task = asyncio.get_running_loop().create_task(coro)
@@ -184,6 +200,18 @@ class _AsyncKeeper:
         self.grants = grants
         self.request_timeout = request_timeout
         self.loop = _AsyncLoop(transport, grants, request_timeout)
+        # A client never closed: once it and every AsyncLock it made are
+        # garbage, its renewal task winds down as aclose() would. The
+        # callback must not hold this keeper, or it would never be garbage.
+        self._finalizer = weakref.finalize(self, self.loop.stop)
+        self._finalizer.atexit = False
+
+    async def close(self) -> None:
+        """Releases what is still held, giving pending releases one request
+        timeout, and stops the renewal task and the transport."""
+        self._finalizer.detach()
+        await self.loop.close(self.request_timeout + 1.0)
+        await self.transport.close()
 
     def release_in_background(self, state: LockState) -> None:
         if self.grants.registry.begin_release(state):
@@ -365,7 +393,10 @@ class AsyncClient:
     """The asyncio twin of :class:`lockrouter.Client` (same arguments). Its
     renewal task starts on the event loop of its first acquire; use the
     client from that loop only. Close it with ``await client.aclose()`` or
-    ``async with AsyncClient(...) as client:``."""
+    ``async with AsyncClient(...) as client:``. A client never closed
+    renews the locks of every live ``AsyncLock`` it made; once it and all of
+    them are garbage-collected, its task winds down as :meth:`aclose` would
+    (while its event loop runs)."""
 
     def __init__(
         self,
@@ -483,9 +514,7 @@ class AsyncClient:
         if self._closed:
             return
         self._closed = True
-        k = self._keeper
-        await k.loop.close(k.request_timeout + 1.0)
-        await k.transport.close()
+        await self._keeper.close()
 
     async def __aenter__(self) -> AsyncClient:
         return self

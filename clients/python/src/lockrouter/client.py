@@ -51,6 +51,7 @@ class _Loop:
         self._schedule = Schedule(grants.registry, request_timeout)
         self._inbox: queue.SimpleQueue[Callable[[], None]] = queue.SimpleQueue()
         self._io = ThreadPoolExecutor(max_workers=4, thread_name_prefix="lockrouter-io")
+        self._stopping = False
         # A daemon: a process that forgets to close its client still exits;
         # its locks then expire at their TTL.
         self._thread = threading.Thread(target=self._run, name="lockrouter-renewal", daemon=True)
@@ -71,7 +72,15 @@ class _Loop:
     def hurry(self, key: int) -> None:
         self.send(lambda: self._schedule.hurry(key, validity.now()))
 
-    def close(self, timeout: float) -> None:
+    def stop(self) -> None:
+        """Winds the loop down without waiting: every lock still renewed is
+        released, pending releases get one request timeout more, then the
+        thread closes the transport and ends. Never blocks; safe from any
+        thread, a garbage collector's finalizer included."""
+        if self._stopping:
+            return
+        self._stopping = True
+
         def closing() -> None:
             now = validity.now()
             for state in self._schedule.close(now):
@@ -79,6 +88,10 @@ class _Loop:
                     self._schedule.release(state, 0, now)
 
         self.send(closing)
+
+    def close(self, timeout: float) -> None:
+        """:meth:`stop`, and waits for the thread at most ``timeout``."""
+        self.stop()
         self._thread.join(timeout)
 
     def _run(self) -> None:
@@ -103,6 +116,7 @@ class _Loop:
         if s.abandoned():
             log.warning("client closed with releases not confirmed; those locks expire at their TTL")
         self._io.shutdown(wait=False, cancel_futures=True)
+        self._transport.close()
 
     def _renew(self, batch: Batch) -> None:
         sent_at = validity.now()
@@ -151,6 +165,19 @@ class _Keeper:
         self.grants = grants
         self.request_timeout = request_timeout
         self.loop = _Loop(transport, grants, request_timeout)
+        # A client never closed: once it and every Lock it made are garbage,
+        # its renewal thread and I/O threads wind down as close() would
+        # (without blocking whoever drops the last reference). The callback
+        # must not hold this keeper, or it would never be garbage.
+        self._finalizer = weakref.finalize(self, self.loop.stop)
+        self._finalizer.atexit = False
+
+    def close(self) -> None:
+        """Releases what is still held, giving pending releases one request
+        timeout, and stops the renewal thread and the transport."""
+        self._finalizer.detach()
+        self.loop.close(self.request_timeout + 1.0)
+        self.transport.close()
 
     def release_in_background(self, state: LockState) -> None:
         """Hands the release to the renewal thread; never blocks."""
@@ -353,7 +380,10 @@ class Client:
     below 0.1) is how much earlier than the router's reported expiry a lock
     counts as lost. ``request_timeout`` bounds each request (default 5 s).
     Close it (or use ``with Client(...) as client:``) to release what it
-    still holds.
+    still holds and stop its threads. A client never closed renews the
+    locks of every live ``Lock`` it made; once it and all of them are
+    garbage-collected, it winds down as :meth:`close` would. Its renewal
+    thread is a daemon: it never keeps the process from exiting.
     """
 
     def __init__(
@@ -487,9 +517,7 @@ class Client:
         if self._closed:
             return
         self._closed = True
-        k = self._keeper
-        k.loop.close(k.request_timeout + 1.0)
-        k.transport.close()
+        self._keeper.close()
 
     def __enter__(self) -> Client:
         return self
