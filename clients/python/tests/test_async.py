@@ -1,6 +1,8 @@
 """The asyncio client against a real router on real etcd: renewal past the
-TTL inside ``async with``, release at its exit, FIFO waits, and the lost
-event on a router kill, judged by the client's clock."""
+TTL inside ``async with``, release at its exit, FIFO waits, the lost
+event on a router kill, judged by the client's clock, calls on a closed
+client, and a client never closed winding down once it and its locks are
+gone."""
 
 from __future__ import annotations
 

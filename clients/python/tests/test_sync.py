@@ -3,7 +3,9 @@ TTL, release at the end of a ``with`` block, FIFO waits, one renew-batch
 per interval for many locks, a lock lost by the client's own clock when the
 router is killed (while the lease still stands), a release retried until
 the router is back, a shard outage that loses only that shard's locks,
-and one grant acquired twice being one lock.
+one grant acquired twice being one lock, calls on a closed client raising
+``ClientClosed``, a ``with`` block's exception surviving its exit, and a
+client never closed winding down once it and its locks are gone.
 """
 
 from __future__ import annotations
