@@ -1,10 +1,13 @@
 """The asyncio client against a real router on real etcd: renewal past the
-TTL inside ``async with``, release at its exit, FIFO waits, and the lost
-event on a router kill, judged by the client's clock."""
+TTL inside ``async with``, release at its exit, FIFO waits, the lost
+event on a router kill, judged by the client's clock, calls on a closed
+client, and a client never closed winding down once it and its locks are
+gone."""
 
 from __future__ import annotations
 
 import asyncio
+import gc
 import time
 from typing import Callable
 
@@ -82,3 +85,40 @@ async def test_async_lost_fires_by_the_client_clock_when_the_router_is_killed(
         with pytest.raises(lockrouter.LockLost):
             async with lock:
                 pass
+
+
+@pytest.mark.asyncio
+async def test_async_calls_after_aclose_raise_the_sdks_typed_error_and_exits_keep_the_blocks_error(
+    router: Router,
+) -> None:
+    client = lockrouter.AsyncClient(router.url, request_timeout=0.5)
+    lock = await client.acquire("py:async-closed", ttl=10)
+    boom = ValueError("the block's own error")
+    with pytest.raises(ValueError) as e:
+        async with lock:
+            router.kill()
+            await client.aclose()  # its release cannot get through
+            raise boom
+    assert e.value is boom, f"the exit replaced the block's exception with {e.value!r}"
+    with pytest.raises(lockrouter.ClientClosed) as closed:
+        await lock.release()
+    assert isinstance(closed.value, lockrouter.LockrouterError) and not closed.value.retryable
+    with pytest.raises(lockrouter.ClientClosed):
+        await client.acquire("py:async-closed", ttl=10)
+
+
+@pytest.mark.asyncio
+async def test_async_a_client_never_closed_ends_its_renewal_task_once_it_and_its_locks_are_gone(
+    router: Router,
+) -> None:
+    before = asyncio.all_tasks()
+    client = lockrouter.AsyncClient(router.url, request_timeout=1)
+    lock = await client.acquire("py:async-unclosed", ttl=10)
+    renewal = [t for t in asyncio.all_tasks() - before if t.get_name() == "lockrouter-renewal"]
+    assert len(renewal) == 1, "the renewal task runs"
+    del client, lock  # never closed, never released
+    gc.collect()
+    done, _ = await asyncio.wait(renewal, timeout=5)
+    assert done, "the renewal task still runs"
+    # Released on the way out, not left to its TTL.
+    assert router.inspect("py:async-unclosed")["held"] is False

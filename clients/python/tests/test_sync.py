@@ -3,11 +3,14 @@ TTL, release at the end of a ``with`` block, FIFO waits, one renew-batch
 per interval for many locks, a lock lost by the client's own clock when the
 router is killed (while the lease still stands), a release retried until
 the router is back, a shard outage that loses only that shard's locks,
-and one grant acquired twice being one lock.
+one grant acquired twice being one lock, calls on a closed client raising
+``ClientClosed``, a ``with`` block's exception surviving its exit, and a
+client never closed winding down once it and its locks are gone.
 """
 
 from __future__ import annotations
 
+import gc
 import json
 import threading
 import time
@@ -270,3 +273,84 @@ def test_one_grant_acquired_twice_is_one_lock_renewed_and_released_once(router: 
         assert len(rec.sent("/release")) == 1, "one release"
         assert router.inspect("py:twice")["fencingToken"] == nxt.fencing_token
         nxt.release()
+
+
+def test_calls_after_close_raise_the_sdks_typed_error_never_an_httpx_one(router: Router) -> None:
+    # The router up at close: close() released the lock, so a release
+    # afterwards has nothing left to do.
+    up = lockrouter.Client(router.url)
+    confirmed = up.acquire("py:closed-up", ttl=10)
+    up.close()
+    confirmed.release()
+    assert router.inspect("py:closed-up")["held"] is False
+
+    # The router down at close: the release close() sent never got through.
+    down = lockrouter.Client(router.url, request_timeout=0.5)
+    pending = down.acquire("py:closed-down", ttl=10)
+    router.kill()
+    down.close()
+    with pytest.raises(lockrouter.ClientClosed) as e:
+        pending.release()
+    assert isinstance(e.value, lockrouter.LockrouterError) and not e.value.retryable
+    assert "py:closed-down" in str(e.value)
+    with pytest.raises(lockrouter.ClientClosed):
+        down.acquire("py:closed-down", ttl=10)
+    with pytest.raises(lockrouter.ClientClosed):
+        up.try_acquire("py:closed-up", ttl=10)
+
+
+def test_a_with_block_whose_exit_release_fails_still_raises_its_own_exception(
+    router: Router, caplog: pytest.LogCaptureFixture
+) -> None:
+    client = lockrouter.Client(router.url, request_timeout=0.5)
+    boom = ValueError("the block's own error")
+    with pytest.raises(ValueError) as e:
+        with client.lock("py:exit-down", ttl=10) as lock:
+            router.kill()
+            client.close()  # its release cannot get through: the exit's cannot either
+            raise boom
+    assert e.value is boom, f"the exit replaced the block's exception with {e.value!r}"
+    assert lock.lost_reason is LostReason.RELEASED
+    # The exit's failure is logged, not raised.
+    assert any("py:exit-down" in r.getMessage() for r in caplog.records if r.levelname == "WARNING")
+
+
+def test_an_acquire_on_its_way_when_its_client_closes_raises_client_closed(router: Router) -> None:
+    with lockrouter.Client(router.url) as holder:
+        held = holder.acquire("py:closed-wait", ttl=10)
+        waiter = lockrouter.Client(router.url)
+        outcome: list[object] = []
+
+        def wait() -> None:
+            try:
+                outcome.append(waiter.acquire("py:closed-wait", ttl=10, wait=20))
+            except BaseException as e:  # reported below
+                outcome.append(e)
+
+        t = threading.Thread(target=wait, daemon=True)
+        t.start()
+        time.sleep(0.5)  # queued at the router
+        waiter.close()
+        held.release()  # the router grants it to the waiter now
+        t.join(5)
+        # Never a Lock that nothing renews any more.
+        assert len(outcome) == 1 and isinstance(outcome[0], lockrouter.ClientClosed), outcome
+
+
+def test_a_client_never_closed_stops_its_threads_once_it_and_its_locks_are_gone(router: Router) -> None:
+    before = set(threading.enumerate())
+
+    def new_threads() -> list[threading.Thread]:
+        return [t for t in threading.enumerate() if t not in before and t.name.startswith("lockrouter-")]
+
+    client = lockrouter.Client(router.url, request_timeout=1)
+    lock = client.acquire("py:unclosed", ttl=10)
+    assert new_threads(), "the renewal thread runs"
+    del client, lock  # never closed, never released
+    gc.collect()
+    deadline = time.monotonic() + 5
+    while new_threads() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not new_threads(), f"still running: {new_threads()}"
+    # Released on the way out, not left to its TTL.
+    assert router.inspect("py:unclosed")["held"] is False

@@ -2,7 +2,8 @@
 schedule (batching, splitting at the API's limit, what answers mean), the
 shared grant state, the fencing helpers, and what goes on the wire
 (bearer token, bodies, error mapping, a refused release not retried, a
-refused batch renewed lock by lock) through httpx's mock transport."""
+refused batch renewed lock by lock, a failing release at a ``with`` exit
+never replacing the block's exception) through httpx's mock transport."""
 
 from __future__ import annotations
 
@@ -154,6 +155,18 @@ def test_errors_are_typed() -> None:
             c.acquire("x", ttl=2)
 
 
+@pytest.mark.filterwarnings("ignore::DeprecationWarning")  # httpx 0.28 prefers an SSLContext
+def test_setup_errors_are_config_errors_never_httpx_or_os_errors(tmp_path) -> None:
+    with pytest.raises(lockrouter.ConfigError):
+        lockrouter.Client("http://127.0.0.1:99999")
+    with pytest.raises(lockrouter.ConfigError):
+        lockrouter.Client("http://[::1")
+    with pytest.raises(lockrouter.ConfigError):
+        lockrouter.Client("https://127.0.0.1:8443", verify=str(tmp_path / "missing-ca.pem"))
+    with pytest.raises(lockrouter.ConfigError):
+        lockrouter.AsyncClient("https://127.0.0.1:8443", cert=str(tmp_path / "missing-cert.pem"))
+
+
 def _closed_port() -> int:
     import socket
 
@@ -278,5 +291,47 @@ def test_async_a_refused_batch_is_renewed_lock_by_lock() -> None:
             locks = [await client.acquire(f"refused-{i}", ttl=2) for i in range(3)]
             await asyncio.sleep(3)
             router.check(locks)
+
+    asyncio.run(run())
+
+
+def _grants_then_breaks(request: httpx.Request) -> httpx.Response:
+    """A router whose every call but an acquire fails with an exception
+    that is neither the SDK's nor httpx's (a broken transport)."""
+    if request.url.path.endswith("/acquire"):
+        lock_id = "L-" + json.loads(request.content)["name"]
+        return httpx.Response(200, json={"acquired": True, "lockId": lock_id,
+                                         "fencingToken": 7, "expiresInMs": 29990})  # fmt: skip
+    raise RuntimeError("broken transport")
+
+
+def test_a_failing_exit_release_never_replaces_the_blocks_exception() -> None:
+    boom = ValueError("the block's own error")
+    transport = httpx.MockTransport(_grants_then_breaks)
+    with lockrouter.Client("http://r:1", transport=transport, request_timeout=0.5) as client:
+        with pytest.raises(ValueError) as e:
+            with client.lock("x", ttl=30):
+                raise boom
+        assert e.value is boom, f"the exit replaced the block's exception with {e.value!r}"
+        with pytest.raises(ValueError) as e:
+            with client.acquire("y", ttl=30):
+                raise boom
+        assert e.value is boom, f"the exit replaced the block's exception with {e.value!r}"
+
+
+def test_async_a_failing_exit_release_never_replaces_the_blocks_exception() -> None:
+    boom = ValueError("the block's own error")
+
+    async def run() -> None:
+        transport = httpx.MockTransport(_grants_then_breaks)
+        async with lockrouter.AsyncClient("http://r:1", transport=transport, request_timeout=0.5) as client:
+            with pytest.raises(ValueError) as e:
+                async with client.lock("x", ttl=30):
+                    raise boom
+            assert e.value is boom, f"the exit replaced the block's exception with {e.value!r}"
+            with pytest.raises(ValueError) as e:
+                async with await client.acquire("y", ttl=30):
+                    raise boom
+            assert e.value is boom, f"the exit replaced the block's exception with {e.value!r}"
 
     asyncio.run(run())

@@ -34,6 +34,7 @@ Layout, top to bottom (a module imports only from those below it):
 from .aio import AsyncClient, AsyncLock, AsyncLockContext
 from .client import Client, Lock, LockContext
 from .errors import (
+    ClientClosed,
     ConfigError,
     LockLost,
     LockrouterError,
@@ -51,6 +52,7 @@ __all__ = [
     "AsyncLock",
     "AsyncLockContext",
     "Client",
+    "ClientClosed",
     "ConfigError",
     "Lock",
     "LockContext",

@@ -15,7 +15,7 @@ from typing import Union
 from . import validity
 from ._state import Claim, LockState, Registry
 from ._transport import Acquired, Renewed
-from .errors import ConfigError, LockLost, LostReason, TransportError
+from .errors import ClientClosed, ConfigError, LockLost, LostReason, TransportError
 
 log = logging.getLogger("lockrouter")
 
@@ -92,6 +92,17 @@ def not_settled(name: str) -> TransportError:
 
 def unconfirmed_release(name: str) -> TransportError:
     return TransportError(f"the release of {name!r} was not confirmed within its validity")
+
+
+def closed_before_release(name: str) -> ClientClosed:
+    return ClientClosed(
+        f"the client is closed and its release of {name!r} was not confirmed; "
+        "nothing renews the lock any more, so it expires at its TTL"
+    )
+
+
+def closed_during_acquire(name: str) -> ClientClosed:
+    return ClientClosed(f"the client was closed during the acquire of {name!r}")
 
 
 def release_pace(state: LockState) -> float:

@@ -5,18 +5,22 @@ timeout, the bearer token and TLS options applied to every request.
 Both transports share the request bodies and the answer parsing below, so
 the sync and async SDKs cannot read the API differently. Nothing here knows
 about validity or renewal policy; answers become typed values or the
-errors of :mod:`lockrouter.errors`.
+errors of :mod:`lockrouter.errors`, and so does every exception of httpx:
+no httpx exception leaves this module. A transport once closed raises
+:class:`~lockrouter.errors.ClientClosed` for every call, including one
+that was on its way when it closed.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import json
+import threading
 from typing import Any, Mapping
 
 import httpx
 
-from .errors import ConfigError, RouterError, TransportError
+from .errors import ClientClosed, ConfigError, LockrouterError, RouterError, TransportError
 
 ACQUIRE = "/api/v1/locks/acquire"
 RENEW = "/api/v1/locks/renew"
@@ -96,6 +100,8 @@ def check_url(url: str) -> str:
         raise ConfigError(f"router URL {url!r}: {e}") from e
     if parsed.scheme not in ("http", "https") or not parsed.host:
         raise ConfigError(f"router URL {url!r} must look like http://host:port")
+    if parsed.port is not None and not 0 < parsed.port < 65536:
+        raise ConfigError(f"router URL {url!r}: port out of range")
     return url.rstrip("/")
 
 
@@ -177,10 +183,32 @@ def parse_release(resp: httpx.Response) -> None:
         raise error_from(resp)
 
 
-def transport_error(e: Exception, timeout: float) -> TransportError:
+#: What httpx raises for a request that got no usable answer. (Its
+#: ``StreamError`` family derives from ``RuntimeError``, its ``InvalidURL``
+#: from ``Exception``: neither is an ``httpx.HTTPError``.)
+HTTPX_ERRORS = (httpx.HTTPError, httpx.InvalidURL, httpx.StreamError)
+
+
+def closed() -> ClientClosed:
+    return ClientClosed("the client is closed")
+
+
+def request_error(e: Exception, timeout: float) -> LockrouterError:
+    """An exception of httpx as the SDK's own."""
     if isinstance(e, httpx.TimeoutException):
         return TransportError(f"no answer within {timeout:.3g} s ({type(e).__name__})")
+    if isinstance(e, httpx.InvalidURL):
+        return ConfigError(f"router URL: {e}")
     return TransportError(f"{type(e).__name__}: {e}")
+
+
+def http_client(cls: type, settings: Settings) -> Any:
+    """``httpx.Client`` or ``httpx.AsyncClient``; TLS settings it cannot
+    use (a missing CA or certificate file, say) are a :class:`ConfigError`."""
+    try:
+        return cls(**settings.client_kwargs())
+    except (OSError, ValueError, TypeError) as e:
+        raise ConfigError(f"cannot set up the HTTP client (verify, cert): {e}") from e
 
 
 class SyncTransport:
@@ -188,16 +216,36 @@ class SyncTransport:
     threads at once (the renewal thread's workers and the caller's)."""
 
     def __init__(self, settings: Settings) -> None:
-        self._http = httpx.Client(**settings.client_kwargs())
+        self._http: httpx.Client = http_client(httpx.Client, settings)
+        self._mu = threading.Lock()
+        self._closed = False
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
 
     def close(self) -> None:
+        """Idempotent, and safe from any thread."""
+        with self._mu:
+            if self._closed:
+                return
+            self._closed = True
         self._http.close()
 
     def _post(self, path: str, body: Any, timeout: float) -> httpx.Response:
+        if self._closed:
+            raise closed()
         try:
             return self._http.post(path, content=json.dumps(body), timeout=timeout)
-        except httpx.HTTPError as e:
-            raise transport_error(e, timeout) from e
+        except HTTPX_ERRORS as e:
+            if self._closed:  # closed under the request
+                raise closed() from e
+            raise request_error(e, timeout) from e
+        except RuntimeError as e:
+            # httpx's "the client has been closed": close() won the race.
+            if self._closed or self._http.is_closed:
+                raise closed() from e
+            raise
 
     def acquire(self, body: AcquireBody, timeout: float) -> Acquired | None:
         return parse_acquire(self._post(ACQUIRE, body, timeout))
@@ -216,16 +264,34 @@ class AsyncTransport:
     """The API over a pooled ``httpx.AsyncClient``, used from one event loop."""
 
     def __init__(self, settings: Settings) -> None:
-        self._http = httpx.AsyncClient(**settings.client_kwargs())
+        self._http: httpx.AsyncClient = http_client(httpx.AsyncClient, settings)
+        self._closed = False
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
 
     async def close(self) -> None:
+        """Idempotent."""
+        if self._closed:
+            return
+        self._closed = True
         await self._http.aclose()
 
     async def _post(self, path: str, body: Any, timeout: float) -> httpx.Response:
+        if self._closed:
+            raise closed()
         try:
             return await self._http.post(path, content=json.dumps(body), timeout=timeout)
-        except httpx.HTTPError as e:
-            raise transport_error(e, timeout) from e
+        except HTTPX_ERRORS as e:
+            if self._closed:  # closed under the request
+                raise closed() from e
+            raise request_error(e, timeout) from e
+        except RuntimeError as e:
+            # httpx's "the client has been closed": aclose() won the race.
+            if self._closed or self._http.is_closed:
+                raise closed() from e
+            raise
 
     async def acquire(self, body: AcquireBody, timeout: float) -> Acquired | None:
         return parse_acquire(await self._post(ACQUIRE, body, timeout))

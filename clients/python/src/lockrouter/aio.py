@@ -22,6 +22,8 @@ from ._common import (
     Grants,
     Seconds,
     check_client_id,
+    closed_before_release,
+    closed_during_acquire,
     confirmation,
     log,
     not_settled,
@@ -33,7 +35,7 @@ from ._common import (
 from ._schedule import Batch, Outcome, Retry, Schedule, outcome, refused
 from ._state import Claim, LockState, Release
 from ._transport import AcquireBody, AsyncTransport, Settings, acquire_body, check_url
-from .errors import ConfigError, LockLost, LockrouterError, LostReason, NotAcquired
+from .errors import ClientClosed, LockLost, LockrouterError, LostReason, NotAcquired
 
 __all__ = ["AsyncClient", "AsyncLock", "AsyncLockContext"]
 
@@ -50,6 +52,7 @@ class _AsyncLoop:
         self._wake = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
         self._io: set[asyncio.Task[None]] = set()
+        self._stopping = False
 
     def start(self) -> None:
         """Starts the task on the running loop, once."""
@@ -82,16 +85,28 @@ class _AsyncLoop:
     def hurry(self, key: int) -> None:
         self.send(lambda: self._schedule.hurry(key, validity.now()))
 
-    async def close(self, timeout: float) -> None:
+    def stop(self) -> None:
+        """Winds the task down without waiting: every lock still renewed is
+        released, pending releases get one request timeout more, then the
+        task closes the transport and ends. Never blocks; safe from any
+        thread, a garbage collector's finalizer included."""
+        if self._task is None or self._stopping:
+            return
+        self._stopping = True
+
         def closing() -> None:
             now = validity.now()
             for state in self._schedule.close(now):
                 if state.begin_release():
                     self._schedule.release(state, 0, now)
 
+        self.send(closing)
+
+    async def close(self, timeout: float) -> None:
+        """:meth:`stop`, and waits for the task at most ``timeout``."""
         if self._task is None:
             return
-        self.send(closing)
+        self.stop()
         try:
             await asyncio.wait_for(asyncio.shield(self._task), timeout)
         except asyncio.TimeoutError:
@@ -121,6 +136,9 @@ class _AsyncLoop:
                 pass
         if s.abandoned():
             log.warning("client closed with releases not confirmed; those locks expire at their TTL")
+        for t in list(self._io):
+            t.cancel()
+        await self._transport.close()
 
     def _spawn(self, coro: Any) -> None:
         task = asyncio.get_running_loop().create_task(coro)
@@ -155,6 +173,9 @@ async def renew(transport: AsyncTransport, batch: Batch) -> list[tuple[int, Outc
     try:
         results = await transport.renew_batch(batch.refs, batch.timeout)
         return [(k, outcome(r)) for k, r in zip(batch.keys, results)]
+    except ClientClosed:
+        # Closed under the request: close() took these locks over already.
+        return [(k, Retry()) for k in batch.keys]
     except LockrouterError as e:
         if e.retryable:
             log.debug("renewal of %d locks failed; will retry: %s", len(batch.keys), e)
@@ -179,6 +200,18 @@ class _AsyncKeeper:
         self.grants = grants
         self.request_timeout = request_timeout
         self.loop = _AsyncLoop(transport, grants, request_timeout)
+        # A client never closed: once it and every AsyncLock it made are
+        # garbage, its renewal task winds down as aclose() would. The
+        # callback must not hold this keeper, or it would never be garbage.
+        self._finalizer = weakref.finalize(self, self.loop.stop)
+        self._finalizer.atexit = False
+
+    async def close(self) -> None:
+        """Releases what is still held, giving pending releases one request
+        timeout, and stops the renewal task and the transport."""
+        self._finalizer.detach()
+        await self.loop.close(self.request_timeout + 1.0)
+        await self.transport.close()
 
     def release_in_background(self, state: LockState) -> None:
         if self.grants.registry.begin_release(state):
@@ -206,6 +239,10 @@ class _AsyncKeeper:
                     return
                 try:
                     await self.transport.release(state.ref, self.request_timeout)
+                except ClientClosed:
+                    # Nothing sends it any more: the lock expires at its TTL.
+                    finished = True
+                    raise closed_before_release(state.name) from None
                 except LockrouterError as e:
                     if not e.retryable:
                         log.warning("the router refused to release %r: %s", state.name, e)
@@ -308,11 +345,23 @@ class AsyncLock:
 
 
 async def release_on_exit(lock: AsyncLock, clean: bool) -> None:
+    """As the sync client's ``release_on_exit``.
+
+    A release that fails with an error of this SDK is logged (a warning on
+    the ``lockrouter`` logger), not raised: while the client is open the
+    renewal loop retries it; once it is closed the lock expires at its TTL.
+    When the block raised, its exception reaches the caller unchanged,
+    whatever the release ran into (anything else is logged with its
+    traceback)."""
     reason = lock._state.lost_now()
     try:
         await lock.release()
     except LockrouterError as e:
         log.warning("release of %r at the end of its block not confirmed: %s", lock.name, e)
+    except Exception:
+        if clean:
+            raise
+        log.warning("release of %r at the end of its block failed", lock.name, exc_info=True)
     if clean and reason is not None and reason is not LostReason.RELEASED:
         raise LockLost(lock.name, reason)
 
@@ -344,7 +393,10 @@ class AsyncClient:
     """The asyncio twin of :class:`lockrouter.Client` (same arguments). Its
     renewal task starts on the event loop of its first acquire; use the
     client from that loop only. Close it with ``await client.aclose()`` or
-    ``async with AsyncClient(...) as client:``."""
+    ``async with AsyncClient(...) as client:``. A client never closed
+    renews the locks of every live ``AsyncLock`` it made; once it and all of
+    them are garbage-collected, its task winds down as :meth:`aclose` would
+    (while its event loop runs)."""
 
     def __init__(
         self,
@@ -387,7 +439,7 @@ class AsyncClient:
     ) -> AsyncLock | None:
         """See :meth:`lockrouter.Client.try_acquire`."""
         if self._closed:
-            raise ConfigError("the client is closed")
+            raise ClientClosed("the client is closed")
         self._keeper.loop.start()
         ttl_s, wait_s = seconds(ttl, "ttl"), seconds(wait, "wait")
         ms = ttl_ms(ttl_s)
@@ -440,6 +492,12 @@ class AsyncClient:
                         k.release_in_background(state)
                     raise
         claim, state = k.grants.claim(name, ttl, margin, got, until, cid)
+        if self._closed:
+            # close() ran while this acquire was on the wire: nothing would
+            # renew the lock. Release it if there is still time to.
+            if claim is Claim.NEW and state is not None:
+                k.release_in_background(state)
+            raise closed_during_acquire(name)
         if claim is Claim.NEW and state is not None:
             k.loop.track(state)
         return claim, state
@@ -456,9 +514,7 @@ class AsyncClient:
         if self._closed:
             return
         self._closed = True
-        k = self._keeper
-        await k.loop.close(k.request_timeout + 1.0)
-        await k.transport.close()
+        await self._keeper.close()
 
     async def __aenter__(self) -> AsyncClient:
         return self

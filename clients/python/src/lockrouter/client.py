@@ -24,6 +24,8 @@ from ._common import (
     Grants,
     Seconds,
     check_client_id,
+    closed_before_release,
+    closed_during_acquire,
     confirmation,
     log,
     not_settled,
@@ -35,7 +37,7 @@ from ._common import (
 from ._schedule import Batch, Outcome, Retry, Schedule, outcome, refused
 from ._state import Claim, LockState, Release
 from ._transport import AcquireBody, Settings, SyncTransport, acquire_body, check_url
-from .errors import ConfigError, LockLost, LockrouterError, LostReason, NotAcquired
+from .errors import ClientClosed, LockLost, LockrouterError, LostReason, NotAcquired
 
 __all__ = ["Client", "Lock", "LockContext"]
 
@@ -49,6 +51,7 @@ class _Loop:
         self._schedule = Schedule(grants.registry, request_timeout)
         self._inbox: queue.SimpleQueue[Callable[[], None]] = queue.SimpleQueue()
         self._io = ThreadPoolExecutor(max_workers=4, thread_name_prefix="lockrouter-io")
+        self._stopping = False
         # A daemon: a process that forgets to close its client still exits;
         # its locks then expire at their TTL.
         self._thread = threading.Thread(target=self._run, name="lockrouter-renewal", daemon=True)
@@ -69,7 +72,15 @@ class _Loop:
     def hurry(self, key: int) -> None:
         self.send(lambda: self._schedule.hurry(key, validity.now()))
 
-    def close(self, timeout: float) -> None:
+    def stop(self) -> None:
+        """Winds the loop down without waiting: every lock still renewed is
+        released, pending releases get one request timeout more, then the
+        thread closes the transport and ends. Never blocks; safe from any
+        thread, a garbage collector's finalizer included."""
+        if self._stopping:
+            return
+        self._stopping = True
+
         def closing() -> None:
             now = validity.now()
             for state in self._schedule.close(now):
@@ -77,6 +88,10 @@ class _Loop:
                     self._schedule.release(state, 0, now)
 
         self.send(closing)
+
+    def close(self, timeout: float) -> None:
+        """:meth:`stop`, and waits for the thread at most ``timeout``."""
+        self.stop()
         self._thread.join(timeout)
 
     def _run(self) -> None:
@@ -101,6 +116,7 @@ class _Loop:
         if s.abandoned():
             log.warning("client closed with releases not confirmed; those locks expire at their TTL")
         self._io.shutdown(wait=False, cancel_futures=True)
+        self._transport.close()
 
     def _renew(self, batch: Batch) -> None:
         sent_at = validity.now()
@@ -123,6 +139,9 @@ def renew(transport: SyncTransport, batch: Batch) -> list[tuple[int, Outcome]]:
     try:
         results = transport.renew_batch(batch.refs, batch.timeout)
         return [(k, outcome(r)) for k, r in zip(batch.keys, results)]
+    except ClientClosed:
+        # Closed under the request: close() took these locks over already.
+        return [(k, Retry()) for k in batch.keys]
     except LockrouterError as e:
         if e.retryable:
             log.debug("renewal of %d locks failed; will retry: %s", len(batch.keys), e)
@@ -146,6 +165,19 @@ class _Keeper:
         self.grants = grants
         self.request_timeout = request_timeout
         self.loop = _Loop(transport, grants, request_timeout)
+        # A client never closed: once it and every Lock it made are garbage,
+        # its renewal thread and I/O threads wind down as close() would
+        # (without blocking whoever drops the last reference). The callback
+        # must not hold this keeper, or it would never be garbage.
+        self._finalizer = weakref.finalize(self, self.loop.stop)
+        self._finalizer.atexit = False
+
+    def close(self) -> None:
+        """Releases what is still held, giving pending releases one request
+        timeout, and stops the renewal thread and the transport."""
+        self._finalizer.detach()
+        self.loop.close(self.request_timeout + 1.0)
+        self.transport.close()
 
     def release_in_background(self, state: LockState) -> None:
         """Hands the release to the renewal thread; never blocks."""
@@ -176,6 +208,10 @@ class _Keeper:
                     return
                 try:
                     self.transport.release(state.ref, self.request_timeout)
+                except ClientClosed:
+                    # Nothing sends it any more: the lock expires at its TTL.
+                    finished = True
+                    raise closed_before_release(state.name) from None
                 except LockrouterError as e:
                     if not e.retryable:
                         log.warning("the router refused to release %r: %s", state.name, e)
@@ -261,7 +297,10 @@ class Lock:
         Transport errors, 429 and 5xx are retried with backoff while the
         lock's validity lasts; then the error is raised and the renewal
         thread keeps retrying while the client is open. Raises
-        :class:`LockLost` if the grant has passed to a newer ``Lock``."""
+        :class:`LockLost` if the grant has passed to a newer ``Lock``, and
+        :class:`ClientClosed` if the client is closed and its release of
+        the lock was not confirmed (the lock then expires at its TTL);
+        after a ``close()`` that released it, returns at once."""
         self._finalizer.detach()
         self._keeper.release(self._state)
 
@@ -283,12 +322,23 @@ class Lock:
 def release_on_exit(lock: Lock, clean: bool) -> None:
     """The end of a ``with`` block: release; if the block finished but the
     lock was lost meanwhile, its work was not protected: raise
-    :class:`LockLost`."""
+    :class:`LockLost`.
+
+    A release that fails with an error of this SDK is logged (a warning on
+    the ``lockrouter`` logger), not raised: while the client is open the
+    renewal loop retries it; once it is closed the lock expires at its TTL.
+    When the block raised, its exception reaches the caller unchanged,
+    whatever the release ran into (anything else is logged with its
+    traceback)."""
     reason = lock._state.lost_now()
     try:
         lock.release()
     except LockrouterError as e:
         log.warning("release of %r at the end of its block not confirmed: %s", lock.name, e)
+    except Exception:
+        if clean:
+            raise
+        log.warning("release of %r at the end of its block failed", lock.name, exc_info=True)
     if clean and reason is not None and reason is not LostReason.RELEASED:
         raise LockLost(lock.name, reason)
 
@@ -330,7 +380,10 @@ class Client:
     below 0.1) is how much earlier than the router's reported expiry a lock
     counts as lost. ``request_timeout`` bounds each request (default 5 s).
     Close it (or use ``with Client(...) as client:``) to release what it
-    still holds.
+    still holds and stop its threads. A client never closed renews the
+    locks of every live ``Lock`` it made; once it and all of them are
+    garbage-collected, it winds down as :meth:`close` would. Its renewal
+    thread is a daemon: it never keeps the process from exiting.
     """
 
     def __init__(
@@ -436,6 +489,12 @@ class Client:
                     raise
                 # Still valid: the renewal thread confirms it shortly.
         claim, state = k.grants.claim(name, ttl, margin, got, until, cid)
+        if self._closed:
+            # close() ran while this acquire was on the wire: nothing would
+            # renew the lock. Release it if there is still time to.
+            if claim is Claim.NEW and state is not None:
+                k.release_in_background(state)
+            raise closed_during_acquire(name)
         if claim is Claim.NEW and state is not None:
             k.loop.track(state)
         return claim, state
@@ -450,7 +509,7 @@ class Client:
 
     def _check_open(self) -> None:
         if self._closed:
-            raise ConfigError("the client is closed")
+            raise ClientClosed("the client is closed")
 
     def close(self) -> None:
         """Releases every lock still held and stops the renewal thread,
@@ -458,9 +517,7 @@ class Client:
         if self._closed:
             return
         self._closed = True
-        k = self._keeper
-        k.loop.close(k.request_timeout + 1.0)
-        k.transport.close()
+        self._keeper.close()
 
     def __enter__(self) -> Client:
         return self

@@ -3,8 +3,10 @@
 Everything the SDK raises derives from :class:`LockrouterError`, so callers
 can tell "someone else holds it" (:class:`NotAcquired`) from "the lock was
 lost" (:class:`LockLost`) from "the router said no" (:class:`RouterError`)
-from "the router could not be reached" (:class:`TransportError`). This
-module imports nothing else of the package.
+from "the router could not be reached" (:class:`TransportError`) from "the
+client is closed" (:class:`ClientClosed`). No exception of httpx, the HTTP
+library underneath, leaves the SDK. This module imports nothing else of the
+package.
 """
 
 from __future__ import annotations
@@ -53,6 +55,14 @@ class LockrouterError(Exception):
 class ConfigError(LockrouterError, ValueError):
     """The client was set up or called wrongly (bad URL, TTL out of range,
     a closed client)."""
+
+
+class ClientClosed(ConfigError):
+    """The client is closed: it sends nothing more, and retrying cannot
+    help. Raised by an acquire after ``close()`` (or on its way when the
+    client closed), and by ``release()`` of a lock whose release ``close()``
+    could not confirm (the router was unreachable, say). Nothing renews
+    such a lock any more: it expires at its TTL."""
 
 
 class NotAcquired(LockrouterError):
