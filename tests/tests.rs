@@ -14,6 +14,7 @@ mod faults;
 mod fencing;
 mod hostile;
 mod identity;
+mod late_release;
 mod lock_metrics;
 mod locks;
 mod operators;
