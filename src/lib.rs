@@ -14,8 +14,8 @@
 //!   reload.rs   Reloader: apply a changed config file while serving
 //!   http/       routes, body, answers, api, admin, admission, caller, error,
 //!               request_id, state, ui
-//!   locks/      acquire, wait, limit, renew, release, inspect, force, listing,
-//!               validate
+//!   locks/      acquire, wait, limit, quota, renew, release, inspect, force,
+//!               listing, validate
 //!   placement/  ring, topology, migration, monitor
 //!   shard/      conn, access, login, keys, name, txn, commit, records, scan,
 //!               cache, sessions, keepalive, verify

@@ -149,6 +149,7 @@ async fn the_router_serves_tls_and_a_reload_replaces_its_certificate() {
     write(dir.path(), "key.pem", &second.key_pem);
     let r = trusting
         .post(format!("{base}/admin/v1/reload"))
+        .json(&serde_json::json!({}))
         .send()
         .await
         .unwrap();
@@ -167,6 +168,7 @@ async fn the_router_serves_tls_and_a_reload_replaces_its_certificate() {
     write(dir.path(), "cert.pem", "not a certificate");
     let r = renewed
         .post(format!("{base}/admin/v1/reload"))
+        .json(&serde_json::json!({}))
         .send()
         .await
         .unwrap();

@@ -57,7 +57,7 @@ impl Active {
             }
             // Not the holder's own re-acquire (that answered above): a new
             // grant, reserved in the owner's quota until its cache counts it.
-            let reservation = self.quotas.reserve_lock(self, req.owner.as_ref())?;
+            let reservation = self.reserve_lock(req.owner.as_ref())?;
             let value = lock_value(req, &g.ring, ttl_secs)?;
             let owner = req.owner.as_ref();
             let session = shard

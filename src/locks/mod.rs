@@ -7,7 +7,8 @@
 //!   lock-delay is pending, and the shard still records this router's ring
 //!   and identity; the session lease is renewed alongside (coalesced).
 //!   [`wait`]: the waiting acquire, a FIFO queue per name in etcd.
-//!   [`limit`]: each clientId's acquire rate.
+//!   [`limit`]: each clientId's acquire rate; [`quota`]: each principal's
+//!   held locks and sessions, reserved per acquire.
 //! - [`renew`]: a coalesced keepalive of the lock's lease plus a batched,
 //!   linearizable check that the key still has the lockId's create revision
 //!   and lease.
@@ -578,6 +579,26 @@ impl Active {
             })
     }
 
+    /// Reserves a new lock in `owner`'s quota (see [`quota`]); `None`
+    /// when it has none. Refused (403) at its `max_held_locks`.
+    pub(crate) fn reserve_lock(
+        &self,
+        owner: Option<&Owner>,
+    ) -> Result<Option<quota::Reservation>, LockError> {
+        let Some(o) = owner.filter(|o| o.quota.max_held_locks + o.quota.max_sessions > 0) else {
+            return Ok(None);
+        };
+        let bounds = quota::Bounds {
+            tag: o.tag,
+            max_locks: o.quota.max_held_locks,
+            max_sessions: o.quota.max_sessions,
+        };
+        self.quotas
+            .reserve_lock(bounds, || self.held_by(o.tag))
+            .map(Some)
+            .map_err(|r| refused(o, r))
+    }
+
     /// A new session lease for the acquire on `shard`, its id carrying the
     /// owner's tag, reserved in the owner's `max_sessions` first (refused
     /// at it).
@@ -588,11 +609,28 @@ impl Active {
         owner: Option<&Owner>,
         reservation: Option<&quota::Reservation>,
     ) -> Result<SessionLease, LockError> {
-        if let Some(r) = reservation {
-            r.add_session(self)?;
+        if let (Some(r), Some(o)) = (reservation, owner) {
+            r.add_session(|| self.held_by(o.tag))
+                .map_err(|r| refused(o, r))?;
         }
         Ok(grant_session(shard, ttl_secs, owner.map(|o| o.tag)).await?)
     }
+}
+
+fn refused(owner: &Owner, r: quota::Refused) -> LockError {
+    let what = match r.quota {
+        "max_held_locks" => "locks",
+        _ => "sessions holding locks",
+    };
+    let now = if r.reserved > 0 {
+        format!(
+            "holds {} {what} and has {} more being acquired",
+            r.counted, r.reserved
+        )
+    } else {
+        format!("holds {} {what}", r.counted)
+    };
+    quota_refused(owner, r.quota, now)
 }
 
 fn quota_refused(owner: &Owner, quota: &'static str, now: String) -> LockError {

@@ -21,7 +21,6 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use super::{Active, LockError, Owner};
 use crate::shard::cache::Held;
 use crate::shard::Shard;
 use crate::token::lease_tag::LeaseTag;
@@ -62,55 +61,70 @@ impl Slot {
     }
 }
 
+/// A principal's bounds, as a reservation needs them (0: no bound).
+#[derive(Debug, Clone, Copy)]
+pub struct Bounds {
+    pub tag: LeaseTag,
+    pub max_locks: u64,
+    pub max_sessions: u64,
+}
+
+/// Why a reservation was refused: the quota reached, what the caches
+/// count and what this replica has reserved besides.
+#[derive(Debug)]
+pub struct Refused {
+    pub quota: &'static str,
+    pub counted: u64,
+    pub reserved: u64,
+}
+
 /// An acquire's place in its principal's quota; given back when dropped,
 /// unless [`Reservation::granted`] keeps it until the cache counts it.
 pub struct Reservation {
     quotas: Arc<Quotas>,
-    owner: Owner,
+    bounds: Bounds,
     id: u64,
     /// Granted: the slot stays until the cache counts the lock.
     kept: bool,
 }
 
 impl Quotas {
-    /// Reserves one more lock for `owner`, unless what it holds (as
-    /// `active`'s caches count it) plus what this replica has reserved
-    /// for it reaches its `max_held_locks`. `None`: the owner has no
-    /// quota, nothing to reserve.
+    /// Reserves one more lock within `bounds`, unless what the principal
+    /// holds (`held`: the caches' count, `None` while they cannot count)
+    /// plus what this replica has reserved for it reaches `max_locks`.
     pub fn reserve_lock(
         self: &Arc<Self>,
-        active: &Active,
-        owner: Option<&Owner>,
-    ) -> Result<Option<Reservation>, LockError> {
-        let Some(owner) = owner.filter(|o| o.quota.max_held_locks + o.quota.max_sessions > 0)
-        else {
-            return Ok(None);
-        };
+        bounds: Bounds,
+        held: impl FnOnce() -> Option<Held>,
+    ) -> Result<Reservation, Refused> {
         let mut pending = self.pending.lock().expect("quota lock");
-        let (locks, _) = pending.count(owner.tag);
-        let max = owner.quota.max_held_locks;
-        if max > 0 {
-            // Read after pruning: a slot is pruned only once the cache's
-            // counts include it (they are updated before its revision).
-            if let Some(held) = active.held_by(owner.tag) {
-                if held.locks + locks >= max {
-                    return Err(refused(owner, "max_held_locks", held, locks, "locks"));
+        // Counted after pruning: a slot is pruned only once its cache's
+        // counts include it (they are updated before its revision).
+        let (locks, _) = pending.count(bounds.tag);
+        if bounds.max_locks > 0 {
+            if let Some(held) = held() {
+                if held.locks + locks >= bounds.max_locks {
+                    return Err(Refused {
+                        quota: "max_held_locks",
+                        counted: held.locks,
+                        reserved: locks,
+                    });
                 }
             }
         }
         pending.next_id += 1;
         let id = pending.next_id;
-        pending.by_tag.entry(owner.tag).or_default().push(Slot {
+        pending.by_tag.entry(bounds.tag).or_default().push(Slot {
             id,
             session: false,
             granted: None,
         });
-        Ok(Some(Reservation {
+        Ok(Reservation {
             quotas: self.clone(),
-            owner: owner.clone(),
+            bounds,
             id,
             kept: false,
-        }))
+        })
     }
 }
 
@@ -136,23 +150,25 @@ impl Pending {
 }
 
 impl Reservation {
-    /// Reserves a new session lease too, unless the owner's sessions (as
-    /// the caches count them, plus those reserved here) reach its
+    /// Reserves a new session lease too, unless the principal's sessions
+    /// (as the caches count them, plus those reserved here) reach its
     /// `max_sessions`.
-    pub fn add_session(&self, active: &Active) -> Result<(), LockError> {
-        let owner = &self.owner;
+    pub fn add_session(&self, held: impl FnOnce() -> Option<Held>) -> Result<(), Refused> {
+        let tag = self.bounds.tag;
         let mut pending = self.quotas.pending.lock().expect("quota lock");
-        let (_, sessions) = pending.count(owner.tag);
-        let max = owner.quota.max_sessions;
-        if max > 0 {
-            if let Some(held) = active.held_by(owner.tag) {
-                if held.sessions + sessions >= max {
-                    let what = "sessions holding locks";
-                    return Err(refused(owner, "max_sessions", held, sessions, what));
+        let (_, sessions) = pending.count(tag);
+        if self.bounds.max_sessions > 0 {
+            if let Some(held) = held() {
+                if held.sessions + sessions >= self.bounds.max_sessions {
+                    return Err(Refused {
+                        quota: "max_sessions",
+                        counted: held.sessions,
+                        reserved: sessions,
+                    });
                 }
             }
         }
-        if let Some(slot) = pending.slot(owner.tag, self.id) {
+        if let Some(slot) = pending.slot(tag, self.id) {
             slot.session = true;
         }
         Ok(())
@@ -162,7 +178,7 @@ impl Reservation {
     /// reservation stays until that shard's cache has applied it.
     pub fn granted(mut self, shard: &Arc<Shard>, revision: i64) {
         let mut pending = self.quotas.pending.lock().expect("quota lock");
-        if let Some(slot) = pending.slot(self.owner.tag, self.id) {
+        if let Some(slot) = pending.slot(self.bounds.tag, self.id) {
             slot.granted = Some((shard.clone(), revision, Instant::now()));
             self.kept = true;
         }
@@ -175,25 +191,11 @@ impl Drop for Reservation {
             return;
         }
         let mut pending = self.quotas.pending.lock().expect("quota lock");
-        if let Some(slots) = pending.by_tag.get_mut(&self.owner.tag) {
+        if let Some(slots) = pending.by_tag.get_mut(&self.bounds.tag) {
             slots.retain(|s| s.id != self.id);
             if slots.is_empty() {
-                pending.by_tag.remove(&self.owner.tag);
+                pending.by_tag.remove(&self.bounds.tag);
             }
         }
     }
-}
-
-fn refused(owner: &Owner, quota: &'static str, held: Held, reserved: u64, what: &str) -> LockError {
-    let counted = if quota == "max_held_locks" {
-        held.locks
-    } else {
-        held.sessions
-    };
-    let now = if reserved > 0 {
-        format!("holds {counted} {what} and has {reserved} more being acquired")
-    } else {
-        format!("holds {counted} {what}")
-    };
-    super::quota_refused(owner, quota, now)
 }

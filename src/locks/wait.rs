@@ -183,7 +183,7 @@ impl Active {
         // A principal at its quota is refused before it queues (as an
         // acquire that does not wait), and again at each grant below.
         let session = {
-            let reservation = self.quotas.reserve_lock(self, req.owner.as_ref())?;
+            let reservation = self.reserve_lock(req.owner.as_ref())?;
             shard
                 .sessions
                 .get_or_grant(&req.client_id, ttl_secs, || {
@@ -214,7 +214,7 @@ impl Active {
                 key: &entry.key,
                 revision: entry.revision,
             };
-            let reservation = self.quotas.reserve_lock(self, req.owner.as_ref())?;
+            let reservation = self.reserve_lock(req.owner.as_ref())?;
             let sent = Instant::now();
             let step = shard
                 .head_grant_txn(&k, &value, alive.session.id, &g, mine, replace_held.take())

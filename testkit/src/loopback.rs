@@ -70,7 +70,7 @@ pub fn get(port: u16, path: &str) -> io::Result<Response> {
     request(port, "GET", path, ANSWER_WITHIN)
 }
 
-/// `POST path` on `port` with an empty body, answered within
+/// `POST path` on `port` with an empty JSON body, answered within
 /// [`ANSWER_WITHIN`].
 pub fn post(port: u16, path: &str) -> io::Result<Response> {
     request(port, "POST", path, ANSWER_WITHIN)
@@ -96,9 +96,16 @@ pub fn request_at(
 ) -> io::Result<Response> {
     let mut s = TcpStream::connect_timeout(&addr, within)?;
     s.set_read_timeout(Some(within))?;
+    // Admin POSTs take an empty body only as JSON (a web page's form
+    // cannot send that type).
+    let typed = if method == "POST" {
+        "Content-Type: application/json\r\n"
+    } else {
+        ""
+    };
     write!(
         s,
-        "{method} {path} HTTP/1.0\r\nHost: {}\r\nContent-Length: 0\r\n\r\n",
+        "{method} {path} HTTP/1.0\r\nHost: {}\r\n{typed}Content-Length: 0\r\n\r\n",
         addr.ip()
     )?;
     let mut raw = String::new();

@@ -354,9 +354,23 @@ async fn readiness_and_epoch_bumps_answer_as_documented() {
     assert_eq!((ready.status, state_of(&ready, "b")), (200, json!("up")));
     assert_eq!(doc.post("/admin/v1/reload", &json!({})).await.status, 200);
 
-    // Bump with no body at all (no Content-Type either), with a body.
+    // No body and no Content-Type: refused, as a web page's form would be;
+    // an empty body as JSON bumps, as does a body.
     let bare = doc.call("POST", BUMP, doc.http.post(doc.url(BUMP))).await;
-    assert_eq!((bare.status, bare.json()["epoch"].clone()), (200, json!(2)));
+    assert_eq!(bare.status, 415);
+    let empty = doc
+        .call(
+            "POST",
+            BUMP,
+            doc.http
+                .post(doc.url(BUMP))
+                .header("content-type", "application/json"),
+        )
+        .await;
+    assert_eq!(
+        (empty.status, empty.json()["epoch"].clone()),
+        (200, json!(2))
+    );
     let min = doc.post(BUMP, &json!({"minEpoch": 7})).await;
     assert_eq!((min.status, min.json()["epoch"].clone()), (200, json!(7)));
     for (body, valid) in [
