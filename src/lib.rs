@@ -23,7 +23,8 @@
 //!   tls.rs      the main listener's certificates (rustls), swapped on reload
 //!   auth.rs     principals: who is calling and what it may do
 //!   cli/        exec, plan, capacity, ops
-//!   config.rs, metrics.rs   leaves any layer may use
+//!   config/     settings, and keys: every key they accept (leaf)
+//!   metrics.rs  Prometheus series (leaf)
 //! ```
 //!
 //! - [`app`]: building and running a router ([`Application`]), and

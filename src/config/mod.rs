@@ -2,6 +2,7 @@
 //! overrides, deserialised into typed structs and validated before anything
 //! starts. Unknown keys are rejected so that a typo never silently falls back
 //! to a default. This module touches nothing but the file system.
+//! [`keys`] reads every key off the settings types.
 
 use std::collections::HashSet;
 use std::net::SocketAddr;
@@ -9,6 +10,8 @@ use std::path::Path;
 use std::time::Duration;
 
 use serde::Deserialize;
+
+pub mod keys;
 
 /// Everything the router needs to start.
 #[derive(Debug, Clone, Deserialize, serde::Serialize)]
@@ -525,6 +528,11 @@ impl Settings {
             .try_deserialize()?;
         settings.validate()?;
         Ok(settings)
+    }
+
+    /// Every key a config may set, read off these types.
+    pub fn keys() -> keys::Keys {
+        keys::Keys::of::<Settings>()
     }
 
     /// Parses settings from a TOML string (no environment), then validates.
