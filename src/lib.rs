@@ -22,7 +22,7 @@
 //!   token/      fencing, lock_id, lease_tag
 //!   tls.rs      the main listener's certificates (rustls), swapped on reload
 //!   auth.rs     principals: who is calling and what it may do
-//!   cli/        exec, plan, capacity, ops
+//!   cli/        exec, plan, capacity, ops, target
 //!   config/     settings, and keys: every key they accept (leaf)
 //!   metrics.rs  Prometheus series (leaf)
 //! ```

@@ -9,6 +9,7 @@ use std::process::ExitCode;
 
 use clap::{Parser, Subcommand, ValueEnum};
 use lockrouter::cli::ops::Call;
+use lockrouter::cli::target::Target;
 use lockrouter::{Application, Settings};
 use tokio_util::sync::CancellationToken;
 
@@ -59,7 +60,7 @@ enum Command {
         /// The lock's name.
         name: String,
         #[command(flatten)]
-        target: lockrouter::cli::ops::Target,
+        target: Target,
     },
     /// Take a lock from its holder (admin): the next grant gets a larger
     /// token and the holder's renewals fail.
@@ -70,7 +71,7 @@ enum Command {
         #[arg(long)]
         reason: String,
         #[command(flatten)]
-        target: lockrouter::cli::ops::Target,
+        target: Target,
     },
     /// The locks held across every shard whose names start with a prefix
     /// (admin): one page as JSON, or with `--all` every page, one lock a
@@ -89,7 +90,7 @@ enum Command {
         #[arg(long)]
         all: bool,
         #[command(flatten)]
-        target: lockrouter::cli::ops::Target,
+        target: Target,
     },
     /// What a client holds: its locks and the session leases they ride on
     /// (admin).
@@ -100,17 +101,17 @@ enum Command {
         #[arg(long)]
         principal: Option<String>,
         #[command(flatten)]
-        target: lockrouter::cli::ops::Target,
+        target: Target,
     },
     /// The router's ring, shards and any open migration (admin).
     Ring {
         #[command(flatten)]
-        target: lockrouter::cli::ops::Target,
+        target: Target,
     },
     /// Make the router read its config file again (admin).
     Reload {
         #[command(flatten)]
-        target: lockrouter::cli::ops::Target,
+        target: Target,
     },
     /// Print a shell completion script: `lockrouter completions bash >
     /// /etc/bash_completion.d/lockrouter`.
@@ -217,7 +218,7 @@ fn main() -> ExitCode {
     }
 }
 
-fn ops(target: &lockrouter::cli::ops::Target, call: Call) -> ExitCode {
+fn ops(target: &Target, call: Call) -> ExitCode {
     ExitCode::from(lockrouter::cli::ops::run(target, &call))
 }
 

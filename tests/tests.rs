@@ -4,6 +4,7 @@
 
 mod access_log;
 mod client;
+mod commands;
 mod commit;
 mod contract;
 mod dashboards;

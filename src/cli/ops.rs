@@ -3,9 +3,9 @@
 //! (the held locks, by prefix), `client ID` (what a client holds),
 //! `force-release NAME --reason R`, `ring` (the ring, shards and
 //! migration) and `reload`. The router, its CA and the token come from
-//! `--url` / `--ca-file` / `--token` or `LOCKROUTER_URL` /
-//! `LOCKROUTER_CA_FILE` / `LOCKROUTER_TOKEN`. The answer's JSON body goes
-//! to stdout; the exit code says how it went (see [`codes`]).
+//! the connection flags every command shares ([`Target`]). The answer's
+//! JSON body goes to stdout; the exit code says how it went (see
+//! [`codes`]).
 
 use std::time::Duration;
 
@@ -15,6 +15,8 @@ use http_body_util::{BodyExt, Full};
 use hyper_util::client::legacy::Client;
 use hyper_util::rt::TokioExecutor;
 
+use super::target::Target;
+
 /// Exit codes besides 0 (a 2xx answer), as in sysexits.h.
 pub mod codes {
     /// 400, 404, 405, 409, 413, 415: the request was wrong (EX_USAGE).
@@ -23,27 +25,6 @@ pub mod codes {
     pub const UNAVAILABLE: u8 = 69;
     /// 401 or 403: no or wrong admin token (EX_NOPERM).
     pub const NOPERM: u8 = 77;
-}
-
-/// Where the router is and how to authenticate to it.
-#[derive(clap::Args, Debug, Clone)]
-pub struct Target {
-    /// The router's base URL.
-    #[arg(
-        long,
-        env = "LOCKROUTER_URL",
-        default_value = "http://127.0.0.1:8080",
-        global = true
-    )]
-    pub url: String,
-    /// The bearer token: `admin.token`, or an admin principal's token
-    /// (see docs/security.md), if the router needs one.
-    #[arg(long, env = "LOCKROUTER_TOKEN", hide_env_values = true, global = true)]
-    pub token: Option<String>,
-    /// PEM CA certificates to trust for an `https://` router, besides the
-    /// public web roots.
-    #[arg(long, env = "LOCKROUTER_CA_FILE", global = true)]
-    pub ca_file: Option<std::path::PathBuf>,
 }
 
 /// One operator call.
@@ -196,12 +177,7 @@ async fn send(target: &Target, call: &Call) -> Result<(StatusCode, String), Fail
         code: codes::USAGE,
         why,
     };
-    let ca = match &target.ca_file {
-        Some(path) => Some(
-            std::fs::read(path).map_err(|e| usage(format!("--ca-file {}: {e}", path.display())))?,
-        ),
-        None => None,
-    };
+    let ca = target.ca_pem().map_err(usage)?;
     let connector = lockrouter_client::connector(ca.as_deref())
         .map_err(|e| usage(format!("--ca-file: {e}")))?;
     let mut req = Request::builder()

@@ -1,0 +1,98 @@
+//! The command line as scripts use it: every command that calls a router
+//! takes the same connection flags and variables (`--url`,
+//! `LOCKROUTER_URL`, `LOCKROUTER_TOKEN`, `LOCKROUTER_CA_FILE`), `exec`
+//! included.
+
+use std::process::{Command, Output};
+
+use lockrouter_testkit::etcd::EtcdCluster;
+use lockrouter_testkit::loopback::free_port;
+use lockrouter_testkit::router::TestRouter;
+use lockrouter_testkit::router_process::RouterProcess;
+
+use crate::tls::{client, pki, tls_toml, wait_ready, write};
+
+/// `lockrouter ARGS` with none of the connection variables set but `env`.
+fn run(args: &[&str], env: &[(&str, &str)]) -> Output {
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_lockrouter"));
+    cmd.args(args);
+    for var in ["LOCKROUTER_URL", "LOCKROUTER_TOKEN", "LOCKROUTER_CA_FILE"] {
+        cmd.env_remove(var);
+    }
+    cmd.envs(env.iter().copied());
+    tokio::task::block_in_place(|| cmd.output().unwrap())
+}
+
+fn text(bytes: &[u8]) -> String {
+    String::from_utf8_lossy(bytes).into_owned()
+}
+
+/// Every command that calls a router documents the same flags and
+/// variables, and `exec` finds its router through them like the others.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_command_that_calls_a_router_takes_the_same_connection_flags() {
+    for command in [
+        "inspect",
+        "force-release",
+        "locks",
+        "client",
+        "ring",
+        "reload",
+        "exec",
+    ] {
+        let help = text(&run(&[command, "--help"], &[]).stdout);
+        for flag in [
+            "--url",
+            "LOCKROUTER_URL",
+            "--token",
+            "LOCKROUTER_TOKEN",
+            "--ca-file",
+            "LOCKROUTER_CA_FILE",
+        ] {
+            assert!(
+                help.contains(flag),
+                "`{command} --help` lacks {flag}:\n{help}"
+            );
+        }
+    }
+    let etcd = EtcdCluster::single();
+    let router = TestRouter::start(&[&etcd]).await;
+    let base = router.api.base.as_str();
+    let report = "echo \"token $LOCKROUTER_FENCING_TOKEN\"";
+    let exec = [
+        "exec", "--name", "cli:exec", "--ttl", "5s", "--", "sh", "-c", report,
+    ];
+    let by_env = run(&exec, &[("LOCKROUTER_URL", base)]);
+    assert_eq!(by_env.status.code(), Some(0), "{by_env:?}");
+    assert!(text(&by_env.stdout).starts_with("token "), "{by_env:?}");
+    let by_flag = run(&[&["exec", "--url", base], &exec[1..]].concat(), &[]);
+    assert_eq!(by_flag.status.code(), Some(0), "{by_flag:?}");
+    // The operator's commands take the same variable.
+    let ring = run(&["ring"], &[("LOCKROUTER_URL", base)]);
+    assert_eq!(ring.status.code(), Some(0), "{ring:?}");
+}
+
+/// `exec` reaches a TLS router through `LOCKROUTER_URL` and
+/// `LOCKROUTER_CA_FILE`, as the operator's commands do.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn exec_trusts_the_ca_named_in_the_environment() {
+    let etcd = EtcdCluster::single();
+    let dir = tempfile::tempdir().unwrap();
+    let server = pki(&["127.0.0.1"]);
+    let cert = write(dir.path(), "cert.pem", &server.cert_pem);
+    let key = write(dir.path(), "key.pem", &server.key_pem);
+    let ca = write(dir.path(), "ca.pem", &server.ca_pem);
+    let port = free_port();
+    let _router = RouterProcess::spawn(&tls_toml(&etcd, port, &cert, &key, ""), port);
+    let base = format!("https://127.0.0.1:{port}");
+    wait_ready(&client(&server.ca_pem, None), &base).await;
+    let exec = ["exec", "--name", "cli:tls", "--ttl", "5s", "--", "true"];
+    let env = [
+        ("LOCKROUTER_URL", base.as_str()),
+        ("LOCKROUTER_CA_FILE", &ca),
+    ];
+    let out = run(&exec, &env);
+    assert_eq!(out.status.code(), Some(0), "{out:?}");
+    let untrusting = run(&exec, &env[..1]);
+    assert_eq!(untrusting.status.code(), Some(69), "{untrusting:?}");
+}
