@@ -8,7 +8,7 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 use clap::{Parser, Subcommand, ValueEnum};
-use lockrouter::cli::ops::Call;
+use lockrouter::cli::ops::{Call, FORCE_RELEASE_EXIT_CODES};
 use lockrouter::cli::target::Target;
 use lockrouter::{Application, Settings};
 use tokio_util::sync::CancellationToken;
@@ -64,12 +64,17 @@ enum Command {
     },
     /// Take a lock from its holder (admin): the next grant gets a larger
     /// token and the holder's renewals fail.
+    #[command(after_help = FORCE_RELEASE_EXIT_CODES)]
     ForceRelease {
         /// The lock's name.
         name: String,
         /// Why, for the router's log.
         #[arg(long)]
         reason: String,
+        /// Release only the grant with this fencing token (the one
+        /// `inspect` showed): a worker that took the name since keeps it.
+        #[arg(long, value_name = "FENCING_TOKEN")]
+        if_token: Option<u64>,
         #[command(flatten)]
         target: Target,
     },
@@ -179,8 +184,16 @@ fn main() -> ExitCode {
         Command::ForceRelease {
             name,
             reason,
+            if_token,
             target,
-        } => ops(&target, Call::ForceRelease { name, reason }),
+        } => ops(
+            &target,
+            Call::ForceRelease {
+                name,
+                reason,
+                if_token,
+            },
+        ),
         Command::Locks {
             prefix,
             limit,
