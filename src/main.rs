@@ -8,7 +8,7 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 use clap::{Parser, Subcommand, ValueEnum};
-use lockrouter::cli::ops::{Call, FORCE_RELEASE_EXIT_CODES};
+use lockrouter::cli::ops::{Call, EXIT_CODES, FORCE_RELEASE_EXIT_CODES, RELOAD_EXIT_CODES};
 use lockrouter::cli::target::Target;
 use lockrouter::{Application, Settings};
 use tokio_util::sync::CancellationToken;
@@ -45,6 +45,7 @@ enum Command {
         config: PathBuf,
     },
     /// Run a command while holding a lock (see docs/client.md).
+    #[command(after_help = lockrouter::cli::exec::EXIT_CODES)]
     Exec(lockrouter::cli::exec::ExecArgs),
     /// Size a deployment: shards needed for a workload (see docs/capacity.md).
     Plan(lockrouter::cli::plan::PlanArgs),
@@ -56,6 +57,7 @@ enum Command {
     Auth(AuthCommand),
     /// Who holds a lock: its token, expiry, shard (and, with the admin
     /// token, the holder's clientId).
+    #[command(after_help = EXIT_CODES)]
     Inspect {
         /// The lock's name.
         name: String,
@@ -81,6 +83,7 @@ enum Command {
     /// The locks held across every shard whose names start with a prefix
     /// (admin): one page as JSON, or with `--all` every page, one lock a
     /// line.
+    #[command(after_help = EXIT_CODES)]
     Locks {
         /// Only names starting with this.
         #[arg(long, default_value = "")]
@@ -99,6 +102,7 @@ enum Command {
     },
     /// What a client holds: its locks and the session leases they ride on
     /// (admin).
+    #[command(after_help = EXIT_CODES)]
     Client {
         /// The clientId.
         client_id: String,
@@ -109,11 +113,13 @@ enum Command {
         target: Target,
     },
     /// The router's ring, shards and any open migration (admin).
+    #[command(after_help = EXIT_CODES)]
     Ring {
         #[command(flatten)]
         target: Target,
     },
     /// Make the router read its config file again (admin).
+    #[command(after_help = RELOAD_EXIT_CODES)]
     Reload {
         #[command(flatten)]
         target: Target,

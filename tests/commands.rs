@@ -1,13 +1,17 @@
 //! The command line as scripts use it: every command that calls a router
 //! takes the same connection flags and variables (`--url`,
 //! `LOCKROUTER_URL`, `LOCKROUTER_TOKEN`, `LOCKROUTER_CA_FILE`), `exec`
-//! included.
+//! included; and a reload the router refuses for now exits 75 (try
+//! again later).
 
 use std::process::{Command, Output};
 
+use serde_json::Value;
+
+use lockrouter_testkit::config::config_toml;
 use lockrouter_testkit::etcd::EtcdCluster;
 use lockrouter_testkit::loopback::free_port;
-use lockrouter_testkit::router::TestRouter;
+use lockrouter_testkit::router::{FileRouter, TestRouter};
 use lockrouter_testkit::router_process::RouterProcess;
 
 use crate::tls::{client, pki, tls_toml, wait_ready, write};
@@ -95,4 +99,30 @@ async fn exec_trusts_the_ca_named_in_the_environment() {
     assert_eq!(out.status.code(), Some(0), "{out:?}");
     let untrusting = run(&exec, &env[..1]);
     assert_eq!(untrusting.status.code(), Some(69), "{untrusting:?}");
+}
+
+/// A reload the router refuses for now (a new shard it cannot reach)
+/// exits 75, EX_TEMPFAIL: try again later. One it applies exits 0.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reload_refused_for_now_exits_75() {
+    let etcd = EtcdCluster::single();
+    let toml = config_toml(&[&etcd], "127.0.0.1:0", "");
+    let router = FileRouter::start(&toml).await;
+    let base = router.api.base.as_str();
+    let ok = run(&["reload", "--url", base], &[]);
+    assert_eq!(ok.status.code(), Some(0), "{ok:?}");
+    let dead = format!(
+        "{toml}\n[[shards]]\nname = \"b\"\nendpoints = [\"http://127.0.0.1:{}\"]\n",
+        free_port()
+    );
+    std::fs::write(&router.path, dead).unwrap();
+    let refused = run(&["reload", "--url", base], &[]);
+    let answer: Value = serde_json::from_slice(&refused.stdout).unwrap_or_default();
+    assert_eq!(
+        answer["error"]["code"], "failed_precondition",
+        "{refused:?}"
+    );
+    assert_eq!(refused.status.code(), Some(75), "{refused:?}");
+    let out = run(&["reload", "--help"], &[]);
+    assert!(text(&out.stdout).contains("75"), "{out:?}");
 }

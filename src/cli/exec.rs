@@ -14,7 +14,7 @@
 //! released. A `--wait` longer than the router's longest wait is split
 //! into waits the router accepts, each queuing again. The router is found
 //! through the connection flags every command shares ([`Target`]). Exit
-//! codes are listed in [`codes`].
+//! codes are listed in [`codes`] (and for `--help` in [`EXIT_CODES`]).
 
 use std::io::IsTerminal;
 use std::os::unix::process::ExitStatusExt;
@@ -52,6 +52,21 @@ pub mod codes {
     /// The command could not be executed (as in shells).
     pub const NOT_EXECUTABLE: u8 = 126;
 }
+
+/// `--help`'s account of [`codes`].
+pub const EXIT_CODES: &str = "\
+Exit codes:
+  the command's own   it ran and exited; the lock was released
+  128 + N             it was ended by signal N
+  75   someone else holds the lock (after --wait, if given); nothing ran
+  79   the lock was lost while the command ran; the command was stopped
+  64   the router refused the acquire as malformed (e.g. a TTL outside
+       its limits)
+  77   the router refused the credentials, or the name (401, 403)
+  69   the router is unavailable or cannot be reached
+  70   exec itself failed
+  2    bad arguments, such as a malformed URL
+  126  the command could not be executed; 127: it was not found";
 
 /// Arguments of `lockrouter exec`.
 #[derive(clap::Args, Debug, Clone)]

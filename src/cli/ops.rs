@@ -5,7 +5,7 @@
 //! shards and migration) and `reload`. The router, its CA and the token
 //! come from the connection flags every command shares ([`Target`]). The
 //! answer's JSON body goes to stdout; the exit code says how it went (see
-//! [`codes`], and [`FORCE_RELEASE_EXIT_CODES`] for `--help`).
+//! [`codes`], and [`EXIT_CODES`] and its kin for `--help`).
 
 use std::time::Duration;
 
@@ -19,7 +19,7 @@ use super::target::Target;
 
 /// Exit codes besides 0 (a 2xx answer), as in sysexits.h.
 pub mod codes {
-    /// 400, 404, 405, 409, 413, 415: the request was wrong (EX_USAGE).
+    /// 400, 404, 405, 413, 415: the request was wrong (EX_USAGE).
     pub const USAGE: u8 = 64;
     /// `force-release --if-token`: another grant holds the name (409);
     /// nothing was released (EX_DATAERR).
@@ -29,9 +29,22 @@ pub mod codes {
     pub const NOT_HELD: u8 = 66;
     /// 5xx, or the router could not be reached (EX_UNAVAILABLE).
     pub const UNAVAILABLE: u8 = 69;
+    /// 409 (a reload not possible now) or 429: try again later
+    /// (EX_TEMPFAIL).
+    pub const TEMPFAIL: u8 = 75;
     /// 401 or 403: no or wrong admin token (EX_NOPERM).
     pub const NOPERM: u8 = 77;
 }
+
+/// `--help`'s account of [`codes`] for the operator's commands.
+pub const EXIT_CODES: &str = "\
+Exit codes (as in sysexits.h):
+  0   the router answered 2xx; its JSON answer is on stdout
+  64  a bad request (400, 404, 405, 413, 415)
+  69  the router is unavailable (5xx) or cannot be reached
+  75  refused for now (409, 429): try again later
+  77  no or a wrong credential (401, 403)
+Error answers are JSON on stdout too; other problems go to stderr.";
 
 /// `--help`'s account of [`codes`] for `force-release`.
 pub const FORCE_RELEASE_EXIT_CODES: &str = "\
@@ -41,6 +54,17 @@ Exit codes (as in sysexits.h):
   65  --if-token: another grant holds NAME (409), e.g. a healthy worker
       that took it after you looked: nothing was released
   64  a bad request: an empty reason, a token no router issues (400)
+  69  the router is unavailable (5xx) or cannot be reached
+  77  no or a wrong admin credential (401, 403)";
+
+/// `--help`'s account of [`codes`] for `reload`.
+pub const RELOAD_EXIT_CODES: &str = "\
+Exit codes (as in sysexits.h):
+  0   reloaded: what changed is on stdout
+  75  refused (409): not possible now (a migration is open, a shard is
+      unreachable: try again later), or the change takes a restart; the
+      message on stdout says which. Nothing changed
+  64  the config file is invalid (400); nothing changed
   69  the router is unavailable (5xx) or cannot be reached
   77  no or a wrong admin credential (401, 403)";
 
@@ -141,6 +165,7 @@ impl Call {
             200..=299 => 0,
             401 | 403 => codes::NOPERM,
             409 if force => codes::OTHER_GRANT,
+            409 | 429 => codes::TEMPFAIL,
             400..=499 => codes::USAGE,
             _ => codes::UNAVAILABLE,
         }
@@ -299,7 +324,8 @@ mod tests {
             (404, 64),
             (401, 77),
             (403, 77),
-            (409, 64),
+            (409, 75),
+            (429, 75),
             (503, 69),
             (504, 69),
         ] {
