@@ -241,15 +241,16 @@ fn ops(target: &Target, call: Call) -> ExitCode {
     ExitCode::from(lockrouter::cli::ops::run(target, &call))
 }
 
-/// `config check`: exit 0, a summary and the effective settings (every
-/// key, defaults and `LOCKROUTER__SECTION__KEY` overrides applied, secrets
-/// masked) as JSON; or 2 and the problem.
+/// `config check`: exit 0 and the effective settings (every key, defaults
+/// and `LOCKROUTER__SECTION__KEY` overrides applied, secrets masked) as
+/// one JSON document on stdout, for `jq`, with a summary for people on
+/// stderr; or 2 and the problem on stderr.
 fn check(path: &std::path::Path) -> ExitCode {
     match Settings::load(path) {
         Ok(s) => {
             let ring = lockrouter::ring::Ring::new(&s.shards, s.ring.vnodes);
             let names: Vec<&str> = s.shards.iter().map(|x| x.name.as_str()).collect();
-            println!(
+            eprintln!(
                 "{}: valid; shards: {}; ring {}",
                 path.display(),
                 names.join(", "),

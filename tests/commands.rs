@@ -1,8 +1,9 @@
 //! The command line as scripts use it: every command that calls a router
 //! takes the same connection flags and variables (`--url`,
 //! `LOCKROUTER_URL`, `LOCKROUTER_TOKEN`, `LOCKROUTER_CA_FILE`), `exec`
-//! included; and a reload the router refuses for now exits 75 (try
-//! again later).
+//! included; a reload the router refuses for now exits 75 (try again
+//! later); and `config check` prints one JSON document on stdout, and
+//! names a variable that sets no key as a variable.
 
 use std::process::{Command, Output};
 
@@ -125,4 +126,46 @@ async fn a_reload_refused_for_now_exits_75() {
     assert_eq!(refused.status.code(), Some(75), "{refused:?}");
     let out = run(&["reload", "--help"], &[]);
     assert!(text(&out.stdout).contains("75"), "{out:?}");
+}
+
+/// `config check` prints exactly one JSON document on stdout (the
+/// effective settings), so that it pipes into `jq`; the summary goes to
+/// stderr. A `LOCKROUTER__…` variable that sets no key is named, as a
+/// variable from the environment, by `config check` and `serve` alike.
+#[test]
+fn config_check_prints_json_only_and_names_a_variable_that_sets_no_key() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("router.toml");
+    std::fs::write(
+        &path,
+        "[server]\nlisten = \"127.0.0.1:0\"\n[[shards]]\nname = \"a\"\nendpoints = [\"http://127.0.0.1:2379\"]\n",
+    )
+    .unwrap();
+    let path = path.to_str().unwrap();
+    let out = Command::new(env!("CARGO_BIN_EXE_lockrouter"))
+        .args(["config", "check", "--config", path])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(0), "{out:?}");
+    let effective: Value = serde_json::from_slice(&out.stdout)
+        .unwrap_or_else(|e| panic!("stdout is not one JSON document ({e}): {out:?}"));
+    assert_eq!(effective["shards"][0]["name"], "a", "{effective}");
+    assert!(text(&out.stderr).contains("valid"), "{out:?}");
+    for command in [&["config", "check"][..], &["serve"]] {
+        let out = Command::new(env!("CARGO_BIN_EXE_lockrouter"))
+            .args(command)
+            .args(["--config", path])
+            .env("LOCKROUTER__SERVER__LISTNE", "0.0.0.0:1")
+            .output()
+            .unwrap();
+        let stderr = text(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{command:?}: {out:?}");
+        for needle in ["LOCKROUTER__SERVER__LISTNE", "environment", "server.listne"] {
+            assert!(
+                stderr.contains(needle),
+                "{command:?}: {stderr:?} should mention {needle:?}"
+            );
+        }
+        assert!(out.stdout.is_empty(), "{command:?}: {out:?}");
+    }
 }
