@@ -63,7 +63,7 @@ Exit codes:
   64   the router refused the acquire as malformed (e.g. a TTL outside
        its limits)
   77   the router refused the credentials, or the name (401, 403)
-  69   the router is unavailable or cannot be reached
+  69   the router is unavailable (5xx, 429) or cannot be reached
   70   exec itself failed
   2    bad arguments, such as a malformed URL
   126  the command could not be executed; 127: it was not found";
