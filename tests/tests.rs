@@ -8,6 +8,7 @@ mod commands;
 mod commit;
 mod contract;
 mod dashboards;
+mod docs;
 mod etcd_tls;
 mod exec;
 mod faults;
