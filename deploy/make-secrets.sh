@@ -250,8 +250,12 @@ for p in "${principals[@]}"; do
 done
 
 for f in "${made[@]}"; do echo "made $dir/$f"; done
-check_config >"$tmp/check" || die "lockrouter config check refuses $config"
-head -n 1 "$tmp/check"
+# Its summary line goes to stderr (stdout is the effective settings, JSON).
+check_config 2>"$tmp/check" >/dev/null || {
+  cat "$tmp/check" >&2
+  die "lockrouter config check refuses $config"
+}
+cat "$tmp/check"
 [[ $problems == 0 ]] || exit 1
 
 case $layout in

@@ -22,8 +22,9 @@
 //!   token/      fencing, lock_id, lease_tag
 //!   tls.rs      the main listener's certificates (rustls), swapped on reload
 //!   auth.rs     principals: who is calling and what it may do
-//!   cli/        exec, plan, capacity, ops
-//!   config.rs, metrics.rs   leaves any layer may use
+//!   cli/        exec, plan, capacity, ops, target
+//!   config/     settings, and keys: every key they accept (leaf)
+//!   metrics.rs  Prometheus series (leaf)
 //! ```
 //!
 //! - [`app`]: building and running a router ([`Application`]), and

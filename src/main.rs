@@ -8,7 +8,8 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 use clap::{Parser, Subcommand, ValueEnum};
-use lockrouter::cli::ops::Call;
+use lockrouter::cli::ops::{Call, EXIT_CODES, FORCE_RELEASE_EXIT_CODES, RELOAD_EXIT_CODES};
+use lockrouter::cli::target::Target;
 use lockrouter::{Application, Settings};
 use tokio_util::sync::CancellationToken;
 
@@ -44,6 +45,7 @@ enum Command {
         config: PathBuf,
     },
     /// Run a command while holding a lock (see docs/client.md).
+    #[command(after_help = lockrouter::cli::exec::EXIT_CODES)]
     Exec(lockrouter::cli::exec::ExecArgs),
     /// Size a deployment: shards needed for a workload (see docs/capacity.md).
     Plan(lockrouter::cli::plan::PlanArgs),
@@ -55,26 +57,33 @@ enum Command {
     Auth(AuthCommand),
     /// Who holds a lock: its token, expiry, shard (and, with the admin
     /// token, the holder's clientId).
+    #[command(after_help = EXIT_CODES)]
     Inspect {
         /// The lock's name.
         name: String,
         #[command(flatten)]
-        target: lockrouter::cli::ops::Target,
+        target: Target,
     },
     /// Take a lock from its holder (admin): the next grant gets a larger
     /// token and the holder's renewals fail.
+    #[command(after_help = FORCE_RELEASE_EXIT_CODES)]
     ForceRelease {
         /// The lock's name.
         name: String,
         /// Why, for the router's log.
         #[arg(long)]
         reason: String,
+        /// Release only the grant with this fencing token (the one
+        /// `inspect` showed): a worker that took the name since keeps it.
+        #[arg(long, value_name = "FENCING_TOKEN")]
+        if_token: Option<u64>,
         #[command(flatten)]
-        target: lockrouter::cli::ops::Target,
+        target: Target,
     },
     /// The locks held across every shard whose names start with a prefix
     /// (admin): one page as JSON, or with `--all` every page, one lock a
     /// line.
+    #[command(after_help = EXIT_CODES)]
     Locks {
         /// Only names starting with this.
         #[arg(long, default_value = "")]
@@ -89,10 +98,11 @@ enum Command {
         #[arg(long)]
         all: bool,
         #[command(flatten)]
-        target: lockrouter::cli::ops::Target,
+        target: Target,
     },
     /// What a client holds: its locks and the session leases they ride on
     /// (admin).
+    #[command(after_help = EXIT_CODES)]
     Client {
         /// The clientId.
         client_id: String,
@@ -100,17 +110,19 @@ enum Command {
         #[arg(long)]
         principal: Option<String>,
         #[command(flatten)]
-        target: lockrouter::cli::ops::Target,
+        target: Target,
     },
     /// The router's ring, shards and any open migration (admin).
+    #[command(after_help = EXIT_CODES)]
     Ring {
         #[command(flatten)]
-        target: lockrouter::cli::ops::Target,
+        target: Target,
     },
     /// Make the router read its config file again (admin).
+    #[command(after_help = RELOAD_EXIT_CODES)]
     Reload {
         #[command(flatten)]
-        target: lockrouter::cli::ops::Target,
+        target: Target,
     },
     /// Print a shell completion script: `lockrouter completions bash >
     /// /etc/bash_completion.d/lockrouter`.
@@ -178,8 +190,16 @@ fn main() -> ExitCode {
         Command::ForceRelease {
             name,
             reason,
+            if_token,
             target,
-        } => ops(&target, Call::ForceRelease { name, reason }),
+        } => ops(
+            &target,
+            Call::ForceRelease {
+                name,
+                reason,
+                if_token,
+            },
+        ),
         Command::Locks {
             prefix,
             limit,
@@ -217,19 +237,20 @@ fn main() -> ExitCode {
     }
 }
 
-fn ops(target: &lockrouter::cli::ops::Target, call: Call) -> ExitCode {
+fn ops(target: &Target, call: Call) -> ExitCode {
     ExitCode::from(lockrouter::cli::ops::run(target, &call))
 }
 
-/// `config check`: exit 0, a summary and the effective settings (every
-/// key, defaults and `LOCKROUTER__SECTION__KEY` overrides applied, secrets
-/// masked) as JSON; or 2 and the problem.
+/// `config check`: exit 0 and the effective settings (every key, defaults
+/// and `LOCKROUTER__SECTION__KEY` overrides applied, secrets masked) as
+/// one JSON document on stdout, for `jq`, with a summary for people on
+/// stderr; or 2 and the problem on stderr.
 fn check(path: &std::path::Path) -> ExitCode {
     match Settings::load(path) {
         Ok(s) => {
             let ring = lockrouter::ring::Ring::new(&s.shards, s.ring.vnodes);
             let names: Vec<&str> = s.shards.iter().map(|x| x.name.as_str()).collect();
-            println!(
+            eprintln!(
                 "{}: valid; shards: {}; ring {}",
                 path.display(),
                 names.join(", "),

@@ -1,9 +1,12 @@
 //! What operators see: inspect with when a lock was acquired, what its
 //! holder attached and how many wait for it; the admin listing of held
-//! locks across shards, page by page with a cursor; and what one client
-//! holds with its session leases. Real routers on real etcd.
+//! locks across shards, page by page with a cursor; what one client
+//! holds with its session leases; and force-release, whose precondition
+//! (a fencing token) never takes a name from a holder the operator did
+//! not look at. Real routers on real etcd, and the `lockrouter` binary.
 
 use std::collections::HashSet;
+use std::process::Command;
 use std::time::{Duration, Instant, SystemTime};
 
 use serde_json::{json, Value};
@@ -301,5 +304,148 @@ async fn the_client_view_lists_its_locks_and_sessions() {
         api.get("/admin/v1/clients/x?who=y").await.status,
         400,
         "unknown query parameter"
+    );
+}
+
+/// `lockrouter ARGS --url <router>`: its exit code, its stdout as JSON
+/// (`Null` if it is not) and its stderr.
+fn lockrouter(router: &TestRouter, args: &[&str]) -> (Option<i32>, Value, String) {
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_lockrouter"));
+    cmd.args(args)
+        .args(["--url", &router.api.base])
+        .env_remove("LOCKROUTER_TOKEN")
+        .env_remove("LOCKROUTER_CA_FILE");
+    let out = tokio::task::block_in_place(|| cmd.output().unwrap());
+    let json = serde_json::from_slice(&out.stdout).unwrap_or_default();
+    let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
+    (out.status.code(), json, stderr)
+}
+
+/// A force-release of a name nobody holds releases nothing and says so
+/// with its exit code (a typo in a runbook must not look like success);
+/// `--help` lists the exit codes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn force_releasing_a_free_name_exits_non_zero() {
+    let etcd = EtcdCluster::single();
+    let router = TestRouter::start(&[&etcd]).await;
+    let (code, answer, stderr) = lockrouter(
+        &router,
+        &["force-release", "nightly:reprot", "--reason", "stuck"],
+    );
+    assert_eq!(answer["released"], false, "{answer} {stderr}");
+    assert_eq!(code, Some(66), "nothing held the name: {stderr}");
+    assert!(stderr.contains("nothing held"), "{stderr}");
+    let held = router.api.must_acquire("nightly:report", 10_000, "w").await;
+    let (code, answer, _) = lockrouter(
+        &router,
+        &["force-release", "nightly:report", "--reason", "stuck"],
+    );
+    assert_eq!((code, &answer["fencingToken"]), (Some(0), &json!(held.1)));
+    let out = tokio::task::block_in_place(|| {
+        Command::new(env!("CARGO_BIN_EXE_lockrouter"))
+            .args(["force-release", "--help"])
+            .output()
+            .unwrap()
+    });
+    let help = String::from_utf8_lossy(&out.stdout);
+    for code in ["0 ", "65 ", "66 ", "64 ", "69 ", "77 "] {
+        assert!(help.contains(code), "--help names exit code {code}: {help}");
+    }
+    assert!(help.contains("--if-token"), "{help}");
+}
+
+/// With a fencing token (`--if-token`, `fencingToken`), force-release
+/// takes the name only from that grant: a holder that took the name
+/// between the operator's inspect and the force-release keeps it (409
+/// `failed_precondition`, exit 65), the grant named is released, and a
+/// token no router issues is a bad request.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn force_release_with_a_token_releases_only_that_grant() {
+    let etcd = EtcdCluster::single();
+    let router = TestRouter::start(&[&etcd]).await;
+    let api = &router.api;
+    let path = "/admin/v1/locks/ops%3Astuck/force-release";
+    // The operator inspects: worker-1 holds it under `seen`.
+    let first = api.must_acquire("ops:stuck", 10_000, "worker-1").await;
+    let seen = api.inspect("ops:stuck").await.body["fencingToken"]
+        .as_u64()
+        .unwrap();
+    assert_eq!(seen, first.1);
+    // A token that is not the holder's releases nothing.
+    let r = api
+        .post(path, json!({"reason": "stuck", "fencingToken": seen + 1}))
+        .await;
+    assert_eq!(r.status, 409, "{r:?}");
+    assert_eq!(r.body["error"]["code"], "failed_precondition", "{r:?}");
+    assert!(
+        r.body["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains(&seen.to_string()),
+        "the message names the holder's token: {r:?}"
+    );
+    assert_eq!(api.renew(&first).await.status, 200, "still held");
+    // Meanwhile worker-1 lets go and worker-2, healthy, takes the name.
+    assert_eq!(api.release(&first).await.status, 204);
+    let second = api.must_acquire("ops:stuck", 10_000, "worker-2").await;
+    let (code, answer, stderr) = lockrouter(
+        &router,
+        &[
+            "force-release",
+            "ops:stuck",
+            "--reason",
+            "worker-1 hung",
+            "--if-token",
+            &seen.to_string(),
+        ],
+    );
+    assert_eq!(code, Some(65), "{answer} {stderr}");
+    assert_eq!(answer["error"]["code"], "failed_precondition", "{answer}");
+    assert_eq!(api.renew(&second).await.status, 200, "worker-2 keeps it");
+    let now = api.inspect("ops:stuck").await.body;
+    assert_eq!(now["fencingToken"], second.1, "{now}");
+    // The grant named is released.
+    let (code, answer, stderr) = lockrouter(
+        &router,
+        &[
+            "force-release",
+            "ops:stuck",
+            "--reason",
+            "worker-2 hung",
+            "--if-token",
+            &second.1.to_string(),
+        ],
+    );
+    assert_eq!(code, Some(0), "{answer} {stderr}");
+    assert_eq!(
+        (&answer["released"], &answer["fencingToken"]),
+        (&json!(true), &json!(second.1))
+    );
+    assert_eq!(api.renew(&second).await.status, 409);
+    // Nothing holds it now: nothing released, whatever the token.
+    let r = api
+        .post(path, json!({"reason": "again", "fencingToken": second.1}))
+        .await;
+    assert_eq!((r.status, &r.body["released"]), (200, &json!(false)));
+    // Tokens no router issues: 400, and the holder keeps its lock.
+    let third = api.must_acquire("ops:stuck", 10_000, "worker-3").await;
+    for bad in [
+        json!(0),
+        json!(-1),
+        json!("7"),
+        json!(1.5),
+        json!(9_223_372_036_854_775_808u64),
+        json!(u64::MAX),
+    ] {
+        let r = api
+            .post(path, json!({"reason": "bad", "fencingToken": bad}))
+            .await;
+        assert_eq!(r.status, 400, "{bad}: {r:?}");
+        assert_eq!(r.body["error"]["code"], "invalid_argument", "{r:?}");
+    }
+    assert_eq!(api.renew(&third).await.status, 200);
+    assert!(
+        api.inspect("ops:stuck").await.body["fencingToken"] == third.1,
+        "worker-3 still holds it"
     );
 }

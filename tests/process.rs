@@ -176,11 +176,11 @@ fn bad_configs_exit_nonzero_naming_the_problem() {
         .unwrap();
     assert!(out.status.success(), "{out:?}");
     let stdout = String::from_utf8_lossy(&out.stdout);
-    assert!(stdout.contains("valid; shards: a; ring "), "{stdout}");
-    // Then the effective settings: defaults and overrides applied, the
-    // admin token masked.
-    let (_, json) = stdout.split_once('\n').unwrap();
-    let effective: serde_json::Value = serde_json::from_str(json).unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("valid; shards: a; ring "), "{stderr}");
+    // On stdout, the effective settings: defaults and overrides applied,
+    // the admin token masked.
+    let effective: serde_json::Value = serde_json::from_str(&stdout).unwrap();
     assert_eq!(effective["server"]["max_in_flight"], 77, "{effective}");
     assert_eq!(effective["etcd"]["request_timeout_ms"], 3000, "{effective}");
     assert_eq!(effective["admin"]["token"], "***", "{effective}");

@@ -5,9 +5,11 @@
 mod access_log;
 mod admin_guard;
 mod client;
+mod commands;
 mod commit;
 mod contract;
 mod dashboards;
+mod docs;
 mod etcd_tls;
 mod exec;
 mod faults;

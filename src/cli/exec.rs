@@ -12,8 +12,9 @@
 //! the command (`PR_SET_PDEATHSIG`): a command must not run on without the
 //! lock that `exec` no longer renews. When the command exits the lock is
 //! released. A `--wait` longer than the router's longest wait is split
-//! into waits the router accepts, each queuing again. Exit codes are listed
-//! in [`codes`].
+//! into waits the router accepts, each queuing again. The router is found
+//! through the connection flags every command shares ([`Target`]). Exit
+//! codes are listed in [`codes`] (and for `--help` in [`EXIT_CODES`]).
 
 use std::io::IsTerminal;
 use std::os::unix::process::ExitStatusExt;
@@ -25,6 +26,8 @@ use nix::sys::signal::{kill, Signal};
 use nix::unistd::Pid;
 use tokio::process::{Child, Command};
 use tokio::signal::unix::{signal, Signal as UnixSignal, SignalKind};
+
+use super::target::Target;
 
 /// Exit codes of `lockrouter exec` besides the command's own.
 pub mod codes {
@@ -50,21 +53,26 @@ pub mod codes {
     pub const NOT_EXECUTABLE: u8 = 126;
 }
 
+/// `--help`'s account of [`codes`].
+pub const EXIT_CODES: &str = "\
+Exit codes:
+  the command's own   it ran and exited; the lock was released
+  128 + N             it was ended by signal N
+  75   someone else holds the lock (after --wait, if given); nothing ran
+  79   the lock was lost while the command ran; the command was stopped
+  64   the router refused the acquire as malformed (e.g. a TTL outside
+       its limits)
+  77   the router refused the credentials, or the name (401, 403)
+  69   the router is unavailable (5xx, 429) or cannot be reached
+  70   exec itself failed
+  2    bad arguments, such as a malformed URL
+  126  the command could not be executed; 127: it was not found";
+
 /// Arguments of `lockrouter exec`.
 #[derive(clap::Args, Debug, Clone)]
 pub struct ExecArgs {
-    /// The router's base URL, e.g. `http://127.0.0.1:8080` or
-    /// `https://lockrouter.internal:8443`.
-    #[arg(long)]
-    pub router: String,
-    /// PEM CA certificates to trust for an https:// router, besides the
-    /// public web roots.
-    #[arg(long)]
-    pub ca_file: Option<std::path::PathBuf>,
-    /// The bearer token of this command's principal, for a router with
-    /// principals (see docs/security.md).
-    #[arg(long, env = "LOCKROUTER_TOKEN", hide_env_values = true)]
-    pub token: Option<String>,
+    #[command(flatten)]
+    pub target: Target,
     /// The lock's name.
     #[arg(long)]
     pub name: String,
@@ -104,20 +112,20 @@ pub fn main(args: ExecArgs) -> u8 {
 }
 
 async fn run(args: ExecArgs) -> u8 {
-    let mut builder = Client::builder(&args.router);
+    let target = &args.target;
+    let mut builder = Client::builder(&target.url);
     if let Some(id) = &args.client_id {
         builder = builder.client_id(id.clone());
     }
-    if let Some(token) = &args.token {
+    if let Some(token) = &target.token {
         builder = builder.bearer_token(token.clone());
     }
-    if let Some(path) = &args.ca_file {
-        match std::fs::read(path) {
-            Ok(pem) => builder = builder.ca_pem(pem),
-            Err(e) => {
-                eprintln!("lockrouter exec: --ca-file {}: {e}", path.display());
-                return codes::USAGE;
-            }
+    match target.ca_pem() {
+        Ok(Some(pem)) => builder = builder.ca_pem(pem),
+        Ok(None) => {}
+        Err(e) => {
+            eprintln!("lockrouter exec: {e}");
+            return codes::USAGE;
         }
     }
     let client = match builder.build() {

@@ -1,11 +1,11 @@
 //! The operator's subcommands, each one call to a router's API (`locks
 //! --all` one per page): `inspect NAME` (who holds a name), `locks`
 //! (the held locks, by prefix), `client ID` (what a client holds),
-//! `force-release NAME --reason R`, `ring` (the ring, shards and
-//! migration) and `reload`. The router, its CA and the token come from
-//! `--url` / `--ca-file` / `--token` or `LOCKROUTER_URL` /
-//! `LOCKROUTER_CA_FILE` / `LOCKROUTER_TOKEN`. The answer's JSON body goes
-//! to stdout; the exit code says how it went (see [`codes`]).
+//! `force-release NAME --reason R [--if-token T]`, `ring` (the ring,
+//! shards and migration) and `reload`. The router, its CA and the token
+//! come from the connection flags every command shares ([`Target`]). The
+//! answer's JSON body goes to stdout; the exit code says how it went (see
+//! [`codes`], and [`EXIT_CODES`] and its kin for `--help`).
 
 use std::time::Duration;
 
@@ -15,36 +15,58 @@ use http_body_util::{BodyExt, Full};
 use hyper_util::client::legacy::Client;
 use hyper_util::rt::TokioExecutor;
 
+use super::target::Target;
+
 /// Exit codes besides 0 (a 2xx answer), as in sysexits.h.
 pub mod codes {
-    /// 400, 404, 405, 409, 413, 415: the request was wrong (EX_USAGE).
+    /// 400, 404, 405, 413, 415: the request was wrong (EX_USAGE).
     pub const USAGE: u8 = 64;
+    /// `force-release --if-token`: another grant holds the name (409);
+    /// nothing was released (EX_DATAERR).
+    pub const OTHER_GRANT: u8 = 65;
+    /// `force-release`: nothing held the name; nothing was released
+    /// (EX_NOINPUT).
+    pub const NOT_HELD: u8 = 66;
     /// 5xx, or the router could not be reached (EX_UNAVAILABLE).
     pub const UNAVAILABLE: u8 = 69;
+    /// 409 (a reload not possible now) or 429: try again later
+    /// (EX_TEMPFAIL).
+    pub const TEMPFAIL: u8 = 75;
     /// 401 or 403: no or wrong admin token (EX_NOPERM).
     pub const NOPERM: u8 = 77;
 }
 
-/// Where the router is and how to authenticate to it.
-#[derive(clap::Args, Debug, Clone)]
-pub struct Target {
-    /// The router's base URL.
-    #[arg(
-        long,
-        env = "LOCKROUTER_URL",
-        default_value = "http://127.0.0.1:8080",
-        global = true
-    )]
-    pub url: String,
-    /// The bearer token: `admin.token`, or an admin principal's token
-    /// (see docs/security.md), if the router needs one.
-    #[arg(long, env = "LOCKROUTER_TOKEN", hide_env_values = true, global = true)]
-    pub token: Option<String>,
-    /// PEM CA certificates to trust for an `https://` router, besides the
-    /// public web roots.
-    #[arg(long, env = "LOCKROUTER_CA_FILE", global = true)]
-    pub ca_file: Option<std::path::PathBuf>,
-}
+/// `--help`'s account of [`codes`] for the operator's commands.
+pub const EXIT_CODES: &str = "\
+Exit codes (as in sysexits.h):
+  0   the router answered 2xx; its JSON answer is on stdout
+  64  a bad request (400, 404, 405, 413, 415)
+  69  the router is unavailable (5xx) or cannot be reached
+  75  refused for now (409, 429): try again later
+  77  no or a wrong credential (401, 403)
+Error answers are JSON on stdout too; other problems go to stderr.";
+
+/// `--help`'s account of [`codes`] for `force-release`.
+pub const FORCE_RELEASE_EXIT_CODES: &str = "\
+Exit codes (as in sysexits.h):
+  0   released: the former holder's token and clientId are on stdout
+  66  nothing held NAME (a typo?): nothing was released
+  65  --if-token: another grant holds NAME (409), e.g. a healthy worker
+      that took it after you looked: nothing was released
+  64  a bad request: an empty reason, a token no router issues (400)
+  69  the router is unavailable (5xx) or cannot be reached
+  77  no or a wrong admin credential (401, 403)";
+
+/// `--help`'s account of [`codes`] for `reload`.
+pub const RELOAD_EXIT_CODES: &str = "\
+Exit codes (as in sysexits.h):
+  0   reloaded: what changed is on stdout
+  75  refused (409): not possible now (a migration is open, a shard is
+      unreachable: try again later), or the change takes a restart; the
+      message on stdout says which. Nothing changed
+  64  the config file is invalid (400); nothing changed
+  69  the router is unavailable (5xx) or cannot be reached
+  77  no or a wrong admin credential (401, 403)";
 
 /// One operator call.
 #[derive(Debug, Clone)]
@@ -63,9 +85,12 @@ pub enum Call {
         client_id: String,
         principal: Option<String>,
     },
+    /// Takes `name` from its holder; with `if_token`, only from the grant
+    /// with that fencing token.
     ForceRelease {
         name: String,
         reason: String,
+        if_token: Option<u64>,
     },
     Ring,
     Reload,
@@ -83,11 +108,21 @@ impl Call {
                 format!("/api/v1/locks/{}", encoded(name)),
                 None,
             ),
-            Call::ForceRelease { name, reason } => (
-                Method::POST,
-                format!("/admin/v1/locks/{}/force-release", encoded(name)),
-                Some(serde_json::json!({ "reason": reason })),
-            ),
+            Call::ForceRelease {
+                name,
+                reason,
+                if_token,
+            } => {
+                let mut body = serde_json::json!({ "reason": reason });
+                if let Some(token) = if_token {
+                    body["fencingToken"] = (*token).into();
+                }
+                (
+                    Method::POST,
+                    format!("/admin/v1/locks/{}/force-release", encoded(name)),
+                    Some(body),
+                )
+            }
             Call::Locks {
                 prefix,
                 limit,
@@ -125,6 +160,26 @@ impl Call {
             ),
         }
     }
+
+    /// The exit code of an answer to this call (see [`codes`]).
+    fn exit_code(&self, status: StatusCode, body: &str) -> u8 {
+        let force = matches!(self, Call::ForceRelease { .. });
+        match status.as_u16() {
+            200..=299 if force && !released(body) => codes::NOT_HELD,
+            200..=299 => 0,
+            401 | 403 => codes::NOPERM,
+            409 if force => codes::OTHER_GRANT,
+            409 | 429 => codes::TEMPFAIL,
+            400..=499 => codes::USAGE,
+            _ => codes::UNAVAILABLE,
+        }
+    }
+}
+
+/// Whether a force-release's answer says it released a lock.
+fn released(body: &str) -> bool {
+    serde_json::from_str::<serde_json::Value>(body)
+        .is_ok_and(|answer| answer["released"] == serde_json::Value::Bool(true))
 }
 
 /// Runs `call` against `target`; prints the answer; returns the exit code.
@@ -143,7 +198,11 @@ pub fn run(target: &Target, call: &Call) -> u8 {
         Call::Locks { all: true, .. } => runtime.block_on(every_page(target, call.clone())),
         _ => runtime.block_on(send(target, call)).map(|(status, body)| {
             println!("{}", body.trim_end());
-            exit_code(status)
+            let code = call.exit_code(status, &body);
+            if let (codes::NOT_HELD, Call::ForceRelease { name, .. }) = (code, call) {
+                eprintln!("lockrouter: nothing held {name:?}: nothing was released");
+            }
+            code
         }),
     };
     outcome.unwrap_or_else(|e| {
@@ -158,7 +217,7 @@ async fn every_page(target: &Target, mut call: Call) -> Result<u8, Failed> {
         let (status, body) = send(target, &call).await?;
         if !status.is_success() {
             println!("{}", body.trim_end());
-            return Ok(exit_code(status));
+            return Ok(call.exit_code(status, &body));
         }
         let page: serde_json::Value = serde_json::from_str(&body).map_err(|e| Failed {
             code: codes::UNAVAILABLE,
@@ -200,12 +259,7 @@ async fn send(target: &Target, call: &Call) -> Result<(StatusCode, String), Fail
         code: codes::USAGE,
         why,
     };
-    let ca = match &target.ca_file {
-        Some(path) => Some(
-            std::fs::read(path).map_err(|e| usage(format!("--ca-file {}: {e}", path.display())))?,
-        ),
-        None => None,
-    };
+    let ca = target.ca_pem().map_err(usage)?;
     let connector = lockrouter_client::connector(ca.as_deref())
         .map_err(|e| usage(format!("--ca-file: {e}")))?;
     let mut req = Request::builder()
@@ -244,47 +298,47 @@ async fn send(target: &Target, call: &Call) -> Result<(StatusCode, String), Fail
     Ok((status, String::from_utf8_lossy(&bytes).into_owned()))
 }
 
-fn exit_code(status: StatusCode) -> u8 {
-    match status.as_u16() {
-        200..=299 => 0,
-        401 | 403 => codes::NOPERM,
-        400..=499 => codes::USAGE,
-        _ => codes::UNAVAILABLE,
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
 
     #[test]
     fn names_are_percent_encoded_and_statuses_map_to_sysexits() {
-        let (m, path, body) = Call::ForceRelease {
+        let force = |if_token| Call::ForceRelease {
             name: "process_order:42/a b".into(),
             reason: "stuck".into(),
-        }
-        .request();
+            if_token,
+        };
+        let (m, path, body) = force(None).request();
         assert_eq!(m, Method::POST);
         assert_eq!(
             path,
             "/admin/v1/locks/process%5Forder%3A42%2Fa%20b/force-release"
         );
-        assert_eq!(body.unwrap()["reason"], "stuck");
-        for (status, code) in [
+        let body = body.unwrap();
+        assert_eq!(body["reason"], "stuck");
+        assert!(body.get("fencingToken").is_none(), "{body}");
+        assert_eq!(force(Some(4711)).request().2.unwrap()["fencingToken"], 4711);
+        let code =
+            |call: &Call, status, body| call.exit_code(StatusCode::from_u16(status).unwrap(), body);
+        for (status, exit) in [
             (200, 0),
             (204, 0),
             (400, 64),
             (404, 64),
             (401, 77),
             (403, 77),
+            (409, 75),
+            (429, 75),
             (503, 69),
             (504, 69),
         ] {
-            assert_eq!(
-                exit_code(StatusCode::from_u16(status).unwrap()),
-                code,
-                "{status}"
-            );
+            assert_eq!(code(&Call::Reload, status, ""), exit, "{status}");
         }
+        let force = force(Some(4711));
+        assert_eq!(code(&force, 200, r#"{"released":true}"#), 0);
+        assert_eq!(code(&force, 200, r#"{"released":false}"#), 66);
+        assert_eq!(code(&force, 409, "{}"), 65);
+        assert_eq!(code(&force, 400, "{}"), 64);
     }
 }

@@ -12,6 +12,7 @@ use super::api;
 use super::error::ApiError;
 use super::state::AppState;
 use crate::auth::{Credential, Principals};
+use crate::locks::ForceOutcome;
 use crate::placement::migration::BumpRequest;
 use crate::reload::ReloadError;
 use bytes::Bytes;
@@ -153,10 +154,14 @@ pub async fn bump_epoch(state: &AppState, req: BumpRequest) -> api::Answer {
 
 /// `POST /admin/v1/locks/{name}/force-release`'s body.
 #[derive(Debug, serde::Deserialize)]
-#[serde(deny_unknown_fields)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
 pub struct ForceReleaseBody {
     /// Why, for the log: 1 to 512 bytes.
     pub reason: String,
+    /// Take the name only from the grant with this token (the one the
+    /// operator inspected), never from a holder that took it since.
+    #[serde(default)]
+    pub fencing_token: Option<u64>,
 }
 
 /// Takes `name` from its holder; logs who did it and why.
@@ -170,9 +175,8 @@ pub async fn force_release(
     if reason.is_empty() || reason.len() > 512 {
         return Err(ApiError::invalid("reason must be 1 to 512 bytes"));
     }
-    let forced = locks.force_release(name).await?;
-    let answer = match forced {
-        Some(f) => {
+    let answer = match locks.force_release(name, body.fencing_token).await? {
+        ForceOutcome::Released(f) => {
             crate::metrics::force_release(&f.shard);
             let (principal, client_id) = crate::locks::split_holder(&f.client_id);
             tracing::warn!(
@@ -194,7 +198,7 @@ pub async fn force_release(
                 client_id: Some(client_id.to_string()),
             }
         }
-        None => ForceReleased {
+        ForceOutcome::Free => ForceReleased {
             name: name.to_string(),
             released: false,
             shard: None,
@@ -202,6 +206,12 @@ pub async fn force_release(
             principal: None,
             client_id: None,
         },
+        ForceOutcome::OtherGrant { fencing_token } => {
+            return Err(ApiError::failed_precondition(format!(
+                "{name:?} is held under fencing token {fencing_token}, not the one given: \
+                 nothing was released (inspect it again)"
+            )));
+        }
     };
     let label = if answer.released { "released" } else { "free" };
     Ok((json(StatusCode::OK, &answer), label))

@@ -42,6 +42,12 @@ impl ApiError {
         Self::new(StatusCode::FORBIDDEN, "permission_denied", message)
     }
 
+    /// 409: the request presumes a state that does not hold (the caller
+    /// can look again); nothing changed.
+    pub fn failed_precondition(message: impl Into<String>) -> Self {
+        Self::new(StatusCode::CONFLICT, "failed_precondition", message)
+    }
+
     pub fn not_found() -> Self {
         Self::new(StatusCode::NOT_FOUND, "not_found", "no such route")
     }

@@ -4,6 +4,12 @@
 //! grant made in between is never touched; the next grant of the name
 //! creates a new key, so its token is larger; the former holder's renewals
 //! answer 409 and its release does nothing.
+//!
+//! With a precondition (the fencing token the operator saw in `inspect`),
+//! only that grant is taken: a holder whose token differs keeps the name.
+//! The token's epoch is checked against the key read (etcd cannot compare
+//! inside a value), and its create revision by etcd itself in the delete's
+//! txn, so a grant made between the read and the delete is never touched.
 
 use super::validate::check_text;
 use super::*;
@@ -13,9 +19,21 @@ use crate::token::fencing;
 impl Active {
     /// Deletes the lock that holds `name` now, if any (on its shard, or
     /// during a migration on the previous shard where it may still be
-    /// held). `None`: nothing held it.
-    pub async fn force_release(&self, name: &str) -> Result<Option<Forced>, LockError> {
+    /// held); with `only`, only if it is the grant with that token.
+    pub async fn force_release(
+        &self,
+        name: &str,
+        only: Option<u64>,
+    ) -> Result<ForceOutcome, LockError> {
         check_text("name", name, self.limits.max_name_bytes)?;
+        if let Some(token) = only {
+            let (epoch, revision) = fencing::split(token);
+            if fencing::token(epoch, revision) != Some(token) {
+                return Err(invalid(format!(
+                    "fencingToken {token} is not a token this router issues"
+                )));
+            }
+        }
         let hash = name_hash(name);
         for place in &self.places(name) {
             let k = place.name_keys(&hash);
@@ -25,21 +43,28 @@ impl Active {
                 .map_err(|e| LockError::Internal(format!("unreadable lock value: {e}")))?;
             let fencing_token = fencing::token(value.epoch, kv.create_revision())
                 .ok_or_else(|| LockError::Internal("token out of range".into()))?;
+            if only.is_some_and(|token| token != fencing_token) {
+                return Ok(ForceOutcome::OtherGrant { fencing_token });
+            }
+            // The txn compares the create revision (the token's, when one
+            // was given) and the lease: only the grant read is deleted.
             // Not counted in lockrouter_hold_seconds: a holder's own
             // releases are; force-releases have a counter of their own.
+            let revision = only.map_or(kv.create_revision(), |t| fencing::split(t).1);
             if place
-                .release_txn(&k, kv.create_revision(), kv.lease())
+                .release_txn(&k, revision, kv.lease())
                 .await?
                 .released()
             {
-                return Ok(Some(Forced {
+                return Ok(ForceOutcome::Released(Forced {
                     shard: place.name.clone(),
                     fencing_token,
                     client_id: value.client,
                 }));
             }
-            // Released or expired between the read and the txn: free now.
+            // Released or expired between the read and the txn: that
+            // grant holds it no more.
         }
-        Ok(None)
+        Ok(ForceOutcome::Free)
     }
 }

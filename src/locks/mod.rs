@@ -233,6 +233,19 @@ pub struct Forced {
     pub client_id: String,
 }
 
+/// What a force-release did.
+#[derive(Debug, Clone)]
+pub enum ForceOutcome {
+    /// The grant that held the name was deleted.
+    Released(Forced),
+    /// Nothing was deleted: nothing held the name (or its holder let go
+    /// while the router looked).
+    Free,
+    /// Nothing was deleted: another grant than the one asked for holds
+    /// the name, under this fencing token.
+    OtherGrant { fencing_token: u64 },
+}
+
 /// Concurrent waiters a router accepts; beyond it, 429.
 pub struct WaitSlots(pub(crate) Arc<tokio::sync::Semaphore>);
 
@@ -417,8 +430,14 @@ impl Locks {
         self.active().inspect(name).await
     }
 
-    pub async fn force_release(&self, name: &str) -> Result<Option<Forced>, LockError> {
-        self.active().force_release(name).await
+    /// Takes `name` from its holder; with `only`, only from the grant with
+    /// that fencing token.
+    pub async fn force_release(
+        &self,
+        name: &str,
+        only: Option<u64>,
+    ) -> Result<ForceOutcome, LockError> {
+        self.active().force_release(name, only).await
     }
 }
 

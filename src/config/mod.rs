@@ -1,7 +1,8 @@
 //! Settings: a TOML file, then `LOCKROUTER__SECTION__KEY` environment
 //! overrides, deserialised into typed structs and validated before anything
 //! starts. Unknown keys are rejected so that a typo never silently falls back
-//! to a default. This module touches nothing but the file system.
+//! to a default. This module touches nothing but the file system and the
+//! environment. [`keys`] reads every key off the settings types.
 
 use std::collections::HashSet;
 use std::net::SocketAddr;
@@ -9,6 +10,8 @@ use std::path::Path;
 use std::time::Duration;
 
 use serde::Deserialize;
+
+pub mod keys;
 
 /// Everything the router needs to start.
 #[derive(Debug, Clone, Deserialize, serde::Serialize)]
@@ -504,6 +507,18 @@ pub enum ConfigError {
     Load(#[from] config::ConfigError),
     #[error("invalid config: {0}")]
     Invalid(String),
+    /// A `LOCKROUTER__…` variable that names no key: said to be a variable,
+    /// since the file is where people look first.
+    #[error(
+        "invalid config: the environment variable {var} sets {key}, which is not a config key \
+         (it comes from the environment, not from the config file); {known}"
+    )]
+    UnknownEnvKey {
+        var: String,
+        key: String,
+        /// The keys that could have been meant.
+        known: String,
+    },
 }
 
 fn invalid(msg: impl Into<String>) -> ConfigError {
@@ -520,6 +535,7 @@ impl Settings {
                 path.display()
             )));
         }
+        check_env_keys(std::env::vars_os().map(|(k, _)| k))?;
         let settings: Settings = config::Config::builder()
             .add_source(config::File::from(path).format(config::FileFormat::Toml))
             .add_source(
@@ -532,6 +548,11 @@ impl Settings {
             .try_deserialize()?;
         settings.validate()?;
         Ok(settings)
+    }
+
+    /// Every key a config may set, read off these types.
+    pub fn keys() -> keys::Keys {
+        keys::Keys::of::<Settings>()
     }
 
     /// Parses settings from a TOML string (no environment), then validates.
@@ -803,6 +824,43 @@ pub struct HttpTimeouts {
     pub request: Duration,
 }
 
+/// The prefix of the variables that override keys
+/// (`LOCKROUTER__SERVER__LISTEN` sets `server.listen`).
+const ENV_PREFIX: &str = "LOCKROUTER__";
+
+/// Every `LOCKROUTER__…` variable among `names` must name a key.
+fn check_env_keys(names: impl Iterator<Item = std::ffi::OsString>) -> Result<(), ConfigError> {
+    let keys = Settings::keys();
+    for name in names {
+        let Some(var) = name.to_str() else { continue };
+        let Some(rest) = var.strip_prefix(ENV_PREFIX) else {
+            continue;
+        };
+        let key = rest.to_lowercase().replace("__", ".");
+        if keys.contains(&key) {
+            continue;
+        }
+        let parent = key.rsplit_once('.').map_or("", |(p, _)| p);
+        let array = keys
+            .all()
+            .iter()
+            .find(|k| key.starts_with(&format!("{k}.")) && keys.is_array_of_tables(k));
+        let known = if let Some(array) = array {
+            format!("[[{array}]] entries are set in the config file only")
+        } else if keys.contains(parent) {
+            format!("[{parent}] takes {}", keys.children(parent).join(", "))
+        } else {
+            format!("the sections are {}", keys.children("").join(", "))
+        };
+        return Err(ConfigError::UnknownEnvKey {
+            var: var.to_string(),
+            key,
+            known,
+        });
+    }
+    Ok(())
+}
+
 /// 1 to `max` characters of `[A-Za-z0-9_-]`.
 fn short_name(name: &str, max: usize) -> bool {
     !name.is_empty()
@@ -990,6 +1048,35 @@ mod tests {
         );
         let both = with_auth("").replace("secret = ", "secret_file = \"/k\"\nsecret = ");
         rejects(&both, "exactly one of secret and secret_file");
+    }
+
+    #[test]
+    fn a_variable_naming_no_key_is_named_as_a_variable() {
+        let vars = |names: &[&str]| {
+            check_env_keys(names.iter().map(std::ffi::OsString::from)).map_err(|e| e.to_string())
+        };
+        assert!(vars(&[
+            "LOCKROUTER__SERVER__MAX_IN_FLIGHT",
+            "LOCKROUTER_URL",
+            "PATH"
+        ])
+        .is_ok());
+        let err = vars(&["LOCKROUTER__SERVER__LISTNE"]).unwrap_err();
+        for needle in [
+            "environment variable LOCKROUTER__SERVER__LISTNE",
+            "server.listne",
+            "from the environment",
+            "[server] takes listen,",
+        ] {
+            assert!(err.contains(needle), "{err:?} should mention {needle:?}");
+        }
+        let err = vars(&["LOCKROUTER__SERVR__LISTEN"]).unwrap_err();
+        assert!(err.contains("the sections are server, etcd"), "{err}");
+        let err = vars(&["LOCKROUTER__SHARDS__0__NAME"]).unwrap_err();
+        assert!(
+            err.contains("[[shards]] entries are set in the config file only"),
+            "{err}"
+        );
     }
 
     #[test]
