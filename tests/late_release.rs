@@ -19,8 +19,7 @@ use lockrouter_testkit::sleep_ms;
 async fn replicas(etcd: &EtcdCluster) -> (TestRouter, TestRouter, SilentProxy) {
     let proxy = SilentProxy::start(&etcd.endpoints()[0]).await;
     let direct = TestRouter::start(&[etcd]).await;
-    let toml = config_toml(&[etcd], "127.0.0.1:0", "")
-        .replace(&etcd.endpoints()[0], &proxy.url());
+    let toml = config_toml(&[etcd], "127.0.0.1:0", "").replace(&etcd.endpoints()[0], &proxy.url());
     let held = TestRouter::with_toml(&toml).await;
     (direct, held, proxy)
 }
