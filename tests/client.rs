@@ -353,6 +353,31 @@ async fn a_release_sent_while_the_router_is_down_is_retried_until_it_frees_the_n
     assert_eq!(seen.body["fencingToken"], keep.fencing_token());
 }
 
+/// docs/client.md, "A release that was not answered": a name whose release
+/// is unanswered (the router is away) is acquired again, by the same
+/// client, only once that release is answered, so the acquire is a new
+/// grant and the old one is gone (a late release could end only the old).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_name_is_acquired_again_only_after_its_unanswered_release_is_answered() {
+    let etcd = EtcdCluster::single();
+    let witness = TestRouter::start(&[&etcd]).await;
+    let port = free_port();
+    let (router, client, keep, gone) = lose_the_router(&etcd, port, "late-release").await;
+    let old = (gone.lock_id().to_string(), gone.fencing_token());
+    drop(router);
+    drop(gone); // released in the background, unanswered while the router is away
+    sleep_ms(500).await;
+    let _router = RouterProcess::start(&[&etcd], port).await;
+    let again = client.acquire("sdk:gone", secs(10)).await.unwrap().unwrap();
+    assert!(again.fencing_token() > old.1, "a new grant");
+    assert_eq!(
+        witness.api.renew(&old).await.status,
+        409,
+        "the old grant is gone"
+    );
+    assert!(again.is_held() && keep.is_held());
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_lock_dropped_while_the_router_is_down_is_freed_once_it_is_back() {
     let etcd = EtcdCluster::single();

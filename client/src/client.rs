@@ -198,9 +198,12 @@ impl Client {
     /// one grant are one lock: they share validity, are renewed once, and
     /// releasing or dropping either releases it and marks both lost
     /// ([`LostReason::Released`](crate::LostReason)) at once. A grant this
-    /// client is still releasing is never handed back: the call waits for
-    /// that release and asks again ([`Error::Transport`] if the release does
-    /// not get through within a few request timeouts).
+    /// client is still releasing is never handed back, and no acquire of a
+    /// name is sent while this client's release of an earlier grant of it
+    /// is unanswered (a late release would end the grant the router hands
+    /// back): the call first drives that release to an answer, within a
+    /// request timeout (plus the wait of [`acquire_wait`](Self::acquire_wait)),
+    /// and fails with [`Error::Transport`] if it cannot.
     pub async fn acquire(&self, name: &str, ttl: Duration) -> Result<Option<Lock>, Error> {
         self.acquire_inner(name, ttl, Duration::ZERO).await
     }
@@ -249,6 +252,17 @@ impl Client {
             .filter(|ms| *ms > 0)
             .ok_or_else(|| Error::Config(format!("ttl {ttl:?} out of range")))?;
         let start = Instant::now();
+        // A release of an earlier grant of this name that the router has
+        // not answered may still land later; the router would answer this
+        // acquire with that same grant, which the late release then ends.
+        // So it is driven to an answer first, within this call's own time.
+        let limit = self.inner.keeper.request_timeout.saturating_add(wait);
+        for shared in self.inner.keeper.registry.releasing(name) {
+            let left = limit.saturating_sub(start.elapsed());
+            if !self.settle(&shared, left).await {
+                return Err(unsettled(name));
+            }
+        }
         for _ in 0..ACQUIRE_ROUNDS {
             let wait_left = wait.saturating_sub(start.elapsed());
             match self.acquire_once(name, ttl, ttl_ms, wait_left).await? {
@@ -259,15 +273,16 @@ impl Client {
                 // The answer overtook this client's release of the same
                 // grant, which is about to free it: let the release finish,
                 // then ask again.
-                Some(Claim::Releasing(shared)) => self.settle(&shared).await,
+                Some(Claim::Releasing(shared)) => {
+                    self.settle(&shared, self.inner.keeper.request_timeout)
+                        .await;
+                }
                 // That release already got through: the router frees (has
                 // freed) the grant; the next answer is a new one.
                 Some(Claim::Released) => {}
             }
         }
-        Err(Error::Transport(format!(
-            "this client's earlier release of {name:?} has not got through yet"
-        )))
+        Err(unsettled(name))
     }
 
     /// One acquire request, and what its grant (if any) is to this client.
@@ -370,14 +385,16 @@ impl Client {
         })
     }
 
-    /// Waits, at most a request timeout, for a pending release to end,
-    /// waking it from its backoff first (the acquire just reached the
-    /// router, so the release likely can too).
-    async fn settle(&self, shared: &Shared) {
+    /// Waits, at most `limit`, for a pending release to be answered, waking
+    /// it from its backoff first (an acquire is about to be sent, or just
+    /// reached the router, so the release likely can too). True once it
+    /// was answered.
+    async fn settle(&self, shared: &Shared, limit: Duration) -> bool {
         shared.retry_now.notify_one();
         let mut status = shared.status.subscribe();
         let settled = status.wait_for(|s| s.release != Release::Pending);
-        let _ = tokio::time::timeout(self.inner.keeper.request_timeout, settled).await;
+        let _ = tokio::time::timeout(limit, settled).await;
+        shared.current().release != Release::Pending
     }
 
     /// One renewal of a fresh grant: its new validity if it still stands,
@@ -457,6 +474,14 @@ impl std::fmt::Debug for Client {
             .field("client_id", &self.inner.client_id)
             .finish()
     }
+}
+
+/// The retryable error of an acquire that found this client's release of
+/// an earlier grant of `name` still unanswered.
+fn unsettled(name: &str) -> Error {
+    Error::Transport(format!(
+        "this client's earlier release of {name:?} has not got through yet"
+    ))
 }
 
 /// 128 random bits from the OS: two processes sharing a client id would

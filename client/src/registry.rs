@@ -109,6 +109,18 @@ impl Registry {
         Some(shared.begin_release())
     }
 
+    /// The grants of `name` whose release is under way and unanswered: an
+    /// acquire of `name` must wait for their answers first (see
+    /// [`Client::acquire`](crate::Client::acquire)).
+    pub fn releasing(&self, name: &str) -> Vec<Arc<Shared>> {
+        let grants = self.grants();
+        grants
+            .values()
+            .filter_map(Weak::upgrade)
+            .filter(|s| s.name == name && s.current().release == Release::Pending)
+            .collect()
+    }
+
     fn was_released(&self, lock_id: &str) -> bool {
         let done = self.released();
         done.get(lock_id)

@@ -1,7 +1,8 @@
 //! Releases against a scripted router: retried until the router confirms,
 //! not retried when refused, bounded when the client goes away; and two
 //! `Lock`s for one grant (one name acquired twice by one client) that share
-//! one state, one renewal and one release.
+//! one state, one renewal and one release; and no acquire of a name while
+//! the client's release of it is unanswered.
 
 mod fake_router;
 
@@ -123,4 +124,40 @@ async fn dropping_the_last_handle_stops_retrying_within_the_request_timeout() {
     assert!(tried >= 2, "retried before giving up: {tried}");
     tokio::time::sleep(Duration::from_millis(1_500)).await;
     assert_eq!(router.seen("release").len(), tried, "still retrying");
+}
+
+/// The rule of docs/client.md, "A release that was not answered": while
+/// this client's release of a name's grant is unanswered, no acquire of
+/// that name is sent (the router would answer it with the same grant, which
+/// the release, landing late, could then end). The acquire drives the
+/// release to an answer first, and fails, retryably, if it cannot.
+#[tokio::test]
+async fn no_acquire_of_a_name_is_sent_while_its_release_is_unanswered() {
+    let router = FakeRouter::start().await;
+    let client = Client::builder(&router.base)
+        .request_timeout(Duration::from_millis(300))
+        .build()
+        .unwrap();
+    let lock = client.acquire("r", TTL).await.unwrap().unwrap();
+    let old_token = lock.fencing_token();
+    router.fail_releases();
+    drop(lock); // released in the background, unanswered for now
+    until_seen(&router, "release", 1).await;
+    let refused = client.acquire("r", TTL).await;
+    assert!(
+        matches!(&refused, Err(e @ Error::Transport(_)) if e.is_retryable()),
+        "{refused:?}"
+    );
+    assert_eq!(router.seen("acquire").len(), 1, "{:?}", router.ops());
+    router.heal_releases();
+    let again = client.acquire("r", TTL).await.unwrap().unwrap();
+    assert!(again.fencing_token() > old_token, "a new grant");
+    let ops = router.ops();
+    let tail: Vec<&str> = ops.iter().rev().take(2).rev().map(String::as_str).collect();
+    assert_eq!(
+        tail,
+        ["release", "acquire"],
+        "answered, then acquired: {ops:?}"
+    );
+    assert_eq!(router.seen("acquire").len(), 2, "{ops:?}");
 }

@@ -3,12 +3,14 @@
 //! 503 a given number of times, and count exactly which requests arrived.
 //!
 //! It grants every acquire (the same lockId and token for a name, as the
-//! router does for a client that already holds it), renews every lock, and
+//! router does for a client that already holds it, until a release of that
+//! grant is answered 204: then a new lockId and a larger token), renews
+//! every lock, and
 //! answers releases from a script (204 once the script is used up, unless
 //! it is set to fail for ever). Plain HTTP/1.1 with keep-alive, enough for
 //! the client's pooled connections.
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::{HashMap, HashSet, VecDeque};
 use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
 
@@ -32,6 +34,10 @@ struct State {
     releases_fail: bool,
     /// lockId → ttlMs, from the acquires.
     ttls: HashMap<String, u64>,
+    /// Grants released with a 204, and how many times each name was
+    /// granted anew after such a release.
+    released: HashSet<String>,
+    generation: HashMap<String, u64>,
     seen: Vec<Seen>,
 }
 
@@ -72,6 +78,21 @@ impl FakeRouter {
     /// Every release is answered 503 from now on.
     pub fn fail_releases(&self) {
         self.state.lock().unwrap().releases_fail = true;
+    }
+
+    /// Releases are answered 204 again (after [`fail_releases`](Self::fail_releases)).
+    pub fn heal_releases(&self) {
+        self.state.lock().unwrap().releases_fail = false;
+    }
+
+    /// The operations (`acquire`, `release`, ...) seen so far, in order.
+    pub fn ops(&self) -> Vec<String> {
+        let state = self.state.lock().unwrap();
+        state
+            .seen
+            .iter()
+            .map(|s| s.path.trim_start_matches("/api/v1/locks/").to_string())
+            .collect()
     }
 
     /// Requests seen so far on `path` (`/api/v1/locks/<op>`).
@@ -152,9 +173,18 @@ fn answer(state: &Mutex<State>, path: &str, body: &Value) -> (u16, Option<Value>
         "acquire" => {
             let name = body["name"].as_str().unwrap_or_default();
             let ttl = body["ttlMs"].as_u64().unwrap_or(2_000);
-            let id = format!("id-{name}");
+            let grant_id = |g: u64| match g {
+                0 => format!("id-{name}"),
+                g => format!("id-{name}-{g}"),
+            };
+            let mut g = s.generation.get(name).copied().unwrap_or(0);
+            if s.released.contains(&grant_id(g)) {
+                g += 1;
+                s.generation.insert(name.to_string(), g);
+            }
+            let id = grant_id(g);
             s.ttls.insert(id.clone(), ttl);
-            let grant = json!({"acquired": true, "lockId": id, "fencingToken": 7,
+            let grant = json!({"acquired": true, "lockId": id, "fencingToken": 7 + g,
                 "expiresAt": "2030-01-01T00:00:00.000Z", "expiresInMs": ttl});
             (200, Some(grant))
         }
@@ -165,13 +195,21 @@ fn answer(state: &Mutex<State>, path: &str, body: &Value) -> (u16, Option<Value>
             (200, Some(json!({ "results": results })))
         }
         "release" => match s.releases.pop_front() {
-            Some(204) => (204, None),
-            None if !s.releases_fail => (204, None),
+            Some(204) => released(&mut s, &body["lockId"]),
+            None if !s.releases_fail => released(&mut s, &body["lockId"]),
             Some(status) => (status, Some(error(status))),
             None => (503, Some(error(503))),
         },
         _ => (404, Some(error(404))),
     }
+}
+
+/// A release answered 204: the next acquire of its name is a new grant.
+fn released(s: &mut State, id: &Value) -> (u16, Option<Value>) {
+    if let Some(id) = id.as_str() {
+        s.released.insert(id.to_string());
+    }
+    (204, None)
 }
 
 fn error(status: u16) -> Value {

@@ -1,6 +1,7 @@
 """The asyncio client against a real router on real etcd: renewal past the
 TTL inside ``async with``, release at its exit, FIFO waits, the lost
-event on a router kill, judged by the client's clock, calls on a closed
+event on a router kill, judged by the client's clock, a name acquired
+again only once its unanswered release is answered, calls on a closed
 client, and a client never closed winding down once it and its locks are
 gone."""
 
@@ -8,9 +9,11 @@ from __future__ import annotations
 
 import asyncio
 import gc
+import json
 import time
 from typing import Callable
 
+import httpx
 import pytest
 
 import lockrouter
@@ -85,6 +88,72 @@ async def test_async_lost_fires_by_the_client_clock_when_the_router_is_killed(
         with pytest.raises(lockrouter.LockLost):
             async with lock:
                 pass
+
+
+class Recording(httpx.AsyncHTTPTransport):
+    """The real transport, noting each request's operation, the name it
+    acquires, and its status (None when it got no answer). While
+    ``cut_releases`` is set, releases fail as if the router were still
+    unreachable, so a test decides when a retried release can get through."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.seen: list[tuple[str, str | None, int | None]] = []
+        self.cut_releases = False
+
+    async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
+        op = request.url.path.rsplit("/", 1)[-1]
+        name = json.loads(request.content).get("name") if op == "acquire" else None
+        try:
+            if op == "release" and self.cut_releases:
+                raise httpx.ConnectError("release cut off", request=request)
+            resp = await super().handle_async_request(request)
+        except Exception:
+            self.seen.append((op, name, None))
+            raise
+        self.seen.append((op, name, resp.status_code))
+        return resp
+
+
+@pytest.mark.asyncio
+async def test_async_a_name_is_acquired_again_only_after_its_unanswered_release_is_answered(
+    router: Router,
+) -> None:
+    # As test_sync.py's test of the same name (docs/client.md, "A release
+    # that was not answered").
+    rec = Recording()
+    async with lockrouter.AsyncClient(router.url, transport=rec, request_timeout=1) as a:
+        keep = await a.acquire("py:async-late-keep", ttl=8)
+        lock = await a.acquire("py:async-late", ttl=8)
+        old_id, old_token = lock.lock_id, lock.fencing_token
+        router.kill()
+        del lock  # released in the background, unanswered while the router is away
+        gc.collect()
+        deadline = time.monotonic() + 5
+        while ("release", None, None) not in rec.seen:
+            assert time.monotonic() < deadline, rec.seen
+            await asyncio.sleep(0.02)
+        # Back on the same port, the old grant still standing; the retried
+        # release gets through only from the acquire on, so that the test
+        # sees what the SDK sends first.
+        rec.cut_releases = True
+        router.start()
+        rec.cut_releases = False
+        again = await a.acquire("py:async-late", ttl=8)
+        assert again.fencing_token > old_token, "a new grant"
+        cut = rec.seen.index(("release", None, None))
+        first = next(
+            i for i in range(cut, len(rec.seen)) if rec.seen[i][:2] == ("acquire", "py:async-late")
+        )
+        assert ("release", None, 204) in rec.seen[cut:first], rec.seen
+        async with httpx.AsyncClient(trust_env=False) as h:
+            r = await h.post(
+                f"{router.url}/api/v1/locks/renew",
+                json={"lockId": old_id, "fencingToken": old_token},
+                timeout=5,
+            )
+        assert r.status_code == 409, r.text
+        assert again.is_held() and keep.is_held()
 
 
 @pytest.mark.asyncio

@@ -2,7 +2,8 @@
 TTL, release at the end of a ``with`` block, FIFO waits, one renew-batch
 per interval for many locks, a lock lost by the client's own clock when the
 router is killed (while the lease still stands), a release retried until
-the router is back, a shard outage that loses only that shard's locks,
+the router is back, a name acquired again only once its unanswered release
+is answered, a shard outage that loses only that shard's locks,
 one grant acquired twice being one lock, calls on a closed client raising
 ``ClientClosed``, a ``with`` block's exception surviving its exit, and a
 client never closed winding down once it and its locks are gone.
@@ -183,6 +184,73 @@ def test_a_release_sent_while_the_router_is_down_is_retried_until_it_frees_the_n
         assert outcome == [None], outcome
         # Released, not expired: the next holder gets it at once.
         assert b.acquire("py:release-retry", ttl=8).fencing_token > lock.fencing_token
+
+
+class Recording(httpx.HTTPTransport):
+    """The real transport, noting each request's operation, the name it
+    acquires, and its status (None when it got no answer). While
+    ``cut_releases`` is set, releases fail as if the router were still
+    unreachable, so a test decides when a retried release can get through."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.seen: list[tuple[str, str | None, int | None]] = []
+        self.cut_releases = False
+
+    def handle_request(self, request: httpx.Request) -> httpx.Response:
+        op = request.url.path.rsplit("/", 1)[-1]
+        name = json.loads(request.content).get("name") if op == "acquire" else None
+        try:
+            if op == "release" and self.cut_releases:
+                raise httpx.ConnectError("release cut off", request=request)
+            resp = super().handle_request(request)
+        except Exception:
+            self.seen.append((op, name, None))
+            raise
+        self.seen.append((op, name, resp.status_code))
+        return resp
+
+
+def test_a_name_is_acquired_again_only_after_its_unanswered_release_is_answered(
+    router: Router,
+) -> None:
+    # docs/client.md, "A release that was not answered": a release whose
+    # answer never came may land later, and would end the grant an
+    # idempotent re-acquire hands back (the same one). The acquire first
+    # drives the release to an answer, so the router grants anew.
+    rec = Recording()
+    with lockrouter.Client(router.url, transport=rec, request_timeout=1) as a:
+        keep = a.acquire("py:late-keep", ttl=8)  # keeps the session lease alive
+        lock = a.acquire("py:late", ttl=8)
+        old_id, old_token = lock.lock_id, lock.fencing_token
+        router.kill()
+        del lock  # released in the background, unanswered while the router is away
+        gc.collect()
+        deadline = time.monotonic() + 5
+        while ("release", None, None) not in rec.seen:
+            assert time.monotonic() < deadline, rec.seen
+            time.sleep(0.02)
+        # Back on the same port, the old grant still standing; the retried
+        # release gets through only from the acquire on, so that the test
+        # sees what the SDK sends first.
+        rec.cut_releases = True
+        router.start()
+        rec.cut_releases = False
+        again = a.acquire("py:late", ttl=8)
+        assert again.fencing_token > old_token, "a new grant"
+        # No acquire of the name went out before its release was answered.
+        cut = rec.seen.index(("release", None, None))
+        first = next(i for i in range(cut, len(rec.seen)) if rec.seen[i][:2] == ("acquire", "py:late"))
+        assert ("release", None, 204) in rec.seen[cut:first], rec.seen
+        # The old grant is gone: it no longer renews.
+        r = httpx.post(
+            f"{router.url}/api/v1/locks/renew",
+            json={"lockId": old_id, "fencingToken": old_token},
+            timeout=5,
+            trust_env=False,
+        )
+        assert r.status_code == 409, r.text
+        assert again.is_held() and keep.is_held()
 
 
 def test_a_shard_outage_loses_only_the_locks_on_that_shard(

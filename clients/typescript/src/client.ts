@@ -7,7 +7,7 @@
 
 import { randomBytes } from "node:crypto";
 
-import { ConfigError, LockLostError, NotAcquiredError, RouterError } from "./errors.js";
+import { ConfigError, LockLostError, NotAcquiredError, RouterError, TransportError } from "./errors.js";
 import { Keeper } from "./keeper.js";
 import { Lock } from "./lock.js";
 import { Registry, type Claim } from "./registry.js";
@@ -85,6 +85,10 @@ export class Client implements AsyncDisposable {
    * others are queued: the router lets no one jump the queue). Idempotent
    * for one client id: after a {@link TransportError}, simply call it again;
    * if the first attempt was granted, the retry returns the same grant.
+   * While this client's release of an earlier grant of `name` is
+   * unanswered, it first drives that release to an answer (within
+   * `requestTimeoutMs` plus `waitMs`) and throws a retryable
+   * {@link TransportError} if it cannot: never the old grant.
    * A grant after a wait longer than the safety margin is confirmed with
    * one renewal before it is returned.
    */
@@ -102,6 +106,16 @@ export class Client implements AsyncDisposable {
     if (!Number.isSafeInteger(ttlMs) || ttlMs <= 0) throw new ConfigError(`ttlMs must be a positive integer, not ${ttlMs}`);
     if (!Number.isSafeInteger(waitMs) || waitMs < 0) throw new ConfigError(`waitMs must be a non-negative integer, not ${waitMs}`);
     const start = now();
+    // A release of an earlier grant of this name that the router has not
+    // answered may still land later, and would end the very grant the
+    // router answers this acquire with (the same one): drive it to an
+    // answer first, within this call's own time.
+    const limit = this.keeper.requestTimeoutMs + waitMs;
+    for (const pending of this.keeper.registry.releasing(name)) {
+      pending.retryNow?.();
+      await pending.releaseSettled(Math.max(0, limit - (now() - start)));
+      if (pending.release === "pending") throw notSettled(name);
+    }
     for (let round = 0; round < ACQUIRE_ROUNDS; round++) {
       const waitLeft = Math.max(0, Math.floor(waitMs - (now() - start)));
       const claim = await this.acquireOnce(name, ttlMs, waitLeft);
@@ -115,7 +129,7 @@ export class Client implements AsyncDisposable {
       }
       // "released": that release got through already; the next answer is a new grant.
     }
-    throw new RouterError(0, "release_pending", `this client's earlier release of ${JSON.stringify(name)} has not got through yet`);
+    throw notSettled(name);
   }
 
   /**
@@ -192,4 +206,9 @@ export class Client implements AsyncDisposable {
       () => new Grant(this.nextKey++, name, ref, ttlMs, marginMs, this.clientId, until),
     );
   }
+}
+
+/** The retryable error of an acquire that found this client's release of an earlier grant of `name` still unanswered. */
+function notSettled(name: string): TransportError {
+  return new TransportError(`this client's earlier release of ${JSON.stringify(name)} has not got through yet`);
 }

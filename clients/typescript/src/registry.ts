@@ -65,6 +65,11 @@ export class Registry {
   }
 
   /** The release of `grant` has ended: drop its entry, remembering it if the router confirmed. */
+  /** The grants of `name` whose release is under way and not yet answered: an acquire of `name` waits for their answers first. */
+  releasing(name: string): Grant[] {
+    return [...this.grants.values()].filter((g) => g.name === name && g.release === "pending");
+  }
+
   forget(grant: Grant): void {
     const id = grant.ref.lockId;
     if (this.grants.get(id) !== grant) return;

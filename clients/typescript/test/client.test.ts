@@ -3,7 +3,8 @@
  * past the TTL, one renew-batch per interval, release at the end of
  * `await using` / `finally`, FIFO waits, a lock released behind the
  * client's back lost at once, a killed router judged by the client's own
- * clock, a release retried until the router is back, a shard outage that
+ * clock, a release retried until the router is back, a name acquired again
+ * only once its unanswered release is answered, a shard outage that
  * loses only that shard's locks, and one grant acquired twice being one
  * lock.
  */
@@ -199,6 +200,72 @@ describe("against a real router", () => {
       const seen = await cluster.router.inspect(keepName);
       assert.equal(seen.fencingToken, keep.fencingToken.toString());
       await next.release();
+    } finally {
+      await client.close();
+      await doomed.kill();
+    }
+  });
+
+  test("a name is acquired again only after its unanswered release is answered: a new grant", { timeout: 40_000 }, async () => {
+    // docs/client.md, "A release that was not answered": a release whose
+    // answer never came may land later, and would end the grant an
+    // idempotent re-acquire hands back (the same one). The acquire first
+    // drives the release to an answer, so the router grants anew.
+    const keepName = fresh("late-keep");
+    const name = fresh("late");
+    const doomed = await cluster.extraRouter();
+    type Seen = { op: string; name: string | undefined; status?: number };
+    const seen: Seen[] = [];
+    // While set, releases fail as if the router were still unreachable, so
+    // the test decides when the retried release can get through.
+    let cutReleases = false;
+    const recording: typeof fetch = async (input, init) => {
+      const op = String(input).split("/").pop() ?? "";
+      const body = typeof init?.body === "string" ? (JSON.parse(init.body) as { name?: string }) : {};
+      const entry: Seen = { op, name: body.name };
+      seen.push(entry);
+      if (op === "release" && cutReleases) throw new TypeError("fetch failed: release cut off");
+      const resp = await fetch(input, init);
+      entry.status = resp.status;
+      return resp;
+    };
+    const client = new Client({ url: doomed.url, requestTimeoutMs: 1_000, fetch: recording });
+    try {
+      // One session lease, kept alive by `keep`: the old grant stands through the outage.
+      const keep = await client.acquire(keepName, { ttlMs: 10_000 });
+      const lock = await client.acquire(name, { ttlMs: 10_000 });
+      await doomed.kill();
+      const releasing = lock.release();
+      releasing.catch(() => {}); // unanswered while the router is away
+      const start = performance.now();
+      while (!seen.some((s) => s.op === "release")) {
+        assert.ok(performance.now() - start < 5_000, "a release was sent");
+        await sleep(20);
+      }
+      // Back on the same port, the old grant still standing; the retried
+      // release gets through only from the acquire on, so that the test
+      // sees what the SDK sends first.
+      cutReleases = true;
+      await doomed.restart();
+      cutReleases = false;
+      const before = seen.length;
+      const again = await client.acquire(name, { ttlMs: 10_000 });
+      assert.ok(again.fencingToken > lock.fencingToken, "a new grant");
+      await releasing;
+      const after = seen.slice(before);
+      const first = after.findIndex((s) => s.op === "acquire" && s.name === name);
+      assert.ok(
+        after.slice(0, first).some((s) => s.op === "release" && s.status === 204),
+        `no acquire before the release was answered: ${JSON.stringify(after)}`,
+      );
+      // The old grant is gone: it no longer renews.
+      const r = await fetch(`${doomed.url}/api/v1/locks/renew`, {
+        method: "POST",
+        headers: { "content-type": "application/json" },
+        body: JSON.stringify({ lockId: lock.lockId, fencingToken: Number(lock.fencingToken) }),
+      });
+      assert.equal(r.status, 409, await r.text());
+      assert.ok(again.isHeld() && keep.isHeld());
     } finally {
       await client.close();
       await doomed.kill();

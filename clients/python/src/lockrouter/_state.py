@@ -187,6 +187,13 @@ class Registry:
             self._grants[lock_id] = fresh
             return Claim.NEW, fresh
 
+    def releasing(self, name: str) -> list[LockState]:
+        """The grants of ``name`` whose release is under way and not yet
+        answered: an acquire of ``name`` waits for their answers first."""
+        with self._mu:
+            states = list(self._grants.values())
+        return [s for s in states if s.name == name and s.release is Release.PENDING]
+
     def begin_release(self, state: LockState) -> bool | None:
         """Starts releasing ``state``: None if a newer state owns its grant
         (leave it alone), else whether this call started the release."""

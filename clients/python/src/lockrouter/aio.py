@@ -445,6 +445,14 @@ class AsyncClient:
         ms = ttl_ms(ttl_s)
         cid = self.client_id if client_id is None else check_client_id(client_id)
         start = validity.now()
+        # A release of an earlier grant of this name that the router has not
+        # answered may still land later, and would end the very grant the
+        # router answers this acquire with (the same one): drive it to an
+        # answer first, within this call's own time.
+        limit = self._keeper.request_timeout + wait_s
+        for pending in self._keeper.grants.registry.releasing(name):
+            if not await self._settle(pending, limit - (validity.now() - start)):
+                raise not_settled(name)
         for _ in range(ACQUIRE_ROUNDS):
             wait_left = max(wait_s - (validity.now() - start), 0.0)
             body = acquire_body(name, ms, cid, round(wait_left * 1000))
@@ -456,7 +464,7 @@ class AsyncClient:
                 return AsyncLock(state, self._keeper)
             if claim is Claim.RELEASING:
                 assert state is not None
-                await self._settle(state)
+                await self._settle(state, self._keeper.request_timeout)
         raise not_settled(name)
 
     def lock(
@@ -502,11 +510,12 @@ class AsyncClient:
             k.loop.track(state)
         return claim, state
 
-    async def _settle(self, state: LockState) -> None:
+    async def _settle(self, state: LockState, limit: float) -> bool:
         self._keeper.loop.hurry(state.key)
-        deadline = validity.now() + self._keeper.request_timeout
+        deadline = validity.now() + limit
         while state.release is Release.PENDING and validity.now() < deadline:
             await asyncio.sleep(SETTLE_POLL)
+        return state.release is not Release.PENDING
 
     async def aclose(self) -> None:
         """Releases every lock still held and stops the renewal task, giving

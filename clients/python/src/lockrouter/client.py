@@ -417,7 +417,10 @@ class Client:
         first-come-first-served queue if it is held. Raises
         :class:`NotAcquired` if it is still held then (or others are queued
         ahead). Idempotent for one client id: after a
-        :class:`TransportError`, call it again."""
+        :class:`TransportError`, call it again. While this client's release
+        of an earlier grant of ``name`` is unanswered, it first drives that
+        release to an answer (within ``request_timeout`` plus ``wait``), and
+        raises :class:`TransportError` if it cannot: never the old grant."""
         lock = self.try_acquire(name, ttl=ttl, wait=wait, client_id=client_id)
         if lock is None:
             raise NotAcquired(name)
@@ -436,6 +439,14 @@ class Client:
         ms = ttl_ms(ttl_s)
         cid = self.client_id if client_id is None else check_client_id(client_id)
         start = validity.now()
+        # A release of an earlier grant of this name that the router has not
+        # answered may still land later, and would end the very grant the
+        # router answers this acquire with (the same one): drive it to an
+        # answer first, within this call's own time.
+        limit = self._keeper.request_timeout + wait_s
+        for pending in self._keeper.grants.registry.releasing(name):
+            if not self._settle(pending, limit - (validity.now() - start)):
+                raise not_settled(name)
         for _ in range(ACQUIRE_ROUNDS):
             wait_left = max(wait_s - (validity.now() - start), 0.0)
             body = acquire_body(name, ms, cid, round(wait_left * 1000))
@@ -447,7 +458,7 @@ class Client:
                 return Lock(state, self._keeper)
             if claim is Claim.RELEASING:
                 assert state is not None
-                self._settle(state)
+                self._settle(state, self._keeper.request_timeout)
             # Claim.RELEASED: the release got through; the next answer is new.
         raise not_settled(name)
 
@@ -499,13 +510,14 @@ class Client:
             k.loop.track(state)
         return claim, state
 
-    def _settle(self, state: LockState) -> None:
-        """Waits, at most a request timeout, for this client's release of
-        the grant to end, hurrying it first."""
+    def _settle(self, state: LockState, limit: float) -> bool:
+        """Waits, at most ``limit`` seconds, for this client's release of
+        the grant to be answered, hurrying it first; True once it was."""
         self._keeper.loop.hurry(state.key)
-        deadline = validity.now() + self._keeper.request_timeout
+        deadline = validity.now() + limit
         while state.release is Release.PENDING and validity.now() < deadline:
             time.sleep(SETTLE_POLL)
+        return state.release is not Release.PENDING
 
     def _check_open(self) -> None:
         if self._closed:
