@@ -171,6 +171,10 @@ fn describe() {
         "group commits (one etcd txn each) of grants (kind=acquire) or releases (kind=release)"
     );
     describe_histogram!(
+        "lockrouter_keepalive_burst_size",
+        "keepalives the main stream's writer sent back to back in one burst (one HTTP/2 frame as a rule)"
+    );
+    describe_histogram!(
         "lockrouter_commit_batch_size",
         "grants or releases sharing one group commit"
     );
@@ -479,6 +483,12 @@ pub fn config_reload(outcome: &'static str) {
 /// 1 while this router follows an open migration.
 pub fn migration_open(open: bool) {
     gauge!("lockrouter_migration_open").set(if open { 1.0 } else { 0.0 });
+}
+
+/// The main keepalive stream's writer handed `n` keepalives to the stream
+/// back to back (one HTTP/2 frame, as a rule).
+pub fn keepalive_burst(shard: &str, n: usize) {
+    histogram!("lockrouter_keepalive_burst_size", "shard" => shard.to_string()).record(n as f64);
 }
 
 pub fn keepalive_sent(shard: &str) {

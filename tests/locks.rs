@@ -203,6 +203,46 @@ async fn a_forged_lock_id_never_keeps_another_holders_lease_alive() {
     assert_eq!(api.renew(&victim).await.status, 409);
 }
 
+/// Keepalives that come together go to etcd together: 200 clients' session
+/// leases renewed at once leave the main stream in bursts of many (one
+/// HTTP/2 frame each), not one by one; with `etcd.keepalive_burst_ms = 0`
+/// each goes alone. Every renewal is answered either way.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn keepalives_that_come_together_leave_in_bursts() {
+    use lockrouter_testkit::metrics::sum;
+    let etcd = EtcdCluster::single();
+    for (burst_ms, bursting) in [(2u64, true), (0, false)] {
+        let extra = format!("keepalive_burst_ms = {burst_ms}\nkeepalive_coalesce_ms = 0\n");
+        let toml = lockrouter_testkit::config::config_toml(&[&etcd], "127.0.0.1:0", &extra);
+        let router = TestRouter::with_toml(&toml).await;
+        let api = &router.api;
+        let locks = join_all((0..200).map(|i| {
+            let api = api.clone();
+            async move {
+                api.must_acquire(&format!("burst-{burst_ms}-{i}"), 10_000, &format!("c{i}"))
+                    .await
+            }
+        }))
+        .await;
+        let before = api.metrics().await;
+        let renewed = join_all(locks.iter().map(|l| api.renew(l))).await;
+        assert!(renewed.iter().all(|r| r.status == 200), "{renewed:?}");
+        let after = api.metrics().await;
+        let delta = |name: &str| sum(&after, name, &[]) - sum(&before, name, &[]);
+        let (sent, bursts) = (
+            delta("lockrouter_keepalive_burst_size_sum"),
+            delta("lockrouter_keepalive_burst_size_count"),
+        );
+        assert!(sent >= 200.0, "{sent} keepalives for 200 renewals");
+        let mean = sent / bursts;
+        if bursting {
+            assert!(mean >= 4.0, "{sent} keepalives in {bursts} bursts");
+        } else {
+            assert_eq!(mean, 1.0, "{sent} keepalives in {bursts} bursts");
+        }
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn reacquire_by_the_holder_is_idempotent() {
     let etcd = EtcdCluster::single();

@@ -109,6 +109,10 @@ pub struct EtcdSettings {
     /// (capped at a tenth of the lease TTL).
     #[serde(default = "defaults::keepalive_coalesce_ms")]
     pub keepalive_coalesce_ms: u64,
+    /// Keepalives that come within this many ms of each other are sent in
+    /// one burst (one HTTP/2 frame, which etcd reads once); 0: each alone.
+    #[serde(default = "defaults::keepalive_burst_ms")]
+    pub keepalive_burst_ms: u64,
     /// How often active locks per shard are counted (a count-only range).
     #[serde(default = "defaults::count_interval_ms")]
     pub count_interval_ms: u64,
@@ -418,6 +422,9 @@ mod defaults {
     pub fn keepalive_coalesce_ms() -> u64 {
         1_000
     }
+    pub fn keepalive_burst_ms() -> u64 {
+        2
+    }
     pub fn count_interval_ms() -> u64 {
         10_000
     }
@@ -469,6 +476,7 @@ impl Default for EtcdSettings {
             request_timeout_ms: defaults::request_timeout_ms(),
             connect_timeout_ms: defaults::connect_timeout_ms(),
             health_interval_ms: defaults::health_interval_ms(),
+            keepalive_burst_ms: defaults::keepalive_burst_ms(),
             keepalive_coalesce_ms: defaults::keepalive_coalesce_ms(),
             count_interval_ms: defaults::count_interval_ms(),
         }

@@ -45,6 +45,8 @@ struct PoolSettings {
     prefix: String,
     timeout: Duration,
     connect_timeout: Duration,
+    /// How long a keepalive burst gathers (`etcd.keepalive_burst_ms`).
+    keepalive_burst: Duration,
 }
 
 impl ShardPool {
@@ -64,7 +66,7 @@ impl ShardPool {
         let mut current = self.settings.lock().expect("pool lock");
         if *current != new {
             *current = new;
-            // Different deadlines or prefix: connect afresh from now on.
+            // Different deadlines, prefix or bursts: connect afresh from now on.
             self.shards.lock().expect("pool lock").clear();
         }
     }
@@ -120,7 +122,7 @@ impl ShardPool {
                 shard: name.to_string(),
                 source,
             })?;
-        let shard = Arc::new(Shard::new(conn, &s.prefix, &self.cancel));
+        let shard = Arc::new(Shard::new(conn, &s.prefix, s.keepalive_burst, &self.cancel));
         self.shards
             .lock()
             .expect("pool lock")
@@ -135,6 +137,7 @@ impl PoolSettings {
             prefix: s.etcd.prefix.clone(),
             timeout: s.request_timeout(),
             connect_timeout: Duration::from_millis(s.etcd.connect_timeout_ms),
+            keepalive_burst: Duration::from_millis(s.etcd.keepalive_burst_ms),
         }
     }
 }

@@ -156,12 +156,18 @@ pub struct Shard {
 }
 
 impl Shard {
-    pub fn new(conn: EtcdConn, prefix: &str, cancel: &CancellationToken) -> Self {
+    /// `burst`: how long its keepalive writer gathers a burst (0: none).
+    pub fn new(
+        conn: EtcdConn,
+        prefix: &str,
+        burst: std::time::Duration,
+        cancel: &CancellationToken,
+    ) -> Self {
         let keys = Keys::new(prefix);
         let identity = IdentityCell::default();
         Self {
             name: conn.shard().to_string(),
-            keepalive: Keepalive::start(conn.clone(), cancel.child_token()),
+            keepalive: Keepalive::start(conn.clone(), burst, cancel.child_token()),
             verifier: Verifier::start(
                 conn.clone(),
                 keys.identity(),
