@@ -178,20 +178,55 @@ async fn seeded_holder(
                 _ => history.refused(r.status, error_code(&r.body), received),
             }
         }
-        let body = json!({"lockId": lock.0, "fencingToken": lock.1});
         if !lost {
             history.released(index, Instant::now());
-            let api = &apis[rng.below(apis.len() as u64) as usize];
-            if let Ok(r) = api.try_post("/api/v1/locks/release", body).await {
-                if r.status != 204 {
-                    history.refused(r.status, error_code(&r.body), Instant::now());
-                }
-            }
-        } else {
-            // The client stops acting as the holder; the lock's record
-            // already ends at its validity.
-            let _ = apis[0].try_post("/api/v1/locks/release", body).await;
         }
+        // A lost holder releases too, to clean up; its record already ends
+        // at its validity.
+        release_until_answered(&mut rng, &apis, &lock, &name, &client, &history, stop).await;
+    }
+}
+
+/// Releases `lock` through random replicas until a release is answered
+/// (204), or the run is over: a client must not acquire the name again
+/// while a release of its grant is unanswered, since that release may
+/// still land (held by a paused member or router) and end the grant an
+/// idempotent re-acquire returned (docs/design.md, "A release that was not
+/// answered"). Every unanswered try is journaled; an error other than 503
+/// is recorded as a refusal.
+async fn release_until_answered(
+    rng: &mut Rng,
+    apis: &[Api],
+    lock: &(String, u64),
+    name: &str,
+    client: &str,
+    history: &History,
+    stop: Instant,
+) {
+    let body = json!({"lockId": lock.0, "fencingToken": lock.1});
+    loop {
+        let replica = rng.below(apis.len() as u64) as usize;
+        let r = apis[replica]
+            .try_post("/api/v1/locks/release", body.clone())
+            .await;
+        let why = match r {
+            Ok(r) if r.status == 204 => return,
+            Ok(r) if r.status == 503 => format!("503 {}", error_code(&r.body)),
+            Ok(r) => {
+                history.refused(r.status, error_code(&r.body), Instant::now());
+                return;
+            }
+            Err(e) => format!("no answer ({e})"),
+        };
+        let what = format!(
+            "{client} release of token {} via replica {replica}: {why}",
+            lock.1
+        );
+        history.journal(Instant::now(), name, what);
+        if Instant::now() >= stop {
+            return;
+        }
+        sleep_ms(100).await;
     }
 }
 
@@ -590,18 +625,17 @@ fn fault_seed() -> u64 {
     parsed.unwrap_or_else(|e| panic!("LOCKROUTER_FAULT_SEED={text:?}: {e}"))
 }
 
-/// How long the torture test runs: `LOCKROUTER_FAULT_SECS`, else its older
-/// name `LOCKROUTER_TORTURE_SECS`, else 60 s. A value that does not parse
-/// fails the test.
-fn torture_secs() -> u64 {
-    for var in ["LOCKROUTER_FAULT_SECS", "LOCKROUTER_TORTURE_SECS"] {
+/// The first of `vars` set, parsed, else `default`. A value that does not
+/// parse fails the test rather than run with another.
+fn number_from_env(vars: &[&str], default: u64) -> u64 {
+    for var in vars {
         if let Ok(text) = std::env::var(var) {
             return text
                 .parse()
                 .unwrap_or_else(|e| panic!("{var}={text:?}: {e}"));
         }
     }
-    60
+    default
 }
 
 /// A temp dir that is removed after a passing test and kept, its path
@@ -793,6 +827,24 @@ async fn journal_member(
     }
 }
 
+/// How long the torture test looks for a leader before it skips a fault
+/// on the leader: one may be in the middle of an election.
+const LEADER_WITHIN: Duration = Duration::from_secs(3);
+
+/// The leader of `etcd`, looked for until `within` has passed.
+async fn leader_within(etcd: &EtcdCluster, within: Duration) -> Option<usize> {
+    let deadline = Instant::now() + within;
+    loop {
+        if let Some(leader) = etcd.leader().await {
+            return Some(leader);
+        }
+        if Instant::now() >= deadline {
+            return None;
+        }
+        sleep_ms(100).await;
+    }
+}
+
 /// The torture test: many clients on few hot names through two replicas
 /// (one in-process, one the real binary) of one 3-member shard whose
 /// members run in network namespaces, while a schedule of faults runs:
@@ -807,7 +859,8 @@ async fn journal_member(
 /// About 60 s. `LOCKROUTER_FAULT_SECS` makes it longer (its older name
 /// `LOCKROUTER_TORTURE_SECS` still works), `LOCKROUTER_FAULT_SEED` picks
 /// another seed (printed at the start), `LOCKROUTER_FAULT_KINDS` runs only
-/// some kinds, `LOCKROUTER_FAULT_EXTRA_TOML` adds router config (e.g. the
+/// some kinds, `LOCKROUTER_FAULT_NAMES` sets how many hot names (8),
+/// `LOCKROUTER_FAULT_EXTRA_TOML` adds router config (e.g. the
 /// lock-delay off) and `LOCKROUTER_ETCD_BIN` runs another etcd release
 /// (docs/reliability.md). A failed check writes the whole history to a
 /// file with the faults, the members' views of the leader and every lock
@@ -840,12 +893,15 @@ async fn torture(work: &std::path::Path) {
     use lockrouter_testkit::loopback::free_port;
     use lockrouter_testkit::router_process::RouterProcess;
     use nix::sys::signal::{kill, Signal};
-    let secs = torture_secs();
+    // LOCKROUTER_TORTURE_SECS is the older name.
+    let secs = number_from_env(&["LOCKROUTER_FAULT_SECS", "LOCKROUTER_TORTURE_SECS"], 60);
+    let names = number_from_env(&["LOCKROUTER_FAULT_NAMES"], 8).max(1);
     let seed = fault_seed();
     let kinds = fault_kinds();
     let labels: Vec<_> = kinds.iter().map(|f| f.label()).collect();
     let mut plan = format!(
-        "seed {seed:#x} (LOCKROUTER_FAULT_SEED), {secs} s (LOCKROUTER_FAULT_SECS), faults {}",
+        "seed {seed:#x} (LOCKROUTER_FAULT_SEED), {secs} s (LOCKROUTER_FAULT_SECS), \
+         16 clients on {names} names (LOCKROUTER_FAULT_NAMES), faults {}",
         labels.join(",")
     );
     if let Ok(extra) = std::env::var("LOCKROUTER_FAULT_EXTRA_TOML") {
@@ -909,7 +965,7 @@ async fn torture(work: &std::path::Path) {
     let workers: Vec<_> = (0..16)
         .map(|i| {
             let (apis, h) = (apis.clone(), history.clone());
-            tokio::spawn(seeded_holder(seed, i, 8, apis, h, stop))
+            tokio::spawn(seeded_holder(seed, i, names, apis, h, stop))
         })
         .collect();
     let mut schedule = Schedule::new(seed, kinds.clone());
@@ -939,7 +995,7 @@ async fn torture(work: &std::path::Path) {
                 note(format!("m{member} heard again"));
             }
             Fault::PausedLeader => {
-                let Some(leader) = etcd.leader().await else {
+                let Some(leader) = leader_within(&etcd, LEADER_WITHIN).await else {
                     note("no leader: skipped".into());
                     continue;
                 };
@@ -952,7 +1008,7 @@ async fn torture(work: &std::path::Path) {
             Fault::KilledMember | Fault::KilledLeader => {
                 let victim = match fault {
                     Fault::KilledMember => member,
-                    _ => match etcd.leader().await {
+                    _ => match leader_within(&etcd, LEADER_WITHIN).await {
                         Some(leader) => leader,
                         None => {
                             note("no leader: skipped".into());
@@ -972,7 +1028,7 @@ async fn torture(work: &std::path::Path) {
                 note("every member healthy".into());
             }
             Fault::MinorityLeader => {
-                let Some(leader) = etcd.leader().await else {
+                let Some(leader) = leader_within(&etcd, LEADER_WITHIN).await else {
                     note("no leader: skipped".into());
                     continue;
                 };
