@@ -17,7 +17,7 @@ trap 'rm -rf "$tmp"' EXIT
 # scripts, not symlinks: a case that replaces one with a fake must never
 # write through a link into the system's own binary (CI runs as root).
 mkdir -p "$tmp/real"
-for t in mktemp rm mkdir cat env timeout cc as ld protoc; do
+for t in mktemp rm mkdir cat env timeout cc as ld protoc awk tee chmod mv dpkg-deb tar; do
   p=$(command -v "$t") || {
     echo "prereqs-selftest: $t is missing; run deploy/local/prereqs.sh build first" >&2
     exit 1
@@ -94,11 +94,32 @@ chromium_fake() { # browser-major driver-major [broken]
 }
 chromium_fake 156 156
 
+# etcd 3.5 beside the system's (check_etcd35): every case finds a good one
+# in its own prereqs dir unless it says otherwise, and an apt configuration
+# dir of its own, so that no case reads or writes the machine's /etc/apt.
+etcd35_fake() { # dir etcd-version etcdctl-version
+  mkdir -p "$1/etcd-3.5/usr/bin"
+  fake "$1/etcd-3.5/usr/bin" etcd "echo 'etcd Version: $2'; echo 'Git SHA: fake'"
+  fake "$1/etcd-3.5/usr/bin" etcdctl "echo 'etcdctl version: $3'; echo 'API version: 3.5'"
+}
+# Debian packages as apt-get download would leave them: etcd-server and
+# etcd-client of 3.5.16 holding fake programs, built with the real dpkg-deb.
+for pkg in etcd-server:etcd:"etcd Version: 3.5.16" etcd-client:etcdctl:"etcdctl version: 3.5.16"; do
+  IFS=: read -r name prog line <<<"$pkg"
+  mkdir -p "$tmp/deb/$name/DEBIAN" "$tmp/deb/$name/usr/bin"
+  printf 'Package: %s\nVersion: 3.5.16-4\nArchitecture: all\nMaintainer: selftest <selftest@invalid>\nDescription: fake\n' "$name" >"$tmp/deb/$name/DEBIAN/control"
+  fake "$tmp/deb/$name/usr/bin" "$prog" "echo '$line'"
+  dpkg-deb -b "$tmp/deb/$name" "$tmp/${name}_3.5.16-4_all.deb" >/dev/null
+done
+
 n=0
 sandbox() {
   n=$((n + 1))
   bin=$tmp/case$n
   cp -R "$tmp/template" "$bin"
+  export LOCKROUTER_PREREQS_DIR=$tmp/prereqs$n LOCKROUTER_PREREQS_APT_ETC=$tmp/apt$n
+  etcd35_fake "$LOCKROUTER_PREREQS_DIR" 3.5.16 3.5.16
+  mkdir -p "$LOCKROUTER_PREREQS_APT_ETC/sources.list.d"
 }
 real_cc() { rm "$bin/cc" && cp "$tmp/real/cc" "$bin/cc"; }
 
@@ -275,6 +296,71 @@ fi
 # package of the wrong version) still fails.
 sandbox && rm "$bin/etcd" && fake_apt no
 expect 1 "installing etcd-server .*etcd missing: no \`etcd\` on PATH" run
+
+# etcd 3.5 for make test and make bench: it must run and be 3.5.13 or
+# later, with an etcdctl of 3.5; --check reports it and fetches nothing.
+sandbox && rm -r "$LOCKROUTER_PREREQS_DIR" && fake_apt no
+expect 1 "etcd 3\.5 missing: no .*/etcd-3\.5/usr/bin/etcd .*without --check, .* bench fetches etcd 3\.5 into" --check bench
+if [ -e "$bin/apt.log" ]; then
+  echo "prereqs-selftest: FAIL case $n: --check ran apt-get: $(cat "$bin/apt.log")" >&2
+  failures=$((failures + 1))
+fi
+sandbox && etcd35_fake "$LOCKROUTER_PREREQS_DIR" 3.5.12 3.5.12
+expect 1 "etcd 3\.5 wrong version: .*printed 'etcd Version: 3\.5\.12'; make test needs etcd 3\.5\.x, x >= 13" --check bench
+sandbox && etcd35_fake "$LOCKROUTER_PREREQS_DIR" 3.4.23 3.4.23
+expect 1 "etcd 3\.5 wrong version: .*'etcd Version: 3\.4\.23'" --check test
+sandbox && fake "$LOCKROUTER_PREREQS_DIR/etcd-3.5/usr/bin" etcd 'echo "version \`GLIBC_2.34'"'"' not found" >&2; exit 1'
+expect 1 "etcd 3\.5 unusable: .*GLIBC_2\.34" --check bench
+sandbox && rm "$LOCKROUTER_PREREQS_DIR/etcd-3.5/usr/bin/etcdctl"
+expect 1 "etcdctl 3\.5 missing or unusable" --check bench
+sandbox && etcd35_fake "$LOCKROUTER_PREREQS_DIR" 3.5.16 3.4.23
+expect 1 "etcdctl 3\.5 missing or unusable: .*etcdctl version: 3\.4\.23" --check bench
+# make build and make run need none.
+sandbox && rm -r "$LOCKROUTER_PREREQS_DIR"
+expect 0 '^$' --check run
+
+# Fetching it: trixie goes on the mirror of the system's own sources (a
+# deb822 .sources file here, its keyring kept), pinned at priority 1 before
+# anything is fetched; only that source's lists are updated; etcd-server
+# and etcd-client are downloaded from trixie and unpacked, and checked.
+fake_fetch_apt() {
+  fake "$bin" apt-get "echo \"\$*\" >>$(printf %q "$bin/apt.log")
+case \" \$* \" in *' download '*) $(printf '%q ' "$(type -P cp)" "$tmp/etcd-server_3.5.16-4_all.deb" "$tmp/etcd-client_3.5.16-4_all.deb") . ;; esac"
+  fake "$bin" sudo 'exec "$@"'
+}
+sandbox && rm -r "$LOCKROUTER_PREREQS_DIR" && fake_fetch_apt
+printf 'Types: deb\nURIs: http://mirror.invalid/debian\nSuites: nosuch nosuch-updates\nComponents: main\nSigned-By: /usr/share/keyrings/fake.gpg\n\nTypes: deb\nURIs: http://mirror.invalid/debian-security\nSuites: nosuch-security\nComponents: main\n' \
+  >"$LOCKROUTER_PREREQS_APT_ETC/sources.list.d/debian.sources"
+expect 0 "^prereqs: fetching etcd 3\.5 from Debian 13 \(trixie\) on http://mirror\.invalid/debian into " bench
+apt=$LOCKROUTER_PREREQS_APT_ETC
+want_log="update -qq -o Dir::Etc::sourcelist=$apt/sources.list.d/lockrouter-trixie.list -o Dir::Etc::sourceparts=- -o APT::Get::List-Cleanup=0
+download -qq etcd-server/trixie etcd-client/trixie"
+if [ "$(cat "$bin/apt.log" 2>/dev/null)" != "$want_log" ] ||
+  ! grep -qx 'deb \[signed-by=/usr/share/keyrings/fake.gpg\] http://mirror.invalid/debian trixie main' "$apt/sources.list.d/lockrouter-trixie.list" ||
+  ! grep -qx 'Pin: release n=trixie' "$apt/preferences.d/lockrouter-trixie" ||
+  ! grep -qx 'Pin-Priority: 1' "$apt/preferences.d/lockrouter-trixie" ||
+  [ "$("$LOCKROUTER_PREREQS_DIR/etcd-3.5/usr/bin/etcd")" != "etcd Version: 3.5.16" ]; then
+  echo "prereqs-selftest: FAIL case $n: the fetch did not do what it should; apt-get was called as:" >&2
+  sed 's/^/    /' "$bin/apt.log" >&2
+  cat "$apt/sources.list.d/lockrouter-trixie.list" "$apt/preferences.d/lockrouter-trixie" >&2 || true
+  failures=$((failures + 1))
+fi
+# A one-line sources.list: its mirror, and its signed-by among other options.
+sandbox && rm -r "$LOCKROUTER_PREREQS_DIR" && fake_fetch_apt
+printf '# a comment\ndeb [arch=amd64 signed-by=/k/one.gpg] http://one.invalid/debian/ nosuch main\n' >"$LOCKROUTER_PREREQS_APT_ETC/sources.list"
+expect 0 "fetching etcd 3\.5 .* on http://one\.invalid/debian/ " bench
+if ! grep -qx 'deb \[signed-by=/k/one.gpg\] http://one.invalid/debian/ trixie main' "$LOCKROUTER_PREREQS_APT_ETC/sources.list.d/lockrouter-trixie.list"; then
+  echo "prereqs-selftest: FAIL case $n: wrong trixie source from a one-line sources.list" >&2
+  failures=$((failures + 1))
+fi
+# No Debian source to take a mirror from: nothing fetched, and it says so.
+sandbox && rm -r "$LOCKROUTER_PREREQS_DIR" && fake_fetch_apt
+expect 1 "no Debian source in .*to take the mirror for trixie from.*etcd 3\.5 missing" bench
+# A download that brings a package of the wrong version is refused.
+sandbox && rm -r "$LOCKROUTER_PREREQS_DIR" && fake_apt no
+printf 'deb http://one.invalid/debian nosuch main\n' >"$LOCKROUTER_PREREQS_APT_ETC/sources.list"
+expect 1 "apt-get download left no \.deb.*etcd 3\.5 missing" bench
+
 sandbox
 expect 2 "usage: " --check nonsense
 

@@ -12,7 +12,19 @@
 #          struct.proto). Used by `make build` and `make lint`.
 #   run    build + the `etcd` on PATH, which `make run` starts (etcd-server).
 #   bench  build + /usr/bin/etcd or /usr/local/bin/etcd, which the load tests
-#          start (etcd-server).
+#          start (etcd-server); and etcd 3.5 (>= 3.5.13) in .prereqs/etcd-3.5/,
+#          beside the system's etcd, never replacing it: `make test` runs
+#          the safety tests a second time on it (make test-etcd35), and the
+#          load tests and the torture test can run on it through
+#          LOCKROUTER_ETCD_BIN. It is fetched from Debian 13 (trixie), whose
+#          etcd-server 3.5.16 needs only libc6 >= 2.34 and adduser: trixie
+#          is added as an apt source on the mirror this system already uses
+#          (sources.list.d/lockrouter-trixie.list), pinned at priority 1 in
+#          preferences.d/lockrouter-trixie so that nothing is ever upgraded
+#          or installed from it unasked; then `apt-get download` fetches
+#          etcd-server and etcd-client (etcdctl of the same release, for the
+#          snapshot restore test) and `dpkg-deb -x` unpacks them there.
+#          Nothing is installed into the system by it.
 #   test   bench + prometheus and promtool, for the dashboard tests
 #          (prometheus); etcdctl of etcd's own version, for the snapshot
 #          restore test (etcd-client); iproute2's `ip` able to make a network
@@ -60,8 +72,8 @@ mode=${mode:-test}
 case $mode in
   build) checks=(check_cargo check_cc check_protoc) ;;
   run) checks=(check_cargo check_cc check_protoc check_etcd_on_path) ;;
-  bench) checks=(check_cargo check_cc check_protoc check_etcd_for_tests) ;;
-  test) checks=(check_cargo check_cc check_protoc check_etcd_for_tests check_prometheus check_etcdctl check_netns check_python check_node check_chromium) ;;
+  bench) checks=(check_cargo check_cc check_protoc check_etcd_for_tests check_etcd35) ;;
+  test) checks=(check_cargo check_cc check_protoc check_etcd_for_tests check_etcd35 check_prometheus check_etcdctl check_netns check_python check_node check_chromium) ;;
 esac
 
 tmp=$(mktemp -d)
@@ -69,7 +81,18 @@ trap 'rm -rf "$tmp"' EXIT
 
 problems=() # one message per missing or unusable item
 need=()     # Debian packages that may fix them
+fixes=()    # other steps that may fix them (functions below)
 warnings=() # usable, but the operator should know
+
+# Where etcd 3.5 is unpacked (git-ignored), and apt's configuration dir.
+# Both can be moved, for prereqs-selftest.sh only.
+prereqs_dir=${LOCKROUTER_PREREQS_DIR:-$(cd "$(dirname "$0")/../.." && pwd)/.prereqs}
+etcd35_dir=$prereqs_dir/etcd-3.5
+apt_etc=${LOCKROUTER_PREREQS_APT_ETC:-/etc/apt}
+
+fix() { # function: a step beside apt-get install that may fix a problem
+  [[ " ${fixes[*]} " == *" $1 "* ]] || fixes+=("$1")
+}
 
 fail() { # message [debian-package...]
   local msg=$1
@@ -201,6 +224,145 @@ check_etcd_for_tests() {
     fi
   done
   fail "etcd missing: neither /usr/bin/etcd nor /usr/local/bin/etcd exists (make $mode starts it)" etcd-server
+}
+
+# etcd 3.5, beside the system's 3.4: make test-etcd35 runs the safety tests
+# on .prereqs/etcd-3.5/usr/bin/etcd (LOCKROUTER_ETCD_BIN), and the snapshot
+# restore test among them runs the etcdctl beside it. It must run and report
+# 3.5.13 or later (the first 3.5 with the stale-leader lease fixes the tests
+# are meant to exercise around), and etcdctl must be of the same 3.5.
+check_etcd35() {
+  local bin=$etcd35_dir/usr/bin/etcd ctl=$etcd35_dir/usr/bin/etcdctl out first
+  local fetch="without --check, prereqs.sh fetches Debian 13's etcd-server and etcd-client there"
+  if [ ! -e "$bin" ]; then
+    fail "etcd 3.5 missing: no $bin (make test runs the safety tests on etcd 3.5 too; $fetch)"
+    fix fetch_etcd35
+    return
+  fi
+  if ! out=$("$bin" --version 2>&1); then
+    fail "etcd 3.5 unusable: \`$bin --version\` fails ($fetch):
+$(indent "$out")"
+    fix fetch_etcd35
+    return
+  fi
+  first=${out%%$'\n'*}
+  if [[ ! $first =~ ^etcd\ Version:\ 3\.5\.([0-9]+)([-+][0-9A-Za-z.+-]*)?$ ]] || ((10#${BASH_REMATCH[1]} < 13)); then
+    fail "etcd 3.5 wrong version: \`$bin --version\` printed '$first'; make test needs etcd 3.5.x, x >= 13, there ($fetch)"
+    fix fetch_etcd35
+    return
+  fi
+  if ! out=$(ETCDCTL_API=3 "$ctl" version 2>&1) || [[ $out != *"etcdctl version: 3.5."* ]]; then
+    fail "etcdctl 3.5 missing or unusable: \`$ctl version\` does not report 3.5 (the snapshot restore test runs it on etcd 3.5; $fetch):
+$(indent "$out")"
+    fix fetch_etcd35
+  fi
+}
+
+# The first enabled `deb` source of this system's own release (its suite is
+# VERSION_CODENAME of /etc/os-release), else the first whose URI ends in
+# /debian: "URI<TAB>keyring", keyring being its Signed-By file if it names
+# one. Reads one-line .list files and deb822 .sources files.
+debian_mirror() {
+  local codename="" files=() f
+  if [ -r /etc/os-release ]; then
+    codename=$(. /etc/os-release && echo "${VERSION_CODENAME:-}")
+  fi
+  [ -e "$apt_etc/sources.list" ] && files+=("$apt_etc/sources.list")
+  for f in "$apt_etc"/sources.list.d/*.list "$apt_etc"/sources.list.d/*.sources; do
+    # Not our own trixie source: it is not this system's release.
+    [ -e "$f" ] && [ "${f##*/}" != lockrouter-trixie.list ] && files+=("$f")
+  done
+  [ ${#files[@]} -gt 0 ] || return 1
+  awk -v want="$codename" '
+    function consider(uri, suites, keyring,   n, i, s) {
+      if (keyring !~ /^\//) keyring = ""
+      n = split(suites, s, " ")
+      for (i = 1; i <= n; i++)
+        if (want != "" && s[i] == want) { print uri "\t" keyring; found = 1; exit }
+      if (fallback == "" && uri ~ /\/debian\/?$/) fallback = uri "\t" keyring
+    }
+    function flush(   n, i, u) {
+      if (!found && (" " types " ") ~ / deb / && tolower(enabled) != "no") {
+        n = split(uris, u, " ")
+        for (i = 1; i <= n; i++) consider(u[i], suites, signed)
+      }
+      types = uris = suites = signed = enabled = ""
+    }
+    FNR == 1 { flush() }
+    FILENAME ~ /\.sources$/ {
+      if ($0 ~ /^[ \t]*$/) { flush(); next }
+      if ($0 ~ /^[ \t#]/) next
+      key = tolower($0); sub(/:.*/, "", key)
+      value = $0; sub(/^[^:]*:[ \t]*/, "", value)
+      if (key == "types") types = value
+      else if (key == "uris") uris = value
+      else if (key == "suites") suites = value
+      else if (key == "signed-by") signed = value
+      else if (key == "enabled") enabled = value
+      next
+    }
+    $1 == "deb" {
+      i = 2; keyring = ""
+      if ($2 ~ /^\[/) {
+        for (; i <= NF; i++) {
+          if ($i ~ /^\[?signed-by=/) { keyring = $i; sub(/^\[?signed-by=/, "", keyring); sub(/\]$/, "", keyring) }
+          if ($i ~ /\]$/) { i++; break }
+        }
+      }
+      if (i + 1 <= NF) consider($i, $(i + 1), keyring)
+    }
+    END { if (!found) { flush(); if (!found && fallback != "") print fallback } }
+  ' "${files[@]}"
+}
+
+# Adds Debian 13 (trixie) as a source on this system's Debian mirror, pinned
+# at priority 1 (apt then never installs or upgrades anything from it unless
+# asked by name and release), updates only that source's lists, downloads
+# etcd-server and etcd-client from it and unpacks them into $etcd35_dir.
+fetch_etcd35() {
+  local mirror uri keyring list pin work opts="" deb
+  for p in apt-get dpkg-deb; do
+    if ! command -v "$p" >/dev/null 2>&1; then
+      echo "prereqs: fetching etcd 3.5 needs $p (a Debian system)" >&2
+      return 1
+    fi
+  done
+  if ! mirror=$(debian_mirror) || [ -z "$mirror" ]; then
+    echo "prereqs: no Debian source in $apt_etc/sources.list or $apt_etc/sources.list.d/ to take the mirror for trixie from" >&2
+    return 1
+  fi
+  uri=${mirror%%$'\t'*}
+  keyring=${mirror#*$'\t'}
+  [ -z "$keyring" ] || opts="[signed-by=$keyring] "
+  list=$apt_etc/sources.list.d/lockrouter-trixie.list
+  pin=$apt_etc/preferences.d/lockrouter-trixie
+  echo "prereqs: fetching etcd 3.5 from Debian 13 (trixie) on $uri into $etcd35_dir ..." >&2
+  # The pin first: no moment in which trixie has apt's default priority.
+  "${sudo[@]}" mkdir -p "$apt_etc/preferences.d" "$apt_etc/sources.list.d"
+  printf '%s\n' "# lockrouter: etcd 3.5 for its tests is fetched from trixie (deploy/local/prereqs.sh);" \
+    "# priority 1: nothing is installed or upgraded from trixie unless asked for by name." \
+    "Package: *" "Pin: release n=trixie" "Pin-Priority: 1" | "${sudo[@]}" tee "$pin" >/dev/null
+  printf '%s\n' "# lockrouter: etcd 3.5 for its tests (deploy/local/prereqs.sh), pinned in ../preferences.d/lockrouter-trixie" \
+    "deb ${opts}$uri trixie main" | "${sudo[@]}" tee "$list" >/dev/null
+  # Only this source's lists; the others are left as they are.
+  "${sudo[@]}" apt-get update -qq -o Dir::Etc::sourcelist="$list" \
+    -o Dir::Etc::sourceparts=- -o APT::Get::List-Cleanup=0 || return 1
+  # Not under $tmp (mode 0700): apt downloads as its sandbox user, _apt.
+  work=$etcd35_dir.download
+  rm -rf "$work" "$etcd35_dir.new"
+  mkdir -p "$work" "$etcd35_dir.new"
+  chmod 0777 "$work"
+  (cd "$work" && "${sudo[@]}" apt-get download -qq etcd-server/trixie etcd-client/trixie) || return 1
+  for deb in "$work"/*.deb; do
+    [ -e "$deb" ] || {
+      echo "prereqs: apt-get download left no .deb" >&2
+      return 1
+    }
+    dpkg-deb -x "$deb" "$etcd35_dir.new" || return 1
+  done
+  "${sudo[@]}" rm -rf "$work"
+  rm -rf "$etcd35_dir"
+  mv "$etcd35_dir.new" "$etcd35_dir"
 }
 
 # The dashboard tests run promtool and prometheus from PATH.
@@ -379,6 +541,7 @@ $(indent "$out")" chromium
 run_checks() {
   problems=()
   need=()
+  fixes=()
   warnings=()
   local c
   for c in "${checks[@]}"; do "$c"; done
@@ -397,34 +560,54 @@ for p in "${need[@]}"; do
   [[ " ${pkgs[*]} " == *" $p "* ]] || pkgs+=("$p")
 done
 
-if [ ${#problems[@]} -gt 0 ] && [ "$check_only" = 0 ] && [ ${#pkgs[@]} -gt 0 ]; then
+# What the install step does, for messages: packages, and other steps.
+todo() {
+  local what=""
+  [ ${#pkgs[@]} -eq 0 ] || what="installs ${pkgs[*]}"
+  if [[ " ${steps[*]} " == *" fetch_etcd35 "* ]]; then
+    what+="${what:+ and }fetches etcd 3.5 into $etcd35_dir"
+  fi
+  echo "$what"
+}
+steps=("${fixes[@]}")
+
+if [ ${#problems[@]} -gt 0 ] && [ "$check_only" = 0 ] && [ $((${#pkgs[@]} + ${#steps[@]})) -gt 0 ]; then
   if ! command -v apt-get >/dev/null 2>&1; then
     report
-    echo "prereqs: no apt-get here: install the equivalent of Debian's ${pkgs[*]} with your package manager (etcd 3.4.x or >= 3.5.3)" >&2
+    if [ ${#pkgs[@]} -gt 0 ]; then
+      echo "prereqs: no apt-get here: install the equivalent of Debian's ${pkgs[*]} with your package manager (etcd 3.4.x or >= 3.5.3)" >&2
+    fi
+    if [ ${#steps[@]} -gt 0 ]; then
+      echo "prereqs: no apt-get here: put an etcd 3.5.x (x >= 13) with its etcdctl in $etcd35_dir/usr/bin/ yourself" >&2
+    fi
     exit 1
   fi
   sudo=()
   if [ "$EUID" -ne 0 ]; then
     if ! command -v sudo >/dev/null 2>&1; then
       report
-      echo "prereqs: installing ${pkgs[*]} needs root or sudo" >&2
+      echo "prereqs: $(todo): that needs root or sudo" >&2
       exit 1
     fi
     sudo=(sudo)
   fi
-  echo "prereqs: installing ${pkgs[*]} ..." >&2
-  "${sudo[@]}" apt-get update -qq
-  # --no-install-recommends is safe because what we need from the recommends
-  # is named: libprotobuf-dev (recommended by protobuf-compiler) and libc6-dev
-  # (recommended by gcc). `env` because sudo drops the caller's environment.
-  "${sudo[@]}" env DEBIAN_FRONTEND=noninteractive \
-    apt-get install -y -qq --no-install-recommends "${pkgs[@]}" >/dev/null
-  # Debian's prometheus package enables a service listening on :9090. The
-  # tests start their own servers on free ports and never use it; stop the
-  # one we just installed so it does not scrape or hold the port.
-  if [[ " ${pkgs[*]} " == *" prometheus "* ]] && [ -d /run/systemd/system ]; then
-    "${sudo[@]}" systemctl disable --now prometheus >/dev/null 2>&1 || true
+  if [ ${#pkgs[@]} -gt 0 ]; then
+    echo "prereqs: installing ${pkgs[*]} ..." >&2
+    "${sudo[@]}" apt-get update -qq
+    # --no-install-recommends is safe because what we need from the recommends
+    # is named: libprotobuf-dev (recommended by protobuf-compiler) and libc6-dev
+    # (recommended by gcc). `env` because sudo drops the caller's environment.
+    "${sudo[@]}" env DEBIAN_FRONTEND=noninteractive \
+      apt-get install -y -qq --no-install-recommends "${pkgs[@]}" >/dev/null
+    # Debian's prometheus package enables a service listening on :9090. The
+    # tests start their own servers on free ports and never use it; stop the
+    # one we just installed so it does not scrape or hold the port.
+    if [[ " ${pkgs[*]} " == *" prometheus "* ]] && [ -d /run/systemd/system ]; then
+      "${sudo[@]}" systemctl disable --now prometheus >/dev/null 2>&1 || true
+    fi
   fi
+  # A step that fails says why; the checks below then say what is missing.
+  for step in "${steps[@]}"; do "$step" || true; done
   # Installing is no proof: a PROTOC or an etcd elsewhere on PATH may still be
   # the one that runs.
   run_checks
@@ -432,8 +615,8 @@ fi
 
 report
 if [ ${#problems[@]} -gt 0 ]; then
-  if [ "$check_only" = 1 ] && [ ${#pkgs[@]} -gt 0 ]; then
-    echo "prereqs: without --check, $0 $mode installs ${pkgs[*]}" >&2
+  if [ "$check_only" = 1 ] && [ $((${#pkgs[@]} + ${#steps[@]})) -gt 0 ]; then
+    echo "prereqs: without --check, $0 $mode $(todo)" >&2
   fi
   exit 1
 fi

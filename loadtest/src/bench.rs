@@ -420,12 +420,9 @@ fn machine() -> Value {
                 .map(|(_, v)| v.trim().to_string())
         })
         .unwrap_or_default();
-    let etcd = std::process::Command::new("etcd")
-        .arg("--version")
-        .output()
-        .ok()
-        .and_then(|o| String::from_utf8(o.stdout).ok())
-        .and_then(|s| s.lines().next().map(str::to_string))
+    // The etcd the shards run (LOCKROUTER_ETCD_BIN, else the system's).
+    let etcd = lockrouter_testkit::etcd::etcd_release()
+        .map(|(_, version)| version)
         .unwrap_or_default();
     json!({"cores": cores, "memory_gib": mem_kib / (1 << 20), "cpu": cpu, "etcd": etcd})
 }

@@ -88,23 +88,38 @@ impl Api {
     }
 
     pub async fn send(&self, req: reqwest::RequestBuilder) -> Reply {
-        let resp = req.send().await.expect("request reaches the router");
+        self.try_send(req)
+            .await
+            .expect("request reaches the router")
+    }
+
+    /// Like [`send`](Self::send), but an answer that never arrives (the
+    /// router killed or not yet started again, the connection cut) is an
+    /// `Err`, not a panic: for tests that kill routers under load.
+    pub async fn try_send(&self, req: reqwest::RequestBuilder) -> Result<Reply, reqwest::Error> {
+        let resp = req.send().await?;
         let status = resp.status().as_u16();
         let retry_after = resp
             .headers()
             .get("retry-after")
             .map(|v| v.to_str().unwrap().to_string());
-        let text = resp.text().await.unwrap();
+        let text = resp.text().await?;
         let body = if text.is_empty() {
             Value::Null
         } else {
             serde_json::from_str(&text).expect("JSON body")
         };
-        Reply {
+        Ok(Reply {
             status,
             body,
             retry_after,
-        }
+        })
+    }
+
+    /// [`post`](Self::post) through [`try_send`](Self::try_send).
+    pub async fn try_post(&self, path: &str, body: Value) -> Result<Reply, reqwest::Error> {
+        self.try_send(self.http.post(format!("{}{path}", self.base)).json(&body))
+            .await
     }
 
     pub async fn post(&self, path: &str, body: Value) -> Reply {

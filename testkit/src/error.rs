@@ -11,6 +11,18 @@ pub enum Error {
     /// No etcd binary where the Debian and upstream packages put it.
     #[error("etcd is not installed (`make prereqs` installs Debian's etcd-server)")]
     EtcdMissing,
+    /// The etcd binary named by `LOCKROUTER_ETCD_BIN` (or the system's)
+    /// does not run as etcd.
+    #[error("{} ({from}) is not a usable etcd: {why}", binary.display())]
+    EtcdUnusable {
+        binary: PathBuf,
+        from: &'static str,
+        why: String,
+    },
+    /// Which etcd to run could not be settled (the first failure, repeated
+    /// to every later caller in the process).
+    #[error("{0}")]
+    EtcdRelease(String),
     /// Its temp dir, config file or log file could not be made.
     #[error("prepare {what}: {source}")]
     Prepare {

@@ -187,6 +187,8 @@ pub struct EtcdCluster {
     tls: Option<EtcdTls>,
     /// `Some`: etcd auth is on.
     auth: Option<EtcdAuth>,
+    /// Keep the dir when dropped by a failing test.
+    keep_on_failure: bool,
 }
 
 /// How a cluster is started: its size, extra flags, and whether its members
@@ -205,9 +207,19 @@ pub struct EtcdBuilder {
     tls: Option<bool>,
     /// See [`auth`](Self::auth).
     auth: bool,
+    /// See [`keep_on_failure`](Self::keep_on_failure).
+    keep_on_failure: bool,
 }
 
 impl EtcdBuilder {
+    /// Keeps the members' data dirs and logs when the cluster is dropped
+    /// by a failing test (a panic), and prints where; as
+    /// `LOCKROUTER_KEEP_ETCD_LOGS` does for every cluster.
+    pub fn keep_on_failure(mut self) -> Self {
+        self.keep_on_failure = true;
+        self
+    }
+
     /// Adds flags for every member (e.g. `--quota-backend-bytes`); later
     /// flags win over the kit's and earlier ones.
     pub fn args(mut self, args: &[&str]) -> Self {
@@ -338,6 +350,7 @@ impl EtcdBuilder {
             _network: self.network,
             tls,
             auth,
+            keep_on_failure: self.keep_on_failure,
         };
         cluster.start_all()?;
         cluster.enable_auth()?;
@@ -345,15 +358,84 @@ impl EtcdBuilder {
     }
 }
 
-fn etcd_binary() -> Result<PathBuf, Error> {
-    ["/usr/bin/etcd", "/usr/local/bin/etcd"]
-        .into_iter()
-        .map(PathBuf::from)
-        .find(|p| p.exists())
-        .ok_or(Error::EtcdMissing)
+/// The environment variable naming the etcd binary members run, so that
+/// any test can run on another etcd release than the system's (`make
+/// test-etcd35` runs the safety tests on etcd 3.5 this way).
+pub const ETCD_BIN_VAR: &str = "LOCKROUTER_ETCD_BIN";
+
+/// The etcd binary members run: [`ETCD_BIN_VAR`] when set, else
+/// `/usr/bin/etcd` or `/usr/local/bin/etcd`. A set value that does not run
+/// `--version` as etcd is an error, never a fall back to the system's etcd:
+/// a run meant for one release must not pass on another.
+pub fn etcd_binary() -> Result<PathBuf, Error> {
+    Ok(etcd_release()?.0)
 }
 
+/// The etcd binary members run and the first line of its `--version`
+/// (`etcd Version: X.Y.Z`), checked once per process. The first check
+/// prints both, so a test's output says which release it ran on.
+pub fn etcd_release() -> Result<(PathBuf, String), Error> {
+    static RELEASE: std::sync::OnceLock<Result<(PathBuf, String), String>> =
+        std::sync::OnceLock::new();
+    let found = RELEASE.get_or_init(|| {
+        let (binary, source) = match std::env::var_os(ETCD_BIN_VAR) {
+            Some(v) => (PathBuf::from(v), ETCD_BIN_VAR),
+            None => match ["/usr/bin/etcd", "/usr/local/bin/etcd"]
+                .into_iter()
+                .map(PathBuf::from)
+                .find(|p| p.exists())
+            {
+                Some(p) => (p, "the system's etcd"),
+                None => return Err(Error::EtcdMissing.to_string()),
+            },
+        };
+        let version = Command::new(&binary)
+            .arg("--version")
+            .output()
+            .map_err(|e| e.to_string())
+            .and_then(|out| {
+                let text = String::from_utf8_lossy(&out.stdout).to_string();
+                let first = text.lines().next().unwrap_or("").to_string();
+                if out.status.success() && first.starts_with("etcd Version: ") {
+                    Ok(first)
+                } else {
+                    Err(format!(
+                        "`--version` printed {:?}{}",
+                        first,
+                        String::from_utf8_lossy(&out.stderr)
+                    ))
+                }
+            })
+            .map_err(|why| {
+                Error::EtcdUnusable {
+                    binary: binary.clone(),
+                    from: source,
+                    why,
+                }
+                .to_string()
+            })?;
+        eprintln!("etcd: {} ({version}), from {source}", binary.display());
+        Ok((binary, version))
+    });
+    found.clone().map_err(Error::EtcdRelease)
+}
+
+/// The etcdctl of the etcd members run: beside the binary named by
+/// [`ETCD_BIN_VAR`] when it is set (a snapshot restored by another
+/// release's etcdctl may write a data dir its etcd does not read), else
+/// `/usr/bin/etcdctl` or `/usr/local/bin/etcdctl`.
 fn etcdctl_binary() -> Result<PathBuf, Error> {
+    if std::env::var_os(ETCD_BIN_VAR).is_some() {
+        let etcd = etcd_binary()?;
+        let beside = etcd.with_file_name("etcdctl");
+        if beside.exists() {
+            return Ok(beside);
+        }
+        return Err(Error::EtcdRelease(format!(
+            "{ETCD_BIN_VAR} is {}, and no etcdctl is beside it (the snapshot tests need the etcdctl of the etcd they run)",
+            etcd.display()
+        )));
+    }
     ["/usr/bin/etcdctl", "/usr/local/bin/etcdctl"]
         .into_iter()
         .map(PathBuf::from)
@@ -401,6 +483,7 @@ impl EtcdCluster {
             network: None,
             tls: None,
             auth: false,
+            keep_on_failure: false,
         }
     }
 
@@ -517,6 +600,11 @@ impl EtcdCluster {
     /// The router's etcd user, if auth is on.
     pub fn auth(&self) -> Option<&EtcdAuth> {
         self.auth.as_ref()
+    }
+
+    /// Where member `i`'s data dir and log (`etcd.log`) are.
+    pub fn member_dir(&self, i: usize) -> &Path {
+        &self.members[i].dir
     }
 
     /// Member `i`'s log.
@@ -742,7 +830,8 @@ where
 impl Drop for EtcdCluster {
     fn drop(&mut self) {
         self.kill();
-        if std::thread::panicking() && std::env::var_os("LOCKROUTER_KEEP_ETCD_LOGS").is_some() {
+        let keep = self.keep_on_failure || std::env::var_os("LOCKROUTER_KEEP_ETCD_LOGS").is_some();
+        if std::thread::panicking() && keep {
             let kept = self.dir.path().with_extension("kept");
             let _ = std::fs::rename(self.dir.path(), &kept);
             eprintln!("etcd data and logs kept in {}", kept.display());

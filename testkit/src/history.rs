@@ -10,7 +10,11 @@
 //!   (e.g. a migration's fence).
 //!
 //! A failed check writes the whole history to a file in the temp dir and
-//! names it in the panic message.
+//! names it in the panic message. A test can add a timeline to it: what it
+//! did when ([`note`](History::note): faults, leader changes) and what
+//! happened to each name's keys in etcd ([`journal`](History::journal)),
+//! both shown beside each violation, so an overlap can be matched to the
+//! fault and the etcd events that led to it.
 
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
@@ -71,6 +75,12 @@ struct Inner {
     windows: Vec<(Instant, Instant)>,
     /// Every acquire sent, so a test can show it did real work.
     attempts: usize,
+    /// What times are counted from; else the first request's send.
+    origin: Option<Instant>,
+    /// What the test did and saw, when (faults, leader changes).
+    notes: Vec<(Instant, String)>,
+    /// Events of one name's keys in etcd: (seen at, name, what).
+    journal: Vec<(Instant, String, String)>,
 }
 
 /// Shared by every worker of a test.
@@ -100,6 +110,26 @@ impl History {
             .unwrap()
             .refusals
             .push(Refusal { status, code, at });
+    }
+
+    /// Counts every time in the written history from `at` (e.g. the test's
+    /// start, so that faults noted before the first grant line up).
+    pub fn start(&self, at: Instant) {
+        self.0.lock().unwrap().origin = Some(at);
+    }
+
+    /// Records what the test did or saw at `at` (a fault starting or
+    /// ending, a leader change), for the written history.
+    pub fn note(&self, at: Instant, what: impl Into<String>) {
+        self.0.lock().unwrap().notes.push((at, what.into()));
+    }
+
+    /// Records an event of name `name` at `at` (a lock key put or deleted
+    /// in etcd, with its revision and lease; a client's grant), for the
+    /// written history and the violations of that name.
+    pub fn journal(&self, at: Instant, name: &str, what: impl Into<String>) {
+        let entry = (at, name.to_string(), what.into());
+        self.0.lock().unwrap().journal.push(entry);
     }
 
     /// Declares a window in which 503s are expected (a fence).
@@ -154,7 +184,7 @@ impl History {
                 })
                 .or_insert_with(|| g.clone());
         }
-        let origin = h.grants.iter().map(|g| g.sent).min();
+        let origin = h.origin.or_else(|| h.grants.iter().map(|g| g.sent).min());
         let mut by_name: BTreeMap<&str, Vec<&Grant>> = BTreeMap::new();
         for g in by_lock.values() {
             by_name.entry(g.name.as_str()).or_default().push(g);
@@ -166,12 +196,13 @@ impl History {
                 if b.received < a.valid_until() {
                     problems.push(format!(
                         "{name}: token {} granted while token {} was still valid ({:?} before it ended)\n  \
-                         earlier: {}\n  later:   {}",
+                         earlier: {}\n  later:   {}{}",
                         b.token,
                         a.token,
                         a.valid_until() - b.received,
                         a.describe(origin),
                         b.describe(origin),
+                        h.nearby(name, a.sent, b.received.max(a.valid_until()), origin),
                     ));
                 }
                 if b.token <= a.token {
@@ -204,11 +235,51 @@ impl History {
     }
 }
 
+/// How far before an overlapping pair's first grant, and after its end,
+/// notes and journal entries are shown beside it.
+const NEARBY_BEFORE: Duration = Duration::from_secs(10);
+const NEARBY_AFTER: Duration = Duration::from_secs(2);
+
+impl Inner {
+    /// The notes, and the journal entries of `name`, from
+    /// [`NEARBY_BEFORE`] before `from` to [`NEARBY_AFTER`] after `to`, one
+    /// a line (empty if none).
+    fn nearby(&self, name: &str, from: Instant, to: Instant, origin: Option<Instant>) -> String {
+        let ms = |t: Instant| origin.map_or(0, |o| t.saturating_duration_since(o).as_millis());
+        let (from, to) = (
+            from.checked_sub(NEARBY_BEFORE).unwrap_or(from),
+            to + NEARBY_AFTER,
+        );
+        let mut lines: Vec<(Instant, String)> = self
+            .notes
+            .iter()
+            .filter(|(at, _)| (from..=to).contains(at))
+            .map(|(at, what)| (*at, format!("    {} {what}", ms(*at))))
+            .collect();
+        lines.extend(
+            self.journal
+                .iter()
+                .filter(|(at, n, _)| n == name && (from..=to).contains(at))
+                .map(|(at, _, what)| (*at, format!("    {} {what}", ms(*at)))),
+        );
+        lines.sort_by_key(|(at, _)| *at);
+        if lines.is_empty() {
+            return String::new();
+        }
+        let lines: Vec<String> = lines.into_iter().map(|(_, l)| l).collect();
+        format!("\n  nearby (ms):\n{}", lines.join("\n"))
+    }
+}
+
 /// Writes every grant and refusal of `h`, in ms since `origin`, to a file
-/// in the temp dir, so a failed run can be read; returns its path.
+/// in the temp dir, so a failed run can be read; returns its path. Then
+/// the test's notes and the etcd journal, if it kept them.
 fn write_history(h: &Inner, origin: Option<Instant>) -> String {
     let ms = |t: Instant| origin.map_or(0, |o| t.saturating_duration_since(o).as_millis());
-    let mut text = String::from("# grants (ms since the first request), then refusals\n");
+    let mut text = String::from(
+        "# grants (ms since the test's start, else the first request), then refusals, \
+         then the test's notes, then the etcd journal\n",
+    );
     let mut grants: Vec<&Grant> = h.grants.iter().collect();
     grants.sort_by_key(|g| (g.name.clone(), g.received));
     for g in grants {
@@ -226,6 +297,26 @@ fn write_history(h: &Inner, origin: Option<Instant>) -> String {
             r.code,
             ms(r.at)
         ));
+    }
+    if !h.notes.is_empty() {
+        text.push_str("# notes: what the test did and saw (faults, leader changes)\n");
+        let mut notes: Vec<&(Instant, String)> = h.notes.iter().collect();
+        notes.sort_by_key(|(at, _)| *at);
+        for (at, what) in notes {
+            text.push_str(&format!("note {} {what}\n", ms(*at)));
+        }
+    }
+    if !h.journal.is_empty() {
+        text.push_str(
+            "# journal: each name's events, by its clients and in etcd (etcd's as a \
+             watch delivered them: the time is when the test saw them, the revision \
+             orders them)\n",
+        );
+        let mut journal: Vec<&(Instant, String, String)> = h.journal.iter().collect();
+        journal.sort_by_key(|(at, name, _)| (name.clone(), *at));
+        for (at, name, what) in journal {
+            text.push_str(&format!("journal {name} {} {what}\n", ms(*at)));
+        }
     }
     let path = std::env::temp_dir().join(format!(
         "lockrouter-history-{}-{}.txt",
@@ -270,6 +361,22 @@ mod tests {
         h.granted(grant("n", "1", 10, t0, 1_000));
         h.granted(grant("n", "2", 11, t0 + ms(500), 1_000));
         fails(&h, "still valid");
+        // Notes and the name's journal are shown beside the overlap.
+        let h = History::default();
+        h.start(t0);
+        h.granted(grant("n", "1", 10, t0, 1_000));
+        h.granted(grant("n", "2", 11, t0 + ms(500), 1_000));
+        h.note(t0 + ms(300), "leader paused");
+        h.journal(t0 + ms(400), "n", "etcd rev 7 delete locks/n");
+        h.journal(t0 + ms(400), "other", "etcd rev 8 put locks/other");
+        fails(&h, "300 leader paused\n    400 etcd rev 7 delete locks/n");
+        let h = History::default();
+        h.granted(grant("n", "1", 10, t0, 1_000));
+        h.granted(grant("n", "2", 11, t0 + ms(500), 1_000));
+        h.journal(t0 + ms(400), "other", "etcd rev 8 put locks/other");
+        let caught = std::panic::catch_unwind(|| h.check()).unwrap_err();
+        let msg = caught.downcast_ref::<String>().unwrap();
+        assert!(!msg.contains("locks/other"), "{msg}");
         // Released before the next grant: no overlap.
         let h = History::default();
         let i = h.granted(grant("n", "1", 10, t0, 1_000));

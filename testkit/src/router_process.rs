@@ -42,9 +42,19 @@ pub struct RouterBuilder {
     env: Vec<(OsString, OsString)>,
     /// See [`die_with_parent`](Self::die_with_parent).
     die_with_parent: bool,
+    /// See [`log_to`](Self::log_to).
+    log: Option<PathBuf>,
 }
 
 impl RouterBuilder {
+    /// Appends the router's stderr to `path` instead of a log in its own
+    /// temp dir, so the log outlives the process: a test that kills and
+    /// starts a router again keeps every generation's log in one file.
+    pub fn log_to(mut self, path: impl Into<PathBuf>) -> Self {
+        self.log = Some(path.into());
+        self
+    }
+
     /// Runs `binary` instead of the one cargo built beside this executable.
     pub fn binary(mut self, binary: impl Into<PathBuf>) -> Self {
         self.binary = binary.into();
@@ -71,8 +81,21 @@ impl RouterBuilder {
         let dir = tempfile::tempdir().map_err(Error::prepare("the router's temp dir"))?;
         let config = dir.path().join("router.toml");
         std::fs::write(&config, toml).map_err(Error::prepare("the router's config"))?;
-        let log = dir.path().join("router.log");
-        let stderr = std::fs::File::create(&log).map_err(Error::prepare("the router's log"))?;
+        let (log, stderr) = match self.log {
+            Some(log) => {
+                let file = std::fs::OpenOptions::new()
+                    .create(true)
+                    .append(true)
+                    .open(&log);
+                (log, file)
+            }
+            None => {
+                let log = dir.path().join("router.log");
+                let file = std::fs::File::create(&log);
+                (log, file)
+            }
+        };
+        let stderr = stderr.map_err(Error::prepare("the router's log"))?;
         let mut cmd = Command::new(&self.binary);
         cmd.arg("serve")
             .arg("--config")
@@ -106,6 +129,7 @@ impl RouterProcess {
             binary: crate::bins::lockrouter(),
             env: Vec::new(),
             die_with_parent: false,
+            log: None,
         }
     }
 
