@@ -497,6 +497,42 @@ async fn a_burst_of_acquires_on_one_replica_never_passes_the_quota() {
     }
 }
 
+/// The fleet-wide slack is bounded: bursts sent to two replicas at the
+/// same instant grant at most the quota per replica (each never passes it
+/// on its own; only what the other has in flight and not yet counted adds
+/// up), and once the caches have seen the grants, nothing more is granted.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bursts_on_two_replicas_pass_the_quota_by_at_most_the_other_replicas_share() {
+    let etcd = EtcdCluster::single();
+    let quota = 2usize;
+    let toml = auth_toml(&etcd, &key_toml("k1", 1)).replace(
+        "client_id_prefix = \"pay-\"\n",
+        &format!("client_id_prefix = \"pay-\"\nmax_held_locks = {quota}\n"),
+    );
+    let (a, b) = (
+        FileRouter::start(&toml).await,
+        FileRouter::start(&toml).await,
+    );
+    let replicas = [a.api.with_bearer(PAY), b.api.with_bearer(PAY)];
+    let replies = futures::future::join_all((0..40).map(|i| {
+        let api = replicas[i % 2].clone();
+        async move { acquire(&api, &format!("pay/fleet-{i}"), &format!("pay-w{}", i % 3)).await }
+    }))
+    .await;
+    let granted = replies.iter().filter(|r| r.status == 200).count();
+    assert!(
+        (quota..=quota * replicas.len()).contains(&granted),
+        "{granted} granted at a quota of {quota} on {} replicas",
+        replicas.len()
+    );
+    // Counted by both caches now: no replica grants another.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    for api in &replicas {
+        let r = acquire(api, "pay/fleet-late", "pay-w").await;
+        assert_eq!(code(&r), (403, "permission_denied"), "{r:?}");
+    }
+}
+
 /// A waiting acquire is held to the quota as an immediate one: a principal
 /// at `max_held_locks` that waits for a name another principal holds is
 /// refused (403), never granted when the name frees.
