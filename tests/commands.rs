@@ -13,9 +13,8 @@ use lockrouter_testkit::config::config_toml;
 use lockrouter_testkit::etcd::EtcdCluster;
 use lockrouter_testkit::loopback::free_port;
 use lockrouter_testkit::router::{FileRouter, TestRouter};
-use lockrouter_testkit::router_process::RouterProcess;
 
-use crate::tls::{client, pki, tls_toml, wait_ready, write};
+use crate::tls::TlsRouter;
 
 /// `lockrouter ARGS` with none of the connection variables set but `env`.
 fn run(args: &[&str], env: &[(&str, &str)]) -> Output {
@@ -82,19 +81,12 @@ async fn every_command_that_calls_a_router_takes_the_same_connection_flags() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn exec_trusts_the_ca_named_in_the_environment() {
     let etcd = EtcdCluster::single();
-    let dir = tempfile::tempdir().unwrap();
-    let server = pki(&["127.0.0.1"]);
-    let cert = write(dir.path(), "cert.pem", &server.cert_pem);
-    let key = write(dir.path(), "key.pem", &server.key_pem);
-    let ca = write(dir.path(), "ca.pem", &server.ca_pem);
-    let port = free_port();
-    let _router = RouterProcess::spawn(&tls_toml(&etcd, port, &cert, &key, ""), port);
-    let base = format!("https://127.0.0.1:{port}");
-    wait_ready(&client(&server.ca_pem, None), &base).await;
+    let router = TlsRouter::start(&etcd).await;
+    let (base, ca) = (&router.base, &router.ca);
     let exec = ["exec", "--name", "cli:tls", "--ttl", "5s", "--", "true"];
     let env = [
         ("LOCKROUTER_URL", base.as_str()),
-        ("LOCKROUTER_CA_FILE", &ca),
+        ("LOCKROUTER_CA_FILE", ca),
     ];
     let out = run(&exec, &env);
     assert_eq!(out.status.code(), Some(0), "{out:?}");

@@ -106,6 +106,39 @@ pub(crate) fn tls_toml(
     )
 }
 
+/// A router process serving TLS on a free port with a certificate for
+/// 127.0.0.1 from a private CA, once it is ready.
+pub(crate) struct TlsRouter {
+    pub(crate) server: Pki,
+    /// The CA's PEM file.
+    pub(crate) ca: String,
+    /// `https://127.0.0.1:<port>`.
+    pub(crate) base: String,
+    _router: RouterProcess,
+    _dir: tempfile::TempDir,
+}
+
+impl TlsRouter {
+    pub(crate) async fn start(etcd: &EtcdCluster) -> Self {
+        let dir = tempfile::tempdir().unwrap();
+        let server = pki(&["127.0.0.1"]);
+        let cert = write(dir.path(), "cert.pem", &server.cert_pem);
+        let key = write(dir.path(), "key.pem", &server.key_pem);
+        let ca = write(dir.path(), "ca.pem", &server.ca_pem);
+        let port = free_port();
+        let router = RouterProcess::spawn(&tls_toml(etcd, port, &cert, &key, ""), port);
+        let base = format!("https://127.0.0.1:{port}");
+        wait_ready(&client(&server.ca_pem, None), &base).await;
+        Self {
+            server,
+            ca,
+            base,
+            _router: router,
+            _dir: dir,
+        }
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_router_serves_tls_and_a_reload_replaces_its_certificate() {
     let etcd = EtcdCluster::single();
@@ -256,17 +289,11 @@ fn tls_settings_that_cannot_work_stop_the_router_naming_them() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_sdk_and_exec_speak_https_with_a_private_ca() {
     let etcd = EtcdCluster::single();
-    let dir = tempfile::tempdir().unwrap();
-    let server = pki(&["127.0.0.1"]);
-    let cert = write(dir.path(), "cert.pem", &server.cert_pem);
-    let key = write(dir.path(), "key.pem", &server.key_pem);
-    let ca = write(dir.path(), "ca.pem", &server.ca_pem);
-    let port = free_port();
-    let _router = RouterProcess::spawn(&tls_toml(&etcd, port, &cert, &key, ""), port);
-    let base = format!("https://127.0.0.1:{port}");
-    wait_ready(&client(&server.ca_pem, None), &base).await;
+    let TlsRouter {
+        server, ca, base, ..
+    } = &TlsRouter::start(&etcd).await;
 
-    let sdk = lockrouter_client::Client::builder(&base)
+    let sdk = lockrouter_client::Client::builder(base)
         .ca_pem(server.ca_pem.as_bytes().to_vec())
         .build()
         .unwrap();
@@ -278,7 +305,7 @@ async fn the_sdk_and_exec_speak_https_with_a_private_ca() {
     sleep_ms(4_000).await;
     assert!(lock.is_held(), "renewed over https past its TTL");
     lock.release().await.unwrap();
-    let untrusting = lockrouter_client::Client::new(&base, None).unwrap();
+    let untrusting = lockrouter_client::Client::new(base, None).unwrap();
     assert!(untrusting
         .acquire("https:other", Duration::from_secs(3))
         .await
@@ -289,9 +316,9 @@ async fn the_sdk_and_exec_speak_https_with_a_private_ca() {
             .args([
                 "exec",
                 "--router",
-                &base,
+                base,
                 "--ca-file",
-                &ca,
+                ca,
                 "--name",
                 "https:exec",
             ])
@@ -313,14 +340,14 @@ async fn the_sdk_and_exec_speak_https_with_a_private_ca() {
     // they are refused (69: unavailable).
     let ring = |ca: Option<&str>| {
         let mut cmd = std::process::Command::new(env!("CARGO_BIN_EXE_lockrouter"));
-        cmd.args(["ring", "--url", &base])
+        cmd.args(["ring", "--url", base])
             .env_remove("LOCKROUTER_CA_FILE");
         if let Some(ca) = ca {
             cmd.args(["--ca-file", ca]);
         }
         tokio::task::block_in_place(|| cmd.output().unwrap())
     };
-    let out = ring(Some(&ca));
+    let out = ring(Some(ca));
     assert_eq!(out.status.code(), Some(0), "{out:?}");
     assert!(String::from_utf8_lossy(&out.stdout).contains("\"ring\""));
     assert_eq!(ring(None).status.code(), Some(69));

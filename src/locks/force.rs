@@ -47,12 +47,12 @@ impl Active {
                 return Ok(ForceOutcome::OtherGrant { fencing_token });
             }
             // The txn compares the create revision (the token's, when one
-            // was given) and the lease: only the grant read is deleted.
-            // Not counted in lockrouter_hold_seconds: a holder's own
-            // releases are; force-releases have a counter of their own.
-            let revision = only.map_or(kv.create_revision(), |t| fencing::split(t).1);
+            // was given: they are equal here) and the lease: only the grant
+            // read is deleted. Not counted in lockrouter_hold_seconds: a
+            // holder's own releases are; force-releases have a counter of
+            // their own.
             if place
-                .release_txn(&k, revision, kv.lease())
+                .release_txn(&k, kv.create_revision(), kv.lease())
                 .await?
                 .released()
             {

@@ -118,36 +118,39 @@ impl Active {
     ) -> Vec<Result<RenewOutcome, EtcdError>> {
         let sent = Instant::now();
         let entries = check_keys(shard, ids).await;
-        let verified = |id: &LockId, entry: &Result<Option<Entry>, EtcdError>| matches!(entry, Ok(Some((revision, lease))) if *revision == id.revision && *lease == id.lease);
-        let mut keepalives = HashMap::new();
+        let mine = |id: &LockId, entry: &Result<Option<Entry>, EtcdError>| matches!(entry, Ok(Some(e)) if *e == (id.revision, id.lease));
+        // One keepalive per lease a lock of the request was verified on.
+        let mut verified: HashMap<i64, u32> = HashMap::new();
         for (id, entry) in ids.iter().zip(&entries) {
-            if verified(id, entry) {
-                keepalives.entry(id.lease).or_insert_with(|| {
-                    let (shard, lease, ttl) = (shard.clone(), id.lease, id.ttl_secs);
-                    let window = self.window(ttl);
-                    async move { shard.keepalive.refresh(lease, window, ttl).await }
-                });
+            if mine(id, entry) {
+                verified.entry(id.lease).or_insert(id.ttl_secs);
             }
         }
-        let leases: Vec<i64> = keepalives.keys().copied().collect();
-        let answers = join_all(keepalives.into_values()).await;
+        let answers = join_all(
+            verified
+                .iter()
+                .map(|(&lease, &ttl)| shard.keepalive.refresh(lease, self.window(ttl), ttl)),
+        )
+        .await;
         let renewals: HashMap<i64, Result<Renewal, EtcdError>> =
-            leases.into_iter().zip(answers).collect();
+            verified.keys().copied().zip(answers).collect();
+        for (&lease, renewal) in &renewals {
+            if matches!(renewal, Ok(r) if r.alive()) {
+                shard.sessions.touch(lease);
+            }
+        }
         let mut outcomes = Vec::with_capacity(ids.len());
         for (id, entry) in ids.iter().zip(entries) {
             let outcome = match entry {
                 Err(e) => Err(e),
                 Ok(None) => Ok(RenewOutcome::Expired),
-                Ok(Some((revision, lease))) if revision == id.revision && lease == id.lease => {
-                    match &renewals[&lease] {
-                        Ok(r) if r.alive() => {
-                            shard.sessions.touch(lease);
-                            Ok(RenewOutcome::Renewed(Expiry::vouched(r, sent, id.ttl_secs)))
-                        }
-                        Ok(_) => Ok(RenewOutcome::Expired),
-                        Err(e) => Err(e.clone()),
+                Ok(Some(_)) if mine(id, &entry) => match &renewals[&id.lease] {
+                    Ok(r) if r.alive() => {
+                        Ok(RenewOutcome::Renewed(Expiry::vouched(r, sent, id.ttl_secs)))
                     }
-                }
+                    Ok(_) => Ok(RenewOutcome::Expired),
+                    Err(e) => Err(e.clone()),
+                },
                 Ok(Some(_)) => Ok(RenewOutcome::Stolen),
             };
             outcomes.push(outcome);
