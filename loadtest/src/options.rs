@@ -133,6 +133,11 @@ pub struct Cli {
     /// law, capacity in requests/s times the acquire p99 at capacity).
     #[arg(long)]
     pub overload_max_in_flight: Option<usize>,
+    /// Go runtime settings of every etcd the suite starts, as KEY=VALUE
+    /// (repeatable): `GOGC=400`, `GOMEMLIMIT=8GiB`, `GOMAXPROCS=1`; `none`
+    /// for etcd's own defaults. Default: see `ETCD_GO_ENV` in stack.rs.
+    #[arg(long)]
+    pub etcd_go_env: Vec<String>,
 }
 
 /// Resolved sizes of one run.
@@ -184,6 +189,8 @@ pub struct Config {
     pub overload_s: u64,
     pub overload_factor: f64,
     pub overload_max_in_flight: Option<usize>,
+    /// The Go runtime settings every etcd runs with.
+    pub etcd_go_env: Vec<(String, String)>,
     /// `overload`: clientIds of its lock lives (warm pool).
     pub overload_clients: usize,
     /// `overload`: clients holding locks through it, locks each, and their
@@ -269,6 +276,7 @@ impl Cli {
             overload_s: self.overload_s.unwrap_or(pick(smoke, 5, 20)).max(1),
             overload_factor: self.overload_factor.unwrap_or(2.0),
             overload_max_in_flight: self.overload_max_in_flight,
+            etcd_go_env: crate::stack::etcd_go_env(&self.etcd_go_env)?,
             overload_clients: pick(smoke, 100, 1_000),
             overload_holders: pick(smoke, 10, 50),
             overload_locks_per_holder: pick(smoke, 10, 100),

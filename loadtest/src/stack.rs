@@ -43,6 +43,38 @@ const ETCD_FLAGS: &[&str] = &[
     "5m",
 ];
 
+/// etcd's Go runtime settings unless `--etcd-go-env` says otherwise
+/// (docs/capacity.md, "etcd's Go runtime").
+pub const ETCD_GO_ENV: &[(&str, &str)] = &[];
+
+/// The settings every etcd of this run starts with, set once at start.
+static GO_ENV: std::sync::OnceLock<Vec<(String, String)>> = std::sync::OnceLock::new();
+
+/// Reads `--etcd-go-env` (empty: [`ETCD_GO_ENV`]; `none`: no settings) and
+/// keeps it for every etcd this run starts.
+pub fn etcd_go_env(given: &[String]) -> Result<Vec<(String, String)>> {
+    let env: Vec<(String, String)> = match given {
+        [] => ETCD_GO_ENV
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect(),
+        [none] if none == "none" => Vec::new(),
+        pairs => pairs
+            .iter()
+            .map(|p| match p.split_once('=') {
+                Some((k, v)) if k.starts_with("GO") && !v.is_empty() => {
+                    Ok((k.to_string(), v.to_string()))
+                }
+                _ => Err(anyhow::anyhow!(
+                    "--etcd-go-env {p:?}: expected a Go runtime setting as KEY=VALUE (GOGC=400), or none"
+                )),
+            })
+            .collect::<Result<_>>()?,
+    };
+    let _ = GO_ENV.set(env.clone());
+    Ok(env)
+}
+
 /// How long the router may take to reach every shard and record its ring.
 const READY_WITHIN: Duration = Duration::from_secs(30);
 
@@ -153,10 +185,11 @@ impl Stack {
 fn start_shards(n: usize) -> Result<Vec<EtcdCluster>> {
     let shards = (0..n)
         .map(|_| {
-            EtcdCluster::builder(1)
-                .args(ETCD_FLAGS)
-                .die_with_parent()
-                .start()
+            let mut builder = EtcdCluster::builder(1).args(ETCD_FLAGS).die_with_parent();
+            for (k, v) in GO_ENV.get().into_iter().flatten() {
+                builder = builder.env(k, v);
+            }
+            builder.start()
         })
         .collect::<Result<Vec<_>, _>>()?;
     Ok(shards)

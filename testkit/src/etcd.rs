@@ -175,6 +175,8 @@ pub struct EtcdCluster {
     members: Vec<Member>,
     /// Extra flags for every member, after the kit's own.
     args: Vec<String>,
+    /// Environment variables of every member (Go runtime settings).
+    env: Vec<(String, String)>,
     /// The `--initial-cluster` value every member starts with.
     initial_cluster: String,
     /// Whether members are killed by the kernel if this process dies.
@@ -199,6 +201,8 @@ pub struct EtcdBuilder {
     size: usize,
     /// See [`args`](Self::args).
     args: Vec<String>,
+    /// See [`env`](Self::env).
+    env: Vec<(String, String)>,
     /// See [`die_with_parent`](Self::die_with_parent).
     die_with_parent: bool,
     /// See [`in_network`](Self::in_network).
@@ -217,6 +221,13 @@ impl EtcdBuilder {
     /// `LOCKROUTER_KEEP_ETCD_LOGS` does for every cluster.
     pub fn keep_on_failure(mut self) -> Self {
         self.keep_on_failure = true;
+        self
+    }
+
+    /// Sets an environment variable of every member (etcd's Go runtime:
+    /// `GOGC`, `GOMEMLIMIT`, `GOMAXPROCS`).
+    pub fn env(mut self, key: &str, value: &str) -> Self {
+        self.env.push((key.to_string(), value.to_string()));
         self
     }
 
@@ -344,6 +355,7 @@ impl EtcdBuilder {
         let mut cluster = EtcdCluster {
             members,
             args: self.args,
+            env: self.env,
             initial_cluster,
             die_with_parent: self.die_with_parent,
             dir,
@@ -479,6 +491,7 @@ impl EtcdCluster {
         EtcdBuilder {
             size,
             args: Vec::new(),
+            env: Vec::new(),
             die_with_parent: false,
             network: None,
             tls: None,
@@ -551,7 +564,10 @@ impl EtcdCluster {
             let url = format!("http://{}:{port}", m.client_host);
             cmd.args(["--listen-metrics-urls", &url]);
         }
-        cmd.args(&self.args).stdout(Stdio::null()).stderr(log);
+        cmd.args(&self.args)
+            .envs(self.env.iter().map(|(k, v)| (k, v)))
+            .stdout(Stdio::null())
+            .stderr(log);
         if self.die_with_parent {
             die_with_parent(&mut cmd);
         }
