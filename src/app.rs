@@ -12,7 +12,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::config::Settings;
 use crate::http::{self, AppState, Listener};
-use crate::locks::{Active, Locks};
+use crate::locks::{Active, KeepalivePolicy, Locks};
 use crate::placement::topology::{ConnectError, ShardPool};
 use crate::reload::Reloader;
 
@@ -61,7 +61,8 @@ impl Application {
             Active {
                 router,
                 limits: settings.limits.clone(),
-                coalesce: Duration::from_millis(settings.etcd.keepalive_coalesce_ms),
+                keepalive: KeepalivePolicy::of(&settings.etcd),
+                renewal_budget: Duration::from_millis(settings.server.renewal_budget_ms),
                 lock_delay: settings.locks.lock_delay,
                 sealer,
                 quotas: Default::default(),

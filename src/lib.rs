@@ -18,7 +18,7 @@
 //!               listing, validate
 //!   placement/  ring, topology, migration, monitor
 //!   shard/      conn, access, login, keys, name, txn, commit, records, scan,
-//!               cache, sessions, keepalive, verify
+//!               cache, sessions, keepalive, verify, pressure
 //!   token/      fencing, lock_id, lease_tag
 //!   tls.rs      the main listener's certificates (rustls), swapped on reload
 //!   auth.rs     principals: who is calling and what it may do

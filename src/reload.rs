@@ -17,7 +17,7 @@ use std::time::Duration;
 use tokio_util::sync::CancellationToken;
 
 use crate::config::{ConfigError, Settings};
-use crate::locks::{Active, Locks};
+use crate::locks::{Active, KeepalivePolicy, Locks};
 use crate::placement::migration::{self, BumpRequest, Refused};
 use crate::placement::ring::Ring;
 use crate::placement::topology::ShardPool;
@@ -187,7 +187,8 @@ impl Reloader {
         let replaced = self.locks.replace(Active {
             router,
             limits: new.limits.clone(),
-            coalesce: Duration::from_millis(new.etcd.keepalive_coalesce_ms),
+            keepalive: KeepalivePolicy::of(&new.etcd),
+            renewal_budget: Duration::from_millis(new.server.renewal_budget_ms),
             lock_delay: new.locks.lock_delay,
             sealer,
             quotas: active.quotas.clone(),

@@ -212,7 +212,9 @@ async fn keepalives_that_come_together_leave_in_bursts() {
     use lockrouter_testkit::metrics::sum;
     let etcd = EtcdCluster::single();
     for (burst_ms, bursting) in [(2u64, true), (0, false)] {
-        let extra = format!("keepalive_burst_ms = {burst_ms}\nkeepalive_coalesce_ms = 0\n");
+        let extra = format!(
+            "keepalive_burst_ms = {burst_ms}\nkeepalive_coalesce_ms = 0\nkeepalive_below_pct = 100\n"
+        );
         let toml = lockrouter_testkit::config::config_toml(&[&etcd], "127.0.0.1:0", &extra);
         let router = TestRouter::with_toml(&toml).await;
         let api = &router.api;
@@ -241,6 +243,82 @@ async fn keepalives_that_come_together_leave_in_bursts() {
             assert_eq!(mean, 1.0, "{sent} keepalives in {bursts} bursts");
         }
     }
+}
+
+/// A session lease is sent a keepalive only once less than half its TTL is
+/// left (`etcd.keepalive_below_pct`, 50 by default): a renewal before that,
+/// and an acquire on a session its client's renewals keep alive, is one
+/// etcd request for the lock and nothing for the lease, answered with the
+/// time the lease really has, never more; the first renewal past half the
+/// TTL keeps the lease alive again. A session only acquires keep alive
+/// (its locks released at once) is kept alive by them, coalesced, as
+/// before: letting it run out would cost a grant and a revoke.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_session_lease_is_kept_alive_only_when_half_its_ttl_is_gone() {
+    use lockrouter_testkit::metrics::sum;
+    let etcd = EtcdCluster::single();
+    let router = TestRouter::start(&[&etcd]).await;
+    let api = &router.api;
+    let sent = || async {
+        sum(
+            &api.metrics().await,
+            "lockrouter_keepalives_sent_total",
+            &[],
+        )
+    };
+    let expires = |r: &lockrouter_testkit::api::Reply| r.body["expiresInMs"].as_u64().unwrap();
+    let first = api.acquire("half-1", 4_000, "A").await;
+    assert_eq!(first.body["acquired"], true, "{first:?}");
+    let lock = (
+        first.body["lockId"].as_str().unwrap().to_string(),
+        first.body["fencingToken"].as_u64().unwrap(),
+    );
+    let idle = api.must_acquire("idle-1", 4_000, "B").await;
+    api.release(&idle).await;
+    // Past the coalescing window (a tenth of the TTL), well before half.
+    tokio::time::sleep(Duration::from_millis(700)).await;
+    let before = sent().await;
+    let renewed = api.renew(&lock).await;
+    assert_eq!(renewed.status, 200, "{renewed:?}");
+    assert!(
+        expires(&renewed) <= expires(&first),
+        "{first:?} {renewed:?}"
+    );
+    // A second lock on the session A's renewals keep alive: one txn, no
+    // keepalive, and no more time than the session lease has.
+    let second = api.acquire("half-2", 4_000, "A").await;
+    assert_eq!(second.body["acquired"], true, "{second:?}");
+    assert!(expires(&second) <= expires(&first), "{first:?} {second:?}");
+    assert_eq!(
+        sent().await - before,
+        0.0,
+        "a keepalive with more than half the TTL left"
+    );
+    // B only acquires: its session is kept alive by its acquires.
+    api.must_acquire("idle-2", 4_000, "B").await;
+    // (The first keepalive also opens the shard's keepalive stream, which
+    // sends one of its own.)
+    assert!(
+        sent().await - before >= 1.0,
+        "no keepalive for an idle session"
+    );
+    // Past half the TTL, a renewal sends one and reports a fresh lease.
+    tokio::time::sleep(Duration::from_millis(1_600)).await;
+    let before = sent().await;
+    let late = api.renew(&lock).await;
+    assert_eq!(late.status, 200, "{late:?}");
+    assert!(
+        sent().await - before >= 1.0,
+        "no keepalive with less than half the TTL left"
+    );
+    assert!(expires(&late) > 3_000, "{late:?}");
+    // The lease lives on: both locks outlive the first lease's TTL.
+    tokio::time::sleep(Duration::from_millis(2_000)).await;
+    assert_eq!(api.renew(&lock).await.status, 200);
+    assert_eq!(
+        api.acquire("half-2", 4_000, "C").await.body["acquired"],
+        false
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -242,3 +242,49 @@ async fn a_request_deadline_bounds_the_etcd_calls_made_for_it() {
     );
     api.must_acquire("after", 30_000, "c").await;
 }
+
+/// Renewals first: once a shard's renewals take longer than
+/// `server.renewal_budget_ms` (here its etcd stalls for 700 ms under four
+/// renewals), the shard refuses acquires with 503 `overloaded` for a
+/// second, while renewals and releases of held locks are still answered;
+/// then acquires are admitted again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn when_renewals_slow_down_acquires_are_refused_and_renewals_answered() {
+    let etcd = EtcdCluster::single();
+    let listen = "listen = \"127.0.0.1:0\"\n";
+    let toml = config_toml(&[&etcd], "127.0.0.1:0", "")
+        .replace(listen, &format!("{listen}renewal_budget_ms = 300\n"));
+    let router = TestRouter::with_toml(&toml).await;
+    let api = &router.api;
+    let mut held = Vec::new();
+    for i in 0..4 {
+        held.push(
+            api.must_acquire(&format!("held-{i}"), 20_000, "holder")
+                .await,
+        );
+    }
+    etcd.pause_member(0);
+    let renewals = futures::future::join_all(held.iter().map(|l| api.renew(l)));
+    let (renewed, ()) = tokio::join!(renewals, async {
+        sleep_ms(700).await;
+        etcd.resume_member(0);
+    });
+    assert!(renewed.iter().all(|r| r.status == 200), "{renewed:?}");
+    // Shedding: an acquire is refused at once, a renewal is answered.
+    let refused = api.acquire("new-name", 20_000, "newcomer").await;
+    assert_eq!(refused.status, 503, "{refused:?}");
+    assert_eq!(refused.body["error"]["code"], "overloaded", "{refused:?}");
+    assert!(
+        refused.body["error"]["message"]
+            .as_str()
+            .is_some_and(|m| m.contains("renewals")),
+        "{refused:?}"
+    );
+    assert_eq!(refused.retry_after.as_deref(), Some("1"));
+    assert_eq!(api.renew(&held[0]).await.status, 200);
+    assert_eq!(api.release(&held[1]).await.status, 204);
+    // A second after the last slow renewal, acquires are admitted again.
+    sleep_ms(1_200).await;
+    let granted = api.acquire("new-name", 20_000, "newcomer").await;
+    assert_eq!(granted.body["acquired"], true, "{granted:?}");
+}

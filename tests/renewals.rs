@@ -14,7 +14,6 @@ use serde_json::json;
 use lockrouter_testkit::api::Api;
 use lockrouter_testkit::etcd::EtcdCluster;
 use lockrouter_testkit::router::TestRouter;
-use lockrouter_testkit::sleep_ms;
 
 const MARGIN: Duration = Duration::from_millis(200);
 
@@ -26,9 +25,12 @@ fn batch(locks: &[(String, u64)]) -> serde_json::Value {
     json!({ "locks": items })
 }
 
-/// A live client: renews its three locks every 600 ms (TTL 2 s) until
-/// `stop`, judging validity by its own clock. Returns its renewal latencies
-/// and whether it ever lost a lock.
+/// A live client: renews its three locks as the SDKs do (TTL 2 s): 600 ms
+/// after its last renewal, or sooner so that 600 ms of validity are left
+/// when it sends (the router answers the time the session lease has, which
+/// may be less than a TTL: `etcd.keepalive_below_pct`), until `stop`,
+/// judging validity by its own clock. Returns its renewal latencies and
+/// whether it ever lost a lock.
 async fn live(api: Api, id: usize, stop: Instant) -> (Vec<Duration>, Option<String>) {
     let client = format!("live-{id}");
     let mut locks = Vec::new();
@@ -45,9 +47,14 @@ async fn live(api: Api, id: usize, stop: Instant) -> (Vec<Duration>, Option<Stri
         ));
     }
     let mut latencies = Vec::new();
+    let interval = Duration::from_millis(600);
+    let mut last = Instant::now();
     while Instant::now() < stop {
-        sleep_ms(600).await;
+        let due = (last + interval).min(valid_until.checked_sub(interval).unwrap_or(last));
+        let due = due.max(last + Duration::from_millis(50));
+        tokio::time::sleep_until(due.into()).await;
         let sent = Instant::now();
+        last = sent;
         let r = api.post("/api/v1/locks/renew-batch", batch(&locks)).await;
         latencies.push(sent.elapsed());
         if Instant::now() >= valid_until {

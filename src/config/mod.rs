@@ -84,6 +84,11 @@ pub struct ServerSettings {
     /// acquires and the renewals of held locks find room. Read at start.
     #[serde(default = "defaults::max_in_flight")]
     pub max_in_flight: usize,
+    /// Renewals first: once renewals on a shard take longer than this (two,
+    /// and a tenth of those in a quarter second), its acquires are refused
+    /// with 503 `overloaded` for a second; renewals never are. 0: off.
+    #[serde(default = "defaults::renewal_budget_ms")]
+    pub renewal_budget_ms: u64,
     /// One info line per HTTP request, target `lockrouter::access` (see
     /// `src/http/access.rs` for its fields). Applies at once on reload.
     #[serde(default)]
@@ -109,6 +114,12 @@ pub struct EtcdSettings {
     /// (capped at a tenth of the lease TTL).
     #[serde(default = "defaults::keepalive_coalesce_ms")]
     pub keepalive_coalesce_ms: u64,
+    /// A session lease is sent a keepalive only when less than this
+    /// percentage of its TTL is known to be left (100: at every renewal,
+    /// coalesced as above); renewals in between are answered with the time
+    /// the lease really has.
+    #[serde(default = "defaults::keepalive_below_pct")]
+    pub keepalive_below_pct: u8,
     /// Keepalives that come within this many ms of each other are sent in
     /// one burst (one HTTP/2 frame, which etcd reads once); 0: each alone.
     #[serde(default = "defaults::keepalive_burst_ms")]
@@ -403,6 +414,9 @@ mod defaults {
     pub fn http_request_timeout_ms() -> u64 {
         30_000
     }
+    pub fn renewal_budget_ms() -> u64 {
+        500
+    }
     pub fn max_in_flight() -> usize {
         20_000
     }
@@ -424,6 +438,9 @@ mod defaults {
     }
     pub fn keepalive_burst_ms() -> u64 {
         2
+    }
+    pub fn keepalive_below_pct() -> u8 {
+        50
     }
     pub fn count_interval_ms() -> u64 {
         10_000
@@ -478,6 +495,7 @@ impl Default for EtcdSettings {
             health_interval_ms: defaults::health_interval_ms(),
             keepalive_burst_ms: defaults::keepalive_burst_ms(),
             keepalive_coalesce_ms: defaults::keepalive_coalesce_ms(),
+            keepalive_below_pct: defaults::keepalive_below_pct(),
             count_interval_ms: defaults::count_interval_ms(),
         }
     }
@@ -585,6 +603,12 @@ impl Settings {
                 self.server.max_in_flight
             )));
         }
+        if self.server.renewal_budget_ms > 600_000 {
+            return Err(invalid(format!(
+                "server.renewal_budget_ms = {} must be 0 (off) to 600000",
+                self.server.renewal_budget_ms
+            )));
+        }
         self.validate_etcd()?;
         self.validate_limits()?;
         if self.admin.token.as_deref().is_some_and(|t| t.len() < 16) {
@@ -639,6 +663,15 @@ impl Settings {
             if !(10..=600_000).contains(&v) {
                 return Err(invalid(format!("{key} = {v} must be 10..=600000")));
             }
+        }
+        // Below 40 %, a client renewing every third of its TTL could find
+        // its lease with less than a third left and lose it before its
+        // next renewal.
+        if !(40..=100).contains(&e.keepalive_below_pct) {
+            return Err(invalid(format!(
+                "etcd.keepalive_below_pct = {} must be 40..=100",
+                e.keepalive_below_pct
+            )));
         }
         if !(1..=10_000).contains(&self.ring.vnodes) {
             return Err(invalid("ring.vnodes must be 1..=10000"));

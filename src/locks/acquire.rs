@@ -41,7 +41,6 @@ impl Active {
         let shard = self.router.shard_for(&req.name);
         tracing::Span::current().record("shard", shard.name.as_str());
         let k = shard.name_keys(&name_hash(&req.name));
-        let window = self.window(ttl_secs);
         let mut replace_held = None;
         // Retried when the session lease expired between the cache and the
         // txn, when the shard's recorded ring moved on (a migration opened
@@ -66,6 +65,7 @@ impl Active {
                     self.new_session(shard, ttl_secs, owner, reservation.as_ref())
                 })
                 .await?;
+            let window = self.acquire_window(shard, &session);
             let sent = Instant::now();
             // The txn is applied within the etcd deadline or fails; with a
             // TTL shorter than that, half the TTL (a txn slower than that

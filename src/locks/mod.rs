@@ -77,8 +77,8 @@ pub enum LockError {
     PermissionDenied(String),
     /// This replica already has its most acquires in flight on the shard
     /// (a slow shard), or in all.
-    #[error("shard {shard} has {in_flight} acquires in flight through this router, its limit; retry after a second")]
-    Overloaded { shard: String, in_flight: usize },
+    #[error("shard {shard} is overloaded: {detail}; retry after a second")]
+    Overloaded { shard: String, detail: String },
     #[error("internal error: {0}")]
     Internal(String),
 }
@@ -259,8 +259,10 @@ impl WaitSlots {
 pub struct Active {
     pub router: Arc<Router>,
     pub limits: Limits,
-    /// Renewals of one lease closer together than this share a keepalive.
-    pub coalesce: Duration,
+    /// When a renewal sends its session lease a keepalive.
+    pub keepalive: KeepalivePolicy,
+    /// Renewals slower than this make their shard shed acquires (0: never).
+    pub renewal_budget: Duration,
     /// What happens to the name of a holder lost other than by release.
     pub lock_delay: LockDelay,
     /// Issues and opens lockIds (sealed under the configured keys).
@@ -268,6 +270,46 @@ pub struct Active {
     /// Per-principal quota reservations of this replica (shared by every
     /// generation: acquires in flight across a reload still count).
     pub quotas: Arc<Quotas>,
+}
+
+/// When a renewal (or an acquire, or a waiter's upkeep) sends its session
+/// lease a keepalive: only when less than `below_pct` percent of the lease's
+/// TTL is known to be left, or, at 100, whenever the last keepalive was
+/// confirmed more than the coalescing window ago. In between, the renewal
+/// is answered with the time the lease has by its last confirmed keepalive
+/// (`docs/design.md`, "Keepalives only when a lease needs one").
+#[derive(Debug, Clone, Copy)]
+pub struct KeepalivePolicy {
+    /// Renewals closer together than this always share a keepalive
+    /// (capped at a tenth of the TTL).
+    pub coalesce: Duration,
+    /// 40 to 100.
+    pub below_pct: u8,
+}
+
+impl KeepalivePolicy {
+    pub fn of(etcd: &crate::config::EtcdSettings) -> Self {
+        Self {
+            coalesce: Duration::from_millis(etcd.keepalive_coalesce_ms),
+            below_pct: etcd.keepalive_below_pct,
+        }
+    }
+
+    /// How long after a lease's last confirmed keepalive was sent a renewal
+    /// still sends none: until `below_pct` of its TTL is left, and never
+    /// less than the coalescing window.
+    pub fn window(&self, ttl_secs: u32) -> Duration {
+        let ttl_ms = u64::from(ttl_secs) * 1_000;
+        let spent = ttl_ms * u64::from(100 - self.below_pct.min(100)) / 100;
+        self.coalescing(ttl_secs).max(Duration::from_millis(spent))
+    }
+
+    /// Renewals this close always share a keepalive: the coalescing
+    /// window, capped at a tenth of the TTL.
+    pub fn coalescing(&self, ttl_secs: u32) -> Duration {
+        self.coalesce
+            .min(Duration::from_millis(u64::from(ttl_secs) * 100))
+    }
 }
 
 /// An acquire in flight on a shard, given back when dropped.
@@ -382,6 +424,12 @@ impl Locks {
         shard: &'a Shard,
     ) -> Result<ShardSlot<'a>, LockError> {
         use std::sync::atomic::Ordering;
+        if shard.pressure.shedding(Instant::now()) {
+            return Err(LockError::Overloaded {
+                shard: shard.name.clone(),
+                detail: "its renewals are slow, and renewals come first".into(),
+            });
+        }
         let bound = if active.router.shards.len() > 1 {
             self.per_shard
         } else {
@@ -395,7 +443,7 @@ impl Locks {
             .map(|_| ShardSlot(&shard.acquiring))
             .map_err(|in_flight| LockError::Overloaded {
                 shard: shard.name.clone(),
-                in_flight,
+                detail: format!("{in_flight} acquires in flight through this router, its limit"),
             })
     }
 
@@ -447,10 +495,24 @@ impl Active {
         Ok(validate::ttl_secs(&self.limits, ttl_ms)?)
     }
 
-    /// Renewals of one lease closer together than this share a keepalive.
+    /// A renewal of a lease of `ttl_secs` confirmed less than this ago
+    /// sends no keepalive ([`KeepalivePolicy::window`]).
     pub(crate) fn window(&self, ttl_secs: u32) -> Duration {
-        self.coalesce
-            .min(Duration::from_millis(u64::from(ttl_secs) * 100))
+        self.keepalive.window(ttl_secs)
+    }
+
+    /// The same for an acquire on `session`: the renewal window if its
+    /// client's renewals keep it alive (one came within half a TTL), else
+    /// only the coalescing window. A session that only acquires keep alive
+    /// (its locks released at once) would otherwise run out between them,
+    /// and a new one costs etcd a grant and a revoke, more than keepalives.
+    pub(crate) fn acquire_window(&self, shard: &Shard, session: &SessionLease) -> Duration {
+        let half_ttl = Duration::from_millis(u64::from(session.ttl_secs) * 500);
+        if shard.sessions.renewed_within(session.id, half_ttl) {
+            self.keepalive.window(session.ttl_secs)
+        } else {
+            self.keepalive.coalescing(session.ttl_secs)
+        }
     }
 
     /// What a grant on `shard` compares, if it may grant now.
@@ -692,5 +754,31 @@ pub(crate) fn unavailable(shard: &Shard, detail: &str) -> LockError {
     LockError::ShardUnavailable {
         shard: shard.name.clone(),
         detail: detail.to_string(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_keepalive_is_due_once_less_than_the_share_of_the_ttl_is_left() {
+        let policy = |below_pct| KeepalivePolicy {
+            coalesce: Duration::from_secs(1),
+            below_pct,
+        };
+        // Half of a 30 s TTL spent: 15 s without a keepalive.
+        assert_eq!(policy(50).window(30), Duration::from_secs(15));
+        assert_eq!(policy(40).window(30), Duration::from_secs(18));
+        // At 100 every renewal past the coalescing window sends one, the
+        // window capped at a tenth of the TTL.
+        assert_eq!(policy(100).window(30), Duration::from_secs(1));
+        assert_eq!(policy(100).window(5), Duration::from_millis(500));
+        // Never less than the coalescing window.
+        let wide = KeepalivePolicy {
+            coalesce: Duration::from_secs(2),
+            below_pct: 95,
+        };
+        assert_eq!(wide.window(30), Duration::from_secs(2));
     }
 }

@@ -139,6 +139,15 @@ impl Active {
                 shard.sessions.touch(lease);
             }
         }
+        let now = Instant::now();
+        if shard.pressure.renewal(now - sent, self.renewal_budget, now) {
+            tracing::warn!(
+                shard = %shard.name,
+                took_ms = (now - sent).as_millis() as u64,
+                budget_ms = self.renewal_budget.as_millis() as u64,
+                "renewals are slow: acquires of the shard's names are refused for a second"
+            );
+        }
         let mut outcomes = Vec::with_capacity(ids.len());
         for (id, entry) in ids.iter().zip(entries) {
             let outcome = match entry {

@@ -109,6 +109,16 @@ impl KeepAlive {
     fn next_due(&self) -> Instant {
         self.session_due.min(self.entry_due)
     }
+
+    /// When to look at a lease again after `renewal`: a third of its TTL
+    /// later, or sooner if less than a third would be left by then (a
+    /// renewal that sent no keepalive answers the time the lease has), so
+    /// its keepalive always goes out with a third of the TTL to spare.
+    fn due_after(now: Instant, renewal: &Renewal, ttl_secs: u32) -> Instant {
+        let every = Self::every(ttl_secs);
+        let early = renewal.deadline().checked_sub(every).unwrap_or(now);
+        (now + every).min(early).max(now)
+    }
 }
 
 static NONCE: AtomicU64 = AtomicU64::new(0);
@@ -332,7 +342,7 @@ impl Active {
                     .await;
                 return Ok(false);
             }
-            alive.session_due = now + KeepAlive::every(ttl);
+            alive.session_due = KeepAlive::due_after(now, &renewal, ttl);
         }
         if now >= alive.entry_due {
             let window = self.window(entry.ttl_secs);
@@ -343,7 +353,7 @@ impl Active {
             if !renewal.alive() {
                 return Ok(false);
             }
-            alive.entry_due = now + KeepAlive::every(entry.ttl_secs);
+            alive.entry_due = KeepAlive::due_after(now, &renewal, entry.ttl_secs);
         }
         Ok(true)
     }
@@ -482,4 +492,30 @@ fn process_salt() -> u64 {
     use std::hash::{BuildHasher, RandomState};
     static SALT: std::sync::OnceLock<u64> = std::sync::OnceLock::new();
     *SALT.get_or_init(|| RandomState::new().hash_one(std::process::id()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_waiters_lease_is_looked_at_with_a_third_of_its_ttl_to_spare() {
+        let now = Instant::now();
+        let renewed = |ago_ms: u64| Renewal {
+            sent_at: now - Duration::from_millis(ago_ms),
+            ttl_secs: 30,
+        };
+        // Just renewed: a third of the TTL later.
+        assert_eq!(
+            KeepAlive::due_after(now, &renewed(0), 30),
+            now + Duration::from_secs(10)
+        );
+        // Answered from a keepalive 12 s old (18 s left): when 10 s are left.
+        assert_eq!(
+            KeepAlive::due_after(now, &renewed(12_000), 30),
+            now + Duration::from_secs(8)
+        );
+        // Less than a third left: at once.
+        assert_eq!(KeepAlive::due_after(now, &renewed(25_000), 30), now);
+    }
 }

@@ -6,7 +6,8 @@
 //! in [`keepalive`], the lock-key cache renewals consult in [`cache`], batched
 //! verification for when the cache cannot vouch in [`verify`], the
 //! session-lease cache in [`sessions`], the group commit of grants and
-//! releases in [`commit`]), the ring state it last read from etcd, and the
+//! releases in [`commit`], the renewal latency that sheds acquires first in
+//! [`pressure`]), the ring state it last read from etcd, and the
 //! shard identity it verified (`P/shard`, see [`keys`]). Every grant
 //! compares both byte for byte, so a router whose ring differs from the
 //! shard's, or whose endpoints for this shard reach another cluster, can
@@ -32,6 +33,7 @@ pub mod keepalive;
 pub mod keys;
 pub mod login;
 pub mod name;
+pub mod pressure;
 mod records;
 mod scan;
 pub mod sessions;
@@ -153,6 +155,8 @@ pub struct Shard {
     /// Acquires (and inspects) of this shard's names in flight in this
     /// replica: bounded, so one slow shard cannot take every slot.
     pub acquiring: std::sync::atomic::AtomicUsize,
+    /// Its renewals' recent latency: acquires are shed first.
+    pub pressure: pressure::Pressure,
 }
 
 impl Shard {
@@ -182,6 +186,7 @@ impl Shard {
             identity,
             conn,
             acquiring: std::sync::atomic::AtomicUsize::new(0),
+            pressure: Default::default(),
         }
     }
 
