@@ -2,7 +2,7 @@
 //! the connection flags ([`Target`]) and reused by every request of a
 //! command (`locks` sends one per page, and one inspect per lock for its
 //! table; `status` two). Failing to reach the router, or an answer that
-//! breaks off, is a [`Failed`] with the exit code it means.
+//! breaks off, is a [`Failed`].
 
 use std::time::Duration;
 
@@ -13,34 +13,32 @@ use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::client::legacy::Client;
 use hyper_util::rt::TokioExecutor;
 
-use super::ops::codes;
 use super::target::Target;
 
-/// Why a command could not get an answer, and the exit code that says so.
+/// Why a command got no answer.
 #[derive(Debug)]
-pub struct Failed {
-    pub code: u8,
-    pub why: String,
+pub enum Failed {
+    /// The flags make no request: a URL that is not http(s), a CA file
+    /// that cannot be read.
+    Usage(String),
+    /// The router could not be reached, or its answer broke off.
+    Unavailable(String),
 }
 
 impl std::fmt::Display for Failed {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(&self.why)
+        match self {
+            Failed::Usage(why) | Failed::Unavailable(why) => f.write_str(why),
+        }
     }
 }
 
 fn usage(why: String) -> Failed {
-    Failed {
-        code: codes::USAGE,
-        why,
-    }
+    Failed::Usage(why)
 }
 
 fn unavailable(why: String) -> Failed {
-    Failed {
-        code: codes::UNAVAILABLE,
-        why,
-    }
+    Failed::Unavailable(why)
 }
 
 /// A router's base URL, its token and an HTTP client that trusts its CA.

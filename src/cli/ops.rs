@@ -287,7 +287,10 @@ pub fn run(target: &Target, call: &Call, format: Format) -> u8 {
     });
     outcome.unwrap_or_else(|e: Failed| {
         eprintln!("lockrouter: {e}");
-        e.code
+        match e {
+            Failed::Usage(_) => codes::USAGE,
+            Failed::Unavailable(_) => codes::UNAVAILABLE,
+        }
     })
 }
 

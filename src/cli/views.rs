@@ -384,15 +384,15 @@ mod tests {
         assert!(out.contains("VERSION     0.1.0\n"), "{out}");
         assert!(out.contains("f00d (epoch 3, granting)"), "{out}");
         assert!(
-            out.contains("\na     up            active     2        3\n"),
+            out.contains("\na       up            active     2        3\n"),
             "{out}"
         );
         assert!(
-            out.contains("\nb     unreachable   active     1        -\n"),
+            out.contains("\nb       unreachable   active     1        -\n"),
             "{out}"
         );
         assert!(
-            out.contains("\nold   up            draining   -        3\n"),
+            out.contains("\nold     up            draining   -        3\n"),
             "{out}"
         );
         let alone = status(&ready, None);
