@@ -1,16 +1,23 @@
 #!/usr/bin/env bash
 # Makes the secrets the Compose stack or the Kubernetes manifests start with,
-# and writes the principals' token hashes into that layout's router config:
+# and the router config they serve: that layout's tracked router.toml with
+# the principals' token hashes filled in, written to secrets/router.toml
+# (git-ignored, like everything it makes: the tracked files stay as they
+# are):
 #
-#   deploy/make-secrets.sh compose   # deploy/compose/secrets/, deploy/compose/router.toml
-#   deploy/make-secrets.sh k8s       # deploy/k8s/secrets/, deploy/k8s/router/router.toml
+#   deploy/make-secrets.sh compose   # deploy/compose/secrets/ from deploy/compose/router.toml
+#   deploy/make-secrets.sh k8s       # deploy/k8s/secrets/ from deploy/k8s/router/router.toml
 #
 # (deploy/compose/make-secrets.sh and deploy/k8s/make-secrets.sh run this.)
-# Without these files the stack does not start: the router config names them.
-# A file that exists is kept, so running it again changes nothing; delete a
-# file and run it again to make that one anew (a certificate after adding an
-# etcd endpoint or a router name, say).
+# Without these files the stack does not start: compose.yaml and
+# kustomization.yaml name them. A secret that exists is kept, so running it
+# again changes nothing but secrets/router.toml, which it writes anew from
+# the tracked router.toml each time: edit the tracked file, then run this
+# again. Delete a secret and run it again to make that one anew (a
+# certificate after adding an etcd endpoint or a router name, say).
 #
+#   router.toml               the router config the routers read (mode 0644:
+#                             it holds token hashes, not tokens)
 #   lockid-k1                 the lockId key of [[auth.lock_id_keys]] "k1"
 #                             (`lockrouter auth new-key`)
 #   token-payments, token-ops bearer tokens of the principals "payments" (an
@@ -44,13 +51,14 @@ set -euo pipefail
 layout=${1:-}
 deploy=$(cd "$(dirname "$0")" && pwd)
 case $layout in
-  compose) config=$deploy/compose/router.toml dir=$deploy/compose/secrets ;;
-  k8s) config=$deploy/k8s/router/router.toml dir=$deploy/k8s/secrets ;;
+  compose) template=$deploy/compose/router.toml dir=$deploy/compose/secrets ;;
+  k8s) template=$deploy/k8s/router/router.toml dir=$deploy/k8s/secrets ;;
   *)
     echo "usage: $0 compose|k8s" >&2
     exit 2
     ;;
 esac
+config=$dir/router.toml
 namespace=${K8S_NAMESPACE:-lockrouter}
 domain=${K8S_CLUSTER_DOMAIN:-cluster.local}
 days=${CERT_DAYS:-825}
@@ -181,8 +189,8 @@ esac
 router_names+=",${ROUTER_NAMES:-}"
 # The hosts of the https:// shard endpoints; on Kubernetes also their names
 # in the namespace's service domain, which the members advertise.
-etcd_hosts=$(grep -Eo 'https://[^:/"]+' "$config" | sed 's|^https://||' | sort -u)
-[[ -n $etcd_hosts ]] || die "$config has no https:// shard endpoints"
+etcd_hosts=$(grep -Eo 'https://[^:/"]+' "$template" | sed 's|^https://||' | sort -u)
+[[ -n $etcd_hosts ]] || die "$template has no https:// shard endpoints"
 etcd_names="localhost,127.0.0.1"
 for h in $etcd_hosts; do
   etcd_names+=",$h"
@@ -198,20 +206,20 @@ new_leaf etcd etcd-ca etcd serverAuth,clientAuth "$(alt_names "$etcd_names")"
 # etcd takes the common name for the user when its auth is on.
 new_leaf etcd-client etcd-ca lockrouter clientAuth ""
 
-chmod 600 "$dir"/*
+find "$dir" -maxdepth 1 -type f ! -name router.toml -exec chmod 600 {} +
 chmod 644 "$dir"/{ca,router,etcd-ca,etcd,etcd-client}.pem
 if [[ $layout == compose ]]; then
   chmod 644 "$dir"/{lockid-k1,router-key.pem,etcd-key.pem,etcd-client-key.pem}
 fi
 
-# Each principal's token_sha256: the placeholder becomes the hash of its
-# token file. A list that already holds that hash is left as it is, and so
-# is any other list (a rotation in progress, or a token made anew), which is
-# reported.
+# secrets/router.toml: the tracked config, each principal's token_sha256
+# placeholder turned into the hash of its token file. A list that already
+# holds that hash is left as it is, and so is any other list (a rotation in
+# progress, or a token made anew), which is reported.
 hash_of() { # token file -> the hex SHA-256 of its one line, as the router hashes it
   printf '%s' "$(head -n 1 "$1")" | openssl dgst -sha256 -r | cut -d' ' -f1
 }
-fill() { # principal hash
+fill() { # principal hash: $tmp/router.toml -> $tmp/router.next
   awk -v who="$1" -v hash="$2" -v zeros="$zeros" '
     /^\[/ { in_p = ($0 ~ /^\[\[auth\.principals\]\]/); name = "" }
     in_p && /^name = / { name = $3; gsub(/"/, "", name) }
@@ -224,31 +232,35 @@ fill() { # principal hash
     }
     { print }
     END { print (found ? state : "missing") > "/dev/stderr" }
-  ' "$config" >"$tmp/router.toml" 2>"$tmp/state"
+  ' "$tmp/router.toml" >"$tmp/router.next" 2>"$tmp/state"
+  mv "$tmp/router.next" "$tmp/router.toml"
   cat "$tmp/state"
 }
+cp "$template" "$tmp/router.toml"
 problems=0
 for p in "${principals[@]}"; do
   hash=$(hash_of "$dir/token-$p")
   state=$(fill "$p" "$hash")
   case $state in
-    filled)
-      # In place (the same file, its mode kept): Compose bind-mounts it.
-      cat "$tmp/router.toml" >"$config"
-      echo "$config: token_sha256 of \"$p\" set to the hash of secrets/token-$p"
-      ;;
-    kept) ;;
+    filled | kept) ;;
     other)
-      echo "make-secrets: $config: token_sha256 of \"$p\" does not hold the hash of secrets/token-$p ($hash): add it by hand (keep an old hash in the list while its clients move over)" >&2
+      echo "make-secrets: $template: token_sha256 of \"$p\" does not hold the hash of secrets/token-$p ($hash): add it by hand (keep an old hash in the list while its clients move over)" >&2
       problems=1
       ;;
     *)
-      echo "make-secrets: $config has no principal \"$p\" with a token_sha256 line" >&2
+      echo "make-secrets: $template has no principal \"$p\" with a token_sha256 line" >&2
       problems=1
       ;;
   esac
 done
 
+if ! cmp -s "$tmp/router.toml" "$config"; then
+  # In place (the same file): Compose bind-mounts it, and a running router
+  # reloads it when it changes.
+  cat "$tmp/router.toml" >"$config"
+  echo "wrote $config: $template with the principals' token hashes"
+fi
+chmod 644 "$config"
 for f in "${made[@]}"; do echo "made $dir/$f"; done
 # Its summary line goes to stderr (stdout is the effective settings, JSON).
 check_config 2>"$tmp/check" >/dev/null || {

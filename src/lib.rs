@@ -9,7 +9,8 @@
 //!
 //! ```text
 //! src/
-//!   main.rs     the binary: serve | exec | plan | config check
+//!   main.rs     the binary: serve | exec | plan | config check | the
+//!               operator's commands (inspect, locks, status, ...)
 //!   app.rs      Application: bind the listeners, connect, serve until shutdown
 //!   reload.rs   Reloader: apply a changed config file while serving
 //!   http/       routes, body, answers, api, admin, admission, caller, error,
@@ -22,7 +23,7 @@
 //!   token/      fencing, lock_id, lease_tag
 //!   tls.rs      the main listener's certificates (rustls), swapped on reload
 //!   auth.rs     principals: who is calling and what it may do
-//!   cli/        exec, plan, capacity, ops, target
+//!   cli/        exec, plan, capacity, ops, conn, output, views, target
 //!   config/     settings, and keys: every key they accept (leaf)
 //!   metrics.rs  Prometheus series (leaf)
 //! ```
@@ -44,8 +45,9 @@
 //! [`tls`] (the main listener's certificates); [`auth`] (principals, by
 //! token or client certificate, and the names each may lock) sits beside
 //! the shard layer.
-//! [`cli`] holds the other subcommands (`exec`, `plan`), which use only the
-//! client crate and the capacity model.
+//! [`cli`] holds the other subcommands: `exec` and `plan`, which use only
+//! the client crate and the capacity model, and the operator's commands,
+//! which call a router's API and print its answers as tables, JSON or YAML.
 
 // The layout above links the layers, some crate-private: their docs are
 // built with `--document-private-items` (as `make test` does).

@@ -1,14 +1,19 @@
 //! The `lockrouter` binary: parse arguments (`serve`, `exec`, `plan`,
-//! `config check`, the operator's `inspect`, `force-release`, `ring`,
-//! `reload`, and `completions`), load config, set up tracing, run until
-//! SIGTERM or SIGINT. Everything else lives in the library.
+//! `config check`, the operator's `inspect`, `locks`, `client`, `ring`,
+//! `status`, `force-release`, `reload`, `bump-epoch`, and `completions`),
+//! load config, set up tracing, run until SIGTERM or SIGINT. Everything
+//! else lives in the library.
 
 use std::io::IsTerminal;
 use std::path::PathBuf;
 use std::process::ExitCode;
 
 use clap::{Parser, Subcommand, ValueEnum};
-use lockrouter::cli::ops::{Call, EXIT_CODES, FORCE_RELEASE_EXIT_CODES, RELOAD_EXIT_CODES};
+use lockrouter::cli::ops::{
+    Call, BUMP_EPOCH_EXIT_CODES, EXIT_CODES, FORCE_RELEASE_EXIT_CODES, RELOAD_EXIT_CODES,
+    STATUS_EXIT_CODES,
+};
+use lockrouter::cli::output::{Format, OutputArg};
 use lockrouter::cli::target::Target;
 use lockrouter::{Application, Settings};
 use tokio_util::sync::CancellationToken;
@@ -62,6 +67,8 @@ enum Command {
         /// The lock's name.
         name: String,
         #[command(flatten)]
+        output: OutputArg,
+        #[command(flatten)]
         target: Target,
     },
     /// Take a lock from its holder (admin): the next grant gets a larger
@@ -81,8 +88,9 @@ enum Command {
         target: Target,
     },
     /// The locks held across every shard whose names start with a prefix
-    /// (admin): one page as JSON, or with `--all` every page, one lock a
-    /// line.
+    /// (admin), a page at a time (`--all`: every page). A table shows each
+    /// lock's expiry and time left (one inspect per lock); JSON is the
+    /// router's page, and with `--all` one lock a line.
     #[command(after_help = EXIT_CODES)]
     Locks {
         /// Only names starting with this.
@@ -94,9 +102,11 @@ enum Command {
         /// Where to go on: a `nextCursor` from a page before.
         #[arg(long)]
         cursor: Option<String>,
-        /// Every page, following the cursors; one lock a line.
+        /// Every page, following the cursors.
         #[arg(long)]
         all: bool,
+        #[command(flatten)]
+        output: OutputArg,
         #[command(flatten)]
         target: Target,
     },
@@ -110,17 +120,48 @@ enum Command {
         #[arg(long)]
         principal: Option<String>,
         #[command(flatten)]
+        output: OutputArg,
+        #[command(flatten)]
         target: Target,
     },
     /// The router's ring, shards and any open migration (admin).
     #[command(after_help = EXIT_CODES)]
     Ring {
         #[command(flatten)]
+        output: OutputArg,
+        #[command(flatten)]
+        target: Target,
+    },
+    /// This replica at a glance: its version, whether it is ready, every
+    /// shard's state, the ring and any migration (`/readyz`, and the ring
+    /// with the admin credential).
+    #[command(after_help = STATUS_EXIT_CODES)]
+    Status {
+        #[command(flatten)]
+        output: OutputArg,
+        #[command(flatten)]
         target: Target,
     },
     /// Make the router read its config file again (admin).
     #[command(after_help = RELOAD_EXIT_CODES)]
     Reload {
+        #[command(flatten)]
+        target: Target,
+    },
+    /// Record the next ring epoch on every shard (admin), so that every
+    /// later token exceeds every earlier one: after a shard was restored
+    /// from a snapshot, copied or wiped (see docs/operations.md).
+    #[command(after_help = BUMP_EPOCH_EXIT_CODES)]
+    BumpEpoch {
+        /// A shard that records nothing (lost its data) to initialise;
+        /// repeat it or separate names with commas.
+        #[arg(long, value_name = "SHARD", value_delimiter = ',')]
+        reinitialize: Vec<String>,
+        /// The lowest epoch to record, when every shard lost its data
+        /// (the highest fencing token your resources saw, `token >> 47`,
+        /// plus one).
+        #[arg(long, value_name = "EPOCH")]
+        min_epoch: Option<u64>,
         #[command(flatten)]
         target: Target,
     },
@@ -147,7 +188,17 @@ enum ConfigCommand {
     Check {
         #[arg(long, short)]
         config: PathBuf,
+        /// `json`, the only format: one JSON document on stdout, the
+        /// summary on stderr.
+        #[arg(long, short = 'o', value_enum, value_name = "FORMAT", default_value_t = CheckFormat::Json)]
+        output: CheckFormat,
     },
+}
+
+/// What `config check` prints on stdout.
+#[derive(Clone, Copy, PartialEq, Eq, ValueEnum)]
+enum CheckFormat {
+    Json,
 }
 
 fn main() -> ExitCode {
@@ -176,7 +227,7 @@ fn main() -> ExitCode {
         Command::Serve { config } => serve(config),
         Command::Exec(args) => ExitCode::from(lockrouter::cli::exec::main(args)),
         Command::Plan(args) => ExitCode::from(lockrouter::cli::plan::run(&args)),
-        Command::Config(ConfigCommand::Check { config }) => check(&config),
+        Command::Config(ConfigCommand::Check { config, .. }) => check(&config),
         Command::Auth(AuthCommand::NewToken) => {
             let (token, hash) = lockrouter::auth::new_token();
             println!("token = {token}\ntoken_sha256 = [\"{hash}\"]");
@@ -186,7 +237,11 @@ fn main() -> ExitCode {
             println!("{}", lockrouter::auth::new_key());
             ExitCode::SUCCESS
         }
-        Command::Inspect { name, target } => ops(&target, Call::Inspect { name }),
+        Command::Inspect {
+            name,
+            output,
+            target,
+        } => ops(&target, Call::Inspect { name }, output.format()),
         Command::ForceRelease {
             name,
             reason,
@@ -199,12 +254,14 @@ fn main() -> ExitCode {
                 reason,
                 if_token,
             },
+            Format::Json,
         ),
         Command::Locks {
             prefix,
             limit,
             cursor,
             all,
+            output,
             target,
         } => ops(
             &target,
@@ -214,10 +271,12 @@ fn main() -> ExitCode {
                 cursor,
                 all,
             },
+            output.format(),
         ),
         Command::Client {
             client_id,
             principal,
+            output,
             target,
         } => ops(
             &target,
@@ -225,9 +284,23 @@ fn main() -> ExitCode {
                 client_id,
                 principal,
             },
+            output.format(),
         ),
-        Command::Ring { target } => ops(&target, Call::Ring),
-        Command::Reload { target } => ops(&target, Call::Reload),
+        Command::Ring { output, target } => ops(&target, Call::Ring, output.format()),
+        Command::Status { output, target } => ops(&target, Call::Status, output.format()),
+        Command::Reload { target } => ops(&target, Call::Reload, Format::Json),
+        Command::BumpEpoch {
+            reinitialize,
+            min_epoch,
+            target,
+        } => ops(
+            &target,
+            Call::BumpEpoch {
+                reinitialize,
+                min_epoch,
+            },
+            Format::Json,
+        ),
         Command::Completions { shell } => {
             use clap::CommandFactory;
             let mut cmd = Cli::command();
@@ -237,8 +310,8 @@ fn main() -> ExitCode {
     }
 }
 
-fn ops(target: &Target, call: Call) -> ExitCode {
-    ExitCode::from(lockrouter::cli::ops::run(target, &call))
+fn ops(target: &Target, call: Call, format: Format) -> ExitCode {
+    ExitCode::from(lockrouter::cli::ops::run(target, &call, format))
 }
 
 /// `config check`: exit 0 and the effective settings (every key, defaults

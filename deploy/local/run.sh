@@ -127,7 +127,30 @@ echo "etcd shards a, b, c on 127.0.0.1:12379, :12479, :12579 (logs in $state/)"
 # a router whose log pipe broke first would not drain and exit.
 "$bin" serve --config "$config" 2> >(trap '' INT TERM && exec tee "$state/router.log" >&2) &
 pids+=($!)
-echo "router on http://127.0.0.1:8080 (log in $state/router.log); Ctrl-C stops everything"
+router=${pids[-1]}
+
+# The address is printed once the router can serve (/readyz answers 200:
+# it has confirmed its ring on the shards), not before; a router that
+# exits meanwhile (a port in use, say) ends the run.
+url=http://127.0.0.1:8080
+ready=0
+for _ in $(seq 1 150); do
+  if curl -fsS "$url/readyz" >/dev/null 2>&1; then
+    ready=1
+    break
+  fi
+  if ! kill -0 "$router" 2>/dev/null; then
+    echo "the router exited before it was ready (log in $state/router.log)" >&2
+    exit 1
+  fi
+  sleep 0.2
+done
+if [[ $ready == 1 ]]; then
+  echo "router on $url, ready (log in $state/router.log); Ctrl-C stops everything"
+else
+  echo "router on $url is not ready after 30 s: 'curl -s $url/readyz' says why (log in $state/router.log)"
+fi
+echo "status page: $url/ui"
 if [[ $auth == 1 ]]; then
   cat <<EOT
 auth is on ($config): every lock API call needs the bearer token of principal

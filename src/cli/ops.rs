@@ -1,21 +1,26 @@
-//! The operator's subcommands, each one call to a router's API (`locks
-//! --all` one per page): `inspect NAME` (who holds a name), `locks`
-//! (the held locks, by prefix), `client ID` (what a client holds),
-//! `force-release NAME --reason R [--if-token T]`, `ring` (the ring,
-//! shards and migration) and `reload`. The router, its CA and the token
-//! come from the connection flags every command shares ([`Target`]). The
-//! answer's JSON body goes to stdout; the exit code says how it went (see
-//! [`codes`], and [`EXIT_CODES`] and its kin for `--help`).
+//! The operator's subcommands, each a call or a few to a router's API:
+//! `inspect NAME` (who holds a name), `locks` (the held locks, by prefix,
+//! a page at a time), `client ID` (what a client holds), `ring` (the ring,
+//! shards and migration), `status` (`/readyz` and the ring), and the
+//! calls that change something: `force-release NAME --reason R
+//! [--if-token T]`, `reload` and `bump-epoch`. The router, its CA and the
+//! token come from the connection flags every command shares ([`Target`]).
+//! The reading commands print a table, JSON or YAML ([`Format`]; the
+//! tables are in [`views`]); the others print the router's JSON answer as
+//! it came. The exit code says how it went (see [`codes`], and
+//! [`EXIT_CODES`] and its kin for `--help`).
 
-use std::time::Duration;
+use std::collections::HashMap;
+use std::time::SystemTime;
 
-use bytes::Bytes;
-use http::{header, Method, Request, StatusCode};
-use http_body_util::{BodyExt, Full};
-use hyper_util::client::legacy::Client;
-use hyper_util::rt::TokioExecutor;
+use futures::StreamExt;
+use http::{Method, StatusCode};
+use serde_json::Value;
 
+use super::conn::{Conn, Failed};
+use super::output::{self, Format};
 use super::target::Target;
+use super::views;
 
 /// Exit codes besides 0 (a 2xx answer), as in sysexits.h.
 pub mod codes {
@@ -39,12 +44,35 @@ pub mod codes {
 /// `--help`'s account of [`codes`] for the operator's commands.
 pub const EXIT_CODES: &str = "\
 Exit codes (as in sysexits.h):
-  0   the router answered 2xx; its JSON answer is on stdout
+  0   the router answered 2xx; its answer is on stdout
   64  a bad request (400, 404, 405, 413, 415)
   69  the router is unavailable (5xx) or cannot be reached
   75  refused for now (409, 429): try again later
   77  no or a wrong credential (401, 403)
-Error answers are JSON on stdout too; other problems go to stderr.";
+Error answers go to stdout as JSON or YAML (-o json, -o yaml), to stderr
+as a line with a table; other problems go to stderr.";
+
+/// `--help`'s account of [`codes`] for `status`.
+pub const STATUS_EXIT_CODES: &str = "\
+Exit codes (as in sysexits.h):
+  0   the replica is ready (/readyz 200)
+  69  it is not ready (/readyz 503; the status is still shown), or it
+      cannot be reached
+  64  a bad request (/readyz 4xx: not a router?)
+The ring needs the admin credential (401 or 403 leave it out of the
+answer and do not change the exit code).";
+
+/// `--help`'s account of [`codes`] for `bump-epoch`.
+pub const BUMP_EPOCH_EXIT_CODES: &str = "\
+Exit codes (as in sysexits.h):
+  0   bumped: the epoch now recorded on every shard is on stdout
+  75  refused (409): a shard does not answer, records nothing (name it
+      with --reinitialize once you know it lost its data) or records
+      another ring; the message on stdout says which. A bump that
+      stopped part-way is safe to repeat
+  64  a bad request (400)
+  69  the router is unavailable (5xx) or cannot be reached
+  77  no or a wrong admin credential (401, 403)";
 
 /// `--help`'s account of [`codes`] for `force-release`.
 pub const FORCE_RELEASE_EXIT_CODES: &str = "\
@@ -74,7 +102,7 @@ pub enum Call {
     Inspect {
         name: String,
     },
-    /// One page of held locks (every page, one lock a line, with `all`).
+    /// One page of held locks (every page, with `all`).
     Locks {
         prefix: String,
         limit: u32,
@@ -94,14 +122,21 @@ pub enum Call {
     },
     Ring,
     Reload,
+    /// `/readyz`, and the ring when the credential allows.
+    Status,
+    /// Records the next ring epoch on every shard.
+    BumpEpoch {
+        reinitialize: Vec<String>,
+        min_epoch: Option<u64>,
+    },
+}
+
+fn encoded(name: &str) -> String {
+    percent_encoding::utf8_percent_encode(name, percent_encoding::NON_ALPHANUMERIC).to_string()
 }
 
 impl Call {
     fn request(&self) -> (Method, String, Option<serde_json::Value>) {
-        let encoded = |name: &str| {
-            percent_encoding::utf8_percent_encode(name, percent_encoding::NON_ALPHANUMERIC)
-                .to_string()
-        };
         match self {
             Call::Inspect { name } => (
                 Method::GET,
@@ -152,12 +187,26 @@ impl Call {
                 }
                 (Method::GET, path, None)
             }
-            Call::Ring => (Method::GET, "/admin/v1/ring".into(), None),
+            Call::Ring => (Method::GET, RING.into(), None),
             Call::Reload => (
                 Method::POST,
                 "/admin/v1/reload".into(),
                 Some(serde_json::json!({})),
             ),
+            Call::Status => (Method::GET, "/readyz".into(), None),
+            Call::BumpEpoch {
+                reinitialize,
+                min_epoch,
+            } => {
+                let mut body = serde_json::json!({});
+                if !reinitialize.is_empty() {
+                    body["reinitialize"] = reinitialize.clone().into();
+                }
+                if let Some(min) = min_epoch {
+                    body["minEpoch"] = (*min).into();
+                }
+                (Method::POST, "/admin/v1/bump-epoch".into(), Some(body))
+            }
         }
     }
 
@@ -176,14 +225,19 @@ impl Call {
     }
 }
 
+/// The admin ring route (`ring`, and `status` for the ring's epoch).
+const RING: &str = "/admin/v1/ring";
+
 /// Whether a force-release's answer says it released a lock.
 fn released(body: &str) -> bool {
     serde_json::from_str::<serde_json::Value>(body)
         .is_ok_and(|answer| answer["released"] == serde_json::Value::Bool(true))
 }
 
-/// Runs `call` against `target`; prints the answer; returns the exit code.
-pub fn run(target: &Target, call: &Call) -> u8 {
+/// Runs `call` against `target`; prints the answer in `format` (the calls
+/// that change something, force-release, reload and bump-epoch, print the
+/// router's JSON as it came); returns the exit code.
+pub fn run(target: &Target, call: &Call, format: Format) -> u8 {
     let runtime = match tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
@@ -194,108 +248,225 @@ pub fn run(target: &Target, call: &Call) -> u8 {
             return codes::UNAVAILABLE;
         }
     };
-    let outcome = match call {
-        Call::Locks { all: true, .. } => runtime.block_on(every_page(target, call.clone())),
-        _ => runtime.block_on(send(target, call)).map(|(status, body)| {
-            println!("{}", body.trim_end());
-            let code = call.exit_code(status, &body);
-            if let (codes::NOT_HELD, Call::ForceRelease { name, .. }) = (code, call) {
-                eprintln!("lockrouter: nothing held {name:?}: nothing was released");
+    let outcome = runtime.block_on(async {
+        let conn = Conn::new(target)?;
+        match call {
+            Call::Locks { .. } => locks(&conn, call.clone(), format).await,
+            Call::Status => status(&conn, format).await,
+            Call::Inspect { .. } | Call::Client { .. } | Call::Ring => {
+                let (status, body) = send(&conn, call).await?;
+                let shown = match call {
+                    Call::Inspect { .. } => show(format, &body, |v| {
+                        Ok(views::inspect(
+                            &serde_json::from_value(v)?,
+                            SystemTime::now(),
+                        ))
+                    }),
+                    Call::Client { .. } => show(format, &body, |v| {
+                        Ok(views::client(
+                            &serde_json::from_value(v)?,
+                            SystemTime::now(),
+                        ))
+                    }),
+                    _ => show(format, &body, |v| {
+                        Ok(views::ring(&serde_json::from_value(v)?))
+                    }),
+                };
+                Ok(shown.unwrap_or(call.exit_code(status, &body)))
             }
-            code
-        }),
-    };
-    outcome.unwrap_or_else(|e| {
+            Call::ForceRelease { .. } | Call::Reload | Call::BumpEpoch { .. } => {
+                let (status, body) = send(&conn, call).await?;
+                println!("{}", body.trim_end());
+                let code = call.exit_code(status, &body);
+                if let (codes::NOT_HELD, Call::ForceRelease { name, .. }) = (code, call) {
+                    eprintln!("lockrouter: nothing held {name:?}: nothing was released");
+                }
+                Ok(code)
+            }
+        }
+    });
+    outcome.unwrap_or_else(|e: Failed| {
         eprintln!("lockrouter: {e}");
-        e.code
+        match e {
+            Failed::Usage(_) => codes::USAGE,
+            Failed::Unavailable(_) => codes::UNAVAILABLE,
+        }
     })
 }
 
-/// `locks --all`: every page, following `nextCursor`, one lock a line.
-async fn every_page(target: &Target, mut call: Call) -> Result<u8, Failed> {
+async fn send(conn: &Conn, call: &Call) -> Result<(StatusCode, String), Failed> {
+    let (method, path, body) = call.request();
+    conn.send(method, &path, body).await
+}
+
+/// Prints an answer in `format`: JSON or YAML on stdout (an error answer
+/// too, as scripts read it); as a table, what `view` makes of it (its
+/// typed view, rendered) on stdout, or an error answer's code and message
+/// on stderr. `Some(exit code)` when the answer could not be shown as
+/// asked.
+fn show(
+    format: Format,
+    body: &str,
+    view: impl Fn(Value) -> Result<String, serde_json::Error>,
+) -> Option<u8> {
+    let Ok(value) = serde_json::from_str::<Value>(body) else {
+        // Not the router's JSON (a proxy's error page, say): as it came.
+        match format {
+            Format::Table => eprintln!("lockrouter: the answer is not JSON: {}", body.trim_end()),
+            _ => println!("{}", body.trim_end()),
+        }
+        return None;
+    };
+    match format {
+        Format::Json => println!("{}", output::json(&value)),
+        Format::Yaml => print!("{}", output::yaml(&value)),
+        Format::Table => match error_of(&value) {
+            Some(error) => eprintln!("lockrouter: {error}"),
+            None => match view(value) {
+                Ok(table) => print!("{table}"),
+                Err(e) => {
+                    eprintln!("lockrouter: the answer is not what this command reads: {e}");
+                    return Some(codes::UNAVAILABLE);
+                }
+            },
+        },
+    }
+    None
+}
+
+/// `code: message` of an error answer.
+fn error_of(value: &Value) -> Option<String> {
+    let error = value.get("error")?;
+    Some(format!(
+        "{}: {}",
+        error["code"].as_str().unwrap_or("error"),
+        error["message"].as_str().unwrap_or("")
+    ))
+}
+
+/// `locks`: a page, or with `all` every page following `nextCursor`. As
+/// JSON or YAML one page is the router's answer, and `--all` prints one
+/// lock a line (JSON) or a document per page (YAML); as a table each lock
+/// also shows its expiry, read by inspecting it (see [`expiries`]).
+async fn locks(conn: &Conn, mut call: Call, format: Format) -> Result<u8, Failed> {
+    let all = matches!(call, Call::Locks { all: true, .. });
+    let mut first = true;
     loop {
-        let (status, body) = send(target, &call).await?;
-        if !status.is_success() {
-            println!("{}", body.trim_end());
+        let (status, body) = send(conn, &call).await?;
+        let page = serde_json::from_str::<views::Page>(&body).ok();
+        let Some(page) = page.filter(|_| status.is_success()) else {
+            if let Some(code) = show(format, &body, |_| Ok(String::new())) {
+                return Ok(code);
+            }
             return Ok(call.exit_code(status, &body));
+        };
+        match format {
+            Format::Json if all => {
+                let value: Value = serde_json::from_str(&body).unwrap_or_default();
+                for lock in value["locks"].as_array().into_iter().flatten() {
+                    println!("{}", output::json_line(lock));
+                }
+            }
+            Format::Json | Format::Yaml => {
+                let value: Value = serde_json::from_str(&body).unwrap_or_default();
+                if format == Format::Json {
+                    println!("{}", output::json(&value));
+                } else {
+                    // Each page a document of its own (each starts with `---`).
+                    print!("{}", output::yaml(&value));
+                }
+            }
+            Format::Table => {
+                let expiries = expiries(conn, &page).await;
+                let table = views::locks(&page, &expiries, SystemTime::now());
+                // kubectl's way with chunks: the header once, each page's
+                // columns as wide as that page needs.
+                let skip = if first { 0 } else { 1 };
+                for line in table.lines().skip(skip) {
+                    println!("{line}");
+                }
+            }
         }
-        let page: serde_json::Value = serde_json::from_str(&body).map_err(|e| Failed {
-            code: codes::UNAVAILABLE,
-            why: format!("the router's answer is not JSON: {e}"),
-        })?;
-        for lock in page["locks"].as_array().into_iter().flatten() {
-            println!("{lock}");
-        }
-        let next = page["nextCursor"].as_str().map(str::to_string);
-        match (&mut call, next) {
-            (Call::Locks { cursor, .. }, Some(next)) => *cursor = Some(next),
+        first = false;
+        match (&mut call, page.next_cursor) {
+            (Call::Locks { cursor, .. }, Some(next)) if all => *cursor = Some(next),
+            (_, Some(next)) if format == Format::Table => {
+                eprintln!("lockrouter: more locks: --cursor {next} (or --all)");
+                return Ok(0);
+            }
             _ => return Ok(0),
         }
     }
 }
 
-#[derive(Debug)]
-struct Failed {
-    code: u8,
-    why: String,
-}
+/// Inspects at once.
+const INSPECTS_IN_FLIGHT: usize = 8;
 
-impl std::fmt::Display for Failed {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(&self.why)
-    }
-}
-
-async fn send(target: &Target, call: &Call) -> Result<(StatusCode, String), Failed> {
-    let (method, path, body) = call.request();
-    let base = target.url.trim_end_matches('/');
-    if !(base.starts_with("http://") || base.starts_with("https://")) {
-        return Err(Failed {
-            code: codes::USAGE,
-            why: format!("--url must be an http:// or https:// URL, got {base:?}"),
-        });
-    }
-    let usage = |why: String| Failed {
-        code: codes::USAGE,
-        why,
-    };
-    let ca = target.ca_pem().map_err(usage)?;
-    let connector = lockrouter_client::connector(ca.as_deref())
-        .map_err(|e| usage(format!("--ca-file: {e}")))?;
-    let mut req = Request::builder()
-        .method(method)
-        .uri(format!("{base}{path}"));
-    if let Some(token) = &target.token {
-        req = req.header(header::AUTHORIZATION, format!("Bearer {token}"));
-    }
-    let body = match body {
-        Some(json) => {
-            req = req.header(header::CONTENT_TYPE, "application/json");
-            Full::new(Bytes::from(json.to_string()))
-        }
-        None => Full::new(Bytes::new()),
-    };
-    let req = req.body(body).map_err(|e| Failed {
-        code: codes::USAGE,
-        why: format!("bad request for {base}: {e}"),
-    })?;
-    let client = Client::builder(TokioExecutor::new()).build(connector);
-    let unavailable = |why: String| Failed {
-        code: codes::UNAVAILABLE,
-        why,
-    };
-    let resp = tokio::time::timeout(Duration::from_secs(60), client.request(req))
-        .await
-        .map_err(|_| unavailable(format!("{base} did not answer within 60 s")))?
-        .map_err(|e| unavailable(format!("cannot reach {base}: {e}")))?;
-    let status = resp.status();
-    let bytes = resp
-        .into_body()
+/// Each listed lock's expiry, by name: the listing does not carry it, so
+/// each name is inspected (a read, no raft write), a few at a time.
+/// `None` for a lock whose grant was gone by then (released, expired or
+/// taken by another: the inspect shows another token or none); no entry
+/// when the inspect failed.
+async fn expiries(conn: &Conn, page: &views::Page) -> HashMap<String, Option<String>> {
+    futures::stream::iter(&page.locks)
+        .map(|l| expiry(conn, l))
+        .buffer_unordered(INSPECTS_IN_FLIGHT)
+        .filter_map(|found| async move { found })
         .collect()
         .await
-        .map_err(|e| unavailable(format!("the answer from {base} broke off: {e}")))?
-        .to_bytes();
-    Ok((status, String::from_utf8_lossy(&bytes).into_owned()))
+}
+
+/// One listed lock's entry of [`expiries`].
+async fn expiry(conn: &Conn, l: &views::Listed) -> Option<(String, Option<String>)> {
+    let call = Call::Inspect {
+        name: l.name.clone(),
+    };
+    let (status, body) = send(conn, &call).await.ok()?;
+    if !status.is_success() {
+        return None;
+    }
+    let seen: views::Inspected = serde_json::from_str(&body).ok()?;
+    let same = seen.held && seen.fencing_token == Some(l.fencing_token);
+    Some((l.name.clone(), seen.expires_at.filter(|_| same)))
+}
+
+/// `status`: `GET /readyz`, and `GET /admin/v1/ring` for the ring and each
+/// shard's role, weight and epoch. Without the admin credential the ring
+/// is left out (a table says so; JSON has `"ring": null`). The exit code
+/// is `/readyz`'s: 0 ready, 69 not ready (503).
+async fn status(conn: &Conn, format: Format) -> Result<u8, Failed> {
+    let (ready_status, ready_body) = send(conn, &Call::Status).await?;
+    let code = Call::Status.exit_code(ready_status, &ready_body);
+    let Ok(ready) = serde_json::from_str::<Value>(&ready_body) else {
+        show(format, &ready_body, |_| Ok(String::new()));
+        return Ok(code);
+    };
+    if error_of(&ready).is_some() {
+        return Ok(show(format, &ready_body, |_| Ok(String::new())).unwrap_or(code));
+    }
+    let ring = match send(conn, &Call::Ring).await {
+        Ok((s, body)) if s.is_success() => serde_json::from_str::<Value>(&body).ok(),
+        Ok((s, _)) if matches!(s.as_u16(), 401 | 403) => None,
+        Ok((s, body)) => {
+            let why = serde_json::from_str::<Value>(&body)
+                .ok()
+                .and_then(|v| error_of(&v))
+                .unwrap_or_else(|| s.to_string());
+            eprintln!("lockrouter: {RING}: {why}");
+            None
+        }
+        Err(e) => {
+            eprintln!("lockrouter: {RING}: {e}");
+            None
+        }
+    };
+    let both = serde_json::json!({ "readyz": ready, "ring": ring });
+    let shown = show(format, &both.to_string(), |v| {
+        let ready = serde_json::from_value(v["readyz"].clone())?;
+        let ring: Option<views::RingView> = serde_json::from_value(v["ring"].clone())?;
+        Ok(views::status(&ready, ring.as_ref()))
+    });
+    Ok(shown.unwrap_or(code))
 }
 
 #[cfg(test)]

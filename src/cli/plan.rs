@@ -77,9 +77,20 @@ pub struct PlanArgs {
     /// etcd's periodic `--auto-compaction-retention`, in seconds.
     #[arg(long, default_value_t = 300.0)]
     pub compaction_retention_secs: f64,
-    /// Print JSON instead of a table.
-    #[arg(long)]
+    /// Print JSON instead of a table (as `-o json`).
+    #[arg(long, conflicts_with = "output")]
     pub json: bool,
+    /// `table` (the default, wherever stdout goes) or `json` (one JSON
+    /// document on stdout, nothing else).
+    #[arg(long, short = 'o', value_enum, value_name = "FORMAT")]
+    pub output: Option<PlanFormat>,
+}
+
+/// What `plan` prints.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum PlanFormat {
+    Table,
+    Json,
 }
 
 impl From<&PlanArgs> for Workload {
@@ -115,7 +126,7 @@ impl From<&PlanArgs> for Workload {
 /// and returns the process exit code (2 for inputs the model refuses).
 pub fn run(args: &PlanArgs) -> u8 {
     match plan(&Workload::from(args)) {
-        Ok(p) if args.json => {
+        Ok(p) if args.json || args.output == Some(PlanFormat::Json) => {
             println!(
                 "{}",
                 serde_json::to_string_pretty(&p).expect("a plan serialises")

@@ -246,6 +246,9 @@ pub struct Health {
 #[serde(rename_all = "camelCase")]
 pub struct Readiness {
     pub ready: bool,
+    /// This replica's version (`lockrouter --version`), for telling
+    /// replicas apart during a rolling upgrade.
+    pub version: &'static str,
     pub shards: Vec<ShardReadiness>,
     pub unreachable_shards: Vec<String>,
     pub refusing_shards: Vec<String>,
@@ -263,6 +266,7 @@ impl Readiness {
         let (unreachable_shards, refusing_shards) = router.readiness();
         Self {
             ready: router.ready(),
+            version: env!("CARGO_PKG_VERSION"),
             shards: router
                 .shard_states()
                 .into_iter()
