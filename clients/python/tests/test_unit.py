@@ -228,6 +228,24 @@ def test_a_refused_release_is_not_retried() -> None:
     assert calls.count("/api/v1/locks/release") == 1
 
 
+def test_a_408_is_retried_as_the_request_never_ran() -> None:
+    calls: list[str] = []
+
+    def router(request: httpx.Request) -> httpx.Response:
+        calls.append(request.url.path)
+        if request.url.path.endswith("/acquire"):
+            return httpx.Response(200, json={"acquired": True, "lockId": "L1",
+                                             "fencingToken": 7, "expiresInMs": 29990})  # fmt: skip
+        if calls.count("/api/v1/locks/release") == 1:
+            return httpx.Response(408, json={"error": {"code": "timeout", "message": "body too slow"}})
+        return httpx.Response(204)
+
+    assert lockrouter.RouterError(408, "timeout", "").retryable
+    with lockrouter.Client("http://r:1", transport=httpx.MockTransport(router)) as client:
+        client.acquire("x", ttl=30).release()
+    assert calls.count("/api/v1/locks/release") == 2, "the 408 was retried"
+
+
 class _RefusesBatches:
     """A router that refuses every ``renew-batch`` (400, as one over its
     ``max_batch``) but renews single locks, except ``L2``, refused on its
