@@ -38,6 +38,7 @@
  */
 
 export { Client, type AcquireOptions, type ClientOptions } from "./client.js";
+export { LockInfo } from "./info.js";
 export { Lock } from "./lock.js";
 export {
   ConfigError,
