@@ -21,6 +21,7 @@ use crate::keeper::Keeper;
 use crate::release::{self, Until};
 use crate::renewal::Command;
 use crate::state::Shared;
+use crate::validity;
 
 /// A lock held through a [`Client`](crate::Client). The client's background
 /// task renews it until it is released or lost.
@@ -128,6 +129,56 @@ impl Lock {
         self.handle.lost()
     }
 
+    /// Renews the lock now, instead of at its next scheduled renewal, and
+    /// returns the validity it has from this renewal: a little less than
+    /// its TTL. Like redis-py's or redlock's `extend`, but with the TTL the
+    /// lock was acquired with: the router fixes a lock's TTL at its
+    /// acquire (a renew naming another TTL is refused), so a longer lease
+    /// means acquiring the name with a longer TTL. Background renewal
+    /// goes on as before; this is for a caller about to start a long step
+    /// who wants the most validity it can have first.
+    ///
+    /// [`Error::Lost`] if the router says the lock is gone (it is then lost,
+    /// here and for every view of it) or it was lost already; transport
+    /// errors and error answers as they come (the lock stays as it was).
+    pub async fn extend(&self) -> Result<Duration, Error> {
+        let shared = &self.handle.shared;
+        let lost = |reason| Error::Lost {
+            name: shared.name.clone(),
+            reason,
+        };
+        if let Some(reason) = shared.lost_now() {
+            return Err(lost(reason));
+        }
+        let sent_at = Instant::now();
+        let answer = self
+            .keeper
+            .transport
+            .renew(&shared.lock_ref, self.keeper.request_timeout)
+            .await?;
+        match (answer.renewed, answer.expires_in_ms) {
+            (true, Some(ms)) => {
+                let margin = shared.margin;
+                shared.confirm(validity::valid_until(
+                    sent_at,
+                    Duration::from_millis(ms),
+                    margin,
+                ));
+            }
+            _ => {
+                let reason = match answer.reason.as_deref() {
+                    Some("stolen") => LostReason::Stolen,
+                    _ => LostReason::Expired,
+                };
+                shared.mark_lost(reason);
+            }
+        }
+        match shared.lost_now() {
+            Some(reason) => Err(lost(reason)),
+            None => Ok(self.time_left()),
+        }
+    }
+
     /// A cloneable view of this lock to hand to other tasks.
     pub fn handle(&self) -> LockHandle {
         self.handle.clone()
@@ -155,6 +206,10 @@ impl Lock {
         self.released = true;
         let shared = self.handle.shared.clone();
         let keeper = self.keeper.clone();
+        if !keeper.holds.let_go(&shared) {
+            // A re-entrant hold: the grant stays with the holds left.
+            return Ok(());
+        }
         let Some(owner) = keeper.registry.begin_release(&shared) else {
             return Err(Error::Lost {
                 name: shared.name.clone(),
@@ -208,7 +263,7 @@ impl Drop for HandOff<'_> {
 
 impl Drop for Lock {
     fn drop(&mut self) {
-        if self.released {
+        if self.released || !self.keeper.holds.let_go(&self.handle.shared) {
             return;
         }
         self.keeper.release_in_background(&self.handle.shared);
