@@ -91,10 +91,11 @@ fn left(deadline: Option<Instant>) -> Duration {
 /// share the connection pool, the id and the renewal task.
 ///
 /// Every lock a client holds rides on the router's session lease for
-/// (client id, TTL, shard): renewing one renews them all, and re-acquiring a
-/// name the client already holds returns the same grant (another [`Lock`]
-/// sharing the first one's state). Use one client id per process (or per
-/// independent worker), never one shared by processes.
+/// (client id, TTL, shard): renewing one renews them all. Within a client
+/// (and its clones) a name has one holder at a time: another acquire of a
+/// name it holds waits its turn, unless it asks to be
+/// [re-entrant](AcquireOptions::reentrant). Use one client id per process
+/// (or per independent worker), never one shared by processes.
 ///
 /// ```no_run
 /// # async fn demo() -> Result<(), lockrouter_client::Error> {

@@ -1,9 +1,10 @@
 //! A held lock: its identity (name, lockId, fencing token), its validity as
 //! the client's own clock judges it, and the "lost" signal, all read from
 //! the grant's shared state (`state`), which every [`Lock`] of one grant
-//! and their [`LockHandle`]s share with the client's renewal task.
-//! Releasing or dropping any `Lock` of a grant marks them all lost at once,
-//! and the grant is released at the router once.
+//! and their [`LockHandle`]s share with the client's renewal task. A grant
+//! has more than one `Lock` only through re-entrant acquires; each is a
+//! counted hold, and the grant is released at the router once, with the
+//! last.
 //!
 //! A `Lock` reaches its client only through the client's `Keeper`
 //! (transport, renewal channel, registry), never the `Client` itself; it
@@ -32,11 +33,11 @@ use crate::validity;
 /// the client lives. Call [`release`](Self::release) to know when it
 /// happened.
 ///
-/// Acquiring a name this client already holds returns another `Lock` for
-/// the same grant. Such `Lock`s are one lock: they share validity and the
-/// lost signal, are renewed once, and releasing or dropping any of them
-/// releases the grant and marks all of them lost
-/// ([`LostReason::Released`]) at once.
+/// A re-entrant acquire of a name this client holds returns another `Lock`
+/// for the same grant. Such `Lock`s are counted holds of one lock: they
+/// share validity and the lost signal, are renewed once, and releasing or
+/// dropping one gives only its hold back; the last releases the grant and
+/// marks it lost ([`LostReason::Released`]).
 ///
 /// ```no_run
 /// # async fn demo() -> Result<(), lockrouter_client::Error> {
@@ -186,7 +187,9 @@ impl Lock {
 
     /// Stops renewing and releases the lock at the router. The lock counts
     /// as lost ([`LostReason::Released`]) from the start, here and in every
-    /// other `Lock` of the same grant.
+    /// other `Lock` of the same grant. If this is a re-entrant hold and
+    /// others of the grant remain, it only gives its hold back and returns
+    /// `Ok` at once.
     ///
     /// `Ok` comes only after the router confirmed: the name is then not
     /// held under this lock's id. Transport errors, 429 and 5xx answers
