@@ -265,7 +265,8 @@ export class Client implements AsyncDisposable {
    */
   close(): Promise<void> {
     this.closing ??= (async () => {
-      const { registry, renewer } = this.keeper;
+      const { registry, renewer, holds } = this.keeper;
+      holds.close(new ConfigError("the client was closed while this acquire waited its turn"));
       await Promise.allSettled(registry.unreleased().map((g) => this.keeper.release(g)));
       await renewer.close();
     })();

@@ -26,6 +26,8 @@ const MAX_TIMER_MS = 2 ** 31 - 1;
 interface Waiter {
   /** Hands the turn to this waiter. */
   grant(): void;
+  /** Ends the wait with `reason` (the client is closing). */
+  fail(reason: Error): void;
 }
 
 interface Entry {
@@ -37,6 +39,14 @@ interface Entry {
 
 export class Holds {
   private readonly names = new Map<string, Entry>();
+  /** Set by {@link close}: every wait, present and future, fails with it. */
+  private closed: Error | undefined;
+
+  /** The client is closing: waits for a turn end now with `reason`, as will any later. */
+  close(reason: Error): void {
+    this.closed = reason;
+    for (const e of this.names.values()) for (const w of e.queue.splice(0)) w.fail(reason);
+  }
 
   /**
    * Waits up to `waitMs` (`Infinity`: no end) for `name`'s turn: true once
@@ -45,6 +55,7 @@ export class Holds {
    */
   take(name: string, waitMs: number, signal: AbortSignal | undefined): Promise<boolean> {
     signal?.throwIfAborted();
+    if (this.closed !== undefined) return Promise.reject(this.closed);
     const e = this.entry(name);
     if (!e.taken) {
       e.taken = true;
@@ -64,6 +75,10 @@ export class Holds {
           clearTimeout(timer);
           signal?.removeEventListener("abort", onAbort);
           resolve(true);
+        },
+        fail: (reason) => {
+          leave();
+          reject(reason);
         },
       };
       const onAbort = (): void => {

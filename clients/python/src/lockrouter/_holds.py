@@ -52,6 +52,18 @@ class Holds:
     def __init__(self) -> None:
         self._mu = threading.Lock()
         self._names: dict[Key, _Entry] = {}
+        self._closed = False
+
+    def close(self) -> None:
+        """The client is closing: wakes every waiter, without the turn (it
+        then finds the client closed), and queues none from now on."""
+        with self._mu:
+            self._closed = True
+            waiters = [t for e in self._names.values() for t in e.queue]
+            for e in self._names.values():
+                e.queue.clear()
+        for t in waiters:
+            t.wake()
 
     def enter(self, key: Key, ticket: Ticket) -> bool:
         """Takes the turn if it is free (True); else queues ``ticket``."""
@@ -60,7 +72,10 @@ class Holds:
             if not e.taken:
                 e.taken = True
                 return True
-            e.queue.append(ticket)
+            if not self._closed:
+                e.queue.append(ticket)
+            else:
+                ticket.wake()
             return False
 
     def leave(self, key: Key, ticket: Ticket) -> bool:

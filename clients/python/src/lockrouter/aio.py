@@ -509,6 +509,8 @@ class AsyncClient:
             if joined is not None:
                 return AsyncLock(joined, self._keeper)
         if not await self._take_turn(key, start + wait_s):
+            if self._closed:
+                raise ClientClosed("the client was closed while this acquire waited its turn")
             return None
         try:
             lock = await self._acquire_in_turn(name, ttl_s, ms, cid, start, wait_s, metadata)
@@ -653,6 +655,7 @@ class AsyncClient:
         if self._closed:
             return
         self._closed = True
+        self._keeper.grants.holds.close()
         await self._keeper.close()
 
     async def __aenter__(self) -> AsyncClient:

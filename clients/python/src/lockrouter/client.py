@@ -529,6 +529,8 @@ class Client:
             if joined is not None:
                 return Lock(joined, self._keeper)
         if not self._take_turn(key, start + wait_s):
+            if self._closed:
+                raise ClientClosed("the client was closed while this acquire waited its turn")
             return None
         try:
             lock = self._acquire_in_turn(name, ttl_s, ms, cid, start, wait_s, metadata)
@@ -676,6 +678,7 @@ class Client:
         if self._closed:
             return
         self._closed = True
+        self._keeper.grants.holds.close()
         self._keeper.close()
 
     def __enter__(self) -> Client:
