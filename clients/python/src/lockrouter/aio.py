@@ -288,19 +288,12 @@ class AsyncLock:
         #: Set once the lock can no longer be trusted.
         self.lost = asyncio.Event()
         self._loop = asyncio.get_running_loop()
-        state.on_lost(lambda _reason: self._on_loop(self.lost.set))
+        # The listener must not hold this lock (the state outlives it, and
+        # a lock kept alive would never be released when dropped).
+        event, loop = self.lost, self._loop
+        state.on_lost(lambda _reason: _on_loop(loop, event.set))
         self._finalizer = weakref.finalize(self, keeper.let_go_in_background, state)
         self._finalizer.atexit = False
-
-    def _on_loop(self, call: Callable[[], None]) -> None:
-        """Runs ``call`` on this lock's event loop, from any thread."""
-        try:
-            if _running_loop() is self._loop:
-                call()
-            else:
-                self._loop.call_soon_threadsafe(call)
-        except RuntimeError:  # the loop is closed
-            pass
 
     def _let_go(self) -> bool:
         if self._holding:
@@ -348,8 +341,8 @@ class AsyncLock:
         is lost, besides setting :attr:`lost` (soon, if it is lost already).
         Keep it short; to run async work, start a task from it. What it
         raises is logged, not propagated."""
-        call = calling_safely(self.name, callback)
-        self._state.on_lost(lambda reason: self._on_loop(lambda: call(reason)))
+        call, loop = calling_safely(self.name, callback), self._loop
+        self._state.on_lost(lambda reason: _on_loop(loop, lambda: call(reason)))
 
     async def extend(self) -> float:
         """As :meth:`lockrouter.Lock.extend`: renews now, with the lock's own
@@ -390,6 +383,17 @@ class AsyncLock:
 
     def __repr__(self) -> str:
         return f"AsyncLock(name={self.name!r}, fencing_token={self.fencing_token}, held={self.is_held()})"
+
+
+def _on_loop(loop: asyncio.AbstractEventLoop, call: Callable[[], None]) -> None:
+    """Runs ``call`` on ``loop``, from any thread."""
+    try:
+        if _running_loop() is loop:
+            call()
+        else:
+            loop.call_soon_threadsafe(call)
+    except RuntimeError:  # the loop is closed
+        pass
 
 
 async def release_on_exit(lock: AsyncLock, clean: bool) -> None:

@@ -327,7 +327,10 @@ class Lock:
         on the client's renewal thread (or the thread that released the
         lock) the moment the loss is known, at the latest when validity runs
         out by the clock: keep it short and non-blocking (set a flag, cancel
-        work, signal a thread). What it raises is logged, not propagated."""
+        work, signal a thread). What it raises is logged, not propagated.
+        The lock's shared state keeps the callback: one that refers to this
+        ``Lock`` keeps it from being garbage-collected (and so released)
+        until it is released or lost."""
         self._state.on_lost(calling_safely(self.name, callback))
 
     def extend(self) -> float:
