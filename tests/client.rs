@@ -3,15 +3,16 @@
 //! release and release on drop, losing locks by the client's own clock when
 //! the router or a shard is gone, losing them at once when the router says
 //! so, renewing lock by lock when the router refuses a whole batch, and
-//! `with_lock`; releases retried while the router is away, and two `Lock`s
-//! for one grant.
+//! `with_lock`; releases retried while the router is away; one holder per
+//! name within a client (re-entrant only when asked); waits longer than the
+//! router's cap; metadata, inspect and extend.
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
 use futures::FutureExt;
-use lockrouter_client::{Client, Error, Lock, LostReason};
+use lockrouter_client::{AcquireOptions, Client, Error, Lock, LostReason};
 use serde_json::json;
 
 use lockrouter_testkit::config::config_toml;
@@ -402,44 +403,145 @@ async fn a_lock_dropped_while_the_router_is_down_is_freed_once_it_is_back() {
     assert!(keep.is_held());
 }
 
+/// One client, one holder per name: a second task of the same client
+/// waits for the first's release (or gets nothing without a wait), and
+/// then gets a new grant; only a re-entrant acquire joins the hold,
+/// counted, and the grant goes with the last hold.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn two_acquires_of_one_name_are_one_lock_and_dropping_either_frees_it() {
+async fn one_client_excludes_its_own_tasks_from_a_name_unless_reentrant_is_asked() {
     let etcd = EtcdCluster::single();
     let router = TestRouter::start(&[&etcd]).await;
     let a = Client::new(&router.api.base, Some("twice-A")).unwrap();
-    let b = Client::new(&router.api.base, Some("twice-B")).unwrap();
     let first = a.acquire("sdk:twice", secs(10)).await.unwrap().unwrap();
-    let second = a.acquire("sdk:twice", secs(10)).await.unwrap().unwrap();
-    assert_eq!(first.lock_id(), second.lock_id());
-    assert_eq!(first.fencing_token(), second.fencing_token());
+    assert!(a.acquire("sdk:twice", secs(10)).await.unwrap().is_none());
+    let waiting = {
+        let a = a.clone();
+        tokio::spawn(async move { a.acquire_wait("sdk:twice", secs(10), secs(5)).await })
+    };
+    sleep_ms(500).await;
+    assert!(!waiting.is_finished(), "the second task waits its turn");
+    let token = first.fencing_token();
+    first.release().await.unwrap();
+    let second = waiting.await.unwrap().unwrap().expect("its turn came");
+    assert!(second.fencing_token() > token, "a new grant, never the old");
+    drop(second);
 
-    let lost = second.lost();
-    drop(first);
-    assert_eq!(
-        lost.now_or_never(),
-        Some(LostReason::Released),
-        "the other Lock of the grant is lost at once"
-    );
-    assert!(!second.is_held());
-    let next = b
-        .acquire_wait("sdk:twice", secs(10), secs(5))
+    let again = AcquireOptions::new(secs(10)).reentrant();
+    let outer = a
+        .acquire_with("sdk:twice", again.clone())
         .await
         .unwrap()
-        .expect("released at the router, not left to the TTL");
-    // Releasing the other one as well is harmless: B keeps its grant.
-    assert_eq!(second.release().await, Ok(()));
-    assert!(next.is_held());
+        .unwrap();
+    let inner = a.acquire_with("sdk:twice", again).await.unwrap().unwrap();
+    assert_eq!(inner.fencing_token(), outer.fencing_token());
+    inner.release().await.unwrap();
+    assert!(outer.is_held(), "the outer hold keeps the lock");
     let seen = router.api.inspect("sdk:twice").await;
-    assert_eq!(seen.body["fencingToken"], next.fencing_token());
-    next.release().await.unwrap();
+    assert_eq!(seen.body["fencingToken"], outer.fencing_token());
+    outer.release().await.unwrap();
+    let seen = router.api.inspect("sdk:twice").await;
+    assert_eq!(seen.body["held"], false, "released with the last hold");
+}
 
-    // Dropping a lock and acquiring the name again at once gives a new
-    // grant that stays held, never the one being released.
-    let old = a.acquire("sdk:twice", secs(3)).await.unwrap().unwrap();
-    let old_token = old.fencing_token();
-    drop(old);
-    let again = a.acquire("sdk:twice", secs(3)).await.unwrap().unwrap();
-    assert!(again.fencing_token() > old_token);
-    sleep_ms(2_000).await; // past a renewal
-    assert!(again.is_held());
+/// A wait longer than the router's `limits.max_wait_ms` (1 s here) queues
+/// again until granted; a wait without end is cancelled by dropping it,
+/// and leaves the router's queue.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_wait_longer_than_the_routers_cap_queues_again_and_cancels_on_drop() {
+    let etcd = EtcdCluster::single();
+    let toml = config_toml(&[&etcd], "127.0.0.1:0", "\n[limits]\nmax_wait_ms = 1000\n");
+    let router = TestRouter::with_toml(&toml).await;
+    let holder = router.api.must_acquire("sdk:long", 30_000, "holder").await;
+    let b = Client::new(&router.api.base, Some("long-B")).unwrap();
+    let waiting = {
+        let b = b.clone();
+        tokio::spawn(async move { b.acquire_wait("sdk:long", secs(2), secs(30)).await })
+    };
+    sleep_ms(2_500).await;
+    assert!(!waiting.is_finished(), "still queued past the router's cap");
+    assert_eq!(router.api.release(&holder).await.status, 204);
+    let lock = tokio::time::timeout(secs(3), waiting)
+        .await
+        .expect("granted within a wait of the release")
+        .unwrap()
+        .unwrap()
+        .expect("B was queued");
+    assert!(lock.fencing_token() > holder.1);
+
+    let c = Client::new(&router.api.base, Some("long-C")).unwrap();
+    let forever =
+        tokio::spawn(async move { c.acquire_wait("sdk:long", secs(2), Duration::MAX).await });
+    sleep_ms(1_500).await;
+    assert_eq!(router.api.inspect("sdk:long").await.body["waiters"], 1);
+    forever.abort();
+    sleep_ms(300).await;
+    assert!(router
+        .api
+        .inspect("sdk:long")
+        .await
+        .body
+        .get("waiters")
+        .is_none());
+    lock.release().await.unwrap();
+    let d = Client::new(&router.api.base, Some("long-D")).unwrap();
+    assert!(
+        d.acquire("sdk:long", secs(2)).await.unwrap().is_some(),
+        "no cancelled waiter is queued ahead"
+    );
+}
+
+/// Metadata goes with the acquire; inspect shows holder, metadata, waiters
+/// and time left, and whether the lock is this client's; extend renews at
+/// once and moves validity forward.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn metadata_inspect_and_extend() {
+    let etcd = EtcdCluster::single();
+    let router = TestRouter::start(&[&etcd]).await;
+    let a = Client::new(&router.api.base, Some("meta-A")).unwrap();
+    let b = Client::new(&router.api.base, Some("meta-B")).unwrap();
+    let options = AcquireOptions::new(secs(10)).metadata(json!({"job": "report"}));
+    let lock = a.acquire_with("sdk:meta", options).await.unwrap().unwrap();
+
+    let mine = a.inspect("sdk:meta").await.unwrap();
+    assert!(mine.held && mine.mine);
+    assert_eq!(mine.fencing_token, Some(lock.fencing_token()));
+    assert_eq!(mine.metadata, Some(json!({"job": "report"})));
+    assert_eq!(
+        mine.holder.as_deref(),
+        Some("meta-A"),
+        "loopback sees the holder"
+    );
+    assert_eq!(mine.waiters, 0);
+    let left = mine.time_left();
+    assert!(left > secs(5) && left <= secs(11), "{left:?}");
+    let theirs = b.inspect("sdk:meta").await.unwrap();
+    assert!(theirs.held && !theirs.mine);
+    assert!(!b.inspect("sdk:free").await.unwrap().held);
+
+    sleep_ms(1_500).await;
+    let before = lock.time_left();
+    let after = lock.extend().await.unwrap();
+    assert!(
+        after > before + Duration::from_millis(500),
+        "{before:?} -> {after:?}"
+    );
+    assert!(after <= secs(10));
+    let grant = (lock.lock_id().to_string(), lock.fencing_token());
+    assert_eq!(
+        router.api.release(&grant).await.status,
+        204,
+        "behind its back"
+    );
+    let gone = lock.extend().await;
+    assert!(
+        matches!(
+            gone,
+            Err(Error::Lost {
+                reason: LostReason::Expired,
+                ..
+            })
+        ),
+        "{gone:?}"
+    );
+    assert!(!lock.is_held());
 }

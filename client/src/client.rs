@@ -13,26 +13,89 @@ use tokio::sync::mpsc;
 use tokio::time::Instant;
 
 use crate::error::{Error, LostReason};
+use crate::info::LockInfo;
 use crate::keeper::Keeper;
 use crate::lock::{Lock, LockHandle};
 use crate::registry::Claim;
 use crate::renewal::{Command, RenewalTask};
 use crate::state::{Release, Shared};
-use crate::transport::{LockRef, Transport};
+use crate::transport::{AcquireArgs, LockRef, Transport};
 use crate::validity;
 
 /// How many times an acquire asks again when its answer is a grant this
 /// client is still releasing (it waits for the release in between).
 const ACQUIRE_ROUNDS: u32 = 3;
 
+/// The longest wait asked of the router at once, until it refuses one as
+/// too long: its default `limits.max_wait_ms`. A longer wait queues again
+/// after each.
+const WAIT_CHUNK: Duration = Duration::from_secs(60);
+
+/// The shortest: a router whose cap is below it refuses every wait.
+const MIN_WAIT_CHUNK: Duration = Duration::from_millis(500);
+
+/// How an acquire asks for a name: [`Client::acquire_with`].
+#[derive(Debug, Clone)]
+pub struct AcquireOptions {
+    ttl: Duration,
+    wait: Duration,
+    metadata: Option<serde_json::Value>,
+    reentrant: bool,
+}
+
+impl AcquireOptions {
+    /// A lock of `ttl` (at least 2 s; etcd rounds up to whole seconds),
+    /// not waiting, without metadata, not re-entrant.
+    pub fn new(ttl: Duration) -> Self {
+        Self {
+            ttl,
+            wait: Duration::ZERO,
+            metadata: None,
+            reentrant: false,
+        }
+    }
+
+    /// Waits up to `wait` for a held name (`Duration::MAX`: for as long as
+    /// it takes); see [`Client::acquire_wait`].
+    pub fn wait(mut self, wait: Duration) -> Self {
+        self.wait = wait;
+        self
+    }
+
+    /// A small JSON object or string recorded with the lock (at most 1 KiB
+    /// by default) and shown by [`Client::inspect`] and the router's admin
+    /// listings to whoever may see the lock: not a place for secrets.
+    pub fn metadata(mut self, metadata: serde_json::Value) -> Self {
+        self.metadata = Some(metadata);
+        self
+    }
+
+    /// If this client already holds the name (and has not lost it), returns
+    /// another `Lock` of that grant at once, counted: the grant is released
+    /// when the last of its `Lock`s is. Without it, an acquire of a name
+    /// this client holds waits its turn like any other.
+    pub fn reentrant(mut self) -> Self {
+        self.reentrant = true;
+        self
+    }
+}
+
+/// Time left before `deadline` (`None`: no end).
+fn left(deadline: Option<Instant>) -> Duration {
+    deadline.map_or(Duration::MAX, |d| {
+        d.saturating_duration_since(Instant::now())
+    })
+}
+
 /// A connection to a lockrouter under one client id. Cheap to clone: clones
 /// share the connection pool, the id and the renewal task.
 ///
 /// Every lock a client holds rides on the router's session lease for
-/// (client id, TTL, shard): renewing one renews them all, and re-acquiring a
-/// name the client already holds returns the same grant (another [`Lock`]
-/// sharing the first one's state). Use one client id per process (or per
-/// independent worker), never one shared by processes.
+/// (client id, TTL, shard): renewing one renews them all. Within a client
+/// (and its clones) a name has one holder at a time: another acquire of a
+/// name it holds waits its turn, unless it asks to be
+/// [re-entrant](AcquireOptions::reentrant). Use one client id per process
+/// (or per independent worker), never one shared by processes.
 ///
 /// ```no_run
 /// # async fn demo() -> Result<(), lockrouter_client::Error> {
@@ -62,6 +125,9 @@ struct Inner {
     margin: Option<Duration>,
     /// Numbers the locks within the renewal task.
     next_key: AtomicU64,
+    /// The longest wait the router accepts at once, as far as this client
+    /// knows (it shrinks when the router refuses one as too long).
+    wait_chunk_ms: AtomicU64,
 }
 
 /// Settings for a [`Client`] beyond the router URL.
@@ -147,10 +213,12 @@ impl ClientBuilder {
                     request_timeout: self.request_timeout,
                     commands,
                     registry: Arc::default(),
+                    holds: Arc::default(),
                 }),
                 client_id,
                 margin: self.margin,
                 next_key: AtomicU64::new(0),
+                wait_chunk_ms: AtomicU64::new(WAIT_CHUNK.as_millis() as u64),
             }),
         })
     }
@@ -187,17 +255,15 @@ impl Client {
     }
 
     /// Tries once to acquire `name` for `ttl` (at least 2 s; etcd rounds
-    /// up to whole seconds). `Ok(None)` means another client holds it, or
-    /// that others are queued for it with [`acquire_wait`](Self::acquire_wait)
-    /// (the router lets no one jump the queue).
+    /// up to whole seconds). `Ok(None)` means another client holds it, that
+    /// others are queued for it with [`acquire_wait`](Self::acquire_wait)
+    /// (the router lets no one jump the queue), or that a `Lock` of this
+    /// client holds it (see [`acquire_with`](Self::acquire_with)).
     ///
     /// The returned [`Lock`] is renewed in the background until released or
     /// dropped. An acquire is idempotent for the same client id, so after a
     /// [`Error::Transport`] it is safe to call again: if the first attempt
-    /// did get the lock, the retry returns that same grant. Two `Lock`s for
-    /// one grant are one lock: they share validity, are renewed once, and
-    /// releasing or dropping either releases it and marks both lost
-    /// ([`LostReason::Released`](crate::LostReason)) at once. A grant this
+    /// did get the lock, the retry returns that same grant. A grant this
     /// client is still releasing is never handed back, and no acquire of a
     /// name is sent while this client's release of an earlier grant of it
     /// is unanswered (a late release would end the grant the router hands
@@ -205,18 +271,21 @@ impl Client {
     /// request timeout (plus the wait of [`acquire_wait`](Self::acquire_wait)),
     /// and fails with [`Error::Transport`] if it cannot.
     pub async fn acquire(&self, name: &str, ttl: Duration) -> Result<Option<Lock>, Error> {
-        self.acquire_inner(name, ttl, Duration::ZERO).await
+        self.acquire_with(name, AcquireOptions::new(ttl)).await
     }
 
     /// Acquires `name`, waiting up to `wait` for it if it is held: the
     /// router queues waiters for a name first come, first served (across
     /// router replicas) and hands the lock to the head of the queue as soon
     /// as it is released or expires. `Ok(None)` if `wait` ran out first.
+    /// `Duration::MAX` waits for as long as it takes.
     ///
-    /// The router caps `wait` (`limits.max_wait_ms`, 60 s by default; a
-    /// longer wait is an [`Error::Router`] with code `invalid_argument`) and
-    /// the number of waiters it holds (429 `rate_limited` beyond, which
-    /// [`Error::is_retryable`] accepts).
+    /// The router caps one wait (`limits.max_wait_ms`, 60 s by default): a
+    /// longer `wait` is made of several, each queuing again at the end of
+    /// the line (the client learns the router's cap from its refusal). The
+    /// router also caps the waiters it holds (429 `rate_limited` beyond,
+    /// which [`Error::is_retryable`] accepts). Dropping the future cancels
+    /// the wait: the router drops the waiter with its request.
     ///
     /// Validity counts from before the request was sent, so a long wait
     /// eats into it; when it did, the client confirms the fresh grant with
@@ -238,73 +307,152 @@ impl Client {
         ttl: Duration,
         wait: Duration,
     ) -> Result<Option<Lock>, Error> {
-        self.acquire_inner(name, ttl, wait).await
+        self.acquire_with(name, AcquireOptions::new(ttl).wait(wait))
+            .await
     }
 
-    async fn acquire_inner(
+    /// Acquires `name` as `options` say: TTL, wait, metadata, re-entrance.
+    ///
+    /// One client, one holder per name: while a [`Lock`] of this client
+    /// holds `name` (until it is released or dropped, even once lost),
+    /// another acquire of it through this client (another task, say) waits
+    /// for it as it would for another client's, first come first served,
+    /// within its wait; without one it gets `Ok(None)`. Only a
+    /// [`reentrant`](AcquireOptions::reentrant) acquire of a name this
+    /// client holds and has not lost gets it at once, without asking the
+    /// router: another `Lock` of the same grant, counted, so the grant is
+    /// released when the last of its `Lock`s is released or dropped.
+    ///
+    /// ```no_run
+    /// # async fn demo(client: lockrouter_client::Client) -> Result<(), lockrouter_client::Error> {
+    /// use std::time::Duration;
+    /// use lockrouter_client::AcquireOptions;
+    /// let options = AcquireOptions::new(Duration::from_secs(30))
+    ///     .wait(Duration::MAX)
+    ///     .metadata(serde_json::json!({"job": "nightly-report"}));
+    /// let lock = client.acquire_with("nightly-report", options).await?;
+    /// # Ok(()) }
+    /// ```
+    pub async fn acquire_with(
         &self,
         name: &str,
-        ttl: Duration,
-        wait: Duration,
+        options: AcquireOptions,
     ) -> Result<Option<Lock>, Error> {
+        let AcquireOptions {
+            ttl,
+            wait,
+            metadata,
+            reentrant,
+        } = options;
         let ttl_ms = u64::try_from(ttl.as_millis())
             .ok()
             .filter(|ms| *ms > 0)
             .ok_or_else(|| Error::Config(format!("ttl {ttl:?} out of range")))?;
+        let keeper = &self.inner.keeper;
         let start = Instant::now();
+        // None: no end.
+        let deadline = start.checked_add(wait);
+        if reentrant {
+            if let Some(shared) = keeper.holds.join(name) {
+                return Ok(Some(Lock::new(shared, keeper.clone())));
+            }
+        }
+        let Some(turn) = keeper.holds.take(name, deadline).await else {
+            return Ok(None);
+        };
         // A release of an earlier grant of this name that the router has
         // not answered may still land later; the router would answer this
         // acquire with that same grant, which the late release then ends.
         // So it is driven to an answer first, within this call's own time.
-        let limit = self.inner.keeper.request_timeout.saturating_add(wait);
-        for shared in self.inner.keeper.registry.releasing(name) {
+        let limit = keeper.request_timeout.saturating_add(left(deadline));
+        for shared in keeper.registry.releasing(name) {
             let left = limit.saturating_sub(start.elapsed());
             if !self.settle(&shared, left).await {
                 return Err(unsettled(name));
             }
         }
-        for _ in 0..ACQUIRE_ROUNDS {
-            let wait_left = wait.saturating_sub(start.elapsed());
-            match self.acquire_once(name, ttl, ttl_ms, wait_left).await? {
-                None => return Ok(None),
-                Some(Claim::Held(shared) | Claim::New(shared)) => {
-                    return Ok(Some(Lock::new(shared, self.inner.keeper.clone())))
+        let mut args = AcquireArgs {
+            name,
+            ttl_ms,
+            wait_ms: 0,
+            metadata: metadata.as_ref(),
+        };
+        let mut rounds = 0;
+        loop {
+            let left = left(deadline);
+            let chunk = Duration::from_millis(self.inner.wait_chunk_ms.load(Ordering::Relaxed));
+            let ask = left.min(chunk);
+            args.wait_ms = u64::try_from(ask.as_millis()).unwrap_or(u64::MAX);
+            match self.acquire_once(&args, ttl, ask).await {
+                Ok(None) if left > ask => continue,
+                Ok(None) => return Ok(None),
+                // The router's cap on one wait is below the chunk: learn it.
+                Err(Error::Router {
+                    status: 400,
+                    ref message,
+                    ..
+                }) if message.contains("waitMs") && ask > MIN_WAIT_CHUNK => {
+                    let smaller = (ask / 2).max(MIN_WAIT_CHUNK);
+                    self.inner
+                        .wait_chunk_ms
+                        .store(smaller.as_millis() as u64, Ordering::Relaxed);
+                }
+                Err(e) => return Err(e),
+                Ok(Some(Claim::Held(shared) | Claim::New(shared))) => {
+                    keeper.holds.hold(turn, &shared);
+                    return Ok(Some(Lock::new(shared, keeper.clone())));
                 }
                 // The answer overtook this client's release of the same
                 // grant, which is about to free it: let the release finish,
                 // then ask again.
-                Some(Claim::Releasing(shared)) => {
-                    self.settle(&shared, self.inner.keeper.request_timeout)
-                        .await;
+                Ok(Some(Claim::Releasing(shared))) => {
+                    rounds += 1;
+                    self.settle(&shared, keeper.request_timeout).await;
                 }
                 // That release already got through: the router frees (has
                 // freed) the grant; the next answer is a new one.
-                Some(Claim::Released) => {}
+                Ok(Some(Claim::Released)) => rounds += 1,
+            }
+            if rounds >= ACQUIRE_ROUNDS {
+                return Err(unsettled(name));
             }
         }
-        Err(unsettled(name))
     }
 
-    /// One acquire request, and what its grant (if any) is to this client.
+    /// What the router tells anyone about `name`: whether it is held, by
+    /// which grant and (for an admin caller, or any caller of a router
+    /// with no admin guard on loopback) which client, until when, the
+    /// metadata its holder attached, how many wait for it, and whether it
+    /// is this client's.
+    pub async fn inspect(&self, name: &str) -> Result<LockInfo, Error> {
+        let keeper = &self.inner.keeper;
+        let mut info = keeper
+            .transport
+            .inspect(name, keeper.request_timeout)
+            .await?;
+        info.mine = info.held
+            && info.fencing_token.is_some()
+            && keeper.holds.holding(name) == info.fencing_token;
+        Ok(info)
+    }
+
+    /// One acquire request (waiting up to `wait`), and what its grant (if
+    /// any) is to this client.
     async fn acquire_once(
         &self,
-        name: &str,
+        args: &AcquireArgs<'_>,
         ttl: Duration,
-        ttl_ms: u64,
         wait: Duration,
     ) -> Result<Option<Claim>, Error> {
-        let wait_ms = u64::try_from(wait.as_millis())
-            .map_err(|_| Error::Config(format!("wait {wait:?} out of range")))?;
+        let name = args.name;
         let inner = &self.inner;
         let keeper = &inner.keeper;
         let sent_at = Instant::now();
         let answer = keeper
             .transport
             .acquire(
-                name,
-                ttl_ms,
+                args,
                 &inner.client_id,
-                wait_ms,
                 keeper.request_timeout.saturating_add(wait),
             )
             .await?;

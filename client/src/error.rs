@@ -83,17 +83,20 @@ pub enum Error {
 
 impl Error {
     /// True for errors worth retrying later with the same request: transport
-    /// failures, 503 (shard unavailable), 429, 504 and other 5xx answers.
+    /// failures, 408 (the request was not read in time), 429, 503 (shard
+    /// unavailable), 504 and other 5xx answers.
     ///
     /// ```
     /// use lockrouter_client::Error;
     /// assert!(Error::Transport("timeout".into()).is_retryable());
+    /// let slow = Error::Router { status: 408, code: "timeout".into(), message: String::new() };
+    /// assert!(slow.is_retryable());
     /// assert!(!Error::NotAcquired { name: "x".into() }.is_retryable());
     /// ```
     pub fn is_retryable(&self) -> bool {
         match self {
             Error::Transport(_) => true,
-            Error::Router { status, .. } => *status == 429 || *status >= 500,
+            Error::Router { status, .. } => matches!(*status, 408 | 429) || *status >= 500,
             _ => false,
         }
     }

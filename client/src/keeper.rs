@@ -4,14 +4,16 @@
 //! of its `Client`, so the lock layer sits below the client that makes
 //! locks rather than beside it.
 //!
-//! It uses the registry, the renewal task's [`Command`]s, the grant state
-//! (`state`) and the transport; the client and its locks share one.
+//! It uses the registry, the holds, the renewal task's [`Command`]s, the
+//! grant state (`state`) and the transport; the client and its locks share
+//! one.
 
 use std::sync::Arc;
 use std::time::Duration;
 
 use tokio::sync::mpsc;
 
+use crate::holds::Holds;
 use crate::registry::Registry;
 use crate::renewal::Command;
 use crate::state::Shared;
@@ -28,6 +30,8 @@ pub(crate) struct Keeper {
     pub commands: mpsc::UnboundedSender<Command>,
     /// One state per grant, shared by every `Lock` of it.
     pub registry: Arc<Registry>,
+    /// Which grant holds each name's turn in this client, and how often.
+    pub holds: Arc<Holds>,
 }
 
 impl Keeper {

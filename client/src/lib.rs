@@ -41,29 +41,36 @@
 //! - `lock`: [`Lock`], [`LockHandle`]: a held lock, its validity and lost
 //!   signal.
 //! - `keeper`: what a client's locks need of it (transport, request
-//!   timeout, renewal channel, registry); each `Lock` holds it instead of
-//!   its `Client`.
+//!   timeout, renewal channel, registry, holds); each `Lock` holds it
+//!   instead of its `Client`.
 //! - `renewal`: the one background task per client that renews all locks
 //!   (up to [`MAX_BATCH`] a request) and delivers the releases handed to
 //!   it.
 //! - `registry`: the client's grants by lockId, so that every `Lock` of a
-//!   grant shares its one state; and, beside it, `release`: retrying a
-//!   release until the router confirms it, and why.
+//!   grant shares its one state; beside it, `release`: retrying a release
+//!   until the router confirms it, and why; and `holds`: one hold of a
+//!   name at a time within a client (its tasks exclude each other), or
+//!   counted re-entrant holds when asked for.
 //! - `state`: that state: validity, why the lock was lost, where its
 //!   release stands. It tells the registry it is gone through a trait the
 //!   registry implements, so it need not import it.
 //! - `transport`: the v1 HTTP API over a pooled HTTP/1.1 client.
 //! - Leaves any layer may use: `error` ([`Error`], [`LostReason`]: typed
-//!   failures), `validity` (the client-side clock rules: margin, at least
+//!   failures), `info` ([`LockInfo`]: the router's inspect answer), `validity` (the client-side clock rules: margin, at least
 //!   [`MIN_MARGIN`], renewal interval, backoff) and [`fencing`] (what the
 //!   protected resource must do, with helpers).
 //!
 //! [`Client::acquire_wait`] queues for a held lock at the router (the API's
-//! `waitMs`: first come, first served across router replicas).
+//! `waitMs`: first come, first served across router replicas), for as long
+//! as asked: a wait longer than the router's cap queues again.
+//! [`Client::acquire_with`] also attaches metadata, or takes a re-entrant
+//! hold; [`Client::inspect`] shows a name's holder, waiters and expiry.
 
 mod client;
 mod error;
 pub mod fencing;
+mod holds;
+mod info;
 mod keeper;
 mod lock;
 mod registry;
@@ -73,8 +80,9 @@ mod state;
 mod transport;
 mod validity;
 
-pub use client::{Client, ClientBuilder};
+pub use client::{AcquireOptions, Client, ClientBuilder};
 pub use error::{Error, LostReason};
+pub use info::LockInfo;
 pub use lock::{Lock, LockHandle};
 pub use renewal::MAX_BATCH;
 pub use transport::connector;

@@ -1,9 +1,10 @@
 //! A held lock: its identity (name, lockId, fencing token), its validity as
 //! the client's own clock judges it, and the "lost" signal, all read from
 //! the grant's shared state (`state`), which every [`Lock`] of one grant
-//! and their [`LockHandle`]s share with the client's renewal task.
-//! Releasing or dropping any `Lock` of a grant marks them all lost at once,
-//! and the grant is released at the router once.
+//! and their [`LockHandle`]s share with the client's renewal task. A grant
+//! has more than one `Lock` only through re-entrant acquires; each is a
+//! counted hold, and the grant is released at the router once, with the
+//! last.
 //!
 //! A `Lock` reaches its client only through the client's `Keeper`
 //! (transport, renewal channel, registry), never the `Client` itself; it
@@ -21,6 +22,7 @@ use crate::keeper::Keeper;
 use crate::release::{self, Until};
 use crate::renewal::Command;
 use crate::state::Shared;
+use crate::validity;
 
 /// A lock held through a [`Client`](crate::Client). The client's background
 /// task renews it until it is released or lost.
@@ -31,11 +33,11 @@ use crate::state::Shared;
 /// the client lives. Call [`release`](Self::release) to know when it
 /// happened.
 ///
-/// Acquiring a name this client already holds returns another `Lock` for
-/// the same grant. Such `Lock`s are one lock: they share validity and the
-/// lost signal, are renewed once, and releasing or dropping any of them
-/// releases the grant and marks all of them lost
-/// ([`LostReason::Released`]) at once.
+/// A re-entrant acquire of a name this client holds returns another `Lock`
+/// for the same grant. Such `Lock`s are counted holds of one lock: they
+/// share validity and the lost signal, are renewed once, and releasing or
+/// dropping one gives only its hold back; the last releases the grant and
+/// marks it lost ([`LostReason::Released`]).
 ///
 /// ```no_run
 /// # async fn demo() -> Result<(), lockrouter_client::Error> {
@@ -128,6 +130,56 @@ impl Lock {
         self.handle.lost()
     }
 
+    /// Renews the lock now, instead of at its next scheduled renewal, and
+    /// returns the validity it has from this renewal: a little less than
+    /// its TTL. Like redis-py's or redlock's `extend`, but with the TTL the
+    /// lock was acquired with: the router fixes a lock's TTL at its
+    /// acquire (a renew naming another TTL is refused), so a longer lease
+    /// means acquiring the name with a longer TTL. Background renewal
+    /// goes on as before; this is for a caller about to start a long step
+    /// who wants the most validity it can have first.
+    ///
+    /// [`Error::Lost`] if the router says the lock is gone (it is then lost,
+    /// here and for every view of it) or it was lost already; transport
+    /// errors and error answers as they come (the lock stays as it was).
+    pub async fn extend(&self) -> Result<Duration, Error> {
+        let shared = &self.handle.shared;
+        let lost = |reason| Error::Lost {
+            name: shared.name.clone(),
+            reason,
+        };
+        if let Some(reason) = shared.lost_now() {
+            return Err(lost(reason));
+        }
+        let sent_at = Instant::now();
+        let answer = self
+            .keeper
+            .transport
+            .renew(&shared.lock_ref, self.keeper.request_timeout)
+            .await?;
+        match (answer.renewed, answer.expires_in_ms) {
+            (true, Some(ms)) => {
+                let margin = shared.margin;
+                shared.confirm(validity::valid_until(
+                    sent_at,
+                    Duration::from_millis(ms),
+                    margin,
+                ));
+            }
+            _ => {
+                let reason = match answer.reason.as_deref() {
+                    Some("stolen") => LostReason::Stolen,
+                    _ => LostReason::Expired,
+                };
+                shared.mark_lost(reason);
+            }
+        }
+        match shared.lost_now() {
+            Some(reason) => Err(lost(reason)),
+            None => Ok(self.time_left()),
+        }
+    }
+
     /// A cloneable view of this lock to hand to other tasks.
     pub fn handle(&self) -> LockHandle {
         self.handle.clone()
@@ -135,7 +187,9 @@ impl Lock {
 
     /// Stops renewing and releases the lock at the router. The lock counts
     /// as lost ([`LostReason::Released`]) from the start, here and in every
-    /// other `Lock` of the same grant.
+    /// other `Lock` of the same grant. If this is a re-entrant hold and
+    /// others of the grant remain, it only gives its hold back and returns
+    /// `Ok` at once.
     ///
     /// `Ok` comes only after the router confirmed: the name is then not
     /// held under this lock's id. Transport errors, 429 and 5xx answers
@@ -155,6 +209,10 @@ impl Lock {
         self.released = true;
         let shared = self.handle.shared.clone();
         let keeper = self.keeper.clone();
+        if !keeper.holds.let_go(&shared) {
+            // A re-entrant hold: the grant stays with the holds left.
+            return Ok(());
+        }
         let Some(owner) = keeper.registry.begin_release(&shared) else {
             return Err(Error::Lost {
                 name: shared.name.clone(),
@@ -208,7 +266,7 @@ impl Drop for HandOff<'_> {
 
 impl Drop for Lock {
     fn drop(&mut self) {
-        if self.released {
+        if self.released || !self.keeper.holds.let_go(&self.handle.shared) {
             return;
         }
         self.keeper.release_in_background(&self.handle.shared);

@@ -15,6 +15,7 @@ use hyper_util::rt::{TokioExecutor, TokioTimer};
 use serde::{Deserialize, Serialize};
 
 use crate::error::Error;
+use crate::info::LockInfo;
 
 /// A handle to the router's API; cheap to clone (the pool is shared).
 #[derive(Clone)]
@@ -34,6 +35,16 @@ struct AcquireBody<'a> {
     client_id: &'a str,
     #[serde(skip_serializing_if = "is_zero")]
     wait_ms: u64,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    metadata: Option<&'a serde_json::Value>,
+}
+
+/// What an acquire sends besides the client id.
+pub(crate) struct AcquireArgs<'a> {
+    pub name: &'a str,
+    pub ttl_ms: u64,
+    pub wait_ms: u64,
+    pub metadata: Option<&'a serde_json::Value>,
 }
 
 fn is_zero(n: &u64) -> bool {
@@ -172,19 +183,27 @@ impl Transport {
 
     pub async fn acquire(
         &self,
-        name: &str,
-        ttl_ms: u64,
+        args: &AcquireArgs<'_>,
         client_id: &str,
-        wait_ms: u64,
         timeout: Duration,
     ) -> Result<Acquired, Error> {
         let body = AcquireBody {
-            name,
-            ttl_ms,
+            name: args.name,
+            ttl_ms: args.ttl_ms,
             client_id,
-            wait_ms,
+            wait_ms: args.wait_ms,
+            metadata: args.metadata,
         };
         let (status, bytes) = self.post("/api/v1/locks/acquire", &body, timeout).await?;
+        expect_ok(status, &bytes)?;
+        parse(status, &bytes)
+    }
+
+    /// Inspects `name`: held or free, by which grant, its waiters.
+    pub async fn inspect(&self, name: &str, timeout: Duration) -> Result<LockInfo, Error> {
+        let path = percent_encoding::utf8_percent_encode(name, percent_encoding::NON_ALPHANUMERIC);
+        let req = self.request(Method::GET, &format!("/api/v1/locks/{path}"), Bytes::new())?;
+        let (status, bytes) = self.send(req, timeout).await?;
         expect_ok(status, &bytes)?;
         parse(status, &bytes)
     }
@@ -231,16 +250,32 @@ impl Transport {
         timeout: Duration,
     ) -> Result<(StatusCode, Bytes), Error> {
         let json = serde_json::to_vec(body).map_err(|e| Error::Config(e.to_string()))?;
+        let req = self.request(Method::POST, path, Bytes::from(json))?;
+        self.send(req, timeout).await
+    }
+
+    fn request(
+        &self,
+        method: Method,
+        path: &str,
+        body: Bytes,
+    ) -> Result<Request<Full<Bytes>>, Error> {
         let mut req = Request::builder()
-            .method(Method::POST)
+            .method(method)
             .uri(format!("{}{path}", self.base))
             .header(header::CONTENT_TYPE, "application/json");
         if let Some(auth) = &self.authorization {
             req = req.header(header::AUTHORIZATION, auth.clone());
         }
-        let req = req
-            .body(Full::new(Bytes::from(json)))
-            .map_err(|e| Error::Config(e.to_string()))?;
+        req.body(Full::new(body))
+            .map_err(|e| Error::Config(e.to_string()))
+    }
+
+    async fn send(
+        &self,
+        req: Request<Full<Bytes>>,
+        timeout: Duration,
+    ) -> Result<(StatusCode, Bytes), Error> {
         let call = async {
             let resp = self
                 .http
@@ -331,6 +366,16 @@ mod tests {
             matches!(e, Error::Router { status: 502, ref code, .. } if code == "unexpected_answer")
         );
         assert!(expect_ok(StatusCode::NO_CONTENT, &Bytes::new()).is_ok());
+    }
+
+    #[test]
+    fn a_408_is_retryable_as_the_request_never_ran() {
+        let body = Bytes::from_static(br#"{"error":{"code":"timeout","message":"slow body"}}"#);
+        let e = expect_ok(StatusCode::REQUEST_TIMEOUT, &body).unwrap_err();
+        assert!(matches!(e, Error::Router { status: 408, ref code, .. } if code == "timeout"));
+        assert!(e.is_retryable());
+        let e = expect_ok(StatusCode::BAD_REQUEST, &body).unwrap_err();
+        assert!(!e.is_retryable(), "other 4xx stay final");
     }
 
     #[tokio::test]

@@ -36,8 +36,8 @@ def start_etcd(tmp_path: Path, processes: list) -> Callable[[], Etcd]:
 
 @pytest.fixture
 def start_router(tmp_path: Path, processes: list) -> Callable[..., Router]:
-    def start(shards: list[Etcd], port: int | None = None) -> Router:
-        r = Router(tmp_path, shards, port)
+    def start(shards: list[Etcd], port: int | None = None, extra: str = "") -> Router:
+        r = Router(tmp_path, shards, port, extra)
         processes.append(r)
         return r
 

@@ -150,7 +150,7 @@ class Router(Process):
     with short etcd deadlines so failures show fast (as the Rust test kit's
     config does)."""
 
-    def __init__(self, workdir: Path, shards: list[Etcd], port: int | None = None) -> None:
+    def __init__(self, workdir: Path, shards: list[Etcd], port: int | None = None, extra: str = "") -> None:
         self.port = port or free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         d = workdir / f"router-{self.port}"
@@ -159,7 +159,7 @@ class Router(Process):
             f'[server]\nlisten = "127.0.0.1:{self.port}"\n\n'
             '[etcd]\nprefix = "/lockrouter"\nrequest_timeout_ms = 1000\n'
             "connect_timeout_ms = 500\nhealth_interval_ms = 200\n"
-        )
+        ) + extra
         for i, s in enumerate(shards):
             toml += f'\n[[shards]]\nname = "{chr(ord("a") + i)}"\nendpoints = ["{s.endpoint}"]\n'
         self.config = d / "router.toml"

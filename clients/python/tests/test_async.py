@@ -2,8 +2,10 @@
 TTL inside ``async with``, release at its exit, FIFO waits, the lost
 event on a router kill, judged by the client's clock, a name acquired
 again only once its unanswered release is answered, calls on a closed
-client, and a client never closed winding down once it and its locks are
-gone."""
+client, a client never closed winding down once it and its locks are
+gone, and a wait without end that queues again past the router's cap and
+is cancelled with its task, while another task of the same client waits
+its turn."""
 
 from __future__ import annotations
 
@@ -191,3 +193,26 @@ async def test_async_a_client_never_closed_ends_its_renewal_task_once_it_and_its
     assert done, "the renewal task still runs"
     # Released on the way out, not left to its TTL.
     assert router.inspect("py:async-unclosed")["held"] is False
+
+
+@pytest.mark.asyncio
+async def test_async_a_wait_without_end_queues_again_and_is_cancelled_with_its_task(
+    etcd: Etcd, start_router: Callable[..., Router]
+) -> None:
+    router = start_router([etcd], extra="\n[limits]\nmax_wait_ms = 1000\n")
+    async with lockrouter.AsyncClient(router.url) as a, lockrouter.AsyncClient(router.url) as b:
+        held = await a.acquire("py:async-long", ttl=10)
+        first = asyncio.create_task(a.acquire("py:async-long", ttl=3, wait=None))
+        forever = asyncio.create_task(b.acquire("py:async-long", ttl=3, wait=None))
+        await asyncio.sleep(2.5)
+        assert not first.done() and not forever.done(), "still waiting past the router's cap"
+        assert router.inspect("py:async-long").get("waiters") == 1, "B queued; A's task waits its turn"
+        forever.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await forever
+        await asyncio.sleep(0.3)
+        assert "waiters" not in router.inspect("py:async-long"), "the cancelled wait left the queue"
+        await held.release()
+        mine = await asyncio.wait_for(first, 3)
+        assert mine.fencing_token > held.fencing_token, "a new grant for A's other task"
+        await mine.release()

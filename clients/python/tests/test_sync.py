@@ -4,7 +4,9 @@ per interval for many locks, a lock lost by the client's own clock when the
 router is killed (while the lease still stands), a release retried until
 the router is back, a name acquired again only once its unanswered release
 is answered, a shard outage that loses only that shard's locks,
-one grant acquired twice being one lock, calls on a closed client raising
+re-entrant holds of one grant and threads of one client excluding each
+other, waits longer than the router's cap, metadata, inspect, extend and
+the on-lost callback, calls on a closed client raising
 ``ClientClosed``, a ``with`` block's exception surviving its exit, and a
 client never closed winding down once it and its locks are gone.
 """
@@ -302,7 +304,7 @@ class _Recording(httpx.BaseTransport):
 
     def handle_request(self, request: httpx.Request) -> httpx.Response:
         with self._mutex:
-            self._sent.append((request.url.path, json.loads(request.content)))
+            self._sent.append((request.url.path, json.loads(request.content) if request.content else {}))
         return self._inner.handle_request(request)
 
     def close(self) -> None:
@@ -313,14 +315,14 @@ class _Recording(httpx.BaseTransport):
             return [body for path, body in self._sent if path.endswith(suffix)]
 
 
-def test_one_grant_acquired_twice_is_one_lock_renewed_and_released_once(router: Router) -> None:
+def test_re_entrant_holds_are_one_lock_renewed_once_and_released_with_the_last(router: Router) -> None:
     rec = _Recording()
     with lockrouter.Client(router.url, client_id="py-twice-A", transport=rec) as a, \
             lockrouter.Client(router.url) as b:  # fmt: skip
         first = a.acquire("py:twice", ttl=3)
-        second = a.acquire("py:twice", ttl=3)
-        assert second.lock_id == first.lock_id, "the router answers the holder with its own grant"
-        assert second.fencing_token == first.fencing_token
+        second = a.acquire("py:twice", ttl=3, reentrant=True)
+        assert second.lock_id == first.lock_id and second.fencing_token == first.fencing_token
+        assert len(rec.sent("/acquire")) == 1, "joined without asking the router"
         # Past the TTL: both held, renewed as the one lock they are.
         time.sleep(4)
         assert first.is_held() and second.is_held()
@@ -330,17 +332,75 @@ def test_one_grant_acquired_twice_is_one_lock_renewed_and_released_once(router: 
         assert all(len(batch["locks"]) == 1 for batch in batches), batches
         assert rec.sent("/renew") == []
 
-        first.release()
-        assert second.lost.is_set(), "the other Lock of the grant is lost at once"
-        assert second.lost_reason is LostReason.RELEASED
-        nxt = b.try_acquire("py:twice", ttl=3)
-        assert nxt is not None, "released at the router, not left to the TTL"
-        assert nxt.fencing_token > first.fencing_token
-        # Releasing the other one as well sends nothing; B keeps its grant.
         second.release()
-        assert len(rec.sent("/release")) == 1, "one release"
-        assert router.inspect("py:twice")["fencingToken"] == nxt.fencing_token
+        assert second.lost.is_set() and second.lost_reason is LostReason.RELEASED
+        assert first.is_held(), "the outer hold keeps the grant"
+        assert rec.sent("/release") == [] and b.try_acquire("py:twice", ttl=3) is None
+        first.release()
+        assert len(rec.sent("/release")) == 1, "released once, with the last hold"
+        nxt = b.try_acquire("py:twice", ttl=3)
+        assert nxt is not None and nxt.fencing_token > first.fencing_token
         nxt.release()
+
+
+def test_one_client_excludes_its_own_threads_from_a_name_unless_reentrant_is_asked(router: Router) -> None:
+    with lockrouter.Client(router.url) as a:
+        first = a.acquire("py:mine", ttl=5)
+        assert a.try_acquire("py:mine", ttl=5) is None, "held by another thread of this client"
+        got: list[lockrouter.Lock | None] = []
+        waiter = threading.Thread(target=lambda: got.append(a.try_acquire("py:mine", ttl=5, wait=5)))
+        waiter.start()
+        time.sleep(0.5)
+        assert waiter.is_alive(), "the second thread waits its turn"
+        first.release()
+        waiter.join(5)
+        second = got[0]
+        assert second is not None and second.fencing_token > first.fencing_token, "a new grant"
+        assert router.inspect("py:mine")["fencingToken"] == second.fencing_token
+        second.release()
+
+
+def test_a_wait_longer_than_the_routers_cap_queues_again_until_granted(
+    etcd: Etcd, start_router: Callable[..., Router]
+) -> None:
+    router = start_router([etcd], extra="\n[limits]\nmax_wait_ms = 1000\n")
+    with lockrouter.Client(router.url) as a, lockrouter.Client(router.url) as b:
+        held = a.acquire("py:long", ttl=10)
+        got: list[lockrouter.Lock | None] = []
+        waiter = threading.Thread(target=lambda: got.append(b.try_acquire("py:long", ttl=3, wait=None)))
+        waiter.start()
+        time.sleep(2.5)
+        assert waiter.is_alive(), "still queued past the router's cap"
+        held.release()
+        waiter.join(3)
+        assert got and got[0] is not None and got[0].fencing_token > held.fencing_token
+        got[0].release()
+
+
+def test_metadata_inspect_extend_and_the_on_lost_callback(router: Router) -> None:
+    with lockrouter.Client(router.url, client_id="py-meta") as a, lockrouter.Client(router.url) as b:
+        lock = a.acquire("py:meta", ttl=10, metadata={"job": "report"})
+        losses: list[LostReason] = []
+        lock.on_lost(losses.append)
+
+        info = a.inspect("py:meta")
+        assert info.held and info.mine and info.fencing_token == lock.fencing_token
+        assert info.metadata == {"job": "report"} and info.holder == "py-meta", info
+        assert info.waiters == 0 and 5 < info.time_left() <= 11
+        theirs = b.inspect("py:meta")
+        assert theirs.held and not theirs.mine
+        assert not b.inspect("py:free").held
+
+        time.sleep(1.5)
+        before = lock.time_left()
+        after = lock.extend()
+        assert before + 0.5 < after <= 10, (before, after)
+        assert losses == []
+        httpx.post(f"{router.url}/api/v1/locks/release", json={"lockId": lock.lock_id, "fencingToken": lock.fencing_token})
+        with pytest.raises(lockrouter.LockLost) as lost:
+            lock.extend()
+        assert lost.value.reason is LostReason.EXPIRED
+        assert losses == [LostReason.EXPIRED], "the callback ran once, with the reason"
 
 
 def test_calls_after_close_raise_the_sdks_typed_error_never_an_httpx_one(router: Router) -> None:

@@ -228,6 +228,51 @@ def test_a_refused_release_is_not_retried() -> None:
     assert calls.count("/api/v1/locks/release") == 1
 
 
+def test_a_408_is_retried_as_the_request_never_ran() -> None:
+    calls: list[str] = []
+
+    def router(request: httpx.Request) -> httpx.Response:
+        calls.append(request.url.path)
+        if request.url.path.endswith("/acquire"):
+            return httpx.Response(200, json={"acquired": True, "lockId": "L1",
+                                             "fencingToken": 7, "expiresInMs": 29990})  # fmt: skip
+        if calls.count("/api/v1/locks/release") == 1:
+            return httpx.Response(408, json={"error": {"code": "timeout", "message": "body too slow"}})
+        return httpx.Response(204)
+
+    assert lockrouter.RouterError(408, "timeout", "").retryable
+    with lockrouter.Client("http://r:1", transport=httpx.MockTransport(router)) as client:
+        client.acquire("x", ttl=30).release()
+    assert calls.count("/api/v1/locks/release") == 2, "the 408 was retried"
+
+
+def test_an_acquire_waiting_its_turn_when_its_client_closes_raises_client_closed() -> None:
+    def router(request: httpx.Request) -> httpx.Response:
+        if request.url.path.endswith("/acquire"):
+            return httpx.Response(200, json={"acquired": True, "lockId": "L1",
+                                             "fencingToken": 7, "expiresInMs": 29990})  # fmt: skip
+        return httpx.Response(204)
+
+    client = lockrouter.Client("http://r:1", transport=httpx.MockTransport(router))
+    held = client.acquire("x", ttl=30)
+    errors: list[BaseException] = []
+
+    def wait_forever() -> None:
+        try:
+            client.acquire("x", ttl=30, wait=None)
+        except BaseException as e:
+            errors.append(e)
+
+    waiter = threading.Thread(target=wait_forever)
+    waiter.start()
+    time.sleep(0.2)
+    assert waiter.is_alive(), "waits its turn behind the held lock"
+    client.close()
+    waiter.join(5)
+    assert not waiter.is_alive() and isinstance(errors[0], lockrouter.ClientClosed), errors
+    assert not held.is_held()
+
+
 class _RefusesBatches:
     """A router that refuses every ``renew-batch`` (400, as one over its
     ``max_batch``) but renews single locks, except ``L2``, refused on its

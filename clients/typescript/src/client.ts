@@ -8,6 +8,9 @@
 import { randomBytes } from "node:crypto";
 
 import { ConfigError, LockLostError, NotAcquiredError, RouterError, TransportError } from "./errors.js";
+import { Holds } from "./holds.js";
+import { LockInfo } from "./info.js";
+import type { Json } from "./json.js";
 import { Keeper } from "./keeper.js";
 import { Lock } from "./lock.js";
 import { Registry, type Claim } from "./registry.js";
@@ -34,19 +37,42 @@ export interface ClientOptions {
 export interface AcquireOptions {
   /** The lease's TTL (the router takes 2,000 to 3,600,000; etcd rounds up to whole seconds). */
   ttlMs: number;
-  /** How long to queue for a held name, first come first served (router cap: `limits.max_wait_ms`, 60 s by default). Default 0: do not wait. */
+  /**
+   * How long to queue for a held name, first come first served; `Infinity`
+   * waits for as long as it takes. A wait longer than the router's cap
+   * (`limits.max_wait_ms`, 60 s by default) is made of several, each
+   * queuing again at the end of the line. Default 0: do not wait.
+   */
   waitMs?: number;
+  /** Cancels a waiting acquire: it rejects with `signal.reason`, and the router drops the waiter with the request. */
+  signal?: AbortSignal;
+  /** A small JSON object or string recorded with the lock (at most 1 KiB) and shown by `inspect` to whoever may see the lock: not a place for secrets. */
+  metadata?: Json;
+  /**
+   * If this client holds the name already (and has not lost it), returns
+   * another `Lock` of that grant at once, counted: the grant is released
+   * with the last of its `Lock`s. Without it, an acquire of a name this
+   * client holds waits its turn like any other.
+   */
+  reentrant?: boolean;
 }
 
 /** How many times an acquire asks again when its answer is a grant this client is still releasing. */
 const ACQUIRE_ROUNDS = 3;
+/** The longest wait asked of the router at once until it refuses one as too long: its default `limits.max_wait_ms`. */
+const WAIT_CHUNK_MS = 60_000;
+/** The shortest: a router whose cap is below it refuses every wait. */
+const MIN_WAIT_CHUNK_MS = 500;
+/** The longest `setTimeout` Node takes. */
+const MAX_TIMER_MS = 2 ** 31 - 1;
 
 /**
  * A connection to a lockrouter under one client id. Every lock a client
- * holds rides on the router's session lease for (client id, TTL, shard);
- * re-acquiring a name the client already holds returns the same grant (a
- * second {@link Lock} sharing the first one's state). Use one client per
- * process (or per independent worker); close it when done.
+ * holds rides on the router's session lease for (client id, TTL, shard).
+ * Within one client a name has one holder at a time: another acquire of a
+ * name it holds waits its turn (or, asked as `reentrant`, joins the hold,
+ * counted). Use one client per process (or per independent worker); close
+ * it when done.
  *
  * ```ts
  * await using client = new Client({ url: "http://127.0.0.1:8080" });
@@ -61,6 +87,8 @@ export class Client implements AsyncDisposable {
   private readonly marginMs: number | undefined;
   private nextKey = 0;
   private closing: Promise<void> | undefined;
+  /** The longest wait the router accepts at once, as far as this client knows (it shrinks when the router refuses one). */
+  private waitChunkMs = WAIT_CHUNK_MS;
 
   constructor(options: ClientOptions) {
     const { url, token, clientId, safetyMarginMs, requestTimeoutMs = 5_000 } = options;
@@ -74,7 +102,7 @@ export class Client implements AsyncDisposable {
     const transport = new Transport(url, token, fetchFn);
     const registry = new Registry();
     const renewer = new Renewer(transport, requestTimeoutMs, (g) => registry.forget(g));
-    this.keeper = new Keeper(transport, requestTimeoutMs, renewer, registry);
+    this.keeper = new Keeper(transport, requestTimeoutMs, renewer, registry, new Holds());
     this.clientId = clientId ?? randomBytes(16).toString("hex");
     this.marginMs = safetyMarginMs;
   }
@@ -91,6 +119,12 @@ export class Client implements AsyncDisposable {
    * {@link TransportError} if it cannot: never the old grant.
    * A grant after a wait longer than the safety margin is confirmed with
    * one renewal before it is returned.
+   *
+   * One client, one holder per name: while a `Lock` of this client holds
+   * `name` (until it is released, even once lost), another acquire of it
+   * waits its turn as it would for another client's, within `waitMs`. Only
+   * a `reentrant` acquire of a name this client holds and has not lost gets
+   * it at once, without asking the router.
    */
   async acquire(name: string, options: AcquireOptions): Promise<Lock> {
     const lock = await this.tryAcquire(name, options);
@@ -100,27 +134,117 @@ export class Client implements AsyncDisposable {
 
   /** As {@link acquire}, but resolves `null` instead of throwing when the name is held. */
   async tryAcquire(name: string, options: AcquireOptions): Promise<Lock | null> {
-    const { ttlMs, waitMs = 0 } = options;
+    const { ttlMs, waitMs = 0, signal, metadata, reentrant = false } = options;
     if (this.closing !== undefined) throw new ConfigError("the client is closed");
     if (typeof name !== "string" || name === "") throw new ConfigError("name must be a non-empty string");
     if (!Number.isSafeInteger(ttlMs) || ttlMs <= 0) throw new ConfigError(`ttlMs must be a positive integer, not ${ttlMs}`);
-    if (!Number.isSafeInteger(waitMs) || waitMs < 0) throw new ConfigError(`waitMs must be a non-negative integer, not ${waitMs}`);
+    if (waitMs !== Infinity && (!Number.isSafeInteger(waitMs) || waitMs < 0)) {
+      throw new ConfigError(`waitMs must be a non-negative integer or Infinity, not ${waitMs}`);
+    }
+    signal?.throwIfAborted();
+    const { holds } = this.keeper;
+    if (reentrant) {
+      const joined = holds.join(name);
+      if (joined !== undefined) return new Lock(joined, this.keeper);
+    }
     const start = now();
+    if (!(await holds.take(name, waitMs, signal))) return null;
+    let lock: Lock | null = null;
+    try {
+      lock = await this.acquireInTurn(name, ttlMs, start, waitMs, signal, metadata);
+    } finally {
+      if (lock === null) holds.passTurn(name);
+    }
+    return lock;
+  }
+
+  /**
+   * Runs `work` while holding `name`, then releases the lock (as `release()`
+   * does) and resolves with what `work` resolved with, like node-redlock's
+   * `using`. `work` gets the lock's `signal`, which aborts if the lock is
+   * lost: pass it on to `fetch` and other cancellable steps. If the lock is
+   * lost before `work` settles, this rejects at once with
+   * {@link LockLostError} (the lock is released in the background; `work`
+   * is expected to stop on the signal). Throws {@link NotAcquiredError}
+   * if another client holds the name (after `waitMs`, if given).
+   *
+   * ```ts
+   * const rows = await client.using("process_order:42", { ttlMs: 30_000 }, async (signal, lock) =>
+   *   writeOrder(42, { fencingToken: lock.fencingToken, signal }),
+   * );
+   * ```
+   */
+  async using<T>(name: string, options: AcquireOptions, work: (signal: AbortSignal, lock: Lock) => Promise<T>): Promise<T> {
+    const lock = await this.acquire(name, options);
+    const lost = new Promise<never>((_, reject) => {
+      const fail = (): void => reject(lock.signal.reason instanceof LockLostError ? lock.signal.reason : new LockLostError(name, "released"));
+      if (lock.signal.aborted) fail();
+      else lock.signal.addEventListener("abort", fail, { once: true });
+    });
+    lost.catch(() => {});
+    try {
+      return await Promise.race([lost, Promise.resolve().then(() => work(lock.signal, lock))]);
+    } finally {
+      await lock.release().catch(() => {});
+    }
+  }
+
+  /**
+   * What the router tells anyone about `name`: held or free (like
+   * redis-py's `locked()`), by which grant and, for an admin caller, which
+   * client, until when, its metadata and waiters, and whether it is this
+   * client's (`mine`, like redis-py's `owned()`).
+   */
+  async inspect(name: string): Promise<LockInfo> {
+    if (this.closing !== undefined) throw new ConfigError("the client is closed");
+    const i = await this.keeper.transport.inspect(name, this.keeper.requestTimeoutMs);
+    const mine = i.held && i.fencingToken !== undefined && this.keeper.holds.holding(name) === i.fencingToken;
+    const time = (t: string | undefined): Date | undefined => (t === undefined ? undefined : new Date(t));
+    return new LockInfo(i.name, i.held, i.shard, i.waiters, mine, i.fencingToken, time(i.expiresAt), time(i.acquiredAt), i.metadata, i.holder, i.principal);
+  }
+
+  /** The rest of an acquire, once this client's turn for `name` is taken. */
+  private async acquireInTurn(
+    name: string,
+    ttlMs: number,
+    start: number,
+    waitMs: number,
+    signal: AbortSignal | undefined,
+    metadata: Json | undefined,
+  ): Promise<Lock | null> {
     // A release of an earlier grant of this name that the router has not
     // answered may still land later, and would end the very grant the
     // router answers this acquire with (the same one): drive it to an
     // answer first, within this call's own time.
-    const limit = this.keeper.requestTimeoutMs + waitMs;
+    const limit = Math.min(this.keeper.requestTimeoutMs + waitMs, MAX_TIMER_MS);
     for (const pending of this.keeper.registry.releasing(name)) {
       pending.retryNow?.();
       await pending.releaseSettled(Math.max(0, limit - (now() - start)));
       if (pending.release === "pending") throw notSettled(name);
     }
-    for (let round = 0; round < ACQUIRE_ROUNDS; round++) {
-      const waitLeft = Math.max(0, Math.floor(waitMs - (now() - start)));
-      const claim = await this.acquireOnce(name, ttlMs, waitLeft);
-      if (claim === null) return null;
-      if (claim.kind === "held" || claim.kind === "new") return new Lock(claim.grant, this.keeper);
+    let rounds = 0;
+    for (;;) {
+      const left = Math.max(0, waitMs - (now() - start));
+      const ask = Math.floor(Math.min(left, this.waitChunkMs));
+      let claim: Claim | null;
+      try {
+        claim = await this.acquireOnce(name, ttlMs, ask, signal, metadata);
+      } catch (e) {
+        // The router's cap on one wait is below what was asked: learn it.
+        if (e instanceof RouterError && e.status === 400 && e.detail.includes("waitMs") && ask > MIN_WAIT_CHUNK_MS) {
+          this.waitChunkMs = Math.max(Math.floor(ask / 2), MIN_WAIT_CHUNK_MS);
+          continue;
+        }
+        throw e;
+      }
+      if (claim === null) {
+        if (left > ask) continue; // the router's cap ran out: queue again
+        return null;
+      }
+      if (claim.kind === "held" || claim.kind === "new") {
+        this.keeper.holds.hold(name, claim.grant);
+        return new Lock(claim.grant, this.keeper);
+      }
       if (claim.kind === "releasing") {
         // The answer overtook this client's release of the same grant,
         // which is about to free it: let the release finish, then ask again.
@@ -128,8 +252,8 @@ export class Client implements AsyncDisposable {
         await claim.grant.releaseSettled(this.keeper.requestTimeoutMs);
       }
       // "released": that release got through already; the next answer is a new grant.
+      if (++rounds >= ACQUIRE_ROUNDS) throw notSettled(name);
     }
-    throw notSettled(name);
   }
 
   /**
@@ -141,7 +265,8 @@ export class Client implements AsyncDisposable {
    */
   close(): Promise<void> {
     this.closing ??= (async () => {
-      const { registry, renewer } = this.keeper;
+      const { registry, renewer, holds } = this.keeper;
+      holds.close(new ConfigError("the client was closed while this acquire waited its turn"));
       await Promise.allSettled(registry.unreleased().map((g) => this.keeper.release(g)));
       await renewer.close();
     })();
@@ -154,10 +279,19 @@ export class Client implements AsyncDisposable {
   }
 
   /** One acquire request, and what its grant (if any) is to this client. */
-  private async acquireOnce(name: string, ttlMs: number, waitMs: number): Promise<Claim | null> {
+  private async acquireOnce(
+    name: string,
+    ttlMs: number,
+    waitMs: number,
+    signal: AbortSignal | undefined,
+    metadata: Json | undefined,
+  ): Promise<Claim | null> {
     const { transport, requestTimeoutMs } = this.keeper;
     const sentAt = now();
-    const a = await transport.acquire(name, ttlMs, this.clientId, waitMs, requestTimeoutMs + waitMs);
+    const extra: { metadata?: Json; signal?: AbortSignal } = {};
+    if (metadata !== undefined) extra.metadata = metadata;
+    if (signal !== undefined) extra.signal = signal;
+    const a = await transport.acquire(name, ttlMs, this.clientId, waitMs, requestTimeoutMs + waitMs, extra);
     if (!a.acquired) return null;
     if (a.lockId === undefined || a.fencingToken === undefined || a.expiresInMs === undefined) {
       throw new RouterError(200, "malformed_answer", "acquired without lockId, fencingToken or expiresInMs");

@@ -43,7 +43,7 @@ export function describeLostReason(reason: LostReason): string {
 export class LockrouterError extends Error {
   override name = "LockrouterError";
 
-  /** True when the same request may succeed later (transport failures, 429 and 5xx answers). */
+  /** True when the same request may succeed later (transport failures, 408, 429 and 5xx answers). */
   get retryable(): boolean {
     return false;
   }
@@ -92,7 +92,8 @@ export class RouterError extends LockrouterError {
   }
 
   override get retryable(): boolean {
-    return this.status === 429 || this.status >= 500;
+    // 408: the router gave up reading the request, so it did nothing.
+    return this.status === 408 || this.status === 429 || this.status >= 500;
   }
 }
 

@@ -21,23 +21,27 @@
  * Layout, top to bottom (a module imports only from those below it):
  *
  * - `client`: {@link Client}: the client id, acquiring (at once or
- *   waiting), closing.
+ *   waiting, past the router's cap, cancellable), `using`, `inspect`,
+ *   closing.
  * - `lock`: {@link Lock}: a held lock, its validity and lost signal.
  * - `keeper`: what a client's locks need of it (transport, timeout,
- *   renewal loop, registry), and releasing a grant.
+ *   renewal loop, registry, holds), and releasing a grant.
  * - `renewal`: the one loop per client that renews all its locks (up to
  *   {@link MAX_BATCH} a request) and keeps delivering unconfirmed releases.
  * - `registry`: the client's grants by lockId, so every `Lock` of one grant
  *   shares one state; beside it `release`: retrying a release until the
- *   router confirms it.
+ *   router confirms it, and `holds`: one hold of a name at a time within a
+ *   client, or counted re-entrant holds when asked for.
  * - `state`: that state: validity, why the lock was lost, its release.
  * - `transport`: the v1 HTTP API over `fetch`.
  * - Leaves: `errors` (typed failures, {@link LostReason}), `validity` (the
- *   clock rules), `json` (exact 64-bit integers) and `fencing` (what the
- *   protected resource must do, with helpers).
+ *   clock rules), `json` (exact 64-bit integers), `info` ({@link LockInfo}:
+ *   the router's inspect answer) and `fencing` (what the protected resource
+ *   must do, with helpers).
  */
 
 export { Client, type AcquireOptions, type ClientOptions } from "./client.js";
+export { LockInfo } from "./info.js";
 export { Lock } from "./lock.js";
 export {
   ConfigError,

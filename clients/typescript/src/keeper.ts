@@ -1,11 +1,12 @@
 /**
  * {@link Keeper}: what a client's locks need of their client, and nothing
- * more: the transport (to release), the request timeout, the renewal loop
- * and the registry of grants. A `Lock` holds this instead of its `Client`,
+ * more: the transport (to release), the request timeout, the renewal loop,
+ * the registry of grants and the holds of names. A `Lock` holds this instead of its `Client`,
  * so the lock layer sits below the client that makes locks.
  */
 
 import { isRetryable, LockLostError } from "./errors.js";
+import type { Holds } from "./holds.js";
 import type { Registry } from "./registry.js";
 import { retryRelease } from "./release.js";
 import type { Renewer } from "./renewal.js";
@@ -18,6 +19,8 @@ export class Keeper {
     readonly requestTimeoutMs: number,
     readonly renewer: Renewer,
     readonly registry: Registry,
+    /** Which grant holds each name's turn in this client, and how often. */
+    readonly holds: Holds,
   ) {}
 
   /**

@@ -2,14 +2,14 @@
  * A held lock: its identity (name, lockId, fencing token), its validity as
  * this process's clock judges it, and the lost signal, all read from the
  * grant's shared state, which every {@link Lock} of one grant shares with
- * the client's renewal loop. Releasing any `Lock` of a grant marks them all
- * lost at once, and the grant is released at the router once.
+ * the client's renewal loop. A grant has more than one `Lock` only through
+ * re-entrant acquires; it is released at the router once, with the last.
  */
 
 import { LockLostError, type LostReason } from "./errors.js";
 import type { Keeper } from "./keeper.js";
 import type { Grant } from "./state.js";
-import { now } from "./validity.js";
+import { now, validUntil } from "./validity.js";
 
 /**
  * A lock held through a {@link Client}. The client's renewal loop renews it
@@ -23,11 +23,21 @@ import { now } from "./validity.js";
  * ```
  */
 export class Lock implements AsyncDisposable {
+  /** This hold's own signal: follows the grant's, and aborts when this hold is released while others keep the grant. */
+  private readonly controller = new AbortController();
+  /** Whether this object still has its hold of the name, and whether giving it back was the grant's last. */
+  private holding = true;
+  private last = true;
+
   /** @internal */
   constructor(
     private readonly grant: Grant,
     private readonly keeper: Keeper,
-  ) {}
+  ) {
+    const follow = (): void => this.controller.abort(grant.signal.reason);
+    if (grant.signal.aborted) follow();
+    else grant.signal.addEventListener("abort", follow, { once: true });
+  }
 
   /** The lock's name. */
   get name(): string {
@@ -65,12 +75,12 @@ export class Lock implements AsyncDisposable {
    * to `fetch` and other cancellable work, or listen for `"abort"`.
    */
   get signal(): AbortSignal {
-    return this.grant.signal;
+    return this.controller.signal;
   }
 
   /** Why the lock is lost, or `undefined` while it is held. */
   get lostReason(): LostReason | undefined {
-    return this.grant.lostNow();
+    return this.gaveBack() ? "released" : this.grant.lostNow();
   }
 
   /**
@@ -80,7 +90,7 @@ export class Lock implements AsyncDisposable {
    * check is safe against that.
    */
   isHeld(): boolean {
-    return this.grant.lostNow() === undefined;
+    return this.lostReason === undefined;
   }
 
   /** Milliseconds of validity left as of the last confirmed renewal (0 once lost). */
@@ -90,7 +100,7 @@ export class Lock implements AsyncDisposable {
 
   /** Resolves with the reason once the lock is lost (see {@link signal}). */
   whenLost(): Promise<LostReason> {
-    const signal = this.grant.signal;
+    const signal = this.signal;
     const reason = (): LostReason => (signal.reason instanceof LockLostError ? signal.reason.reason : "released");
     if (signal.aborted) return Promise.resolve(reason());
     return new Promise((resolve) => signal.addEventListener("abort", () => resolve(reason()), { once: true }));
@@ -106,10 +116,43 @@ export class Lock implements AsyncDisposable {
    * it rejects with the last error and the client keeps retrying in the
    * background while it is open. Calling it again returns the same outcome.
    * Rejects with {@link LockLostError} if the lock was lost and this client
-   * has since acquired the same grant through a newer `Lock`.
+   * has since acquired the same grant through a newer `Lock`. A re-entrant
+   * hold that is not the grant's last only gives its hold back.
    */
   release(): Promise<void> {
-    return this.keeper.release(this.grant);
+    if (this.holding) {
+      this.holding = false;
+      this.last = this.keeper.holds.letGo(this.grant);
+      if (!this.last) this.controller.abort(new LockLostError(this.name, "released"));
+    }
+    return this.last ? this.keeper.release(this.grant) : Promise.resolve();
+  }
+
+  /**
+   * Renews the lock now, instead of at its next scheduled renewal, and
+   * resolves with the milliseconds of validity it has from that renewal (a
+   * little under its TTL). Like redis-py's or node-redlock's `extend`, but
+   * with the TTL the lock was acquired with: the router fixes a lock's TTL
+   * at its acquire (a renew naming another TTL is refused), so a longer
+   * lease means acquiring with a longer `ttlMs`. Rejects with
+   * {@link LockLostError} if the router says the lock is gone (it is then
+   * lost) or it was lost already; other errors as they come.
+   */
+  async extend(): Promise<number> {
+    const lost = this.lostReason;
+    if (lost !== undefined) throw new LockLostError(this.name, lost);
+    const g = this.grant;
+    const sentAt = now();
+    const r = await this.keeper.transport.renew(g.ref, this.keeper.requestTimeoutMs);
+    if (r.renewed && r.expiresInMs !== undefined) g.confirm(validUntil(sentAt, r.expiresInMs, g.marginMs));
+    else g.markLost(r.reason === "stolen" ? "stolen" : "expired");
+    const reason = this.lostReason;
+    if (reason !== undefined) throw new LockLostError(this.name, reason);
+    return this.timeLeftMs();
+  }
+
+  private gaveBack(): boolean {
+    return !this.holding && !this.last;
   }
 
   /**
@@ -118,7 +161,7 @@ export class Lock implements AsyncDisposable {
    * after releasing: the block's work was not protected to the end.
    */
   async [Symbol.asyncDispose](): Promise<void> {
-    const lostBefore = this.grant.lostNow();
+    const lostBefore = this.lostReason;
     let failure: unknown = undefined;
     try {
       await this.release();

@@ -16,6 +16,20 @@ export interface LockRef {
   readonly fencingToken: bigint;
 }
 
+/** The router's inspect answer, as the wire has it. */
+export interface Inspected {
+  name: string;
+  held: boolean;
+  shard: string;
+  fencingToken?: bigint;
+  expiresAt?: string;
+  acquiredAt?: string;
+  metadata?: Json;
+  waiters: number;
+  holder?: string;
+  principal?: string;
+}
+
 /** The router's answer to an acquire. */
 export interface Acquired {
   acquired: boolean;
@@ -56,10 +70,18 @@ export class Transport {
     this.base = parsed.href.replace(/\/+$/, "");
   }
 
-  async acquire(name: string, ttlMs: number, clientId: string, waitMs: number, timeoutMs: number): Promise<Acquired> {
+  async acquire(
+    name: string,
+    ttlMs: number,
+    clientId: string,
+    waitMs: number,
+    timeoutMs: number,
+    extra: { metadata?: Json; signal?: AbortSignal } = {},
+  ): Promise<Acquired> {
     const body: Json = { name, ttlMs, clientId };
     if (waitMs > 0) body["waitMs"] = waitMs;
-    const { status, value } = await this.post("/api/v1/locks/acquire", body, timeoutMs);
+    if (extra.metadata !== undefined && extra.metadata !== null) body["metadata"] = extra.metadata;
+    const { status, value } = await this.send("POST", "/api/v1/locks/acquire", body, timeoutMs, extra.signal);
     expectOk(status, value);
     const a = asObject(status, value);
     if (typeof a["acquired"] !== "boolean") throw malformed(status, "no 'acquired' in the answer");
@@ -98,20 +120,54 @@ export class Transport {
     if (status !== 409) expectOk(status, value);
   }
 
-  private async post(path: string, body: Json, timeoutMs: number): Promise<{ status: number; value: Json | undefined }> {
-    const headers: Record<string, string> = { "content-type": "application/json", accept: "application/json" };
+  /** What the router tells anyone about `name` (`GET /api/v1/locks/{name}`). */
+  async inspect(name: string, timeoutMs: number): Promise<Inspected> {
+    const { status, value } = await this.send("GET", `/api/v1/locks/${encodeURIComponent(name)}`, undefined, timeoutMs);
+    expectOk(status, value);
+    const b = asObject(status, value);
+    if (typeof b["held"] !== "boolean" || typeof b["shard"] !== "string") throw malformed(status, "inspect answer without held or shard");
+    const str = (k: string): string | undefined => (typeof b[k] === "string" ? (b[k] as string) : undefined);
+    const out: Inspected = { name: str("name") ?? name, held: b["held"], shard: b["shard"], waiters: 0 };
+    if (typeof b["fencingToken"] === "bigint") out.fencingToken = b["fencingToken"];
+    if (typeof b["waiters"] === "number") out.waiters = b["waiters"];
+    if (b["metadata"] !== undefined && b["metadata"] !== null) out.metadata = b["metadata"];
+    for (const [from, to] of [["expiresAt", "expiresAt"], ["acquiredAt", "acquiredAt"], ["clientId", "holder"], ["principal", "principal"]] as const) {
+      const v = str(from);
+      if (v !== undefined) out[to] = v;
+    }
+    return out;
+  }
+
+  private post(path: string, body: Json, timeoutMs: number): Promise<{ status: number; value: Json | undefined }> {
+    return this.send("POST", path, body, timeoutMs);
+  }
+
+  /** One exchange, bounded by `timeoutMs`; `cancel` aborts it, rejecting with its reason. */
+  private async send(
+    method: "GET" | "POST",
+    path: string,
+    body: Json | undefined,
+    timeoutMs: number,
+    cancel?: AbortSignal,
+  ): Promise<{ status: number; value: Json | undefined }> {
+    const headers: Record<string, string> = { accept: "application/json" };
+    if (body !== undefined) headers["content-type"] = "application/json";
     if (this.token !== undefined) headers["authorization"] = `Bearer ${this.token}`;
     // One deadline for the whole exchange, body included.
-    const signal = AbortSignal.timeout(Math.max(1, Math.ceil(timeoutMs)));
+    const deadline = AbortSignal.timeout(Math.max(1, Math.ceil(Math.min(timeoutMs, 2 ** 31 - 1))));
+    const signal = cancel === undefined ? deadline : AbortSignal.any([deadline, cancel]);
     let status: number;
     let text: string;
     try {
-      const resp = await this.fetchFn(this.base + path, { method: "POST", headers, body: stringifyJson(body), signal });
+      const init: RequestInit = { method, headers, signal };
+      if (body !== undefined) init.body = stringifyJson(body);
+      const resp = await this.fetchFn(this.base + path, init);
       status = resp.status;
       text = await resp.text();
     } catch (e) {
-      if (signal.aborted) throw new TransportError(`no answer from ${path} within ${Math.ceil(timeoutMs)} ms`);
-      throw new TransportError(`POST ${path}: ${errorChain(e)}`);
+      if (cancel?.aborted) throw cancel.reason;
+      if (deadline.aborted) throw new TransportError(`no answer from ${path} within ${Math.ceil(timeoutMs)} ms`);
+      throw new TransportError(`${method} ${path}: ${errorChain(e)}`);
     }
     if (text.trim() === "") return { status, value: undefined };
     try {

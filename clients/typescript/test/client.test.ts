@@ -5,8 +5,9 @@
  * client's back lost at once, a killed router judged by the client's own
  * clock, a release retried until the router is back, a name acquired again
  * only once its unanswered release is answered, a shard outage that
- * loses only that shard's locks, and one grant acquired twice being one
- * lock.
+ * loses only that shard's locks, re-entrant holds and tasks of one client
+ * excluding each other, waits past the router's cap and their cancellation,
+ * metadata, inspect, extend and `using`.
  */
 
 import assert from "node:assert/strict";
@@ -306,7 +307,7 @@ describe("against a real router", () => {
     }
   });
 
-  test("one grant acquired twice is one lock: one validity and signal, one renewal, one release", { timeout: 20_000 }, async () => {
+  test("re-entrant holds are one lock: one validity, one renewal, released once with the last", { timeout: 20_000 }, async () => {
     const name = fresh("twice");
     // The real fetch, with every request written down.
     const sent: { path: string; body: string }[] = [];
@@ -317,10 +318,10 @@ describe("against a real router", () => {
     await using a = new Client({ url, clientId: `ts-twice-${process.pid}`, fetch: recording });
     await using b = new Client({ url });
     const first = await a.acquire(name, { ttlMs: 3_000 });
-    const second = await a.acquire(name, { ttlMs: 3_000 });
-    assert.equal(second.lockId, first.lockId, "the router answers the holder with its own grant");
+    const second = await a.acquire(name, { ttlMs: 3_000, reentrant: true });
+    assert.equal(second.lockId, first.lockId);
     assert.equal(second.fencingToken, first.fencingToken);
-    assert.equal(second.signal, first.signal, "one lost signal");
+    assert.equal(sent.filter((s) => s.path.endsWith("/acquire")).length, 1, "joined without asking the router");
     // Past the TTL: both held, renewed as the one lock they are.
     await sleep(4_000);
     assert.ok(first.isHeld() && second.isHeld());
@@ -328,18 +329,100 @@ describe("against a real router", () => {
     const batches = sent.filter((s) => s.path.endsWith("/renew-batch"));
     assert.ok(batches.length >= 2 && batches.length <= 8, `${batches.length} renew-batch requests over 4 intervals`);
     for (const r of batches) assert.equal(r.body.match(/"lockId"/g)?.length, 1, `one lock per renewal: ${r.body}`);
-    assert.equal(sent.filter((s) => s.path.endsWith("/renew")).length, 0);
 
-    await first.release();
-    assert.ok(second.signal.aborted, "the other Lock of the grant is lost at once");
-    assert.equal(second.lostReason, "released");
-    const next = await b.tryAcquire(name, { ttlMs: 3_000 });
-    assert.ok(next !== null, "released at the router, not left to the TTL");
-    assert.ok(next.fencingToken > first.fencingToken);
-    // Releasing the other one as well shares the first release: no second request, B keeps its grant.
     await second.release();
-    assert.equal(sent.filter((s) => s.path.endsWith("/release")).length, 1, "one release");
-    assert.deepEqual(await cluster.router.inspect(name), { held: true, fencingToken: next.fencingToken.toString() });
+    assert.ok(second.signal.aborted && second.lostReason === "released", "the inner hold is given back");
+    assert.ok(first.isHeld() && !first.signal.aborted, "the outer hold keeps the grant");
+    assert.equal(await b.tryAcquire(name, { ttlMs: 3_000 }), null);
+    await first.release();
+    assert.equal(sent.filter((s) => s.path.endsWith("/release")).length, 1, "released once, with the last hold");
+    const next = await b.tryAcquire(name, { ttlMs: 3_000 });
+    assert.ok(next !== null && next.fencingToken > first.fencingToken);
     await next.release();
+  });
+
+  test("one client excludes its own tasks from a name: the second waits its turn and gets a new grant", { timeout: 15_000 }, async () => {
+    const name = fresh("mine");
+    await using a = new Client({ url });
+    const first = await a.acquire(name, { ttlMs: 5_000 });
+    assert.equal(await a.tryAcquire(name, { ttlMs: 5_000 }), null, "held by another task of this client");
+    let done = false;
+    const waiting = a.acquire(name, { ttlMs: 5_000, waitMs: 5_000 }).finally(() => (done = true));
+    await sleep(500);
+    assert.ok(!done, "the second task waits its turn");
+    await first.release();
+    const second = await waiting;
+    assert.ok(second.fencingToken > first.fencingToken, "a new grant, never the old");
+    assert.deepEqual(await cluster.router.inspect(name), { held: true, fencingToken: second.fencingToken.toString() });
+    await second.release();
+  });
+
+  test("a wait longer than the router's cap queues again; an AbortSignal cancels a wait without end, which leaves the queue", { timeout: 20_000 }, async () => {
+    const name = fresh("long");
+    const capped = await cluster.extraRouter("\n[limits]\nmax_wait_ms = 1000\n");
+    try {
+      await using a = new Client({ url: capped.url });
+      await using b = new Client({ url: capped.url });
+      await using c = new Client({ url: capped.url });
+      const held = await a.acquire(name, { ttlMs: 10_000 });
+      let bDone = false;
+      const bWaits = b.acquire(name, { ttlMs: 3_000, waitMs: Infinity }).finally(() => (bDone = true));
+      const stop = new AbortController();
+      const cWaits = c.acquire(name, { ttlMs: 3_000, waitMs: Infinity, signal: stop.signal });
+      cWaits.catch(() => {});
+      await sleep(2_500);
+      assert.ok(!bDone, "still queued past the router's cap");
+      stop.abort(new Error("no longer needed"));
+      await assert.rejects(cWaits, /no longer needed/);
+      await held.release();
+      const lockB = await within(3_000, "B granted after the release", bWaits);
+      assert.ok(lockB.fencingToken > held.fencingToken);
+      await sleep(300);
+      const seen = (await (await fetch(`${capped.url}/api/v1/locks/${encodeURIComponent(name)}`)).json()) as { waiters?: number };
+      assert.equal(seen.waiters, undefined, "the cancelled wait left the queue");
+      await lockB.release();
+      assert.ok(await c.tryAcquire(name, { ttlMs: 3_000 }), "no cancelled waiter is queued ahead");
+    } finally {
+      await capped.kill();
+    }
+  });
+
+  test("metadata, inspect and extend; using(name, fn(signal)) releases after the work, and rejects when the lock is lost", { timeout: 20_000 }, async () => {
+    const name = fresh("meta");
+    await using a = new Client({ url, clientId: `ts-meta-${process.pid}` });
+    await using b = new Client({ url });
+    const lock = await a.acquire(name, { ttlMs: 10_000, metadata: { job: "report" } });
+    const info = await a.inspect(name);
+    assert.ok(info.held && info.mine && info.fencingToken === lock.fencingToken);
+    assert.deepEqual(info.metadata, { job: "report" });
+    assert.equal(info.holder, `ts-meta-${process.pid}`);
+    assert.ok(info.waiters === 0 && info.timeLeftMs() > 5_000 && info.timeLeftMs() <= 11_000, `${info.timeLeftMs()}`);
+    assert.ok(!(await b.inspect(name)).mine && !(await b.inspect(fresh("free"))).held);
+    await sleep(1_500);
+    const before = lock.timeLeftMs();
+    const after = await lock.extend();
+    assert.ok(after > before + 500 && after <= 10_000, `${before} -> ${after}`);
+    await lock.release();
+
+    const value = await a.using(name, { ttlMs: 3_000 }, async (signal, held) => {
+      assert.ok(!signal.aborted && held.isHeld());
+      return held.fencingToken;
+    });
+    assert.ok(value > lock.fencingToken);
+    assert.equal((await a.inspect(name)).held, false, "released after the work");
+
+    let seenSignal: AbortSignal | undefined;
+    const cut = a.using(name, { ttlMs: 3_000 }, async (signal, held) => {
+      seenSignal = signal;
+      await fetch(`${url}/api/v1/locks/release`, {
+        method: "POST",
+        headers: { "content-type": "application/json" },
+        body: `{"lockId":"${held.lockId}","fencingToken":${held.fencingToken}}`,
+      });
+      await sleep(10_000, undefined, { signal }).catch(() => {});
+      return "finished";
+    });
+    await assert.rejects(within(3_000, "using rejects on loss", cut), (e: unknown) => e instanceof LockLostError && e.reason === "expired");
+    assert.ok(seenSignal?.aborted, "the work's signal aborted");
   });
 });

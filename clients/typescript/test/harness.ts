@@ -193,14 +193,15 @@ export class Router extends Process {
   }
 
   /** Starts a router on `port` (default: a free one). */
-  static async start(dir: string, shards: Etcd[], port?: number): Promise<Router> {
+  static async start(dir: string, shards: Etcd[], port?: number, extra = ""): Promise<Router> {
     port ??= await freePort();
     const url = `http://127.0.0.1:${port}`;
     const d = join(dir, `router-${port}`);
     mkdirSync(d, { recursive: true });
     let toml =
       `[server]\nlisten = "127.0.0.1:${port}"\n\n` +
-      `[etcd]\nprefix = "/lockrouter"\nrequest_timeout_ms = 1000\nconnect_timeout_ms = 500\nhealth_interval_ms = 200\n`;
+      `[etcd]\nprefix = "/lockrouter"\nrequest_timeout_ms = 1000\nconnect_timeout_ms = 500\nhealth_interval_ms = 200\n` +
+      extra;
     shards.forEach((s, i) => {
       toml += `\n[[shards]]\nname = "${String.fromCharCode(97 + i)}"\nendpoints = ["${s.endpoint}"]\n`;
     });
@@ -269,9 +270,9 @@ export class Cluster {
     }
   }
 
-  /** Another router over the same etcd (to kill without disturbing the others). */
-  extraRouter(): Promise<Router> {
-    return Router.start(this.dir, [this.etcd]);
+  /** Another router over the same etcd (to kill without disturbing the others), with `extra` TOML after its `[etcd]` table. */
+  extraRouter(extra = ""): Promise<Router> {
+    return Router.start(this.dir, [this.etcd], undefined, extra);
   }
 
   /** Another etcd, in this cluster's dir (a shard of its own for a router of its own). */

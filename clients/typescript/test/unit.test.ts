@@ -139,6 +139,39 @@ describe("errors and configuration", () => {
     assert.doesNotThrow(() => expectOk(204, undefined));
   });
 
+  test("a 408 from the router is retried: the router never ran the request", { timeout: 10_000 }, async () => {
+    let releases = 0;
+    const fake: typeof fetch = async (input) => {
+      const path = new URL(String(input)).pathname;
+      if (path.endsWith("/acquire")) {
+        return new Response('{"acquired":true,"lockId":"L1","fencingToken":7,"expiresInMs":29990}', { status: 200 });
+      }
+      releases += 1;
+      if (releases === 1) return new Response('{"error":{"code":"timeout","message":"slow body"}}', { status: 408 });
+      return new Response(null, { status: 204 });
+    };
+    await using c = new Client({ url: "http://router.example:1", fetch: fake });
+    await (await c.acquire("x", { ttlMs: 30_000 })).release();
+    assert.equal(releases, 2, "the 408 was retried");
+  });
+
+  test("an acquire waiting its turn when its client closes rejects with the closed client's ConfigError", { timeout: 10_000 }, async () => {
+    const fake: typeof fetch = async (input) => {
+      if (new URL(String(input)).pathname.endsWith("/acquire")) {
+        return new Response('{"acquired":true,"lockId":"L1","fencingToken":7,"expiresInMs":29990}', { status: 200 });
+      }
+      return new Response(null, { status: 204 });
+    };
+    const c = new Client({ url: "http://router.example:1", fetch: fake });
+    const held = await c.acquire("x", { ttlMs: 30_000 });
+    const waiting = c.acquire("x", { ttlMs: 30_000, waitMs: Infinity });
+    waiting.catch(() => {});
+    await sleep(100);
+    await c.close();
+    await assert.rejects(waiting, (e: unknown) => e instanceof ConfigError && /closed/.test(e.message));
+    assert.ok(!held.isHeld());
+  });
+
   test("only http(s) URLs are accepted", () => {
     for (const ok of ["http://127.0.0.1:8080/", "https://router.example:8443/lockrouter"]) new Transport(ok, undefined, fetch);
     for (const bad of ["127.0.0.1:8080", "ftp://x", "not a url", "http://h/?q=1"]) {

@@ -24,6 +24,8 @@ Layout, top to bottom (a module imports only from those below it):
   I/O-free parts of acquiring and releasing.
 - ``_schedule``: the renewal loop's decisions without I/O: what is due, in
   batches of at most 1,000, what each answer means, backoff.
+- ``_holds``: one hold of a name at a time within a client (its threads
+  and tasks exclude each other), or counted re-entrant holds when asked.
 - ``_state``: one shared state per grant (validity, loss, release) and the
   registry that keeps it.
 - ``_transport``: the v1 HTTP API over httpx (sync and async).
@@ -43,6 +45,7 @@ from .errors import (
     RouterError,
     TransportError,
 )
+from ._transport import LockInfo
 from .validity import MAX_BATCH, MIN_MARGIN
 
 __all__ = [
@@ -56,6 +59,7 @@ __all__ = [
     "ConfigError",
     "Lock",
     "LockContext",
+    "LockInfo",
     "LockLost",
     "LockrouterError",
     "LostReason",

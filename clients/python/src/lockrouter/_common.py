@@ -10,12 +10,13 @@ import itertools
 import logging
 import math
 import secrets
-from typing import Union
+from typing import Any, Callable, Union
 
 from . import validity
+from ._holds import Holds
 from ._state import Claim, LockState, Registry
 from ._transport import Acquired, Renewed
-from .errors import ClientClosed, ConfigError, LockLost, LostReason, TransportError
+from .errors import ClientClosed, ConfigError, LockLost, LostReason, RouterError, TransportError
 
 log = logging.getLogger("lockrouter")
 
@@ -33,6 +34,53 @@ def seconds(value: Seconds, what: str) -> float:
     if not math.isfinite(s) or s < 0:
         raise ConfigError(f"{what} {value!r} out of range")
     return s
+
+
+#: The longest wait asked of the router at once, until it refuses one as too
+#: long: its default ``limits.max_wait_ms``. A longer wait queues again.
+WAIT_CHUNK = 60.0
+#: The shortest: a router whose cap is below it refuses every wait.
+MIN_WAIT_CHUNK = 0.5
+
+
+def wait_seconds(wait: Seconds | None) -> float:
+    """``wait`` in seconds; ``None`` waits for as long as it takes."""
+    return math.inf if wait is None else seconds(wait, "wait")
+
+
+def smaller_chunk(e: RouterError, asked: float) -> float | None:
+    """The next wait to ask for when the router refused ``asked`` as longer
+    than its ``limits.max_wait_ms``, or None if ``e`` is another refusal."""
+    if e.status == 400 and "waitMs" in e.message and asked > MIN_WAIT_CHUNK:
+        return max(asked / 2, MIN_WAIT_CHUNK)
+    return None
+
+
+def calling_safely(name: str, callback: Callable[[LostReason], Any]) -> Callable[[LostReason], None]:
+    """``callback`` as a loss listener: what it raises is logged, never let
+    into the renewal loop that calls it."""
+
+    def call(reason: LostReason) -> None:
+        try:
+            callback(reason)
+        except Exception:
+            log.exception("the on_lost callback of %r raised", name)
+
+    return call
+
+
+def extended(state: LockState, r: Renewed, sent_at: float) -> float:
+    """Applies an ``extend``'s renewal to ``state``: seconds of validity it
+    has now, or :class:`LockLost` (marking it lost)."""
+    try:
+        state.confirm(confirmation(state.name, r, sent_at, state.margin))
+    except LockLost as e:
+        state.mark_lost(e.reason)
+        raise
+    reason = state.lost_now()
+    if reason is not None:
+        raise LockLost(state.name, reason)
+    return state.time_left()
 
 
 def ttl_ms(ttl: float) -> int:
@@ -57,10 +105,14 @@ def check_client_id(client_id: str | None) -> str:
 
 
 class Grants:
-    """A client's registry plus the numbering of its locks."""
+    """A client's registry, its holds, and the numbering of its locks."""
 
     def __init__(self, margin: float | None) -> None:
         self.registry = Registry()
+        self.holds = Holds()
+        #: The longest wait the router accepts at once, as far as this
+        #: client knows (it shrinks when the router refuses one).
+        self.wait_chunk = WAIT_CHUNK
         self.margin = margin
         self._keys = itertools.count()
 

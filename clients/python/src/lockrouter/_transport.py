@@ -14,9 +14,11 @@ that was on its way when it closed.
 from __future__ import annotations
 
 import dataclasses
+import datetime
 import json
 import threading
 from typing import Any, Mapping
+from urllib.parse import quote
 
 import httpx
 
@@ -105,11 +107,84 @@ def check_url(url: str) -> str:
     return url.rstrip("/")
 
 
-def acquire_body(name: str, ttl_ms: int, client_id: str, wait_ms: int) -> AcquireBody:
+def acquire_body(
+    name: str, ttl_ms: int, client_id: str, wait_ms: int, metadata: Any = None
+) -> AcquireBody:
     body: AcquireBody = {"name": name, "ttlMs": ttl_ms, "clientId": client_id}
     if wait_ms > 0:
         body["waitMs"] = wait_ms
+    if metadata is not None:
+        body["metadata"] = metadata
     return body
+
+
+def inspect_path(name: str) -> str:
+    return "/api/v1/locks/" + quote(name, safe="")
+
+
+@dataclasses.dataclass(frozen=True)
+class LockInfo:
+    """A name as ``client.inspect(name)`` found it: the router's inspect
+    answer, plus whether this client holds it. Times are the router's wall
+    clock, for people and planning; never judge a lock's safety by them
+    (a ``Lock`` has its own validity, on this process's monotonic clock)."""
+
+    name: str
+    #: Whether a lock key exists (like redis-py's ``locked()``). A free
+    #: name may still refuse an acquire while others are queued for it.
+    held: bool
+    shard: str
+    fencing_token: int | None = None
+    #: When the holder's lease ends unless renewed (router clock).
+    expires_at: datetime.datetime | None = None
+    #: When the lock was granted (granting router's clock).
+    acquired_at: datetime.datetime | None = None
+    #: What the holder attached at acquire, if anything.
+    metadata: Any = None
+    #: Acquires queued for the name.
+    waiters: int = 0
+    #: The holder's client id: shown only to admin callers (and to any
+    #: caller on loopback of a router with no admin guard).
+    holder: str | None = None
+    principal: str | None = None
+    #: True when a ``Lock`` of this client holds the name's grant and has
+    #: not lost it (like redis-py's ``owned()``).
+    mine: bool = False
+
+    def time_left(self) -> float:
+        """Seconds before the holder's lease ends unless renewed, by this
+        machine's wall clock against the router's (0 when free or past).
+        For display and planning only."""
+        if self.expires_at is None:
+            return 0.0
+        now = datetime.datetime.now(datetime.timezone.utc)
+        return max((self.expires_at - now).total_seconds(), 0.0)
+
+
+def _time(v: Any) -> datetime.datetime | None:
+    return datetime.datetime.fromisoformat(v) if isinstance(v, str) else None
+
+
+def parse_inspect(resp: httpx.Response) -> LockInfo:
+    if resp.status_code != 200:
+        raise error_from(resp)
+    b = _json(resp)
+    try:
+        token = b.get("fencingToken")
+        return LockInfo(
+            name=str(b["name"]),
+            held=b["held"] is True,
+            shard=str(b["shard"]),
+            fencing_token=int(token) if token is not None else None,
+            expires_at=_time(b.get("expiresAt")),
+            acquired_at=_time(b.get("acquiredAt")),
+            metadata=b.get("metadata"),
+            waiters=int(b.get("waiters") or 0),
+            holder=b.get("clientId"),
+            principal=b.get("principal"),
+        )
+    except (KeyError, TypeError, ValueError) as e:
+        raise _malformed(resp, f"inspect answer: {e}") from e
 
 
 def batch_body(refs: list[LockRef]) -> dict[str, Any]:
@@ -233,10 +308,13 @@ class SyncTransport:
         self._http.close()
 
     def _post(self, path: str, body: Any, timeout: float) -> httpx.Response:
+        return self._send("POST", path, json.dumps(body), timeout)
+
+    def _send(self, method: str, path: str, content: str | None, timeout: float) -> httpx.Response:
         if self._closed:
             raise closed()
         try:
-            return self._http.post(path, content=json.dumps(body), timeout=timeout)
+            return self._http.request(method, path, content=content, timeout=timeout)
         except HTTPX_ERRORS as e:
             if self._closed:  # closed under the request
                 raise closed() from e
@@ -259,6 +337,9 @@ class SyncTransport:
     def release(self, ref: LockRef, timeout: float) -> None:
         parse_release(self._post(RELEASE, ref.body(), timeout))
 
+    def inspect(self, name: str, timeout: float) -> LockInfo:
+        return parse_inspect(self._send("GET", inspect_path(name), None, timeout))
+
 
 class AsyncTransport:
     """The API over a pooled ``httpx.AsyncClient``, used from one event loop."""
@@ -279,10 +360,13 @@ class AsyncTransport:
         await self._http.aclose()
 
     async def _post(self, path: str, body: Any, timeout: float) -> httpx.Response:
+        return await self._send("POST", path, json.dumps(body), timeout)
+
+    async def _send(self, method: str, path: str, content: str | None, timeout: float) -> httpx.Response:
         if self._closed:
             raise closed()
         try:
-            return await self._http.post(path, content=json.dumps(body), timeout=timeout)
+            return await self._http.request(method, path, content=content, timeout=timeout)
         except HTTPX_ERRORS as e:
             if self._closed:  # closed under the request
                 raise closed() from e
@@ -305,3 +389,6 @@ class AsyncTransport:
 
     async def release(self, ref: LockRef, timeout: float) -> None:
         parse_release(await self._post(RELEASE, ref.body(), timeout))
+
+    async def inspect(self, name: str, timeout: float) -> LockInfo:
+        return parse_inspect(await self._send("GET", inspect_path(name), None, timeout))

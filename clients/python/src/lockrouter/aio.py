@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import dataclasses
+import math
 import types
 import weakref
 from typing import Any, Callable
@@ -21,21 +23,26 @@ from ._common import (
     SETTLE_POLL,
     Grants,
     Seconds,
+    calling_safely,
     check_client_id,
     closed_before_release,
     closed_during_acquire,
     confirmation,
+    extended,
     log,
     not_settled,
     release_pace,
     seconds,
+    smaller_chunk,
     ttl_ms,
     unconfirmed_release,
+    wait_seconds,
 )
+from ._holds import Key, Ticket
 from ._schedule import Batch, Outcome, Retry, Schedule, outcome, refused
 from ._state import Claim, LockState, Release
-from ._transport import AcquireBody, AsyncTransport, Settings, acquire_body, check_url
-from .errors import ClientClosed, LockLost, LockrouterError, LostReason, NotAcquired
+from ._transport import AcquireBody, AsyncTransport, LockInfo, Settings, acquire_body, check_url
+from .errors import ClientClosed, LockLost, LockrouterError, LostReason, NotAcquired, RouterError
 
 __all__ = ["AsyncClient", "AsyncLock", "AsyncLockContext"]
 
@@ -217,6 +224,12 @@ class _AsyncKeeper:
         if self.grants.registry.begin_release(state):
             self.loop.release(state, 0)
 
+    def let_go_in_background(self, state: LockState) -> None:
+        """An ``AsyncLock`` garbage-collected unreleased: gives its hold
+        back, and releases the grant in the background if it was the last."""
+        if self.grants.holds.let_go(state):
+            self.release_in_background(state)
+
     async def release(self, state: LockState) -> None:
         registry = self.grants.registry
         owner = registry.begin_release(state)
@@ -269,22 +282,29 @@ class AsyncLock:
     def __init__(self, state: LockState, keeper: _AsyncKeeper) -> None:
         self._state = state
         self._keeper = keeper
+        # This object's hold of the name; see the sync Lock.
+        self._holding = True
+        self._last = True
         #: Set once the lock can no longer be trusted.
         self.lost = asyncio.Event()
-        event, loop = self.lost, asyncio.get_running_loop()
-
-        def set_lost(_reason: LostReason) -> None:
-            try:
-                if _running_loop() is loop:
-                    event.set()
-                else:
-                    loop.call_soon_threadsafe(event.set)
-            except RuntimeError:
-                pass
-
-        state.on_lost(set_lost)
-        self._finalizer = weakref.finalize(self, keeper.release_in_background, state)
+        self._loop = asyncio.get_running_loop()
+        # The listener must not hold this lock (the state outlives it, and
+        # a lock kept alive would never be released when dropped).
+        event, loop = self.lost, self._loop
+        state.on_lost(lambda _reason: _on_loop(loop, event.set))
+        self._finalizer = weakref.finalize(self, keeper.let_go_in_background, state)
         self._finalizer.atexit = False
+
+    def _let_go(self) -> bool:
+        if self._holding:
+            self._holding = False
+            self._last = self._keeper.grants.holds.let_go(self._state)
+            if not self._last:
+                self.lost.set()
+        return self._last
+
+    def _gave_back(self) -> bool:
+        return not self._holding and not self._last
 
     @property
     def name(self) -> str:
@@ -308,13 +328,32 @@ class AsyncLock:
 
     @property
     def lost_reason(self) -> LostReason | None:
-        return self._state.lost_now()
+        return LostReason.RELEASED if self._gave_back() else self._state.lost_now()
 
     def is_held(self) -> bool:
-        return self._state.lost_now() is None
+        return self.lost_reason is None
 
     def time_left(self) -> float:
-        return self._state.time_left()
+        return 0.0 if self._gave_back() else self._state.time_left()
+
+    def on_lost(self, callback: Callable[[LostReason], Any]) -> None:
+        """Calls ``callback(reason)`` on the lock's event loop once the lock
+        is lost, besides setting :attr:`lost` (soon, if it is lost already).
+        Keep it short; to run async work, start a task from it. What it
+        raises is logged, not propagated."""
+        call, loop = calling_safely(self.name, callback), self._loop
+        self._state.on_lost(lambda reason: _on_loop(loop, lambda: call(reason)))
+
+    async def extend(self) -> float:
+        """As :meth:`lockrouter.Lock.extend`: renews now, with the lock's own
+        TTL (the router fixes it at the acquire), and returns the seconds of
+        validity it has from that renewal."""
+        reason = self.lost_reason
+        if reason is not None:
+            raise LockLost(self.name, reason)
+        k, sent_at = self._keeper, validity.now()
+        r = await k.transport.renew(self._state.ref, k.request_timeout)
+        return extended(self._state, r, sent_at)
 
     async def wait_lost(self) -> LostReason:
         """Returns once the lock is lost, with the reason."""
@@ -325,9 +364,11 @@ class AsyncLock:
 
     async def release(self) -> None:
         """As :meth:`lockrouter.Lock.release`. Cancelling it hands the
-        release to the renewal task."""
+        release to the renewal task. A re-entrant hold that is not the
+        grant's last only gives its hold back."""
         self._finalizer.detach()
-        await self._keeper.release(self._state)
+        if self._let_go():
+            await self._keeper.release(self._state)
 
     async def __aenter__(self) -> AsyncLock:
         return self
@@ -342,6 +383,17 @@ class AsyncLock:
 
     def __repr__(self) -> str:
         return f"AsyncLock(name={self.name!r}, fencing_token={self.fencing_token}, held={self.is_held()})"
+
+
+def _on_loop(loop: asyncio.AbstractEventLoop, call: Callable[[], None]) -> None:
+    """Runs ``call`` on ``loop``, from any thread."""
+    try:
+        if _running_loop() is loop:
+            call()
+        else:
+            loop.call_soon_threadsafe(call)
+    except RuntimeError:  # the loop is closed
+        pass
 
 
 async def release_on_exit(lock: AsyncLock, clean: bool) -> None:
@@ -369,13 +421,13 @@ async def release_on_exit(lock: AsyncLock, clean: bool) -> None:
 class AsyncLockContext:
     """``async with client.lock(name, ...) as lock:``."""
 
-    def __init__(self, client: AsyncClient, name: str, ttl: Seconds, wait: Seconds, client_id: str | None) -> None:
-        self._args = (client, name, ttl, wait, client_id)
+    def __init__(self, client: AsyncClient, name: str, options: dict[str, Any]) -> None:
+        self._args = (client, name, options)
         self._lock: AsyncLock | None = None
 
     async def __aenter__(self) -> AsyncLock:
-        client, name, ttl, wait, client_id = self._args
-        self._lock = await client.acquire(name, ttl=ttl, wait=wait, client_id=client_id)
+        client, name, options = self._args
+        self._lock = await client.acquire(name, **options)
         return self._lock
 
     async def __aexit__(
@@ -421,11 +473,18 @@ class AsyncClient:
         self,
         name: str,
         ttl: Seconds = 30.0,
-        wait: Seconds = 0.0,
+        wait: Seconds | None = 0.0,
         client_id: str | None = None,
+        *,
+        metadata: Any = None,
+        reentrant: bool = False,
     ) -> AsyncLock:
-        """See :meth:`lockrouter.Client.acquire`."""
-        lock = await self.try_acquire(name, ttl=ttl, wait=wait, client_id=client_id)
+        """See :meth:`lockrouter.Client.acquire`. Cancelling the task that
+        waits cancels the wait: the router drops the waiter with the
+        request, and the next task waiting in this client gets its turn."""
+        lock = await self.try_acquire(
+            name, ttl=ttl, wait=wait, client_id=client_id, metadata=metadata, reentrant=reentrant
+        )
         if lock is None:
             raise NotAcquired(name)
         return lock
@@ -434,48 +493,125 @@ class AsyncClient:
         self,
         name: str,
         ttl: Seconds = 30.0,
-        wait: Seconds = 0.0,
+        wait: Seconds | None = 0.0,
         client_id: str | None = None,
+        *,
+        metadata: Any = None,
+        reentrant: bool = False,
     ) -> AsyncLock | None:
         """See :meth:`lockrouter.Client.try_acquire`."""
         if self._closed:
             raise ClientClosed("the client is closed")
         self._keeper.loop.start()
-        ttl_s, wait_s = seconds(ttl, "ttl"), seconds(wait, "wait")
+        ttl_s, wait_s = seconds(ttl, "ttl"), wait_seconds(wait)
         ms = ttl_ms(ttl_s)
         cid = self.client_id if client_id is None else check_client_id(client_id)
         start = validity.now()
-        # A release of an earlier grant of this name that the router has not
-        # answered may still land later, and would end the very grant the
-        # router answers this acquire with (the same one): drive it to an
-        # answer first, within this call's own time.
-        limit = self._keeper.request_timeout + wait_s
-        for pending in self._keeper.grants.registry.releasing(name):
+        holds, key = self._keeper.grants.holds, (cid, name)
+        if reentrant:
+            joined = holds.join(key)
+            if joined is not None:
+                return AsyncLock(joined, self._keeper)
+        if not await self._take_turn(key, start + wait_s):
+            if self._closed:
+                raise ClientClosed("the client was closed while this acquire waited its turn")
+            return None
+        try:
+            lock = await self._acquire_in_turn(name, ttl_s, ms, cid, start, wait_s, metadata)
+        except BaseException:
+            holds.pass_turn(key)
+            raise
+        if lock is None:
+            holds.pass_turn(key)
+        else:
+            holds.hold(key, lock._state)
+        return lock
+
+    async def _take_turn(self, key: Key, deadline: float) -> bool:
+        """Waits until ``deadline`` for the name's turn in this client."""
+        holds, arrived = self._keeper.grants.holds, asyncio.Event()
+        loop = asyncio.get_running_loop()
+
+        def wake() -> None:
+            try:
+                if _running_loop() is loop:
+                    arrived.set()
+                else:
+                    loop.call_soon_threadsafe(arrived.set)
+            except RuntimeError:  # the loop is closed
+                pass
+
+        ticket = Ticket(wake)
+        if holds.enter(key, ticket):
+            return True
+        timeout = None if deadline == math.inf else max(deadline - validity.now(), 0.0)
+        try:
+            await asyncio.wait_for(arrived.wait(), timeout)
+        except TimeoutError:
+            pass
+        except BaseException:
+            if holds.leave(key, ticket):
+                holds.pass_turn(key)
+            raise
+        return holds.leave(key, ticket)
+
+    async def _acquire_in_turn(
+        self, name: str, ttl_s: float, ms: int, cid: str, start: float, wait_s: float, metadata: Any
+    ) -> AsyncLock | None:
+        k = self._keeper
+        # See the sync client: an unanswered release of this name first.
+        limit = k.request_timeout + wait_s
+        for pending in k.grants.registry.releasing(name):
             if not await self._settle(pending, limit - (validity.now() - start)):
                 raise not_settled(name)
-        for _ in range(ACQUIRE_ROUNDS):
-            wait_left = max(wait_s - (validity.now() - start), 0.0)
-            body = acquire_body(name, ms, cid, round(wait_left * 1000))
-            claim, state = await self._acquire_once(name, ttl_s, body, wait_left, cid)
+        rounds = 0
+        while True:
+            left = max(wait_s - (validity.now() - start), 0.0)
+            ask = min(left, k.grants.wait_chunk)
+            body = acquire_body(name, ms, cid, round(ask * 1000), metadata)
+            try:
+                claim, state = await self._acquire_once(name, ttl_s, body, ask, cid)
+            except RouterError as e:
+                smaller = smaller_chunk(e, ask)
+                if smaller is None:
+                    raise
+                k.grants.wait_chunk = smaller
+                continue
             if claim is None:
+                if left > ask:
+                    continue  # the router's cap ran out: queue again
                 return None
             if claim in (Claim.NEW, Claim.HELD):
                 assert state is not None
-                return AsyncLock(state, self._keeper)
+                return AsyncLock(state, k)
             if claim is Claim.RELEASING:
                 assert state is not None
-                await self._settle(state, self._keeper.request_timeout)
-        raise not_settled(name)
+                await self._settle(state, k.request_timeout)
+            rounds += 1
+            if rounds >= ACQUIRE_ROUNDS:
+                raise not_settled(name)
 
     def lock(
         self,
         name: str,
         ttl: Seconds = 30.0,
-        wait: Seconds = 0.0,
+        wait: Seconds | None = 0.0,
         client_id: str | None = None,
+        *,
+        metadata: Any = None,
+        reentrant: bool = False,
     ) -> AsyncLockContext:
         """``async with client.lock("job:42", ttl=30) as lock:``."""
-        return AsyncLockContext(self, name, ttl, wait, client_id)
+        options = dict(ttl=ttl, wait=wait, client_id=client_id, metadata=metadata, reentrant=reentrant)
+        return AsyncLockContext(self, name, options)
+
+    async def inspect(self, name: str) -> LockInfo:
+        """See :meth:`lockrouter.Client.inspect`."""
+        if self._closed:
+            raise ClientClosed("the client is closed")
+        info = await self._keeper.transport.inspect(name, self._keeper.request_timeout)
+        mine = self._keeper.grants.holds.holding((self.client_id, name))
+        return dataclasses.replace(info, mine=info.held and mine == info.fencing_token)
 
     async def _acquire_once(
         self, name: str, ttl: float, body: AcquireBody, wait: float, cid: str
@@ -523,6 +659,7 @@ class AsyncClient:
         if self._closed:
             return
         self._closed = True
+        self._keeper.grants.holds.close()
         await self._keeper.close()
 
     async def __aenter__(self) -> AsyncClient:

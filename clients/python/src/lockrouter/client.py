@@ -9,6 +9,8 @@ lost and sets its ``lost`` event, whatever the router is doing.
 
 from __future__ import annotations
 
+import dataclasses
+import math
 import queue
 import threading
 import time
@@ -23,21 +25,26 @@ from ._common import (
     SETTLE_POLL,
     Grants,
     Seconds,
+    calling_safely,
     check_client_id,
     closed_before_release,
     closed_during_acquire,
     confirmation,
+    extended,
     log,
     not_settled,
     release_pace,
     seconds,
+    smaller_chunk,
     ttl_ms,
     unconfirmed_release,
+    wait_seconds,
 )
+from ._holds import Key, Ticket
 from ._schedule import Batch, Outcome, Retry, Schedule, outcome, refused
 from ._state import Claim, LockState, Release
-from ._transport import AcquireBody, Settings, SyncTransport, acquire_body, check_url
-from .errors import ClientClosed, LockLost, LockrouterError, LostReason, NotAcquired
+from ._transport import AcquireBody, LockInfo, Settings, SyncTransport, acquire_body, check_url
+from .errors import ClientClosed, LockLost, LockrouterError, LostReason, NotAcquired, RouterError
 
 __all__ = ["Client", "Lock", "LockContext"]
 
@@ -184,6 +191,12 @@ class _Keeper:
         if self.grants.registry.begin_release(state):
             self.loop.release(state, 0)
 
+    def let_go_in_background(self, state: LockState) -> None:
+        """A ``Lock`` garbage-collected unreleased: gives its hold back, and
+        releases the grant in the background if it was the last."""
+        if self.grants.holds.let_go(state):
+            self.release_in_background(state)
+
     def release(self, state: LockState) -> None:
         """Releases at the router, retrying while the lock's validity lasts;
         past it (or if interrupted) the renewal thread carries on."""
@@ -235,14 +248,18 @@ class Lock:
 
     ``with lock:`` releases it at the end of the block. A ``Lock`` that is
     garbage-collected without being released is released in the background.
-    Two ``Lock`` objects for one grant (one client acquiring a name it holds)
-    are one lock: they share validity and loss, and releasing either
-    releases it.
+    Two ``Lock`` objects for one grant (a re-entrant acquire of a name the
+    client holds) are two holds of one lock: they share validity and loss,
+    and the grant is released with the last of them.
     """
 
     def __init__(self, state: LockState, keeper: _Keeper) -> None:
         self._state = state
         self._keeper = keeper
+        # This object's hold of the name: given back once, by release() or
+        # the finalizer; ``_last``: it was the grant's last hold.
+        self._holding = True
+        self._last = True
         #: Set once the lock can no longer be trusted: the router said it
         #: expired or was taken, this process's clock passed its validity
         #: without a confirmed renewal, or it was released. Wait on it, or
@@ -250,9 +267,22 @@ class Lock:
         self.lost = threading.Event()
         event = self.lost
         state.on_lost(lambda _reason: event.set())
-        self._finalizer = weakref.finalize(self, keeper.release_in_background, state)
+        self._finalizer = weakref.finalize(self, keeper.let_go_in_background, state)
         self._finalizer.atexit = False
 
+    def _let_go(self) -> bool:
+        """Gives this object's hold back (once): True if the grant is to be
+        released, False if other re-entrant holds keep it."""
+        if self._holding:
+            self._holding = False
+            self._last = self._keeper.grants.holds.let_go(self._state)
+            if not self._last:
+                self.lost.set()
+        return self._last
+
+    def _gave_back(self) -> bool:
+        """True once this hold was released while others keep the grant."""
+        return not self._holding and not self._last
     @property
     def name(self) -> str:
         return self._state.name
@@ -278,18 +308,45 @@ class Lock:
     @property
     def lost_reason(self) -> LostReason | None:
         """Why the lock was lost, or None while it is held."""
-        return self._state.lost_now()
+        return LostReason.RELEASED if self._gave_back() else self._state.lost_now()
 
     def is_held(self) -> bool:
         """True while the client can prove the lock is held: not lost, and
         its validity (by this process's monotonic clock) has not run out. A
         process can pause right after this returns True; only the
         resource's fencing check is safe against that."""
-        return self._state.lost_now() is None
+        return self.lost_reason is None
 
     def time_left(self) -> float:
         """Seconds of validity left (0 once lost)."""
-        return self._state.time_left()
+        return 0.0 if self._gave_back() else self._state.time_left()
+
+    def on_lost(self, callback: Callable[[LostReason], Any]) -> None:
+        """Calls ``callback(reason)`` once the lock is lost, besides setting
+        :attr:`lost`; at once (in this thread) if it is lost already. It runs
+        on the client's renewal thread (or the thread that released the
+        lock) the moment the loss is known, at the latest when validity runs
+        out by the clock: keep it short and non-blocking (set a flag, cancel
+        work, signal a thread). What it raises is logged, not propagated.
+        The lock's shared state keeps the callback: one that refers to this
+        ``Lock`` keeps it from being garbage-collected (and so released)
+        until it is released or lost."""
+        self._state.on_lost(calling_safely(self.name, callback))
+
+    def extend(self) -> float:
+        """Renews the lock now, instead of at its next scheduled renewal, and
+        returns the seconds of validity it has from that renewal (a little
+        under its TTL). Like redis-py's ``extend``, but with the TTL the lock
+        was acquired with: the router fixes a lock's TTL at its acquire (a
+        renew naming another TTL is refused), so a longer lease means
+        acquiring with a longer TTL. Raises :class:`LockLost` if the router
+        says the lock is gone (it is then lost) or it was lost already;
+        other errors as they come (the lock stays as it was)."""
+        reason = self.lost_reason
+        if reason is not None:
+            raise LockLost(self.name, reason)
+        k, sent_at = self._keeper, validity.now()
+        return extended(self._state, k.transport.renew(self._state.ref, k.request_timeout), sent_at)
 
     def release(self) -> None:
         """Stops renewing and releases the lock; it counts as lost
@@ -300,9 +357,11 @@ class Lock:
         :class:`LockLost` if the grant has passed to a newer ``Lock``, and
         :class:`ClientClosed` if the client is closed and its release of
         the lock was not confirmed (the lock then expires at its TTL);
-        after a ``close()`` that released it, returns at once."""
+        after a ``close()`` that released it, returns at once. A re-entrant
+        hold that is not the grant's last only gives its hold back."""
         self._finalizer.detach()
-        self._keeper.release(self._state)
+        if self._let_go():
+            self._keeper.release(self._state)
 
     def __enter__(self) -> Lock:
         return self
@@ -348,13 +407,13 @@ class LockContext:
     :class:`NotAcquired` if another client holds it after ``wait``) and
     releases on exit."""
 
-    def __init__(self, client: Client, name: str, ttl: Seconds, wait: Seconds, client_id: str | None) -> None:
-        self._args = (client, name, ttl, wait, client_id)
+    def __init__(self, client: Client, name: str, options: dict[str, Any]) -> None:
+        self._args = (client, name, options)
         self._lock: Lock | None = None
 
     def __enter__(self) -> Lock:
-        client, name, ttl, wait, client_id = self._args
-        self._lock = client.acquire(name, ttl=ttl, wait=wait, client_id=client_id)
+        client, name, options = self._args
+        self._lock = client.acquire(name, **options)
         return self._lock
 
     def __exit__(
@@ -409,19 +468,44 @@ class Client:
         self,
         name: str,
         ttl: Seconds = 30.0,
-        wait: Seconds = 0.0,
+        wait: Seconds | None = 0.0,
         client_id: str | None = None,
+        *,
+        metadata: Any = None,
+        reentrant: bool = False,
     ) -> Lock:
         """Acquires ``name`` for ``ttl`` seconds (2 s to 1 h; etcd rounds up
         to whole seconds), waiting up to ``wait`` seconds in the router's
-        first-come-first-served queue if it is held. Raises
-        :class:`NotAcquired` if it is still held then (or others are queued
-        ahead). Idempotent for one client id: after a
-        :class:`TransportError`, call it again. While this client's release
-        of an earlier grant of ``name`` is unanswered, it first drives that
-        release to an answer (within ``request_timeout`` plus ``wait``), and
-        raises :class:`TransportError` if it cannot: never the old grant."""
-        lock = self.try_acquire(name, ttl=ttl, wait=wait, client_id=client_id)
+        first-come-first-served queue if it is held (``None``: for as long as
+        it takes). Raises :class:`NotAcquired` if it is still held then (or
+        others are queued ahead).
+
+        A wait longer than the router's cap (``limits.max_wait_ms``, 60 s by
+        default) is made of several, each queuing again at the end of the
+        line. A waiting call ends with an exception raised in its thread
+        (``KeyboardInterrupt``); the router drops the waiter with the
+        request.
+
+        One client, one holder per name (per client id): while a ``Lock`` of
+        this client holds ``name`` (until it is released, even once lost),
+        another acquire of it (another thread) waits its turn as it would
+        for another client's, within ``wait``. Only with ``reentrant=True``
+        does an acquire of a name this client holds (and has not lost) get
+        it at once, without asking the router: a second ``Lock`` of the
+        grant, counted, so the grant is released with the last of them.
+
+        ``metadata`` (a small JSON-able dict or str, at most 1 KiB) is
+        recorded with the lock and shown by :meth:`inspect` to whoever may
+        see the lock: not a place for secrets.
+
+        Idempotent for one client id: after a :class:`TransportError`,
+        call it again. While this client's release of an earlier grant of
+        ``name`` is unanswered, it first drives that release to an answer
+        (within ``request_timeout`` plus ``wait``), and raises
+        :class:`TransportError` if it cannot: never the old grant."""
+        lock = self.try_acquire(
+            name, ttl=ttl, wait=wait, client_id=client_id, metadata=metadata, reentrant=reentrant
+        )
         if lock is None:
             raise NotAcquired(name)
         return lock
@@ -430,49 +514,117 @@ class Client:
         self,
         name: str,
         ttl: Seconds = 30.0,
-        wait: Seconds = 0.0,
+        wait: Seconds | None = 0.0,
         client_id: str | None = None,
+        *,
+        metadata: Any = None,
+        reentrant: bool = False,
     ) -> Lock | None:
         """As :meth:`acquire`, but None instead of :class:`NotAcquired`."""
         self._check_open()
-        ttl_s, wait_s = seconds(ttl, "ttl"), seconds(wait, "wait")
+        ttl_s, wait_s = seconds(ttl, "ttl"), wait_seconds(wait)
         ms = ttl_ms(ttl_s)
         cid = self.client_id if client_id is None else check_client_id(client_id)
         start = validity.now()
+        holds, key = self._keeper.grants.holds, (cid, name)
+        if reentrant:
+            joined = holds.join(key)
+            if joined is not None:
+                return Lock(joined, self._keeper)
+        if not self._take_turn(key, start + wait_s):
+            if self._closed:
+                raise ClientClosed("the client was closed while this acquire waited its turn")
+            return None
+        try:
+            lock = self._acquire_in_turn(name, ttl_s, ms, cid, start, wait_s, metadata)
+        except BaseException:
+            holds.pass_turn(key)
+            raise
+        if lock is None:
+            holds.pass_turn(key)
+        else:
+            holds.hold(key, lock._state)
+        return lock
+
+    def _take_turn(self, key: Key, deadline: float) -> bool:
+        """Waits until ``deadline`` for the name's turn in this client."""
+        holds, arrived = self._keeper.grants.holds, threading.Event()
+        ticket = Ticket(arrived.set)
+        if holds.enter(key, ticket):
+            return True
+        try:
+            arrived.wait(None if deadline == math.inf else max(deadline - validity.now(), 0.0))
+        except BaseException:
+            if holds.leave(key, ticket):
+                holds.pass_turn(key)
+            raise
+        return holds.leave(key, ticket)
+
+    def _acquire_in_turn(
+        self, name: str, ttl_s: float, ms: int, cid: str, start: float, wait_s: float, metadata: Any
+    ) -> Lock | None:
+        k = self._keeper
         # A release of an earlier grant of this name that the router has not
         # answered may still land later, and would end the very grant the
         # router answers this acquire with (the same one): drive it to an
         # answer first, within this call's own time.
-        limit = self._keeper.request_timeout + wait_s
-        for pending in self._keeper.grants.registry.releasing(name):
+        limit = k.request_timeout + wait_s
+        for pending in k.grants.registry.releasing(name):
             if not self._settle(pending, limit - (validity.now() - start)):
                 raise not_settled(name)
-        for _ in range(ACQUIRE_ROUNDS):
-            wait_left = max(wait_s - (validity.now() - start), 0.0)
-            body = acquire_body(name, ms, cid, round(wait_left * 1000))
-            claim, state = self._acquire_once(name, ttl_s, body, wait_left, cid)
+        rounds = 0
+        while True:
+            left = max(wait_s - (validity.now() - start), 0.0)
+            ask = min(left, k.grants.wait_chunk)
+            body = acquire_body(name, ms, cid, round(ask * 1000), metadata)
+            try:
+                claim, state = self._acquire_once(name, ttl_s, body, ask, cid)
+            except RouterError as e:
+                smaller = smaller_chunk(e, ask)
+                if smaller is None:
+                    raise
+                k.grants.wait_chunk = smaller
+                continue
             if claim is None:
+                if left > ask:
+                    continue  # the router's cap ran out: queue again
                 return None
             if claim in (Claim.NEW, Claim.HELD):
                 assert state is not None
-                return Lock(state, self._keeper)
+                return Lock(state, k)
             if claim is Claim.RELEASING:
                 assert state is not None
-                self._settle(state, self._keeper.request_timeout)
+                self._settle(state, k.request_timeout)
             # Claim.RELEASED: the release got through; the next answer is new.
-        raise not_settled(name)
+            rounds += 1
+            if rounds >= ACQUIRE_ROUNDS:
+                raise not_settled(name)
 
     def lock(
         self,
         name: str,
         ttl: Seconds = 30.0,
-        wait: Seconds = 0.0,
+        wait: Seconds | None = 0.0,
         client_id: str | None = None,
+        *,
+        metadata: Any = None,
+        reentrant: bool = False,
     ) -> LockContext:
         """``with client.lock("job:42", ttl=30) as lock:`` — acquire (as
         :meth:`acquire`), run the block, release. If the lock was lost
         before the block ended, the exit raises :class:`LockLost`."""
-        return LockContext(self, name, ttl, wait, client_id)
+        options = dict(ttl=ttl, wait=wait, client_id=client_id, metadata=metadata, reentrant=reentrant)
+        return LockContext(self, name, options)
+
+    def inspect(self, name: str) -> LockInfo:
+        """What the router tells anyone about ``name``: held or free (like
+        redis-py's ``locked()``), by which grant and, for an admin caller,
+        which client, until when, its metadata and waiters, and whether it
+        is this client's (``mine``, like redis-py's ``owned()``)."""
+        self._check_open()
+        info = self._keeper.transport.inspect(name, self._keeper.request_timeout)
+        mine = self._keeper.grants.holds.holding((self.client_id, name))
+        return dataclasses.replace(info, mine=info.held and mine == info.fencing_token)
 
     def _acquire_once(
         self, name: str, ttl: float, body: AcquireBody, wait: float, cid: str
@@ -529,6 +681,7 @@ class Client:
         if self._closed:
             return
         self._closed = True
+        self._keeper.grants.holds.close()
         self._keeper.close()
 
     def __enter__(self) -> Client:

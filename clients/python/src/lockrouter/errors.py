@@ -48,7 +48,7 @@ class LockrouterError(Exception):
     @property
     def retryable(self) -> bool:
         """True when the same request may succeed later (transport
-        failures, 429 and 5xx answers)."""
+        failures, 408, 429 and 5xx answers)."""
         return False
 
 
@@ -96,7 +96,8 @@ class RouterError(LockrouterError):
 
     @property
     def retryable(self) -> bool:
-        return self.status == 429 or self.status >= 500
+        # 408: the router gave up reading the request, so it did nothing.
+        return self.status in (408, 429) or self.status >= 500
 
 
 class TransportError(LockrouterError):
