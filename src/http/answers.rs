@@ -2,7 +2,8 @@
 //! `docs/openapi.yaml` documents, and what the contract tests check real
 //! answers against. Handlers build these; nothing patches JSON by hand.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
+use std::time::{Instant, SystemTime};
 
 use bytes::Bytes;
 use http::{header, HeaderValue, Response, StatusCode};
@@ -27,7 +28,7 @@ pub fn json(status: StatusCode, value: &impl serde::Serialize) -> Response<Full<
 
 /// `expiresAt` (RFC 3339 UTC, milliseconds) and `expiresInMs`, read off one
 /// clock sample.
-#[derive(Debug, Serialize)]
+#[derive(Debug, Clone, Serialize)]
 #[serde(rename_all = "camelCase")]
 pub struct Times {
     pub expires_at: String,
@@ -36,11 +37,41 @@ pub struct Times {
 
 impl Times {
     pub fn of(e: &Expiry) -> Self {
-        let (ms, at) = e.report();
+        Self::from_report(e.report())
+    }
+
+    fn from_report((ms, at): (u64, SystemTime)) -> Self {
         Self {
             expires_at: humantime::format_rfc3339_millis(at).to_string(),
             expires_in_ms: ms,
         }
+    }
+}
+
+/// The [`Times`] of many answers off one clock sample, each expiry
+/// formatted once: the locks of one session lease in a renew-batch share
+/// their expiry.
+pub struct TimesAt {
+    now: Instant,
+    wall: SystemTime,
+    formatted: HashMap<Instant, Times>,
+}
+
+impl TimesAt {
+    pub fn now() -> Self {
+        Self {
+            now: Instant::now(),
+            wall: SystemTime::now(),
+            formatted: HashMap::new(),
+        }
+    }
+
+    pub fn of(&mut self, e: &Expiry) -> Times {
+        let (now, wall) = (self.now, self.wall);
+        self.formatted
+            .entry(e.0)
+            .or_insert_with(|| Times::from_report(e.report_at(now, wall)))
+            .clone()
     }
 }
 

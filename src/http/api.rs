@@ -9,7 +9,7 @@ use serde::Deserialize;
 
 use super::answers::{
     json, BatchAnswer, BatchEntry, Granted, Inspected, NotAcquired, NotRenewed, RenewAnswer,
-    Renewed, Times,
+    Renewed, Times, TimesAt,
 };
 use super::error::ApiError;
 use crate::locks::{split_holder, AcquireRequest, Acquired, Caller, Locks, RenewOutcome};
@@ -97,7 +97,7 @@ pub async fn renew(locks: &Locks, body: RenewBody, caller: Caller<'_>) -> Answer
     let outcome = locks
         .renew(&body.lock_id, body.fencing_token, body.ttl_ms, caller)
         .await?;
-    let (answer, label) = renew_answer(&outcome);
+    let (answer, label) = renew_answer(&outcome, &mut TimesAt::now());
     let status = match answer {
         RenewAnswer::Renewed(_) => StatusCode::OK,
         RenewAnswer::NotRenewed(_) => StatusCode::CONFLICT,
@@ -112,19 +112,20 @@ pub async fn renew_batch(locks: &Locks, body: RenewBatchBody, caller: Caller<'_>
         .map(|l| (l.lock_id, l.fencing_token))
         .collect();
     let outcomes = locks.renew_batch(&items, caller).await?;
+    let mut times = TimesAt::now();
     let results = items
         .into_iter()
         .zip(&outcomes)
         .map(|((lock_id, _), o)| BatchEntry {
             lock_id,
-            answer: renew_answer(o).0,
+            answer: renew_answer(o, &mut times).0,
         })
         .collect();
     Ok((json(StatusCode::OK, &BatchAnswer { results }), "ok"))
 }
 
 /// A renewal's answer body and its metrics outcome.
-fn renew_answer(o: &RenewOutcome) -> (RenewAnswer, &'static str) {
+fn renew_answer(o: &RenewOutcome, times: &mut TimesAt) -> (RenewAnswer, &'static str) {
     let refused = |reason: &'static str| {
         let answer = NotRenewed {
             renewed: false,
@@ -136,7 +137,7 @@ fn renew_answer(o: &RenewOutcome) -> (RenewAnswer, &'static str) {
         RenewOutcome::Renewed(e) => {
             let answer = Renewed {
                 renewed: true,
-                times: Times::of(e),
+                times: times.of(e),
             };
             (RenewAnswer::Renewed(answer), "renewed")
         }

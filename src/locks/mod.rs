@@ -111,8 +111,14 @@ pub struct Expiry(pub Instant);
 impl Expiry {
     /// `(expiresInMs, expiresAt)` read off one clock sample.
     pub fn report(&self) -> (u64, SystemTime) {
-        let left = self.0.saturating_duration_since(Instant::now());
-        (left.as_millis() as u64, SystemTime::now() + left)
+        self.report_at(Instant::now(), SystemTime::now())
+    }
+
+    /// The same, off a sample taken once for many answers (a renew-batch),
+    /// after the etcd requests that vouch for them were sent.
+    pub fn report_at(&self, now: Instant, wall: SystemTime) -> (u64, SystemTime) {
+        let left = self.0.saturating_duration_since(now);
+        (left.as_millis() as u64, wall + left)
     }
 
     /// The expiry a renewal vouches for a lock of `lock_ttl` seconds,

@@ -60,6 +60,9 @@ const SILENT_STREAM: Duration = Duration::from_millis(150);
 const MAX_BURST: usize = 100;
 /// How often in-flight keepalives are looked at.
 const TICK: Duration = Duration::from_millis(25);
+/// How often expired renewals and old dead leases are forgotten (a sweep
+/// of every lease the shard knows: not on every tick).
+const PRUNE_EVERY: Duration = Duration::from_secs(1);
 /// How long a lease etcd reported gone is remembered.
 const DEAD_FOR: Duration = Duration::from_secs(600);
 /// Most dead leases remembered.
@@ -328,6 +331,8 @@ struct Task {
     events_rx: mpsc::UnboundedReceiver<Event>,
     /// How long the main stream's writer gathers a burst.
     burst: Duration,
+    /// When [`Known`] was last pruned.
+    pruned: Instant,
 }
 
 impl Task {
@@ -343,6 +348,7 @@ impl Task {
             queued: HashMap::new(),
             probes: HashMap::new(),
             probe_slots: Arc::new(Semaphore::new(MAX_PROBES)),
+            pruned: Instant::now(),
             known,
             events_tx,
             events_rx,
@@ -605,7 +611,10 @@ impl Task {
 
     fn on_tick(&mut self) {
         let now = Instant::now();
-        self.known.prune(now);
+        if now.saturating_duration_since(self.pruned) >= PRUNE_EVERY {
+            self.known.prune(now);
+            self.pruned = now;
+        }
         let timeout = self.conn.timeout();
         let waited = |i: &Inflight| now.saturating_duration_since(i.sent_at);
         if self.inflight.values().any(|i| waited(i) > timeout) {
