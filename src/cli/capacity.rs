@@ -90,6 +90,8 @@ pub struct Workload {
     pub client_lifetime_secs: f64,
     /// The routers' `etcd.keepalive_coalesce_ms`.
     pub coalesce_ms: f64,
+    /// The routers' `etcd.keepalive_below_pct`.
+    pub keepalive_below_pct: f64,
     /// How long one lock-key cache barrier (a one-key `Put`) takes from
     /// send to answer, in milliseconds.
     pub barrier_latency_ms: f64,
@@ -213,6 +215,9 @@ impl Workload {
         if !(self.coalesce_ms >= 0.0 && self.coalesce_ms.is_finite()) {
             return Err("--coalesce-ms must be >= 0".into());
         }
+        if !(40.0..=100.0).contains(&self.keepalive_below_pct) {
+            return Err("--keepalive-below-pct must be 40 to 100 (the router's own range)".into());
+        }
         if !(self.target_utilisation > 0.0 && self.target_utilisation <= 1.0) {
             return Err("--target-utilisation must be in (0, 1]".into());
         }
@@ -231,9 +236,11 @@ impl Workload {
         let acquires = self.acquires_per_sec * share;
         let refused = self.refused_acquires_per_sec * share;
         let renew = self.renew_every();
-        // Renewals of one lease closer together than this share a keepalive
-        // (the router caps the window at a tenth of the TTL).
+        // Acquires of one lease closer together than this share a keepalive
+        // (the router caps the window at a tenth of the TTL); renewals send
+        // none until less than `keepalive_below_pct` of the TTL is left.
         let window = (self.coalesce_ms / 1_000.0).min(self.ttl_secs / 10.0);
+        let renewal_window = window.max(self.ttl_secs * (1.0 - self.keepalive_below_pct / 100.0));
         let (leases, writes, keepalives, barriers, reads) = match design {
             Design::LeasePerLock => (
                 locks,
@@ -248,12 +255,16 @@ impl Workload {
                                                                         // Refused acquires of held names are answered from a
                                                                         // read-only txn: no raft write, no keepalive of the
                                                                         // caller's session.
-                let per_session = if sessions > 0.0 {
-                    let by_renewal = match self.renewal {
-                        Renewal::Batch => 1.0 / renew,
-                        Renewal::Each => dead_time(locks / sessions / renew, window),
-                    };
-                    by_renewal + dead_time(acquires / sessions, window)
+                                                                        // A session its renewals keep alive gets a keepalive at the
+                                                                        // first renewal past the renewal window, and its acquires
+                                                                        // add none; a session without held locks, at its acquires.
+                let per_session = if sessions > 0.0 && locks > 0.0 {
+                    match self.renewal {
+                        Renewal::Batch => 1.0 / (renew * ((renewal_window / renew).floor() + 1.0)),
+                        Renewal::Each => dead_time(locks / sessions / renew, renewal_window),
+                    }
+                } else if sessions > 0.0 {
+                    dead_time(acquires / sessions, window)
                 } else {
                     0.0
                 };

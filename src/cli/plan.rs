@@ -55,6 +55,9 @@ pub struct PlanArgs {
     /// The routers' `etcd.keepalive_coalesce_ms`.
     #[arg(long, default_value_t = 1_000.0)]
     pub coalesce_ms: f64,
+    /// The routers' `etcd.keepalive_below_pct`.
+    #[arg(long, default_value_t = 50.0)]
+    pub keepalive_below_pct: f64,
     /// How long one lock-key cache barrier (a one-key `Put`) takes from
     /// send to answer, in milliseconds.
     #[arg(long, default_value_t = 5.0)]
@@ -107,6 +110,7 @@ impl From<&PlanArgs> for Workload {
             ttls_per_client: a.ttls_per_client,
             client_lifetime_secs: a.client_lifetime_secs,
             coalesce_ms: a.coalesce_ms,
+            keepalive_below_pct: a.keepalive_below_pct,
             barrier_latency_ms: a.barrier_latency_ms,
             vnodes: a.vnodes,
             max_raft_writes_per_sec: a.max_raft_writes_per_sec,
