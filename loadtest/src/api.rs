@@ -207,10 +207,8 @@ pub async fn renew(user: &mut GooseUser, stats: &Stats, lock: &Held) -> bool {
                 .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
             true
         }
-        Some((409, _, _)) => {
-            stats
-                .lost
-                .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        Some((409, v, _)) => {
+            stats.lose(v["reason"].as_str().unwrap_or("unknown"));
             stats.error();
             false
         }
@@ -248,6 +246,7 @@ pub async fn renew_batch(
     #[derive(serde::Deserialize)]
     struct Entry {
         renewed: bool,
+        reason: Option<String>,
     }
     let mut failed = 0;
     for chunk in locks.chunks(max_batch.max(1)) {
@@ -278,9 +277,7 @@ pub async fn renew_batch(
                     .renewed
                     .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
             } else {
-                stats
-                    .lost
-                    .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                stats.lose(r.reason.as_deref().unwrap_or("unknown"));
                 stats.error();
                 failed += 1;
             }

@@ -44,6 +44,8 @@ pub struct Record {
     pub releases_total: u64,
     pub renewed_total: u64,
     pub lost_total: u64,
+    /// `lost_total` by the router's reason.
+    pub lost_by_reason: std::collections::BTreeMap<String, u64>,
     pub errors_total: u64,
     pub server_errors_total: u64,
     /// Requests goose counted as failed (non-2xx, including 409 on renew).
@@ -113,6 +115,7 @@ impl Record {
             releases_total: Stats::get(&stats.released),
             renewed_total: Stats::get(&stats.renewed),
             lost_total: Stats::get(&stats.lost),
+            lost_by_reason: stats.lost_by(),
             errors_total: Stats::get(&stats.errors),
             server_errors_total: Stats::get(&stats.server_errors),
             requests_total: Stats::get(&stats.requests),

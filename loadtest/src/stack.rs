@@ -43,9 +43,11 @@ const ETCD_FLAGS: &[&str] = &[
     "5m",
 ];
 
-/// etcd's Go runtime settings unless `--etcd-go-env` says otherwise
-/// (docs/capacity.md, "etcd's Go runtime").
-pub const ETCD_GO_ENV: &[(&str, &str)] = &[];
+/// etcd's Go runtime settings unless `--etcd-go-env` says otherwise: the
+/// heap may grow to five times what is live (GC is most of a leader's CPU
+/// under renewals), within 4 GiB per shard (docs/capacity.md, "etcd's Go
+/// runtime"; the deploy files set the same).
+pub const ETCD_GO_ENV: &[(&str, &str)] = &[("GOGC", "400"), ("GOMEMLIMIT", "4GiB")];
 
 /// The settings every etcd of this run starts with, set once at start.
 static GO_ENV: std::sync::OnceLock<Vec<(String, String)>> = std::sync::OnceLock::new();

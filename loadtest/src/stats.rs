@@ -11,7 +11,7 @@
 //! the histogram, and a peak below the number of users means no send of
 //! that window waited for an earlier answer.
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
@@ -86,6 +86,9 @@ pub struct Stats {
     pub renewed: AtomicU64,
     /// Locks a renewal found gone: a lease that ran out under load.
     pub lost: AtomicU64,
+    /// The same, by the router's reason (`expired`, `stolen`,
+    /// `shard_unavailable`).
+    lost_by: Mutex<BTreeMap<String, u64>>,
     /// Failed operations of any kind: transport errors, unexpected statuses
     /// or bodies, etcd errors in baselines, lost locks.
     pub errors: AtomicU64,
@@ -123,6 +126,7 @@ impl Stats {
             released: AtomicU64::new(0),
             renewed: AtomicU64::new(0),
             lost: AtomicU64::new(0),
+            lost_by: Mutex::new(BTreeMap::new()),
             errors: AtomicU64::new(0),
             server_errors: AtomicU64::new(0),
             requests: AtomicU64::new(0),
@@ -268,5 +272,23 @@ mod tests {
         let s = Stats::new();
         s.granted(0, Duration::from_micros(100));
         assert!((s.fairness(4).0 - 0.25).abs() < 1e-9);
+    }
+}
+
+impl Stats {
+    /// A renewal answered `renewed: false` with `reason`.
+    pub fn lose(&self, reason: &str) {
+        self.lost.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        *self
+            .lost_by
+            .lock()
+            .expect("lost lock")
+            .entry(reason.to_string())
+            .or_default() += 1;
+    }
+
+    /// Lost locks by the router's reason.
+    pub fn lost_by(&self) -> BTreeMap<String, u64> {
+        self.lost_by.lock().expect("lost lock").clone()
     }
 }

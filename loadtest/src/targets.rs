@@ -213,11 +213,12 @@ fn hold(h: &Record, cfg: &Config, cpus: usize) -> Vec<Target> {
         ">=",
         cfg.locks as f64,
         format!(
-            "{} clients, TTL {} s; worst renewal {lag} ms late (limit TTL/6 = {} ms); {} lost",
+            "{} clients, TTL {} s; worst renewal {lag} ms late (limit TTL/6 = {} ms); {} lost{}",
             h.clients,
             cfg.ttl_ms / 1000,
             cfg.ttl_ms / 6,
-            h.lost_total
+            h.lost_total,
+            lost_causes(&h.lost_by_reason)
         ),
     );
     locks.met = locks.met && on_schedule && h.lost_total == 0;
@@ -365,4 +366,13 @@ pub fn paired_target(
     cause: String,
 ) -> Target {
     target(name, measured, rule, limit, note).because(cause)
+}
+
+/// ` (expired 3, shard_unavailable 2)`: lost locks by the router's reason.
+fn lost_causes(by: &std::collections::BTreeMap<String, u64>) -> String {
+    if by.is_empty() {
+        return String::new();
+    }
+    let parts: Vec<String> = by.iter().map(|(k, n)| format!("{k} {n}")).collect();
+    format!(" ({})", parts.join(", "))
 }
