@@ -221,7 +221,9 @@ pub async fn renew(user: &mut GooseUser, stats: &Stats, lock: &Held) -> bool {
 }
 
 /// Renews `locks` in calls of at most `max_batch`; returns how many were
-/// not renewed.
+/// not renewed for now and are worth retrying at once, as the SDKs do (a
+/// request that failed or timed out, a 5xx, an entry answered
+/// `shard_unavailable`). A lock answered `expired` or `stolen` is lost.
 pub async fn renew_batch(
     user: &mut GooseUser,
     stats: &Stats,
@@ -248,7 +250,7 @@ pub async fn renew_batch(
         renewed: bool,
         reason: Option<String>,
     }
-    let mut failed = 0;
+    let mut retry = 0;
     for chunk in locks.chunks(max_batch.max(1)) {
         let body = Body {
             locks: chunk
@@ -261,14 +263,14 @@ pub async fn renew_batch(
         };
         let path = "/api/v1/locks/renew-batch";
         let Some((status, text, _)) = post_text(user, stats, path, &body).await else {
-            failed += chunk.len();
+            retry += chunk.len();
             continue;
         };
         let answer = serde_json::from_str::<Answer>(&text).ok();
         let results = answer.map(|a| a.results);
         if status != 200 || results.as_ref().map(Vec::len) != Some(chunk.len()) {
             stats.error();
-            failed += chunk.len();
+            retry += chunk.len();
             continue;
         }
         for r in results.into_iter().flatten() {
@@ -276,14 +278,16 @@ pub async fn renew_batch(
                 stats
                     .renewed
                     .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            } else if r.reason.as_deref() == Some("shard_unavailable") {
+                stats.renew_retried();
+                retry += 1;
             } else {
                 stats.lose(r.reason.as_deref().unwrap_or("unknown"));
                 stats.error();
-                failed += 1;
             }
         }
     }
-    failed
+    retry
 }
 
 /// Sleeps without holding the goose user's place in the throttle.

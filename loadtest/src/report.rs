@@ -46,6 +46,8 @@ pub struct Record {
     pub lost_total: u64,
     /// `lost_total` by the router's reason.
     pub lost_by_reason: std::collections::BTreeMap<String, u64>,
+    /// Lock renewals answered `shard_unavailable` and retried.
+    pub renew_retried_total: u64,
     pub errors_total: u64,
     pub server_errors_total: u64,
     /// Requests goose counted as failed (non-2xx, including 409 on renew).
@@ -116,6 +118,7 @@ impl Record {
             renewed_total: Stats::get(&stats.renewed),
             lost_total: Stats::get(&stats.lost),
             lost_by_reason: stats.lost_by(),
+            renew_retried_total: Stats::get(&stats.renew_retried),
             errors_total: Stats::get(&stats.errors),
             server_errors_total: Stats::get(&stats.server_errors),
             requests_total: Stats::get(&stats.requests),

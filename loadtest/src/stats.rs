@@ -89,6 +89,8 @@ pub struct Stats {
     /// The same, by the router's reason (`expired`, `stolen`,
     /// `shard_unavailable`).
     lost_by: Mutex<BTreeMap<String, u64>>,
+    /// Lock renewals answered `shard_unavailable`, retried (not lost).
+    pub renew_retried: AtomicU64,
     /// Failed operations of any kind: transport errors, unexpected statuses
     /// or bodies, etcd errors in baselines, lost locks.
     pub errors: AtomicU64,
@@ -127,6 +129,7 @@ impl Stats {
             renewed: AtomicU64::new(0),
             lost: AtomicU64::new(0),
             lost_by: Mutex::new(BTreeMap::new()),
+            renew_retried: AtomicU64::new(0),
             errors: AtomicU64::new(0),
             server_errors: AtomicU64::new(0),
             requests: AtomicU64::new(0),
@@ -285,6 +288,12 @@ impl Stats {
             .expect("lost lock")
             .entry(reason.to_string())
             .or_default() += 1;
+    }
+
+    /// A lock renewal answered `shard_unavailable`: retried.
+    pub fn renew_retried(&self) {
+        self.renew_retried
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
     }
 
     /// Lost locks by the router's reason.

@@ -213,12 +213,13 @@ fn hold(h: &Record, cfg: &Config, cpus: usize) -> Vec<Target> {
         ">=",
         cfg.locks as f64,
         format!(
-            "{} clients, TTL {} s; worst renewal {lag} ms late (limit TTL/6 = {} ms); {} lost{}",
+            "{} clients, TTL {} s; worst renewal {lag} ms late (limit TTL/6 = {} ms); {} lost{}; {} lock renewals answered shard_unavailable, retried",
             h.clients,
             cfg.ttl_ms / 1000,
             cfg.ttl_ms / 6,
             h.lost_total,
-            lost_causes(&h.lost_by_reason)
+            lost_causes(&h.lost_by_reason),
+            h.renew_retried_total
         ),
     );
     locks.met = locks.met && on_schedule && h.lost_total == 0;

@@ -151,10 +151,18 @@ async fn run_user(user: &mut GooseUser, ctx: &Hold) {
             ctx.stats.renew_lag(now - at);
             ctx.recent_lag_ms
                 .fetch_max((now - at).as_millis() as u64, Relaxed);
-            renew(user, ctx, &mut clients[i]).await;
+            let retry = renew(user, ctx, &mut clients[i]).await;
             // Keep the cadence; more than a period late, count it from now.
+            // A renewal that failed for now is retried soon, as the SDKs
+            // do, not a period later (then its lateness counts from `at`).
             let next = at + period;
-            clients[i].next_renew = Some(if next > now { next } else { now + period });
+            clients[i].next_renew = Some(if retry {
+                now + RETRY_AFTER
+            } else if next > now {
+                next
+            } else {
+                now + period
+            });
             continue;
         }
         let target = if ctx.acquires_paused.load(Relaxed) {
@@ -198,23 +206,31 @@ async fn run_user(user: &mut GooseUser, ctx: &Hold) {
     }
 }
 
-async fn renew(user: &mut GooseUser, ctx: &Hold, client: &mut Client) {
+/// Renews a client's locks; true if some renewal failed for now and is
+/// to be retried soon.
+async fn renew(user: &mut GooseUser, ctx: &Hold, client: &mut Client) -> bool {
     let before = client.locks.len();
-    match ctx.renewal {
+    let retry = match ctx.renewal {
         Renewal::Batch => {
-            api::renew_batch(user, &ctx.stats, &client.locks, ctx.max_batch).await;
+            api::renew_batch(user, &ctx.stats, &client.locks, ctx.max_batch).await > 0
         }
         Renewal::PerLock => {
             for i in 0..client.locks.len() {
                 let lock = client.locks[i].clone();
                 api::renew(user, &ctx.stats, &lock).await;
             }
+            false
         }
-    }
+    };
     // Lost locks are counted as errors; they stay in the list (renewing
     // them again only repeats the count), so the target is not re-ramped.
     debug_assert_eq!(before, client.locks.len());
+    retry
 }
+
+/// How soon a renewal that failed for now is tried again (the SDKs back
+/// off from 100 ms to 2 s; one step in between).
+const RETRY_AFTER: Duration = Duration::from_millis(500);
 
 /// What the controller measured during a hold.
 #[derive(Debug, Clone, Serialize)]
