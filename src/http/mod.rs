@@ -350,6 +350,7 @@ async fn dispatch(
         Route::Ui => Ok(ui::page()),
         Route::Metrics => {
             crate::metrics::collect_process();
+            crate::metrics::shard_states(&locks.active().router.shard_states());
             state.metrics.run_upkeep();
             let resp = Response::builder()
                 .header(header::CONTENT_TYPE, "text/plain; version=0.0.4")
