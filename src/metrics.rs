@@ -12,8 +12,6 @@ use std::time::Duration;
 use metrics::{counter, gauge, histogram, Counter, Histogram};
 use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle};
 
-use crate::placement::topology::ShardState;
-
 const LATENCY_BUCKETS: &[f64] = &[
     0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0, 2.0, 5.0,
 ];
@@ -521,26 +519,26 @@ pub fn shard_up(shard: &str, up: bool) {
 const BUILD_INFO: &str = "lockrouter_build_info";
 const SHARD_STATE: &str = "lockrouter_shard_state";
 
-/// Sets `lockrouter_shard_state` from the ring's shard states (`/readyz`'s),
-/// just before a scrape renders, so the series say what `/readyz` would
-/// say then. A shard that left the ring since the last scrape gets 0 for
-/// every state: its series stay in the recorder, and a 1 left on them
-/// would claim a state nobody sees any more.
-pub fn shard_states(states: &[(String, ShardState)]) {
+/// Sets `lockrouter_shard_state` from the ring's shard states (`/readyz`'s
+/// names, each one of `all`), just before a scrape renders, so the series
+/// say what `/readyz` would say then. A shard that left the ring since the
+/// last scrape gets 0 for every state: its series stay in the recorder,
+/// and a 1 left on them would claim a state nobody sees any more.
+pub fn shard_states(states: &[(String, &'static str)], all: &[&'static str]) {
     static SHOWN: std::sync::Mutex<Vec<String>> = std::sync::Mutex::new(Vec::new());
     let mut shown = SHOWN.lock().expect("shard state names");
     for gone in shown
         .iter()
         .filter(|n| !states.iter().any(|(s, _)| s == *n))
     {
-        for state in ShardState::ALL {
-            gauge!(SHARD_STATE, "shard" => gone.clone(), "state" => state.as_str()).set(0.0);
+        for state in all {
+            gauge!(SHARD_STATE, "shard" => gone.clone(), "state" => *state).set(0.0);
         }
     }
     for (shard, now) in states {
-        for state in ShardState::ALL {
-            let value = if state == *now { 1.0 } else { 0.0 };
-            gauge!(SHARD_STATE, "shard" => shard.clone(), "state" => state.as_str()).set(value);
+        for state in all {
+            let value = if state == now { 1.0 } else { 0.0 };
+            gauge!(SHARD_STATE, "shard" => shard.clone(), "state" => *state).set(value);
         }
     }
     *shown = states.iter().map(|(s, _)| s.clone()).collect();
@@ -609,6 +607,8 @@ mod tests {
         tokio::time::sleep(Duration::from_millis(300)).await;
     }
 
+    use crate::placement::topology::ShardState;
+
     #[test]
     fn shard_state_labels_are_the_states_readyz_names() {
         for state in ShardState::ALL {
@@ -620,11 +620,9 @@ mod tests {
     fn each_shard_has_one_state_and_a_shard_that_left_has_none() {
         let handle = install();
         let (kept, left) = ("metrics-test-kept", "metrics-test-left");
-        shard_states(&[
-            (kept.into(), ShardState::Up),
-            (left.into(), ShardState::Unreachable),
-        ]);
-        shard_states(&[(kept.into(), ShardState::Migrating)]);
+        let all = ShardState::ALL.map(ShardState::as_str);
+        shard_states(&[(kept.into(), "up"), (left.into(), "unreachable")], &all);
+        shard_states(&[(kept.into(), "migrating")], &all);
         let text = handle.render();
         let value = |shard: &str, state: &str| {
             let series = format!("{SHARD_STATE}{{shard=\"{shard}\",state=\"{state}\"}} ");
