@@ -88,6 +88,7 @@ impl Application {
             admission: crate::http::admission::Admission::new(settings.server.max_in_flight),
             tls,
             access_log,
+            replica: crate::http::answers::Replica::starting(),
         });
         Ok(Self {
             listener,

@@ -65,6 +65,7 @@ pub fn install() -> PrometheusHandle {
             // program; then ours only renders what it was given.
             let _ = metrics::set_global_recorder(recorder);
             describe();
+            gauge!(BUILD_INFO, "version" => env!("CARGO_PKG_VERSION")).set(1.0);
             handle
         })
         .clone()
@@ -133,6 +134,14 @@ fn describe() {
     );
     describe_counter!("lockrouter_session_grants_total", "session leases granted");
     describe_gauge!("lockrouter_shard_up", "1 while the shard answers, else 0");
+    describe_gauge!(
+        BUILD_INFO,
+        "1, labelled with this replica's version (lockrouter --version)"
+    );
+    describe_gauge!(
+        SHARD_STATE,
+        "1 for the shard's state as /readyz reports it, 0 for every other state"
+    );
     describe_gauge!("lockrouter_ring_epoch", "ring epoch recorded on the shard");
     describe_gauge!(
         "lockrouter_shard_ring_ok",
@@ -507,6 +516,34 @@ pub fn shard_up(shard: &str, up: bool) {
     gauge!("lockrouter_shard_up", "shard" => shard.to_string()).set(if up { 1.0 } else { 0.0 });
 }
 
+const BUILD_INFO: &str = "lockrouter_build_info";
+const SHARD_STATE: &str = "lockrouter_shard_state";
+
+/// Sets `lockrouter_shard_state` from the ring's shard states (`/readyz`'s
+/// names, each one of `all`), just before a scrape renders, so the series
+/// say what `/readyz` would say then. A shard that left the ring since the
+/// last scrape gets 0 for every state: its series stay in the recorder,
+/// and a 1 left on them would claim a state nobody sees any more.
+pub fn shard_states(states: &[(String, &'static str)], all: &[&'static str]) {
+    static SHOWN: std::sync::Mutex<Vec<String>> = std::sync::Mutex::new(Vec::new());
+    let mut shown = SHOWN.lock().expect("shard state names");
+    for gone in shown
+        .iter()
+        .filter(|n| !states.iter().any(|(s, _)| s == *n))
+    {
+        for state in all {
+            gauge!(SHARD_STATE, "shard" => gone.clone(), "state" => *state).set(0.0);
+        }
+    }
+    for (shard, now) in states {
+        for state in all {
+            let value = if state == now { 1.0 } else { 0.0 };
+            gauge!(SHARD_STATE, "shard" => shard.clone(), "state" => *state).set(value);
+        }
+    }
+    *shown = states.iter().map(|(s, _)| s.clone()).collect();
+}
+
 pub fn ring_state(shard: &str, epoch: u64, ok: bool) {
     gauge!("lockrouter_ring_epoch", "shard" => shard.to_string()).set(epoch as f64);
     gauge!("lockrouter_shard_ring_ok", "shard" => shard.to_string()).set(if ok {
@@ -568,6 +605,40 @@ mod tests {
         }
         // More than one upkeep interval, so the last samples are folded too.
         tokio::time::sleep(Duration::from_millis(300)).await;
+    }
+
+    use crate::placement::topology::ShardState;
+
+    #[test]
+    fn shard_state_labels_are_the_states_readyz_names() {
+        for state in ShardState::ALL {
+            assert_eq!(serde_json::to_value(state).unwrap(), state.as_str());
+        }
+    }
+
+    #[test]
+    fn each_shard_has_one_state_and_a_shard_that_left_has_none() {
+        let handle = install();
+        let (kept, left) = ("metrics-test-kept", "metrics-test-left");
+        let all = ShardState::ALL.map(ShardState::as_str);
+        shard_states(&[(kept.into(), "up"), (left.into(), "unreachable")], &all);
+        shard_states(&[(kept.into(), "migrating")], &all);
+        let text = handle.render();
+        let value = |shard: &str, state: &str| {
+            let series = format!("{SHARD_STATE}{{shard=\"{shard}\",state=\"{state}\"}} ");
+            let line = text.lines().find(|l| l.starts_with(&series));
+            line.and_then(|l| l[series.len()..].trim().parse::<f64>().ok())
+        };
+        assert_eq!(value(kept, "migrating"), Some(1.0), "{text}");
+        assert_eq!(value(kept, "up"), Some(0.0));
+        for state in ShardState::ALL {
+            assert_eq!(value(left, state.as_str()), Some(0.0), "{state:?}");
+        }
+        let version = format!(
+            "{BUILD_INFO}{{version=\"{}\"}} 1",
+            env!("CARGO_PKG_VERSION")
+        );
+        assert!(text.lines().any(|l| l == version), "{text}");
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -1,16 +1,21 @@
 //! The status page (`GET /ui`) in a real browser: headless Chromium, driven
 //! over WebDriver (fantoccini) through a chromedriver the test starts on a
-//! free loopback port, against real etcd shards and a router in-process.
-//! The page must show the live shard states (and follow a shard's loss by
-//! itself), the ring, the rates, and a held lock's holder and token; with
-//! an admin token configured it must say that it needs one, and
-//! force-release with it once given.
+//! free loopback port, against real etcd shards and a router (a process of
+//! its own where the figures shown must be only its test's: the metrics
+//! recorder is process-wide). The page must show the replica, the live
+//! shard states (and follow a shard's loss by itself) with each shard's
+//! held locks, sessions, waiters and rates, the ring, request rates
+//! without its own polling, a paged and searchable list of held locks, and
+//! a held lock's holder and token; with an admin token configured it must
+//! say that it needs one, and force-release with it once given, naming
+//! tokens past 2^53 to the digit.
 //!
 //! Chromium and chromedriver come from `make prereqs` (Debian's chromium
 //! and chromium-driver); a test without them fails, naming that. With
 //! `LOCKROUTER_UI_SCREENSHOT=<file.png>` the first test saves what the page
 //! shows (the picture in docs/operations.md).
 
+use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
@@ -22,6 +27,7 @@ use lockrouter_testkit::config::config_toml;
 use lockrouter_testkit::etcd::EtcdCluster;
 use lockrouter_testkit::loopback::free_port;
 use lockrouter_testkit::router::TestRouter;
+use lockrouter_testkit::router_process::RouterProcess;
 use lockrouter_testkit::sleep_ms;
 
 /// How long the page may take to show what a test waits for: it refreshes
@@ -204,6 +210,45 @@ impl Browser {
             .unwrap();
     }
 
+    /// The `data-*` attribute `key` of every element matching `css`.
+    async fn data_of_all(&self, css: &str, key: &str) -> Vec<String> {
+        let js = "return [...document.querySelectorAll(arguments[0])].map(e => e.dataset[arguments[1]]);";
+        let v = self
+            .client()
+            .execute(js, vec![json!(css), json!(key)])
+            .await
+            .unwrap();
+        serde_json::from_value(v).unwrap()
+    }
+
+    /// Waits until `count` elements match `css`.
+    async fn wait_count(&self, what: &str, css: &str, count: usize) {
+        let deadline = Instant::now() + SHOWN_WITHIN;
+        let js = "return document.querySelectorAll(arguments[0]).length;";
+        loop {
+            let n = self.client().execute(js, vec![json!(css)]).await.unwrap();
+            if n == json!(count) {
+                return;
+            }
+            if Instant::now() >= deadline {
+                panic!(
+                    "the page did not show {what} within {SHOWN_WITHIN:?}: {n} match `{css}`; \
+                     the page shows:\n{}",
+                    self.page_text().await
+                );
+            }
+            sleep_ms(200).await;
+        }
+    }
+
+    /// Chooses `value` in the select `css`, as a person would.
+    async fn choose(&self, css: &str, value: &str) {
+        let js = "const s = document.querySelector(arguments[0]); s.value = arguments[1]; \
+                  s.dispatchEvent(new Event('change'));";
+        let args = vec![json!(css), json!(value)];
+        self.client().execute(js, args).await.unwrap();
+    }
+
     async fn type_into(&self, css: &str, text: &str) {
         let field = self.client().find(Locator::Css(css)).await.unwrap();
         field.clear().await.unwrap();
@@ -219,7 +264,12 @@ impl Browser {
     /// Clicks force-release, gives `reason` to its prompt and accepts its
     /// confirmation.
     async fn force_release(&self, reason: &str) {
-        self.click("#force-release").await;
+        self.force_release_with("#force-release", reason).await;
+    }
+
+    /// Like [`force_release`](Self::force_release), with the button `css`.
+    async fn force_release_with(&self, css: &str, reason: &str) {
+        self.click(css).await;
         self.client().send_alert_text(reason).await.unwrap();
         self.accept_dialog().await;
         self.accept_dialog().await;
@@ -275,11 +325,29 @@ fn tail(log: &Path) -> String {
     lockrouter_testkit::child::log_tail(log)
 }
 
+/// `name` granted to `client` once the router grants again after an epoch
+/// bump.
+async fn acquire_soon(
+    api: &lockrouter_testkit::api::Api,
+    name: &str,
+    client: &str,
+) -> (String, u64) {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let r = api.acquire(name, 60_000, client).await;
+        if r.status == 200 && r.body["acquired"] == true {
+            return r.granted();
+        }
+        assert!(Instant::now() < deadline, "{name} not granted: {r:?}");
+        sleep_ms(100).await;
+    }
+}
+
 /// A bounded stream of renewals of `lock`, so the page has a rate to show.
 fn renew_in_background(api: &lockrouter_testkit::api::Api, lock: (String, u64)) -> Renewer {
     let api = api.clone();
     Renewer(tokio::spawn(async move {
-        for _ in 0..300 {
+        for _ in 0..600 {
             let _ = api.renew(&lock).await;
             sleep_ms(100).await;
         }
@@ -295,15 +363,67 @@ impl Drop for Renewer {
     }
 }
 
+/// Routes the page reads as it refreshes: none may show in its rates.
+const POLLED: &[&str] = &[
+    "readyz",
+    "metrics",
+    "admin_ring",
+    "admin_locks",
+    "inspect",
+    "ui",
+];
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn the_page_shows_live_shards_the_ring_rates_and_a_held_lock() {
+async fn the_page_shows_live_shards_their_load_the_ring_rates_and_held_locks() {
     let a = EtcdCluster::single();
     let mut b = EtcdCluster::single();
-    let router = TestRouter::start(&[&a, &b]).await;
+    let port = free_port();
+    // Named apart from every other test's shards; lock counts every 300 ms.
+    let toml = config_toml(
+        &[&a, &b],
+        &format!("127.0.0.1:{port}"),
+        "count_interval_ms = 300",
+    )
+    .replace("name = \"a\"", "name = \"east\"")
+    .replace("name = \"b\"", "name = \"west\"");
+    let router = RouterProcess::spawn(&toml, port);
     let api = &router.api;
+    api.wait_ready().await;
     let name = "process_order:42";
     let lock = api.must_acquire(name, 60_000, "worker-17").await;
+    let mut names = vec![name.to_string()];
+    for i in 0..12 {
+        let job = format!("batch:{i:02}");
+        api.must_acquire(&job, 60_000, &format!("batch-worker-{i}"))
+            .await;
+        names.push(job);
+    }
+    // Locks per shard; each has a client, so a session, of its own.
+    let mut held: BTreeMap<String, usize> = BTreeMap::new();
+    for n in &names {
+        let shard = api.inspect(n).await.body["shard"]
+            .as_str()
+            .unwrap()
+            .to_string();
+        *held.entry(shard).or_default() += 1;
+    }
+    let busy = api.inspect(name).await.body["shard"]
+        .as_str()
+        .unwrap()
+        .to_string();
     let _renewer = renew_in_background(api, lock.clone());
+    let waiting = json!({"name": name, "ttlMs": 10_000, "clientId": "impatient", "waitMs": 50_000});
+    let waiter = api
+        .http
+        .post(format!("{}/api/v1/locks/acquire", api.base))
+        .timeout(Duration::from_secs(60))
+        .json(&waiting);
+    let _waiter = Renewer(tokio::spawn(async move {
+        let _ = waiter.send().await;
+    }));
+    let ready = api.get("/readyz").await.body;
+    let replica = ready["replica"].as_str().unwrap().to_string();
+    assert!(!replica.is_empty(), "{ready}");
     let ring = api.get("/admin/v1/ring").await.body["ring"]
         .as_str()
         .unwrap()
@@ -331,15 +451,83 @@ async fn the_page_shows_live_shards_the_ring_rates_and_a_held_lock() {
         .goto(&format!("{}/ui", api.base))
         .await
         .unwrap();
-    for shard in ["a", "b"] {
+    for shard in ["east", "west"] {
         let css = format!("tr[data-shard=\"{shard}\"] .state");
         browser
             .wait_text(&format!("shard {shard} up"), &css, |t| t == "up")
             .await;
     }
     browser
+        .wait_text("the replica", "#replica-name", |t| t == replica)
+        .await;
+    let version = format!("v{}", env!("CARGO_PKG_VERSION"));
+    assert_eq!(browser.text("#replica-version").await, Some(version));
+    let uptime = browser.text("#replica-uptime").await.unwrap_or_default();
+    assert!(
+        uptime.starts_with("up ") && uptime.ends_with(" s"),
+        "{uptime}"
+    );
+    browser
         .wait_text("the ring's fingerprint", "#ring-fingerprint", |t| t == ring)
         .await;
+
+    // Each shard's load.
+    let cell = |shard: &str, col: &str| format!("tr[data-shard=\"{shard}\"] [data-col={col}]");
+    for (shard, n) in &held {
+        let locks = n.to_string();
+        let what = format!("{shard}'s held locks");
+        browser
+            .wait_text(&what, &cell(shard, "held"), |t| t == locks)
+            .await;
+        // The waiting client has a session on its name's shard too.
+        let sessions = if *shard == busy { n + 1 } else { *n }.to_string();
+        let what = format!("{shard}'s sessions");
+        browser
+            .wait_text(&what, &cell(shard, "sessions"), |t| t == sessions)
+            .await;
+    }
+    browser
+        .wait_text("the waiter", &cell(&busy, "waiters"), |t| t == "1")
+        .await;
+    let positive = |t: &str| t.parse::<f64>().is_ok_and(|r| r > 0.0);
+    browser
+        .wait_text("the shard's renewals", &cell(&busy, "renewals"), positive)
+        .await;
+    browser
+        .wait_text("the shard's etcd p99", &cell(&busy, "p99"), |t| {
+            t.ends_with(" ms")
+        })
+        .await;
+    assert_eq!(
+        browser.text(&cell(&busy, "errors")).await.as_deref(),
+        Some("none")
+    );
+
+    // Request rates and p99, without the page's own polling.
+    browser
+        .wait_text("a renewal rate", "#rate-renewals", positive)
+        .await;
+    browser
+        .wait_text(
+            "renew's p99",
+            "#rates tr[data-op=renew] [data-col=p99]",
+            |t| t.ends_with(" ms"),
+        )
+        .await;
+    sleep_ms(3500).await; // a refresh more, with every poll of the page in it
+    let ops = browser.data_of_all("#rates tbody tr", "op").await;
+    assert!(ops.contains(&"renew".to_string()), "{ops:?}");
+    assert!(
+        !ops.iter().any(|op| POLLED.contains(&op.as_str())),
+        "the page's own polls: {ops:?}"
+    );
+
+    // The held locks, a page at a time, and by prefix.
+    browser.choose("#locks-limit", "10").await;
+    browser
+        .wait_count("a page of 10 locks", "#locks tbody tr", 10)
+        .await;
+    assert_eq!(browser.text("#locks-page").await.as_deref(), Some("page 1"));
     browser.look_up(name).await;
     let token = lock.1.to_string();
     browser
@@ -357,24 +545,65 @@ async fn the_page_shows_live_shards_the_ring_rates_and_a_held_lock() {
         browser.text(&field("clientId")).await.as_deref(),
         Some("worker-17")
     );
-    browser
-        .wait_text("a renewal rate", "#rate-renewals", |t| {
-            t.parse::<f64>().is_ok_and(|r| r > 0.0)
-        })
-        .await;
     if let Some(path) = std::env::var_os("LOCKROUTER_UI_SCREENSHOT") {
+        sleep_ms(3500).await; // rates over a whole refresh
+        let top = "window.scrollTo(0, 0);";
+        browser.client().execute(top, vec![]).await.unwrap();
         let png = browser.client().screenshot().await.unwrap();
         std::fs::write(&path, png).unwrap();
     }
+    browser.click("#locks-next").await;
+    browser
+        .wait_count("the last 3 locks", "#locks tbody tr", 3)
+        .await;
+    browser
+        .wait_text("the last page", "#locks-page", |t| t == "page 2 (last)")
+        .await;
+    let mut listed = browser.data_of_all("#locks tbody tr", "name").await;
+    browser.click("#locks-prev").await;
+    browser
+        .wait_text("the first page", "#locks-page", |t| t == "page 1")
+        .await;
+    browser
+        .wait_count("the first page's locks", "#locks tbody tr", 10)
+        .await;
+    listed.extend(browser.data_of_all("#locks tbody tr", "name").await);
+    listed.sort();
+    names.sort();
+    assert_eq!(listed, names, "every held lock once");
+    browser.type_into("#locks-prefix", "process_order:").await;
+    browser.click("#locks-search").await;
+    browser
+        .wait_count("the one lock found", "#locks tbody tr", 1)
+        .await;
+    let row = |col: &str| format!("#locks tr[data-name=\"{name}\"] [data-col={col}]");
+    assert_eq!(
+        browser.text(&row("holder")).await.as_deref(),
+        Some("worker-17")
+    );
+    assert_eq!(browser.text(&row("token")).await, Some(token));
+    let seconds = |t: &str| t.strip_suffix(" s").and_then(|n| n.parse::<u64>().ok());
+    let left = browser.text(&row("left")).await.unwrap_or_default();
+    assert!(
+        seconds(&left).is_some_and(|s| (1..=60).contains(&s)),
+        "time left {left:?}"
+    );
+    let age = browser.text(&row("age")).await.unwrap_or_default();
+    assert!(seconds(&age).is_some_and(|s| s < 120), "age {age:?}");
 
     b.kill();
     browser
-        .wait_text("shard b unreachable", "tr[data-shard=\"b\"] .state", |t| {
-            t == "unreachable"
-        })
+        .wait_text(
+            "shard west unreachable",
+            "tr[data-shard=\"west\"] .state",
+            |t| t == "unreachable",
+        )
         .await;
     assert_eq!(
-        browser.text("tr[data-shard=\"a\"] .state").await.as_deref(),
+        browser
+            .text("tr[data-shard=\"east\"] .state")
+            .await
+            .as_deref(),
         Some("up")
     );
     browser.close().await;
@@ -389,8 +618,16 @@ async fn with_an_admin_token_the_page_asks_for_it_and_force_releases_with_it() {
     let router = TestRouter::with_toml(&toml).await;
     let api = &router.api;
     let admin = api.with_bearer(token);
+    // Epoch 100: tokens past 2^53, where JS numbers lose digits.
+    let bumped = admin
+        .post("/admin/v1/bump-epoch", json!({"minEpoch": 100}))
+        .await;
+    assert_eq!(bumped.status, 200, "{bumped:?}");
     let name = "stuck/worker 17";
-    let lock = api.must_acquire(name, 60_000, "worker-17").await;
+    let lock = acquire_soon(api, name, "worker-17").await;
+    let other = "stuck/worker 18";
+    let other_lock = acquire_soon(api, other, "worker-18").await;
+    assert!(lock.1 > 1 << 53 && other_lock.1 > 1 << 53, "{lock:?}");
     let ring = admin.get("/admin/v1/ring").await.body["ring"]
         .as_str()
         .unwrap()
@@ -422,6 +659,13 @@ async fn with_an_admin_token_the_page_asks_for_it_and_force_releases_with_it() {
     let js = "return [document.querySelectorAll('#lookup-result img').length, document.title];";
     let run = browser.client().execute(js, vec![]).await.unwrap();
     assert_eq!(run, json!([0, "lockrouter status"]));
+    browser
+        .wait_text(
+            "that the list needs the admin credential",
+            "#locks-error",
+            |t| t.contains("admin credential needed"),
+        )
+        .await;
     browser.look_up(name).await;
     let fencing = lock.1.to_string();
     browser
@@ -450,6 +694,29 @@ async fn with_an_admin_token_the_page_asks_for_it_and_force_releases_with_it() {
     let kept = browser.client().execute(js, vec![]).await.unwrap();
     let page = format!("{}/ui", api.base);
     assert_eq!(kept, json!([token, 0, page, ""]), "where the token is kept");
+
+    // From the list: the exact token shown, and sent.
+    browser.type_into("#locks-prefix", other).await;
+    browser.click("#locks-search").await;
+    let row = format!("#locks tr[data-name=\"{other}\"]");
+    let exact = other_lock.1.to_string();
+    browser
+        .wait_text("the exact token", &format!("{row} [data-col=token]"), |t| {
+            t == exact
+        })
+        .await;
+    browser
+        .force_release_with(&format!("{row} button.release"), "stuck in a test")
+        .await;
+    browser
+        .wait_text("the release from the list", "#locks-result", |t| {
+            t.starts_with("Released") && t.contains(&exact)
+        })
+        .await;
+    browser
+        .wait_count("the list without it", "#locks tbody tr", 0)
+        .await;
+    assert_eq!(api.inspect(other).await.body["held"], false);
     browser.force_release("stuck in a test").await;
     browser
         .wait_text("the release", "#force-result", |t| {

@@ -206,6 +206,10 @@ pub struct ListedLock {
     pub acquired_at: Option<String>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub metadata: Option<serde_json::Value>,
+    /// When its session lease ends unless renewed, and the time it has
+    /// left, as etcd said while listing.
+    #[serde(flatten)]
+    pub times: Option<Times>,
 }
 
 impl ListedLock {
@@ -222,6 +226,7 @@ impl ListedLock {
                 .acquired_at
                 .map(|t| humantime::format_rfc3339_millis(t).to_string()),
             metadata: l.metadata.clone(),
+            times: l.expires.as_ref().map(Times::of),
         }
     }
 }
@@ -280,6 +285,11 @@ pub struct Readiness {
     /// This replica's version (`lockrouter --version`), for telling
     /// replicas apart during a rolling upgrade.
     pub version: &'static str,
+    /// This replica's host name (a pod's name under Kubernetes): which
+    /// replica answered, behind a load balancer.
+    pub replica: String,
+    /// How long this replica has served.
+    pub uptime_ms: u64,
     pub shards: Vec<ShardReadiness>,
     pub unreachable_shards: Vec<String>,
     pub refusing_shards: Vec<String>,
@@ -292,12 +302,37 @@ pub struct ShardReadiness {
     pub state: ShardState,
 }
 
+/// Who this replica is, as `/readyz` says it.
+#[derive(Debug, Clone)]
+pub struct Replica {
+    /// The host name; empty if the system gives none.
+    pub name: String,
+    /// When it started (built its router).
+    pub started: std::time::Instant,
+}
+
+impl Replica {
+    /// This host's replica, starting now.
+    pub fn starting() -> Self {
+        let name = nix::unistd::gethostname()
+            .ok()
+            .and_then(|h| h.into_string().ok())
+            .unwrap_or_default();
+        Self {
+            name,
+            started: std::time::Instant::now(),
+        }
+    }
+}
+
 impl Readiness {
-    pub fn of(router: &Router) -> Self {
+    pub fn of(router: &Router, replica: &Replica) -> Self {
         let (unreachable_shards, refusing_shards) = router.readiness();
         Self {
             ready: router.ready(),
             version: env!("CARGO_PKG_VERSION"),
+            replica: replica.name.clone(),
+            uptime_ms: replica.started.elapsed().as_millis() as u64,
             shards: router
                 .shard_states()
                 .into_iter()

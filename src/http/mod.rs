@@ -39,7 +39,6 @@ use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
 
 use crate::auth::PeerIdentity;
-use crate::locks::Locks;
 use crate::metrics as m;
 use error::ApiError;
 
@@ -140,6 +139,7 @@ async fn handle(
     let op = route.map_or("unknown", Route::label);
     let request_id = request_id::of(req.headers());
     let method = req.method().clone();
+    let counted = !ui::is_poll(&method, route, req.headers());
     let mut facts = access::Facts::of(&state.access_log);
     // At info, so that every line logged for the request names it.
     let span = tracing::info_span!(
@@ -179,7 +179,9 @@ async fn handle(
         );
     }
     let elapsed = started.elapsed();
-    m::request(op, outcome, elapsed);
+    if counted {
+        m::request(op, outcome, elapsed);
+    }
     let line = access::Line {
         method: &method,
         route: op,
@@ -322,7 +324,7 @@ async fn dispatch(
             json(StatusCode::OK, &answers::Health { status: "ok" }),
             "ok",
         )),
-        Route::Readyz => Ok(readyz(locks)),
+        Route::Readyz => Ok(readyz(state)),
         Route::AdminReload => {
             let _: admin::NoFields = body::parse_optional(req, max, t.body_read).await?;
             within(t.request, admin::reload(state)).await
@@ -350,6 +352,7 @@ async fn dispatch(
         Route::Ui => Ok(ui::page()),
         Route::Metrics => {
             crate::metrics::collect_process();
+            shard_states(locks);
             state.metrics.run_upkeep();
             let resp = Response::builder()
                 .header(header::CONTENT_TYPE, "text/plain; version=0.0.4")
@@ -358,6 +361,15 @@ async fn dispatch(
             Ok((resp, "ok"))
         }
     }
+}
+
+/// Sets `lockrouter_shard_state` to what `/readyz` would say now.
+fn shard_states(locks: &crate::locks::Locks) {
+    use crate::placement::topology::ShardState;
+    let states: Vec<_> = (locks.active().router.shard_states().into_iter())
+        .map(|(name, state)| (name, state.as_str()))
+        .collect();
+    crate::metrics::shard_states(&states, &ShardState::ALL.map(ShardState::as_str));
 }
 
 /// The header in which a caller may ask for a shorter deadline than
@@ -410,9 +422,9 @@ async fn within(
     }
 }
 
-fn readyz(locks: &Locks) -> (Response<Full<Bytes>>, &'static str) {
-    let router = locks.active().router.clone();
-    let body = answers::Readiness::of(&router);
+fn readyz(state: &AppState) -> (Response<Full<Bytes>>, &'static str) {
+    let router = state.locks.active().router.clone();
+    let body = answers::Readiness::of(&router, &state.replica);
     if body.ready {
         (json(StatusCode::OK, &body), "ready")
     } else {

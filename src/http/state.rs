@@ -26,4 +26,6 @@ pub struct AppState {
     /// Whether each request gets an access log line (`server.access_log`,
     /// set by the reloader).
     pub access_log: super::access::Switch,
+    /// Who this replica is, for `/readyz` and the status page.
+    pub replica: super::answers::Replica,
 }

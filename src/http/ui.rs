@@ -5,6 +5,12 @@
 //! style by their SHA-256 and nothing else, so no other script runs in it,
 //! not even one injected through an answer it renders, and it may fetch
 //! from its own origin only.
+//!
+//! The page marks the requests it makes while refreshing itself with
+//! [`POLL_HEADER`]; they are left out of the request series, so that the
+//! rates it shows (and a dashboard's) do not count an open page's polling.
+//! Only reads are left out: an action taken on the page (a force-release)
+//! counts like any other.
 
 use std::sync::OnceLock;
 
@@ -17,6 +23,21 @@ use sha2::{Digest, Sha256};
 const HTML: &str = include_str!("ui.html");
 const STYLE: &str = include_str!("ui.css");
 const SCRIPT: &str = include_str!("ui.js");
+
+/// The header the page sends with each request of its refresh.
+pub const POLL_HEADER: &str = "x-lockrouter-status-page";
+
+/// Whether a request is one of the status page's refreshes: a GET (or
+/// HEAD) of a read-only route, marked with [`POLL_HEADER`].
+pub fn is_poll(
+    method: &http::Method,
+    route: Option<super::routes::Route>,
+    headers: &http::HeaderMap,
+) -> bool {
+    let read = *method == http::Method::GET || *method == http::Method::HEAD;
+    read && route.is_some_and(|r| r.method() == http::Method::GET)
+        && headers.contains_key(POLL_HEADER)
+}
 
 /// The document and the policy naming its inline parts, made once.
 struct Page {
@@ -72,6 +93,22 @@ pub fn page() -> (Response<Full<Bytes>>, &'static str) {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::http::routes::Route;
+
+    #[test]
+    fn only_marked_reads_are_polls() {
+        let mut marked = http::HeaderMap::new();
+        marked.insert(POLL_HEADER, HeaderValue::from_static("1"));
+        let plain = http::HeaderMap::new();
+        let get = http::Method::GET;
+        assert!(is_poll(&get, Some(Route::Metrics), &marked));
+        assert!(is_poll(&get, Some(Route::AdminLocks), &marked));
+        assert!(!is_poll(&get, Some(Route::Metrics), &plain));
+        assert!(!is_poll(&get, None, &marked));
+        let post = http::Method::POST;
+        assert!(!is_poll(&post, Some(Route::AdminForceRelease), &marked));
+        assert!(!is_poll(&post, Some(Route::Acquire), &marked));
+    }
 
     #[test]
     fn the_policy_admits_exactly_the_inline_script_and_style() {

@@ -9,6 +9,7 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use base64::engine::general_purpose::URL_SAFE_NO_PAD;
 use base64::Engine;
 use etcd_client::KeyValue;
+use futures::{StreamExt, TryStreamExt};
 
 use super::*;
 use crate::shard::keys::LockValue;
@@ -20,6 +21,8 @@ use crate::token::fencing;
 pub const SCAN_PER_PAGE: usize = 5_000;
 /// Keys read per range request.
 const CHUNK: usize = 1_000;
+/// Session leases whose time left one page asks etcd for at once.
+const TTL_READS_IN_FLIGHT: usize = 16;
 /// Most locks a client view lists.
 pub const CLIENT_MAX_LOCKS: usize = 10_000;
 
@@ -35,6 +38,9 @@ pub struct Listed {
     pub lease: i64,
     pub acquired_at: Option<SystemTime>,
     pub metadata: Option<serde_json::Value>,
+    /// When its session lease ends unless renewed, as etcd said while
+    /// listing (whole seconds, rounded down: never later than the truth).
+    pub expires: Option<Expiry>,
 }
 
 /// One page of held locks, and where the next one starts.
@@ -106,10 +112,55 @@ impl Locks {
 
 impl Active {
     /// Up to `limit` held locks whose names start with `prefix`, after
-    /// `cursor`. Every lock held from before the first page to after the
-    /// last is listed exactly once; one granted or released meanwhile may
-    /// or may not be.
+    /// `cursor`, each with the time its session lease has left. Every lock
+    /// held from before the first page to after the last is listed exactly
+    /// once; one granted or released meanwhile may or may not be.
     pub async fn list_locks(
+        &self,
+        prefix: &str,
+        cursor: Option<&str>,
+        limit: usize,
+    ) -> Result<Page, LockError> {
+        let mut page = self.scan_locks(prefix, cursor, limit).await?;
+        self.read_expiries(&mut page.locks).await?;
+        Ok(page)
+    }
+
+    /// Sets each lock's expiry: one LeaseTimeToLive (a read on the leader,
+    /// no raft write) per distinct session lease, the locks of one client
+    /// and TTL sharing theirs, a few at a time.
+    async fn read_expiries(&self, locks: &mut [Listed]) -> Result<(), LockError> {
+        let mut leases: Vec<(String, i64)> =
+            locks.iter().map(|l| (l.shard.clone(), l.lease)).collect();
+        leases.sort_unstable();
+        leases.dedup();
+        let shards = self.router.all_shards();
+        let reads = leases.into_iter().map(|(name, lease)| {
+            let shard = shards.iter().find(|s| s.name == name).cloned();
+            async move {
+                let Some(shard) = shard else {
+                    return Ok((name, lease, None));
+                };
+                let sent = Instant::now();
+                let left = shard.time_to_live(lease).await?;
+                let expires = Expiry(sent + Duration::from_secs(left as u64));
+                Ok::<_, LockError>((name, lease, Some(expires)))
+            }
+        });
+        let read: Vec<_> = futures::stream::iter(reads)
+            .buffer_unordered(TTL_READS_IN_FLIGHT)
+            .try_collect()
+            .await?;
+        for l in locks {
+            l.expires = read
+                .iter()
+                .find(|(shard, lease, _)| *shard == l.shard && *lease == l.lease)
+                .and_then(|(_, _, e)| *e);
+        }
+        Ok(())
+    }
+
+    async fn scan_locks(
         &self,
         prefix: &str,
         cursor: Option<&str>,
@@ -190,11 +241,15 @@ impl Active {
             for (lease, ttl_secs) in leases {
                 let sent = Instant::now();
                 let left = shard.time_to_live(lease).await?;
+                let expires = Expiry(sent + Duration::from_secs(left as u64));
+                for l in mine.iter_mut().filter(|l| l.lease == lease) {
+                    l.expires = Some(expires);
+                }
                 view.sessions.push(SessionView {
                     shard: shard.name.clone(),
                     lease,
                     ttl_secs,
-                    expires: Expiry(sent + Duration::from_secs(left as u64)),
+                    expires,
                     locks: mine.iter().filter(|l| l.lease == lease).count(),
                 });
             }
@@ -223,6 +278,7 @@ fn listed(shard: &Shard, kv: &KeyValue) -> Option<Listed> {
             .filter(|ms| *ms > 0)
             .map(|ms| UNIX_EPOCH + Duration::from_millis(ms)),
         metadata: value.meta,
+        expires: None,
     })
 }
 

@@ -220,6 +220,35 @@ pub enum ShardState {
     ClusterChanged,
 }
 
+impl ShardState {
+    /// Every state, in the order `/readyz` documents them.
+    pub const ALL: [ShardState; 8] = [
+        ShardState::Up,
+        ShardState::Migrating,
+        ShardState::Unreachable,
+        ShardState::Unconfirmed,
+        ShardState::Uninitialised,
+        ShardState::RingMismatch,
+        ShardState::IdentityMismatch,
+        ShardState::ClusterChanged,
+    ];
+
+    /// Its name in `/readyz` and in the `state` label of
+    /// `lockrouter_shard_state`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ShardState::Up => "up",
+            ShardState::Migrating => "migrating",
+            ShardState::Unreachable => "unreachable",
+            ShardState::Unconfirmed => "unconfirmed",
+            ShardState::Uninitialised => "uninitialised",
+            ShardState::RingMismatch => "ring_mismatch",
+            ShardState::IdentityMismatch => "identity_mismatch",
+            ShardState::ClusterChanged => "cluster_changed",
+        }
+    }
+}
+
 /// Why a shard may not grant now.
 #[derive(Debug, Clone)]
 pub enum NotServing {
