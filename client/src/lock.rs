@@ -155,7 +155,7 @@ impl Lock {
         let answer = self
             .keeper
             .transport
-            .renew(&shared.lock_ref, self.keeper.request_timeout)
+            .renew_now(&shared.lock_ref, shared.ttl, self.keeper.request_timeout)
             .await?;
         match (answer.renewed, answer.expires_in_ms) {
             (true, Some(ms)) => {

@@ -210,7 +210,37 @@ impl Transport {
 
     /// Renews one lock: a 409 is an answer (`renewed: false`), not an error.
     pub async fn renew(&self, lock: &LockRef, timeout: Duration) -> Result<Renewed, Error> {
-        let (status, bytes) = self.post("/api/v1/locks/renew", lock, timeout).await?;
+        self.renew_with(lock, None, timeout).await
+    }
+
+    /// A renew that names the lock's TTL: the router renews its session
+    /// lease now (an `extend`), not only once half its TTL is gone.
+    pub async fn renew_now(
+        &self,
+        lock: &LockRef,
+        ttl: Duration,
+        timeout: Duration,
+    ) -> Result<Renewed, Error> {
+        self.renew_with(lock, Some(ttl.as_millis() as u64), timeout)
+            .await
+    }
+
+    async fn renew_with(
+        &self,
+        lock: &LockRef,
+        ttl_ms: Option<u64>,
+        timeout: Duration,
+    ) -> Result<Renewed, Error> {
+        #[derive(Serialize)]
+        #[serde(rename_all = "camelCase")]
+        struct Body<'a> {
+            #[serde(flatten)]
+            lock: &'a LockRef,
+            #[serde(skip_serializing_if = "Option::is_none")]
+            ttl_ms: Option<u64>,
+        }
+        let body = Body { lock, ttl_ms };
+        let (status, bytes) = self.post("/api/v1/locks/renew", &body, timeout).await?;
         if status != StatusCode::CONFLICT {
             expect_ok(status, &bytes)?;
         }

@@ -37,7 +37,11 @@ impl Active {
         // A shard no longer in any ring was drained: the lock is gone.
         let shard = self.shard_of(&id)?;
         check_up(&shard)?;
-        let mut outcomes = self.renew_on(&shard, &[&id]).await;
+        // A renew that names its TTL asks for the lease renewed now (an
+        // SDK's `extend`): a keepalive unless one was confirmed within the
+        // coalescing window, whatever is left of the lease.
+        let extend = ttl_ms.is_some();
+        let mut outcomes = self.renew_on(&shard, &[&id], extend).await;
         Ok(outcomes.pop().expect("one outcome per lock")?)
     }
 
@@ -87,7 +91,7 @@ impl Active {
                     return (at, None);
                 };
                 let group: Vec<&LockId> = at.iter().map(|&i| &ids[i]).collect();
-                (at, Some(self.renew_on(&shard, &group).await))
+                (at, Some(self.renew_on(&shard, &group, false).await))
             }
         }))
         .await;
@@ -110,11 +114,14 @@ impl Active {
     /// lease is never kept alive on a lockId's word alone: a forged or
     /// stale lockId naming another holder's lease renews nothing
     /// (`docs/security.md`). A lock the check finds gone or taken is
-    /// answered without a keepalive.
+    /// answered without a keepalive. `extend`: keep the leases alive now
+    /// (within the coalescing window), not only once less than
+    /// `keepalive_below_pct` of their TTL is left.
     async fn renew_on(
         &self,
         shard: &Arc<Shard>,
         ids: &[&LockId],
+        extend: bool,
     ) -> Vec<Result<RenewOutcome, EtcdError>> {
         let sent = Instant::now();
         let entries = check_keys(shard, ids).await;
@@ -126,11 +133,14 @@ impl Active {
                 verified.entry(id.lease).or_insert(id.ttl_secs);
             }
         }
-        let answers = join_all(
-            verified
-                .iter()
-                .map(|(&lease, &ttl)| shard.keepalive.refresh(lease, self.window(ttl), ttl)),
-        )
+        let answers = join_all(verified.iter().map(|(&lease, &ttl)| {
+            let window = if extend {
+                self.keepalive.coalescing(ttl)
+            } else {
+                self.window(ttl)
+            };
+            shard.keepalive.refresh(lease, window, ttl)
+        }))
         .await;
         let renewals: HashMap<i64, Result<Renewal, EtcdError>> =
             verified.keys().copied().zip(answers).collect();

@@ -143,7 +143,7 @@ export class Lock implements AsyncDisposable {
     if (lost !== undefined) throw new LockLostError(this.name, lost);
     const g = this.grant;
     const sentAt = now();
-    const r = await this.keeper.transport.renew(g.ref, this.keeper.requestTimeoutMs);
+    const r = await this.keeper.transport.renew(g.ref, this.keeper.requestTimeoutMs, g.ttlMs);
     if (r.renewed && r.expiresInMs !== undefined) g.confirm(validUntil(sentAt, r.expiresInMs, g.marginMs));
     else g.markLost(r.reason === "stolen" ? "stolen" : "expired");
     const reason = this.lostReason;

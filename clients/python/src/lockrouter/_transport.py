@@ -187,6 +187,15 @@ def parse_inspect(resp: httpx.Response) -> LockInfo:
         raise _malformed(resp, f"inspect answer: {e}") from e
 
 
+def renew_body(ref: LockRef, ttl_ms: int | None) -> dict[str, Any]:
+    """A renew's body; naming the lock's TTL asks the router to renew its
+    session lease now (an ``extend``), not only once half its TTL is gone."""
+    body = ref.body()
+    if ttl_ms is not None:
+        body["ttlMs"] = ttl_ms
+    return body
+
+
 def batch_body(refs: list[LockRef]) -> dict[str, Any]:
     return {"locks": [r.body() for r in refs]}
 
@@ -328,8 +337,8 @@ class SyncTransport:
     def acquire(self, body: AcquireBody, timeout: float) -> Acquired | None:
         return parse_acquire(self._post(ACQUIRE, body, timeout))
 
-    def renew(self, ref: LockRef, timeout: float) -> Renewed:
-        return parse_renew(self._post(RENEW, ref.body(), timeout))
+    def renew(self, ref: LockRef, timeout: float, ttl_ms: int | None = None) -> Renewed:
+        return parse_renew(self._post(RENEW, renew_body(ref, ttl_ms), timeout))
 
     def renew_batch(self, refs: list[LockRef], timeout: float) -> list[Renewed]:
         return parse_batch(self._post(RENEW_BATCH, batch_body(refs), timeout), len(refs))
@@ -380,8 +389,8 @@ class AsyncTransport:
     async def acquire(self, body: AcquireBody, timeout: float) -> Acquired | None:
         return parse_acquire(await self._post(ACQUIRE, body, timeout))
 
-    async def renew(self, ref: LockRef, timeout: float) -> Renewed:
-        return parse_renew(await self._post(RENEW, ref.body(), timeout))
+    async def renew(self, ref: LockRef, timeout: float, ttl_ms: int | None = None) -> Renewed:
+        return parse_renew(await self._post(RENEW, renew_body(ref, ttl_ms), timeout))
 
     async def renew_batch(self, refs: list[LockRef], timeout: float) -> list[Renewed]:
         resp = await self._post(RENEW_BATCH, batch_body(refs), timeout)

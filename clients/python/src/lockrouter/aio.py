@@ -352,7 +352,7 @@ class AsyncLock:
         if reason is not None:
             raise LockLost(self.name, reason)
         k, sent_at = self._keeper, validity.now()
-        r = await k.transport.renew(self._state.ref, k.request_timeout)
+        r = await k.transport.renew(self._state.ref, k.request_timeout, ttl_ms(self._state.ttl))
         return extended(self._state, r, sent_at)
 
     async def wait_lost(self) -> LostReason:

@@ -346,7 +346,7 @@ class Lock:
         if reason is not None:
             raise LockLost(self.name, reason)
         k, sent_at = self._keeper, validity.now()
-        return extended(self._state, k.transport.renew(self._state.ref, k.request_timeout), sent_at)
+        return extended(self._state, k.transport.renew(self._state.ref, k.request_timeout, ttl_ms(self._state.ttl)), sent_at)
 
     def release(self) -> None:
         """Stops renewing and releases the lock; it counts as lost
