@@ -328,8 +328,11 @@ fn proxied_toml(
 }
 
 /// One client of [`a_silent_member_costs_renewals_little`]: holds `locks`
-/// names with TTL `ttl_ms` and renews them all with one `renew-batch`
-/// every quarter TTL, judging each by its own clock. Returns the renewal latencies
+/// names with TTL `ttl_ms` and renews them all with one `renew-batch` a
+/// quarter TTL after the last, or sooner so that a quarter TTL of validity
+/// is left when it sends (as the SDKs do: the router answers the time the
+/// session lease has, which may be less than the TTL), judging each lock
+/// by its own clock. Returns the renewal latencies
 /// and the worst moment it would have had to stop trusting a lock (None:
 /// never).
 pub(crate) async fn renewer(
@@ -357,8 +360,15 @@ pub(crate) async fn renewer(
     }
     let mut latencies = Vec::new();
     let mut lost = None;
+    let interval = Duration::from_millis(ttl_ms / 4);
+    let mut last = Instant::now();
     while Instant::now() < stop && lost.is_none() {
-        sleep_ms(ttl_ms / 4).await;
+        let earliest = valid_until.iter().min().copied().unwrap_or(last);
+        let due = (last + interval)
+            .min(earliest.checked_sub(interval).unwrap_or(last))
+            .max(last + Duration::from_millis(50));
+        tokio::time::sleep_until(due.into()).await;
+        last = Instant::now();
         let body = json!({"locks": held
             .iter()
             .map(|(id, token)| json!({"lockId": id, "fencingToken": token}))
@@ -412,7 +422,14 @@ pub(crate) async fn renewer(
 async fn a_silent_member_costs_renewals_little() {
     let etcd = EtcdCluster::start(3);
     let proxies = proxies_for(&etcd).await;
-    let toml = proxied_toml("127.0.0.1:0", &proxies, 3_000);
+    // Every renewal keeps its lease alive (as before keepalive_below_pct):
+    // with 2 s locks this test judges the latency a silent member adds,
+    // and half a 2 s lease leaves the renewers no room for that.
+    let toml = proxied_toml("127.0.0.1:0", &proxies, 3_000).replace(
+        "health_interval_ms = 200\n",
+        "health_interval_ms = 200\nkeepalive_below_pct = 100\n",
+    );
+    assert!(toml.contains("keepalive_below_pct = 100"));
     let router = TestRouter::with_toml(&toml).await;
     let leader = etcd.leader().await.expect("a leader");
     let follower = (leader + 1) % 3;
