@@ -238,6 +238,30 @@ impl Drop for InFlight<'_> {
     }
 }
 
+impl Stats {
+    /// A renewal answered `renewed: false` with `reason`.
+    pub fn lose(&self, reason: &str) {
+        self.lost.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        *self
+            .lost_by
+            .lock()
+            .expect("lost lock")
+            .entry(reason.to_string())
+            .or_default() += 1;
+    }
+
+    /// A lock renewal answered `shard_unavailable`: retried.
+    pub fn renew_retried(&self) {
+        self.renew_retried
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    }
+
+    /// Lost locks by the router's reason.
+    pub fn lost_by(&self) -> BTreeMap<String, u64> {
+        self.lost_by.lock().expect("lost lock").clone()
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -275,29 +299,5 @@ mod tests {
         let s = Stats::new();
         s.granted(0, Duration::from_micros(100));
         assert!((s.fairness(4).0 - 0.25).abs() < 1e-9);
-    }
-}
-
-impl Stats {
-    /// A renewal answered `renewed: false` with `reason`.
-    pub fn lose(&self, reason: &str) {
-        self.lost.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        *self
-            .lost_by
-            .lock()
-            .expect("lost lock")
-            .entry(reason.to_string())
-            .or_default() += 1;
-    }
-
-    /// A lock renewal answered `shard_unavailable`: retried.
-    pub fn renew_retried(&self) {
-        self.renew_retried
-            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-    }
-
-    /// Lost locks by the router's reason.
-    pub fn lost_by(&self) -> BTreeMap<String, u64> {
-        self.lost_by.lock().expect("lost lock").clone()
     }
 }
