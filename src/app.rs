@@ -12,7 +12,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::config::Settings;
 use crate::http::{self, AppState, Listener};
-use crate::locks::{Active, KeepalivePolicy, Locks};
+use crate::locks::{Active, Locks};
 use crate::placement::topology::{ConnectError, ShardPool};
 use crate::reload::Reloader;
 
@@ -58,15 +58,7 @@ impl Application {
         let access_log = crate::http::access::switch(settings.server.access_log);
         let router = crate::placement::serve(&settings, pool.clone()).await?;
         let locks = Arc::new(Locks::new(
-            Active {
-                router,
-                limits: settings.limits.clone(),
-                keepalive: KeepalivePolicy::of(&settings.etcd),
-                renewal_budget: Duration::from_millis(settings.server.renewal_budget_ms),
-                lock_delay: settings.locks.lock_delay,
-                sealer,
-                quotas: Default::default(),
-            },
+            Active::new(&settings, router, sealer, Default::default()),
             crate::http::admission::per_shard_acquires(settings.server.max_in_flight),
         ));
         let reloader = Arc::new(Reloader::new(

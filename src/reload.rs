@@ -17,7 +17,7 @@ use std::time::Duration;
 use tokio_util::sync::CancellationToken;
 
 use crate::config::{ConfigError, Settings};
-use crate::locks::{Active, KeepalivePolicy, Locks};
+use crate::locks::{Active, Locks};
 use crate::placement::migration::{self, BumpRequest, Refused};
 use crate::placement::ring::Ring;
 use crate::placement::topology::ShardPool;
@@ -184,15 +184,9 @@ impl Reloader {
                 .await
                 .map_err(|e| ReloadError::Refused(e.to_string()))?
         };
-        let replaced = self.locks.replace(Active {
-            router,
-            limits: new.limits.clone(),
-            keepalive: KeepalivePolicy::of(&new.etcd),
-            renewal_budget: Duration::from_millis(new.server.renewal_budget_ms),
-            lock_delay: new.locks.lock_delay,
-            sealer,
-            quotas: active.quotas.clone(),
-        });
+        let replaced = self
+            .locks
+            .replace(Active::new(new, router, sealer, active.quotas.clone()));
         replaced.router.retire();
         self.tls.store(tls);
         self.principals.store(Arc::new(principals));

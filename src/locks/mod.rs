@@ -278,6 +278,29 @@ pub struct Active {
     pub quotas: Arc<Quotas>,
 }
 
+impl Active {
+    /// The generation `settings` describe, over `router`, sealing lockIds
+    /// with `sealer`; `quotas` carries the reservations of the generation
+    /// it replaces (a new one at start). Start and reload both build it
+    /// here, so a setting cannot take effect on one and not the other.
+    pub fn new(
+        settings: &crate::config::Settings,
+        router: Arc<Router>,
+        sealer: Sealer,
+        quotas: Arc<Quotas>,
+    ) -> Self {
+        Self {
+            router,
+            limits: settings.limits.clone(),
+            keepalive: KeepalivePolicy::of(&settings.etcd),
+            renewal_budget: Duration::from_millis(settings.server.renewal_budget_ms),
+            lock_delay: settings.locks.lock_delay,
+            sealer,
+            quotas,
+        }
+    }
+}
+
 /// When a renewal (or an acquire, or a waiter's upkeep) sends its session
 /// lease a keepalive: only when less than `below_pct` percent of the lease's
 /// TTL is known to be left, or, at 100, whenever the last keepalive was
