@@ -264,25 +264,27 @@ async fn edited_or_forged_sealed_lock_ids_touch_nothing() {
 /// and changes nothing.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn lock_id_keys_rotate_by_reload() {
+    // Key ids of its own: the lockId counters are shared by every test in
+    // this process, and other tests open lockIds sealed with k1.
     let etcd = EtcdCluster::single();
     let config = |keys: &str| auth_toml(&etcd, keys);
-    let router = FileRouter::start(&config(&key_toml("k1", 1))).await;
+    let router = FileRouter::start(&config(&key_toml("rot1", 1))).await;
     let (pay, ops) = (router.api.with_bearer(PAY), router.api.with_bearer(OPS));
     let opened =
         |text: &str, key: &str| sum(text, "lockrouter_lock_ids_opened_total", &[("key", key)]);
     let old = acquire(&pay, "pay/rotate-old", "pay-w").await.granted();
-    let both = format!("{}{}", key_toml("k2", 2), key_toml("k1", 1));
+    let both = format!("{}{}", key_toml("rot2", 2), key_toml("rot1", 1));
     assert_eq!(router.reload_as(&ops, &config(&both)).await.status, 200);
     let new = acquire(&pay, "pay/rotate-new", "pay-w").await.granted();
     let before = pay.metrics().await;
-    assert_eq!(pay.renew(&old).await.status, 200, "k1 still opens");
+    assert_eq!(pay.renew(&old).await.status, 200, "rot1 still opens");
     assert_eq!(pay.renew(&new).await.status, 200);
     let after = pay.metrics().await;
-    assert_eq!(opened(&after, "k1") - opened(&before, "k1"), 1.0);
-    assert_eq!(opened(&after, "k2") - opened(&before, "k2"), 1.0);
+    assert_eq!(opened(&after, "rot1") - opened(&before, "rot1"), 1.0);
+    assert_eq!(opened(&after, "rot2") - opened(&before, "rot2"), 1.0);
     // A key too short to use: refused, the keys in force stay.
     let bad = format!(
-        "[[auth.lock_id_keys]]\nid = \"k3\"\nsecret = \"{}\"\n{both}",
+        "[[auth.lock_id_keys]]\nid = \"rot3\"\nsecret = \"{}\"\n{both}",
         base64::engine::general_purpose::STANDARD.encode([3u8; 16])
     );
     let refused = router.reload_as(&ops, &config(&bad)).await;
@@ -291,14 +293,14 @@ async fn lock_id_keys_rotate_by_reload() {
         refused.body["error"]["message"]
             .as_str()
             .unwrap()
-            .contains("k3"),
+            .contains("rot3"),
         "{refused:?}"
     );
     assert_eq!(pay.renew(&old).await.status, 200);
-    // k1 dropped: what it sealed no longer opens.
+    // rot1 dropped: what it sealed no longer opens.
     assert_eq!(
         router
-            .reload_as(&ops, &config(&key_toml("k2", 2)))
+            .reload_as(&ops, &config(&key_toml("rot2", 2)))
             .await
             .status,
         200
