@@ -505,6 +505,11 @@ async fn a_waiter_left_on_the_old_ring_never_gets_a_moved_name() {
     sleep_ms(500).await;
     let pid = Pid::from_raw(stopped.pid() as i32);
     kill(pid, Signal::SIGSTOP).unwrap();
+    let stopped_now = || lockrouter_testkit::procfs::threads_stopped(stopped.pid());
+    assert!(
+        lockrouter_testkit::child::poll_until(Duration::from_secs(10), stopped_now),
+        "the stopped replica did not stop"
+    );
 
     assert_eq!(r.reload(&toml(&after)).await.status, 200);
     for lock in &held {

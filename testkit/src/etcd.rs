@@ -711,8 +711,17 @@ impl EtcdCluster {
 
     /// Stops one member with SIGSTOP (a process paused by GC, swap or a
     /// stalled disk): its connections stay open but nothing is answered.
+    /// Returns once the kernel reports every thread of the member stopped:
+    /// SIGSTOP is delivered thread by thread, and on busy cores a member
+    /// can still answer a request sent just after `kill` returned.
     pub fn pause_member(&self, i: usize) {
         self.signal_member(i, Signal::SIGSTOP);
+        let pid = self.pid(i).expect("member is running");
+        let stopped = || crate::procfs::threads_stopped(pid);
+        assert!(
+            poll_until(Duration::from_secs(10), stopped),
+            "etcd member {i} did not stop within 10 s of SIGSTOP"
+        );
     }
 
     /// Resumes a member stopped by [`pause_member`](Self::pause_member).
