@@ -215,7 +215,12 @@ async fn keepalives_that_come_together_leave_in_bursts() {
         let extra = format!(
             "keepalive_burst_ms = {burst_ms}\nkeepalive_coalesce_ms = 0\nkeepalive_below_pct = 100\n"
         );
-        let toml = lockrouter_testkit::config::config_toml(&[&etcd], "127.0.0.1:0", &extra);
+        // A shard name of its own (one etcd, so one name for both routers):
+        // the metrics recorder is shared by every test in this process, and
+        // only this test's bursts count.
+        let shard = "bursts";
+        let toml = lockrouter_testkit::config::config_toml(&[&etcd], "127.0.0.1:0", &extra)
+            .replace("\nname = \"a\"\n", &format!("\nname = \"{shard}\"\n"));
         let router = TestRouter::with_toml(&toml).await;
         let api = &router.api;
         let locks = join_all((0..200).map(|i| {
@@ -230,7 +235,8 @@ async fn keepalives_that_come_together_leave_in_bursts() {
         let renewed = join_all(locks.iter().map(|l| api.renew(l))).await;
         assert!(renewed.iter().all(|r| r.status == 200), "{renewed:?}");
         let after = api.metrics().await;
-        let delta = |name: &str| sum(&after, name, &[]) - sum(&before, name, &[]);
+        let on = [("shard", shard)];
+        let delta = |name: &str| sum(&after, name, &on) - sum(&before, name, &on);
         let (sent, bursts) = (
             delta("lockrouter_keepalive_burst_size_sum"),
             delta("lockrouter_keepalive_burst_size_count"),
@@ -257,13 +263,17 @@ async fn keepalives_that_come_together_leave_in_bursts() {
 async fn a_session_lease_is_kept_alive_only_when_half_its_ttl_is_gone() {
     use lockrouter_testkit::metrics::sum;
     let etcd = EtcdCluster::single();
-    let router = TestRouter::start(&[&etcd]).await;
+    // A shard name of its own: the metrics recorder is shared by every test
+    // in this process, and only this router's keepalives count.
+    let toml = lockrouter_testkit::config::config_toml(&[&etcd], "127.0.0.1:0", "")
+        .replace("\nname = \"a\"\n", "\nname = \"half-ttl\"\n");
+    let router = TestRouter::with_toml(&toml).await;
     let api = &router.api;
     let sent = || async {
         sum(
             &api.metrics().await,
             "lockrouter_keepalives_sent_total",
-            &[],
+            &[("shard", "half-ttl")],
         )
     };
     let expires = |r: &lockrouter_testkit::api::Reply| r.body["expiresInMs"].as_u64().unwrap();
@@ -802,7 +812,12 @@ async fn a_client_back_after_its_session_lease_ran_out_is_granted_a_free_name() 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_lock_key_cache_reports_that_it_vouches_and_what_it_holds() {
     let etcd = EtcdCluster::single();
-    let router = counting_router(&etcd, 200).await;
+    // A shard name of its own: every router in this process reports its
+    // gauges to one recorder, and other tests' shard `a` would overwrite them.
+    let extra = "count_interval_ms = 200\n";
+    let toml = lockrouter_testkit::config::config_toml(&[&etcd], "127.0.0.1:0", extra)
+        .replace("\nname = \"a\"\n", "\nname = \"vouching\"\n");
+    let router = TestRouter::with_toml(&toml).await;
     for i in 0..3 {
         router
             .api
@@ -813,8 +828,8 @@ async fn the_lock_key_cache_reports_that_it_vouches_and_what_it_holds() {
     loop {
         let text = router.api.metrics().await;
         let has = |line: &str| text.lines().any(|l| l == line);
-        if has("lockrouter_cache_vouching{shard=\"a\"} 1")
-            && has("lockrouter_cache_lock_keys{shard=\"a\"} 3")
+        if has("lockrouter_cache_vouching{shard=\"vouching\"} 1")
+            && has("lockrouter_cache_lock_keys{shard=\"vouching\"} 3")
         {
             break;
         }

@@ -197,7 +197,10 @@ async fn a_router_with_another_ring_refuses_to_grant() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_three_member_shard_survives_losing_a_member() {
     let mut cluster = EtcdCluster::start(3);
-    let toml = config_toml(&[&cluster], "127.0.0.1:0", "count_interval_ms = 200");
+    // A shard name of its own: every router in this process reports its
+    // gauges to one recorder, and other tests' shard `a` would overwrite them.
+    let toml = config_toml(&[&cluster], "127.0.0.1:0", "count_interval_ms = 200")
+        .replace("\nname = \"a\"\n", "\nname = \"three\"\n");
     let router = TestRouter::with_toml(&toml).await;
     let api = &router.api;
     let mut locks = Vec::new();
@@ -236,7 +239,7 @@ async fn a_three_member_shard_survives_losing_a_member() {
         let text = api.metrics().await;
         if text
             .lines()
-            .any(|l| l.starts_with("lockrouter_active_locks{shard=\"a\"} 9"))
+            .any(|l| l.starts_with("lockrouter_active_locks{shard=\"three\"} 9"))
         {
             break;
         }
