@@ -400,9 +400,21 @@ fn client_timeout<B>(req: &Request<B>) -> Result<Option<Duration>, ApiError> {
 /// because time ran out, and it is answered as such. Dropping the handler
 /// is safe: every etcd write it may have sent is either done or not, and a
 /// retry with the same clientId finds it.
-async fn within(
+///
+/// The handler goes to the heap first: a lock operation's future is
+/// kilobytes, and kept inline it would make every request's future (which
+/// holds every route's) that large, copied as it is built and moved.
+fn within(
     deadline: Duration,
     handler: impl std::future::Future<Output = api::Answer>,
+) -> impl std::future::Future<Output = api::Answer> {
+    let handler = Box::pin(handler);
+    async move { bounded(deadline, handler).await }
+}
+
+async fn bounded(
+    deadline: Duration,
+    handler: std::pin::Pin<Box<impl std::future::Future<Output = api::Answer>>>,
 ) -> api::Answer {
     let at = std::time::Instant::now() + deadline;
     let timeout = || {
