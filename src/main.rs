@@ -356,7 +356,12 @@ fn serve(path: PathBuf) -> ExitCode {
             return ExitCode::from(2);
         }
     };
-    let runtime = match tokio::runtime::Runtime::new() {
+    let mut runtime = tokio::runtime::Builder::new_multi_thread();
+    runtime.enable_all();
+    if settings.server.worker_threads > 0 {
+        runtime.worker_threads(settings.server.worker_threads);
+    }
+    let runtime = match runtime.build() {
         Ok(rt) => rt,
         Err(e) => {
             eprintln!("lockrouter: cannot start the runtime: {e}");

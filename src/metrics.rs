@@ -39,7 +39,13 @@ pub fn collect_process() {
             c
         })
         .collect();
+    // The runtime serving this scrape is the router's (`server.worker_threads`).
+    if let Ok(rt) = tokio::runtime::Handle::try_current() {
+        gauge!(RUNTIME_WORKERS).set(rt.metrics().num_workers() as f64);
+    }
 }
+
+const RUNTIME_WORKERS: &str = "lockrouter_runtime_workers";
 
 /// Installs the process-wide recorder once and returns its handle. Several
 /// routers in one process (as in tests) share it.
@@ -134,6 +140,10 @@ fn describe() {
     );
     describe_counter!("lockrouter_session_grants_total", "session leases granted");
     describe_gauge!("lockrouter_shard_up", "1 while the shard answers, else 0");
+    describe_gauge!(
+        RUNTIME_WORKERS,
+        "threads serving requests and etcd calls (server.worker_threads; 0 there: one per core)"
+    );
     describe_gauge!(
         BUILD_INFO,
         "1, labelled with this replica's version (lockrouter --version)"

@@ -133,6 +133,7 @@ fn bad_configs_exit_nonzero_naming_the_problem() {
         ("[server]\nlisten = \"127.0.0.1:0\"\n".to_string(), "no shards"),
         (format!("[server]\nlisten = \"127.0.0.1:0\"\n{good_shard}{good_shard}"), "duplicate shard name"),
         (format!("[server]\nlisten = \"localhost\"\n{good_shard}"), "server.listen"),
+        (format!("[server]\nlisten = \"127.0.0.1:0\"\nworker_threads = 5000\n{good_shard}"), "server.worker_threads"),
         ("[server]\nlisten = \"127.0.0.1:0\"\n[[shards]]\nname = \"a\"\nendpoints = [\"nope\"]\n".into(), "endpoint"),
         ("[server]\nlisten = \"127.0.0.1:0\"\n[[shards]]\nname = \"a\"\nendpoints = []\n".into(), "no endpoints"),
         ("[server\nlisten".into(), "cannot read config"),
@@ -447,4 +448,35 @@ async fn operators_inspect_and_force_release_from_the_command_line() {
     });
     assert!(out.status.success());
     assert!(String::from_utf8_lossy(&out.stdout).contains("force-release"));
+}
+
+/// `server.worker_threads` sizes the runtime that serves requests: with 1,
+/// the router runs one worker (`lockrouter_runtime_workers`) and serves the
+/// lock API as ever; with 0, one per core.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn worker_threads_sizes_the_runtime() {
+    let etcd = EtcdCluster::single();
+    let cores = std::thread::available_parallelism().unwrap().get();
+    for (threads, expected) in [(1, 1), (0, cores)] {
+        let extra = format!("[server]\nworker_threads = {threads}\n");
+        let port = free_port();
+        // `[server]` comes first in the generated config: add the key there.
+        let toml = lockrouter_testkit::config::config_toml(&[&etcd], "127.0.0.1:0", "")
+            .replacen("[server]\n", &extra, 1)
+            .replace("127.0.0.1:0", &format!("127.0.0.1:{port}"));
+        let router = RouterProcess::spawn(&toml, port);
+        router.api.wait_ready().await;
+        let workers = lockrouter_testkit::metrics::sum(
+            &router.api.metrics().await,
+            "lockrouter_runtime_workers",
+            &[],
+        );
+        assert_eq!(workers, expected as f64, "worker_threads = {threads}");
+        let lock = router
+            .api
+            .must_acquire(&format!("threads-{threads}"), 10_000, "w")
+            .await;
+        assert_eq!(router.api.renew(&lock).await.status, 200);
+        assert_eq!(router.api.release(&lock).await.status, 204);
+    }
 }

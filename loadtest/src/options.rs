@@ -138,6 +138,9 @@ pub struct Cli {
     /// for etcd's own defaults. Default: see `ETCD_GO_ENV` in stack.rs.
     #[arg(long)]
     pub etcd_go_env: Vec<String>,
+    /// The router's `server.worker_threads` (default 0: one per core).
+    #[arg(long)]
+    pub router_worker_threads: Option<usize>,
 }
 
 /// Resolved sizes of one run.
@@ -191,6 +194,8 @@ pub struct Config {
     pub overload_max_in_flight: Option<usize>,
     /// The Go runtime settings every etcd runs with.
     pub etcd_go_env: Vec<(String, String)>,
+    /// The router's `server.worker_threads` (0: one per core).
+    pub router_worker_threads: usize,
     /// `overload`: clientIds of its lock lives (warm pool).
     pub overload_clients: usize,
     /// `overload`: clients holding locks through it, locks each, and their
@@ -277,6 +282,9 @@ impl Cli {
             overload_factor: self.overload_factor.unwrap_or(2.0),
             overload_max_in_flight: self.overload_max_in_flight,
             etcd_go_env: crate::stack::etcd_go_env(&self.etcd_go_env)?,
+            router_worker_threads: crate::stack::router_worker_threads(
+                self.router_worker_threads.unwrap_or(0),
+            ),
             overload_clients: pick(smoke, 100, 1_000),
             overload_holders: pick(smoke, 10, 50),
             overload_locks_per_holder: pick(smoke, 10, 100),

@@ -77,6 +77,16 @@ pub fn etcd_go_env(given: &[String]) -> Result<Vec<(String, String)>> {
     Ok(env)
 }
 
+/// The router's `server.worker_threads` for every router this run starts.
+static WORKER_THREADS: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
+
+/// Keeps `--router-worker-threads` (0: one per core) for every router this
+/// run starts.
+pub fn router_worker_threads(n: usize) -> usize {
+    let _ = WORKER_THREADS.set(n);
+    n
+}
+
 /// How long the router may take to reach every shard and record its ring.
 const READY_WITHIN: Duration = Duration::from_secs(30);
 
@@ -225,8 +235,9 @@ fn start_router(
 /// reload starts.
 fn config_toml(port: u16, shards: &[EtcdCluster], max_in_flight: Option<usize>) -> String {
     let bound = max_in_flight.map_or(String::new(), |n| format!("max_in_flight = {n}\n"));
+    let workers = WORKER_THREADS.get().copied().unwrap_or(0);
     let header = format!(
-        "[server]\nlisten = \"127.0.0.1:{port}\"\n{bound}\n[etcd]\nprefix = \"/lockrouter\"\n\n[admin]\nreload_poll_ms = 0\n"
+        "[server]\nlisten = \"127.0.0.1:{port}\"\nworker_threads = {workers}\n{bound}\n[etcd]\nprefix = \"/lockrouter\"\n\n[admin]\nreload_poll_ms = 0\n"
     );
     header + &shards_toml(&shards.iter().collect::<Vec<_>>())
 }

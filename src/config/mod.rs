@@ -84,6 +84,13 @@ pub struct ServerSettings {
     /// acquires and the renewals of held locks find room. Read at start.
     #[serde(default = "defaults::max_in_flight")]
     pub max_in_flight: usize,
+    /// Threads that serve requests and talk to etcd; 0: one per core.
+    /// Where the router shares its cores with etcd or other busy
+    /// processes, 1 spends less CPU per request (no hand-offs between
+    /// threads) at the cost of at most one core of throughput. Read at
+    /// start.
+    #[serde(default)]
+    pub worker_threads: usize,
     /// Renewals first: once renewals on a shard take longer than this (two,
     /// and a tenth of those in a quarter second), its acquires are refused
     /// with 503 `overloaded` for a second; renewals never are. 0: off.
@@ -601,6 +608,12 @@ impl Settings {
             return Err(invalid(format!(
                 "server.max_in_flight = {} must be 5..=1000000",
                 self.server.max_in_flight
+            )));
+        }
+        if self.server.worker_threads > 1_024 {
+            return Err(invalid(format!(
+                "server.worker_threads = {} must be 0 (one per core) to 1024",
+                self.server.worker_threads
             )));
         }
         if self.server.renewal_budget_ms > 600_000 {
