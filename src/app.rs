@@ -26,7 +26,7 @@ pub struct Application {
     /// Stops the shard tasks (monitor, keepalive, verification) on drop.
     tasks: CancellationToken,
     /// Folds histogram samples on a timer, scraped or not.
-    _upkeep: crate::TaskGuard,
+    _upkeep: crate::task::TaskGuard,
 }
 
 impl Application {

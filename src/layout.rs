@@ -15,17 +15,18 @@ use std::path::{Path, PathBuf};
 /// of a lower rank, and from its own top-level module.
 const RANKS: &[(&str, u32)] = &[
     ("config", 0),
-    ("metrics", 0),
-    ("token", 1),
-    ("tls", 1),
-    ("auth", 2),
-    ("shard", 2),
-    ("placement", 3),
-    ("locks", 4),
-    ("cli", 4),
-    ("reload", 5),
-    ("http", 6),
-    ("app", 7),
+    ("task", 0),
+    ("metrics", 1),
+    ("token", 2),
+    ("tls", 2),
+    ("auth", 3),
+    ("shard", 3),
+    ("placement", 4),
+    ("locks", 5),
+    ("cli", 5),
+    ("reload", 6),
+    ("http", 7),
+    ("app", 8),
 ];
 
 /// The client crate's layers, bottom (0) to top, one entry per file. Files

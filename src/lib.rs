@@ -3,9 +3,11 @@
 //!
 //! # Layout
 //!
-//! Four layers, each a folder, each importing only from the layers below
-//! it (and from the leaf modules at the bottom of this list); `layout.rs`
-//! holds tests that keep it so, and that this list names every file.
+//! Nine layers, each importing only from the layers below it. Bottom to
+//! top: `config` and `task`; `metrics`; `token` and `tls`; `auth` and
+//! `shard`; `placement`; `locks` and `cli`; `reload`; `http`; `app`.
+//! `layout.rs` holds these ranks and tests that keep them, and that this
+//! list names every file.
 //!
 //! ```text
 //! src/
@@ -26,6 +28,7 @@
 //!   cli/        exec, plan, capacity, ops, conn, output, views, target
 //!   config/     settings, and keys: every key they accept (leaf)
 //!   metrics.rs  Prometheus series (leaf)
+//!   task.rs     TaskGuard: a background task that ends with its owner (leaf)
 //! ```
 //!
 //! - [`app`]: building and running a router ([`Application`]), and
@@ -42,6 +45,7 @@
 //!
 //! Leaf modules, used by any layer: [`config`] (settings), [`token`]
 //! (fencing-token and lockId formats), [`metrics`] (Prometheus series),
+//! [`task`] (background tasks that end with their owner),
 //! [`tls`] (the main listener's certificates); [`auth`] (principals, by
 //! token or client certificate, and the names each may lock) sits beside
 //! the shard layer.
@@ -63,6 +67,7 @@ pub mod metrics;
 pub(crate) mod placement;
 pub mod reload;
 pub(crate) mod shard;
+pub mod task;
 pub mod tls;
 pub mod token;
 
@@ -75,29 +80,6 @@ pub use shard::conn::{release_risk, Risk};
 /// The data layout on a shard (keys and the records stored in them), for
 /// tools and tests that read or repair what lockrouter stores.
 pub use shard::keys;
-
-use tokio::task::JoinHandle;
-use tokio_util::sync::CancellationToken;
-
-/// Owns a background task: dropping the guard cancels and aborts it, so no
-/// task outlives the part of the router that started it.
-pub struct TaskGuard {
-    task: JoinHandle<()>,
-    cancel: CancellationToken,
-}
-
-impl TaskGuard {
-    pub fn new(task: JoinHandle<()>, cancel: CancellationToken) -> Self {
-        Self { task, cancel }
-    }
-}
-
-impl Drop for TaskGuard {
-    fn drop(&mut self) {
-        self.cancel.cancel();
-        self.task.abort();
-    }
-}
 
 #[cfg(test)]
 mod layout;

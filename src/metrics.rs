@@ -236,7 +236,7 @@ pub const UPKEEP_EVERY: Duration = Duration::from_secs(5);
 /// Folds recorded histogram samples into buckets every `every` (the
 /// router uses [`UPKEEP_EVERY`]), so memory stays flat with or without a
 /// Prometheus scraping.
-pub fn start_upkeep(handle: PrometheusHandle, every: Duration) -> crate::TaskGuard {
+pub fn start_upkeep(handle: PrometheusHandle, every: Duration) -> crate::task::TaskGuard {
     let cancel = tokio_util::sync::CancellationToken::new();
     let stop = cancel.clone();
     let task = tokio::spawn(async move {
@@ -248,7 +248,7 @@ pub fn start_upkeep(handle: PrometheusHandle, every: Duration) -> crate::TaskGua
             }
         }
     });
-    crate::TaskGuard::new(task, cancel)
+    crate::task::TaskGuard::new(task, cancel)
 }
 
 /// A barrier of the lock-key cache was written for `renewals` waiting ones.

@@ -37,14 +37,14 @@ struct Intervals {
 
 /// Starts the monitor of `router`; it stops when the guard drops or the
 /// router is gone.
-pub fn start(router: &Arc<Router>, settings: &Settings) -> crate::TaskGuard {
+pub fn start(router: &Arc<Router>, settings: &Settings) -> crate::task::TaskGuard {
     let cancel = CancellationToken::new();
     let every = Intervals {
         health: Duration::from_millis(settings.etcd.health_interval_ms),
         count: Duration::from_millis(settings.etcd.count_interval_ms),
     };
     let task = tokio::spawn(run(Arc::downgrade(router), every, cancel.clone()));
-    crate::TaskGuard::new(task, cancel)
+    crate::task::TaskGuard::new(task, cancel)
 }
 
 /// Lost holders nobody asked about are looked for every this many lock

@@ -191,7 +191,7 @@ pub struct Router {
     migration: RwLock<Option<Arc<Migration>>>,
     /// Every shard of the ring has been seen recording it.
     confirmed: AtomicBool,
-    monitor: Mutex<Option<crate::TaskGuard>>,
+    monitor: Mutex<Option<crate::task::TaskGuard>>,
 }
 
 /// A shard's state as `/readyz` reports it.
@@ -283,7 +283,7 @@ impl Router {
     }
 
     /// Hands the router its monitor, which stops when the router retires.
-    pub(super) fn watched_by(&self, monitor: crate::TaskGuard) {
+    pub(super) fn watched_by(&self, monitor: crate::task::TaskGuard) {
         *self.monitor.lock().expect("monitor lock") = Some(monitor);
     }
 

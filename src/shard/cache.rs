@@ -135,8 +135,8 @@ type BarrierReply = oneshot::Sender<Result<i64, EtcdError>>;
 pub struct LockCache {
     state: Arc<State>,
     barriers: mpsc::Sender<BarrierReply>,
-    _feeder: crate::TaskGuard,
-    _barrier: crate::TaskGuard,
+    _feeder: crate::task::TaskGuard,
+    _barrier: crate::task::TaskGuard,
 }
 
 /// What the cache's tasks need of the shard.
@@ -174,8 +174,8 @@ impl LockCache {
         Self {
             state,
             barriers: tx,
-            _feeder: crate::TaskGuard::new(feeder, feeder_cancel),
-            _barrier: crate::TaskGuard::new(barrier, barrier_cancel),
+            _feeder: crate::task::TaskGuard::new(feeder, feeder_cancel),
+            _barrier: crate::task::TaskGuard::new(barrier, barrier_cancel),
         }
     }
 

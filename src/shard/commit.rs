@@ -75,8 +75,8 @@ pub struct ReleaseJob {
 pub struct Committer {
     acquires: mpsc::Sender<AcquireJob>,
     releases: mpsc::Sender<ReleaseJob>,
-    _acquire_task: crate::TaskGuard,
-    _release_task: crate::TaskGuard,
+    _acquire_task: crate::task::TaskGuard,
+    _release_task: crate::task::TaskGuard,
 }
 
 /// What the committer needs of the shard.
@@ -97,8 +97,8 @@ impl Committer {
         Self {
             acquires,
             releases,
-            _acquire_task: crate::TaskGuard::new(a, ac),
-            _release_task: crate::TaskGuard::new(r, rc),
+            _acquire_task: crate::task::TaskGuard::new(a, ac),
+            _release_task: crate::task::TaskGuard::new(r, rc),
         }
     }
 

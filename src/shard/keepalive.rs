@@ -211,7 +211,7 @@ pub struct Keepalive {
     /// Longest a caller waits for an answer (a fail-over may send twice).
     deadline: Duration,
     conn: EtcdConn,
-    _task: crate::TaskGuard,
+    _task: crate::task::TaskGuard,
 }
 
 impl Keepalive {
@@ -228,7 +228,7 @@ impl Keepalive {
             known,
             deadline,
             conn,
-            _task: crate::TaskGuard::new(task, cancel),
+            _task: crate::task::TaskGuard::new(task, cancel),
         }
     }
 

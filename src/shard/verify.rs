@@ -32,7 +32,7 @@ type Reply = oneshot::Sender<Result<Option<KeyValue>, EtcdError>>;
 /// Handle to the shard's verification task; dropping it stops the task.
 pub struct Verifier {
     tx: mpsc::Sender<(Vec<u8>, Reply)>,
-    _task: crate::TaskGuard,
+    _task: crate::task::TaskGuard,
 }
 
 impl Verifier {
@@ -51,7 +51,7 @@ impl Verifier {
         let task = tokio::spawn(run(shard, rx, cancel.clone()));
         Self {
             tx,
-            _task: crate::TaskGuard::new(task, cancel),
+            _task: crate::task::TaskGuard::new(task, cancel),
         }
     }
 
