@@ -28,7 +28,8 @@
 //!   cli/        exec, plan, capacity, ops, conn, output, views, target
 //!   config/     settings, and keys: every key they accept (leaf)
 //!   metrics.rs  Prometheus series (leaf)
-//!   task.rs     TaskGuard: a background task that ends with its owner (leaf)
+//!   task.rs     background tasks that end with their owner, and the
+//!               deadline of the request a task serves (leaf)
 //! ```
 //!
 //! - [`app`]: building and running a router ([`Application`]), and
@@ -45,7 +46,8 @@
 //!
 //! Leaf modules, used by any layer: [`config`] (settings), [`token`]
 //! (fencing-token and lockId formats), [`metrics`] (Prometheus series),
-//! [`task`] (background tasks that end with their owner),
+//! [`task`] (background tasks that end with their owner, and a request's
+//! deadline),
 //! [`tls`] (the main listener's certificates); [`auth`] (principals, by
 //! token or client certificate, and the names each may lock) sits beside
 //! the shard layer.

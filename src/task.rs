@@ -1,6 +1,11 @@
-//! Background tasks owned by the part of the router that starts them
-//! (leaf): a shard's committer, cache feeder and keepalive task, the
-//! placement monitor, the metrics upkeep.
+//! Tasks (leaf): background tasks owned by the part of the router that
+//! starts them (a shard's committer, cache feeder and keepalive task, the
+//! placement monitor, the metrics upkeep), and the deadline of the request
+//! a task serves, which the HTTP layer sets and every etcd call made for
+//! the request obeys.
+
+use std::future::Future;
+use std::time::Instant;
 
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
@@ -25,6 +30,23 @@ impl Drop for TaskGuard {
     }
 }
 
+tokio::task_local! {
+    /// When the request this task serves must be answered: no etcd call
+    /// made for it waits past that.
+    static REQUEST_DEADLINE: Instant;
+}
+
+/// Runs `f` (a request's handler) with `deadline` as the bound of every
+/// etcd call it makes in its own task.
+pub async fn under_deadline<F: Future>(deadline: Instant, f: F) -> F::Output {
+    REQUEST_DEADLINE.scope(deadline, f).await
+}
+
+/// The deadline of the request this task serves, if it serves one.
+pub fn request_deadline() -> Option<Instant> {
+    REQUEST_DEADLINE.try_with(|d| *d).ok()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -42,5 +64,16 @@ mod tests {
         assert!(seen.is_cancelled());
         // The task was aborted: its sender is gone.
         assert!(rx.await.is_err());
+    }
+
+    #[tokio::test]
+    async fn a_request_deadline_is_seen_only_inside_its_scope() {
+        assert_eq!(request_deadline(), None);
+        let at = Instant::now() + std::time::Duration::from_secs(1);
+        assert_eq!(
+            under_deadline(at, async { request_deadline() }).await,
+            Some(at)
+        );
+        assert_eq!(request_deadline(), None);
     }
 }

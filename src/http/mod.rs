@@ -427,7 +427,7 @@ async fn bounded(
         e
     };
     let bounded = tokio::time::timeout(deadline, handler);
-    match crate::shard::conn::under_deadline(at, bounded).await {
+    match crate::task::under_deadline(at, bounded).await {
         Ok(Err(_)) if std::time::Instant::now() >= at => Err(timeout()),
         Ok(answer) => answer,
         Err(_) => Err(timeout()),

@@ -118,7 +118,7 @@ impl Committer {
             lease,
             g: g.clone(),
             replace_held,
-            deadline: super::conn::request_deadline(),
+            deadline: crate::task::request_deadline(),
             reply,
         };
         self.acquires.send(job).await.map_err(|_| stopped())?;
@@ -137,7 +137,7 @@ impl Committer {
             k: k.clone(),
             revision,
             lease,
-            deadline: super::conn::request_deadline(),
+            deadline: crate::task::request_deadline(),
             reply,
         };
         self.releases.send(job).await.map_err(|_| stopped())?;
@@ -427,7 +427,7 @@ async fn call(
         .max_decoding_message_size(MAX_ANSWER_BYTES);
     let call = target.conn.call("Txn", kv.txn(txn));
     match deadline {
-        Some(d) => super::conn::under_deadline(d, call).await,
+        Some(d) => crate::task::under_deadline(d, call).await,
         None => call.await,
     }
 }

@@ -31,23 +31,6 @@ const MEMBER_PROBE_EVERY: Duration = Duration::from_millis(250);
 /// probe answers in time again.
 const MEMBER_PROBE_TIMEOUT: Duration = Duration::from_millis(500);
 
-tokio::task_local! {
-    /// When the request this task serves must be answered: no etcd call
-    /// made for it waits past that.
-    static REQUEST_DEADLINE: Instant;
-}
-
-/// Runs `f` (a request's handler) with `deadline` as the bound of every
-/// etcd call it makes in its own task.
-pub async fn under_deadline<F: Future>(deadline: Instant, f: F) -> F::Output {
-    REQUEST_DEADLINE.scope(deadline, f).await
-}
-
-/// The deadline of the request this task serves, if it serves one.
-pub fn request_deadline() -> Option<Instant> {
-    REQUEST_DEADLINE.try_with(|d| *d).ok()
-}
-
 /// Which members can serve, from each one's `(leader, raft term)` (`None`:
 /// no answer in time): those that know a leader at the newest term any
 /// member knows a leader at. A member cut off from its peers either knows
@@ -387,7 +370,8 @@ impl EtcdConn {
     }
 
     /// Runs one etcd RPC under the shard's deadline, or the request's if
-    /// that comes first (see [`under_deadline`]). A call cut short by the
+    /// that comes first (see [`under_deadline`](crate::task::under_deadline)).
+    /// A call cut short by the
     /// request's deadline says nothing of the shard: it does not mark it
     /// down.
     pub async fn call<T, F>(&self, rpc: &'static str, fut: F) -> Result<T, EtcdError>
@@ -395,9 +379,7 @@ impl EtcdConn {
         F: Future<Output = Result<T, etcd_client::Error>>,
     {
         let started = Instant::now();
-        let left = REQUEST_DEADLINE
-            .try_with(|d| d.saturating_duration_since(started))
-            .ok();
+        let left = crate::task::request_deadline().map(|d| d.saturating_duration_since(started));
         let (limit, by_request) = match left {
             Some(left) if left < self.inner.timeout => (left, true),
             _ => (self.inner.timeout, false),
