@@ -90,6 +90,9 @@ impl<'a> Bench<'a> {
         if c.wants("overload") {
             self.overload().await?;
         }
+        if c.wants("overload-pinned") {
+            self.overload_pinned().await?;
+        }
         for r in &mut self.records {
             r.table = self.table.to_string();
         }

@@ -19,7 +19,7 @@ pub fn check(records: &[Record]) -> Vec<String> {
             problems.extend(check_rebalance(r));
             continue;
         }
-        if r.scenario == "overload" {
+        if r.scenario == "overload" || r.scenario == "overload-pinned" {
             problems.extend(check_overload(r));
             continue;
         }

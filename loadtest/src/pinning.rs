@@ -23,38 +23,64 @@ pub struct Placement {
     pub loadgen: String,
 }
 
-/// The split the pinned table asks for, or why it cannot have one.
+/// A split of this machine's CPUs between etcd, the router and the load
+/// generator, or why it cannot have one.
 #[derive(Debug, Clone)]
 pub struct Split {
     /// This process's CPUs before pinning, to restore afterwards.
     pub all: String,
     pub etcd: String,
-    pub rest: String,
+    pub router: String,
+    pub loadgen: String,
 }
 
 impl Split {
-    /// etcd on the first CPU this process may use, the rest on the others;
-    /// `Err` says why the machine cannot be split (fewer than 2 CPUs, or no
-    /// usable taskset).
+    /// The pinned table's: etcd on the first CPU this process may use, the
+    /// router and the load generator on the others; `Err` says why the
+    /// machine cannot be split (fewer than 2 CPUs, or no usable taskset).
     pub fn plan() -> std::result::Result<Self, String> {
-        let all = cpus_allowed(std::process::id())
-            .ok_or("cannot read this process's CPUs from /proc/self/status")?;
-        let cpus = expand(&all);
-        if cpus.len() < 2 {
-            return Err(format!(
-                "this process may use {} CPU ({all}); etcd cannot have one of its own",
-                cpus.len()
-            ));
-        }
-        if let Err(e) = taskset(&["-p", &std::process::id().to_string()]) {
-            return Err(format!("taskset (util-linux) is not usable: {e:#}"));
-        }
+        let (all, cpus) = usable()?;
+        let rest = join(&cpus[1..]);
         Ok(Self {
             all,
             etcd: cpus[0].to_string(),
-            rest: join(&cpus[1..]),
+            router: rest.clone(),
+            loadgen: rest,
         })
     }
+
+    /// `overload-pinned`'s: the load generator on the last CPU this process
+    /// may use, etcd and the router on the others, so that what the router
+    /// admits does not wait for the generator's CPU.
+    pub fn loadgen_apart() -> std::result::Result<Self, String> {
+        let (all, cpus) = usable()?;
+        let (last, others) = cpus.split_last().expect("at least 2 CPUs");
+        let others = join(others);
+        Ok(Self {
+            all,
+            etcd: others.clone(),
+            router: others,
+            loadgen: last.to_string(),
+        })
+    }
+}
+
+/// This process's CPUs, listed and expanded, if there are at least two
+/// and taskset works.
+fn usable() -> std::result::Result<(String, Vec<u32>), String> {
+    let all = cpus_allowed(std::process::id())
+        .ok_or("cannot read this process's CPUs from /proc/self/status")?;
+    let cpus = expand(&all);
+    if cpus.len() < 2 {
+        return Err(format!(
+            "this process may use {} CPU ({all}); the split needs 2",
+            cpus.len()
+        ));
+    }
+    if let Err(e) = taskset(&["-p", &std::process::id().to_string()]) {
+        return Err(format!("taskset (util-linux) is not usable: {e:#}"));
+    }
+    Ok((all, cpus))
 }
 
 /// The CPUs `pid` may run on, as the kernel lists them.

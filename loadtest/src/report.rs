@@ -174,7 +174,12 @@ fn markdown(records: &[Record], paired: &[Paired], targets: &[Target]) -> String
         s.push('\n');
         s.push_str(&p.markdown());
     }
-    s.push_str(&overload_markdown(records));
+    s.push_str(&overload_markdown(records, "overload", "Overload"));
+    s.push_str(&overload_markdown(
+        records,
+        "overload-pinned",
+        "Overload, the load generator on a CPU of its own",
+    ));
     s.push_str(
         "\n## Every window\n\n| scenario | table | round | s | users | clients | acquires/s | p50 ms | p99 ms | max ms | most in flight | errors | 5xx | raft writes/acquire | grants/acquire | keepalives/acquire | commit batch | cores loadgen/router/etcd/machine | idle before |\n|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n",
     );
@@ -218,19 +223,19 @@ fn markdown(records: &[Record], paired: &[Paired], targets: &[Target]) -> String
 
 /// `overload` side by side: the capacity and unloaded windows it was
 /// sized from, and the overloaded window (empty if it did not run).
-fn overload_markdown(records: &[Record]) -> String {
+fn overload_markdown(records: &[Record], name: &str, title: &str) -> String {
     let find = |name: &str| records.iter().find(|r| r.scenario == name);
     let (Some(cap), Some(un), Some(o)) = (
-        find("overload-capacity"),
-        find("overload-unloaded"),
-        find("overload"),
+        find(&format!("{name}-capacity")),
+        find(&format!("{name}-unloaded")),
+        find(name),
     ) else {
         return String::new();
     };
     let d = &o.detail;
     let k = &d["counts"];
     let mut s = format!(
-        "\n## Overload\n\nThe router's capacity and unloaded latency, then {}x that capacity offered open-loop to a router with `server.max_in_flight = {}` ({}), while {} holders renew {} locks each (TTL {} ms).\n\n",
+        "\n## {title}\n\nThe router's capacity and unloaded latency, then {}x that capacity offered open-loop to a router with `server.max_in_flight = {}` ({}), while {} holders renew {} locks each (TTL {} ms).\n\n",
         d["offered_factor"], d["max_in_flight"], d["max_in_flight_rule"].as_str().unwrap_or("?"),
         d["holders"], d["locks_per_holder"], d["holder_ttl_ms"]
     );
@@ -252,7 +257,7 @@ fn overload_markdown(records: &[Record]) -> String {
             k["acquires_overloaded"].to_string(),
         ),
     ] {
-        let lives = if r.scenario == "overload" {
+        let lives = if r.scenario == name {
             d["goodput_lives_per_s"].as_f64().unwrap_or(0.0)
         } else {
             r.acquires_per_s

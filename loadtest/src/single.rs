@@ -14,6 +14,7 @@ use serde_json::json;
 use crate::attack;
 use crate::bench::{tag, Bench};
 use crate::idle::{self, IdleCheck, Rest};
+use crate::pinning::Split;
 use crate::report::{self, Record};
 use crate::scenarios::baselines;
 use crate::scenarios::clients::Clients;
@@ -404,17 +405,41 @@ impl Bench<'_> {
     /// law on them, offered a multiple of that capacity open-loop while
     /// holders renew.
     pub async fn overload(&mut self) -> Result<()> {
+        let stack = Stack::start(&self.cfg.router_bin, self.cfg.shards)?;
+        self.overload_on("overload", stack).await
+    }
+
+    /// `overload-pinned`: the same with the load generator on a CPU of its
+    /// own and etcd and the router on the others, so that the latency of
+    /// what the router admits is not the generator's wait for a core.
+    /// Skipped, saying why, on a machine that cannot be split.
+    pub async fn overload_pinned(&mut self) -> Result<()> {
+        let split = match Split::loadgen_apart() {
+            Ok(s) => s,
+            Err(why) => {
+                eprintln!("== overload-pinned: skipped: {why}");
+                return Ok(());
+            }
+        };
+        let stack = Stack::start_pinned(&self.cfg.router_bin, self.cfg.shards, &split)?;
+        let p = &stack.placement;
+        eprintln!(
+            "== overload-pinned: CPUs: etcd {}, router {}, load generator {}",
+            p.etcd, p.router, p.loadgen
+        );
+        self.overload_on("overload-pinned", stack).await
+    }
+
+    async fn overload_on(&mut self, name: &str, mut stack: Stack) -> Result<()> {
         let c = self.cfg;
-        let name = "overload";
         eprintln!(
             "== {name}: capacity, unloaded p99, then {}x capacity open-loop",
             c.overload_factor
         );
-        let mut stack = Stack::start(&c.router_bin, c.shards)?;
         let clients = Clients::new(&tag("pool"), c.overload_clients);
         let (capacity, unloaded) = {
             let mut b = Bench::new(c, &stack, self.table);
-            let result = b.capacity(&clients).await;
+            let result = b.capacity(name, &clients).await;
             if result.is_err() {
                 eprintln!("the router's log ends:\n{}", stack.router.log_tail());
             }
@@ -441,7 +466,7 @@ impl Bench<'_> {
             unloaded.acquire_p99_ms
         );
         let mut b = Bench::new(c, &stack, self.table);
-        let result = b.overloaded(rate, workers, bound, &clients).await;
+        let result = b.overloaded(name, rate, workers, bound, &clients).await;
         if result.is_err() {
             eprintln!("the router's log ends:\n{}", stack.router.log_tail());
         }
@@ -511,20 +536,26 @@ impl Bench<'_> {
 
     /// `overload-capacity` (lock lives as fast as `users` go) and
     /// `overload-unloaded` (at half that rate), for a warm pool.
-    async fn capacity(&mut self, clients: &Clients) -> Result<(Record, Record)> {
+    async fn capacity(&mut self, name: &str, clients: &Clients) -> Result<(Record, Record)> {
         let c = self.cfg;
         self.settle(true).await?;
         let warm = self.warm_up(clients).await?;
         let idle = self.settle(false).await?;
         let mut cap = self
-            .lifecycle("overload-capacity", c.users, c.duration_s, None, clients)
+            .lifecycle(
+                &format!("{name}-capacity"),
+                c.users,
+                c.duration_s,
+                None,
+                clients,
+            )
             .await?;
         (cap.idle, cap.warmup) = (Some(idle), Some(warm));
         let idle = self.settle(false).await?;
         let half = ((cap.acquires_per_s / 2.0).round() as usize).max(1);
         let mut unloaded = self
             .lifecycle(
-                "overload-unloaded",
+                &format!("{name}-unloaded"),
                 c.users,
                 c.duration_s,
                 Some(half),
@@ -538,6 +569,7 @@ impl Bench<'_> {
     /// The overloaded window on this bench's (bounded) router.
     async fn overloaded(
         &mut self,
+        name: &str,
         rate: f64,
         workers: usize,
         bound: usize,
@@ -558,14 +590,14 @@ impl Bench<'_> {
                 locks_per_holder: c.overload_locks_per_holder,
                 rate,
             },
-            &tag("overload"),
+            &tag(name),
             clients.clone(),
         ));
         let ramp_limit = Duration::from_secs(30);
         let users = workers + c.overload_holders;
         // An upper bound only: the controller ends the attack.
         let bound = ramp_limit.as_secs() + c.overload_s + 30;
-        let plan = self.plan("overload", users, bound as usize, None);
+        let plan = self.plan(name, users, bound as usize, None);
         let controller = overload::Controller {
             ctx: ctx.clone(),
             stack: self.stack,

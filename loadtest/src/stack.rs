@@ -101,6 +101,8 @@ pub struct Stack {
     /// The router's `server.max_in_flight` (None: the router's default),
     /// kept so that a rewritten config keeps it.
     pub max_in_flight: Option<usize>,
+    /// A pinned stack's split, which a replaced router keeps.
+    split: Option<Split>,
     /// For a pinned stack: puts the load generator back on every CPU once
     /// the processes are gone (declared last, so it drops last).
     _restore: Option<Restore>,
@@ -120,10 +122,11 @@ impl Stack {
         Ok(Self::assemble(router, shards, None))
     }
 
-    /// Like [`start`](Self::start), with every etcd process on `split.etcd`
-    /// and the router and this load generator on `split.rest`, until the
-    /// stack drops. Call it from the main thread: the children inherit the
-    /// CPUs of the thread that starts them (and are moved if they did not).
+    /// Like [`start`](Self::start), with every etcd process on `split.etcd`,
+    /// the router on `split.router` and this load generator on
+    /// `split.loadgen`, until the stack drops. Call it from the main
+    /// thread: the children inherit the CPUs of the thread that starts them
+    /// (and are moved if they did not).
     pub fn start_pinned(router_bin: &Path, shards: usize, split: &Split) -> Result<Self> {
         let me = std::process::id();
         // From here on, whatever fails puts this process back.
@@ -132,16 +135,15 @@ impl Stack {
         };
         pinning::pin(me, &split.etcd, false)?;
         let shards = start_shards(shards)?;
-        pinning::pin(me, &split.rest, false)?;
-        let router = start_router(router_bin, &shards, None)?;
-        pinning::pin(me, &split.rest, true)?;
+        let router = start_router_on(router_bin, &shards, None, split)?;
         for s in &shards {
             if let Some(pid) = s.pid(0) {
                 pinning::ensure(pid, &split.etcd)?;
             }
         }
-        pinning::ensure(router.pid(), &split.rest)?;
-        Ok(Self::assemble(router, shards, Some(restore)))
+        let mut stack = Self::assemble(router, shards, Some(restore));
+        stack.split = Some(split.clone());
+        Ok(stack)
     }
 
     fn assemble(router: RouterProcess, shards: Vec<EtcdCluster>, restore: Option<Restore>) -> Self {
@@ -158,6 +160,7 @@ impl Stack {
             shards,
             placement,
             max_in_flight: None,
+            split: None,
             _restore: restore,
         }
     }
@@ -172,7 +175,10 @@ impl Stack {
     ) -> Result<()> {
         let routed = &self.shards[..];
         // The old router is killed and reaped as it drops.
-        self.router = start_router(router_bin, routed, max_in_flight)?;
+        self.router = match &self.split {
+            Some(split) => start_router_on(router_bin, routed, max_in_flight, split)?,
+            None => start_router(router_bin, routed, max_in_flight)?,
+        };
         self.max_in_flight = max_in_flight;
         self.placement.router = cpus(Some(self.router.pid()));
         Ok(())
@@ -226,6 +232,23 @@ fn start_router(
         .die_with_parent()
         .spawn(&config_toml(port, shards, max_in_flight), port)?;
     router.wait_ready(READY_WITHIN)?;
+    Ok(router)
+}
+
+/// A router started on `split.router`, this process (every thread) back
+/// on `split.loadgen` afterwards.
+fn start_router_on(
+    router_bin: &Path,
+    shards: &[EtcdCluster],
+    max_in_flight: Option<usize>,
+    split: &Split,
+) -> Result<RouterProcess> {
+    let me = std::process::id();
+    pinning::pin(me, &split.router, false)?;
+    let router = start_router(router_bin, shards, max_in_flight);
+    pinning::pin(me, &split.loadgen, true)?;
+    let router = router?;
+    pinning::ensure(router.pid(), &split.router)?;
     Ok(router)
 }
 

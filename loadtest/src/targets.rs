@@ -124,6 +124,16 @@ pub fn targets(records: &[Record], shared: Option<&Paired>, cfg: &Config) -> Vec
     if let Some(o) = find(records, "overload") {
         out.extend(overload(o, cpus));
     }
+    // The same, with the load generator on a CPU of its own: where the
+    // admitted latency is the router's and etcd's, not the generator's.
+    if let Some(o) = find(records, "overload-pinned") {
+        out.extend(overload(o, cpus).into_iter().map(|mut t| {
+            t.name = t
+                .name
+                .replacen("overload:", "overload, load generator on its own CPU:", 1);
+            t
+        }));
+    }
     out.extend(others(records, cfg));
     out
 }
