@@ -1,8 +1,10 @@
 //! Tests that keep the source tree's layout true to the `# Layout` doc of
 //! `lib.rs`: every module is named there, each layer imports only from the
-//! layers below it, and no modules import each other in a cycle. They read
-//! the source files, so a `use` that breaks the layering fails the build's
-//! tests, not a review.
+//! layers below it, and no modules import each other in a cycle. They
+//! parse the source files (syn): every path counts, in grouped `use`s, in
+//! code and in macro calls, outside `#[cfg(test)]` items; so a `use` that
+//! breaks the layering fails the build's tests, not a review. Layer skips
+//! still to remove are listed, and the lists may only shrink.
 //!
 //! The same checks, with their own rank table, hold the client crate
 //! (`client/src`, a flat crate: one layer entry per file) to the layers its
@@ -51,8 +53,13 @@ const CLIENT_RANKS: &[(&str, u32)] = &[
 struct Module {
     path: Vec<String>,
     file: PathBuf,
-    /// The code before its `#[cfg(test)]` module, comments dropped.
-    code: String,
+    /// Every path the file names outside its `#[cfg(test)]` items, as
+    /// written (`crate::a::b`, `super::c`, `child::d`), `use` groups
+    /// expanded and paths inside macro calls included.
+    paths: Vec<Vec<String>>,
+    /// What the file re-exports (`pub use`): the name it is known by and
+    /// the path it comes from.
+    reexports: Vec<(String, Vec<String>)>,
 }
 
 fn src() -> PathBuf {
@@ -90,38 +97,150 @@ fn walk(dir: &Path, prefix: &mut Vec<String>, out: &mut Vec<Module>) {
             path.push(name);
         }
         let text = std::fs::read_to_string(&file).unwrap();
-        let before_tests = text.split("#[cfg(test)]").next().unwrap_or_default();
-        let code = before_tests
-            .lines()
-            .filter(|l| !l.trim_start().starts_with("//"))
-            .collect::<Vec<_>>()
-            .join("\n");
-        out.push(Module { path, file, code });
+        let ast =
+            syn::parse_file(&text).unwrap_or_else(|e| panic!("{}: not Rust: {e}", file.display()));
+        let mut seen = Paths::default();
+        syn::visit::Visit::visit_file(&mut seen, &ast);
+        out.push(Module {
+            path,
+            file,
+            paths: seen.paths,
+            reexports: seen.reexports,
+        });
     }
 }
 
-/// Identifiers following `prefix` in `code` (`crate::a::b` gives `a`, `b`).
-fn paths_after(code: &str, prefix: &str) -> Vec<Vec<String>> {
-    let mut found = Vec::new();
-    let mut rest = code;
-    while let Some(at) = rest.find(prefix) {
-        let before = rest[..at].chars().last();
-        rest = &rest[at + prefix.len()..];
-        if before.is_some_and(|c| c.is_alphanumeric() || c == '_' || c == ':') {
-            continue;
+/// The paths a file names, gathered from its syntax tree.
+#[derive(Default)]
+struct Paths {
+    paths: Vec<Vec<String>>,
+    reexports: Vec<(String, Vec<String>)>,
+}
+
+impl<'ast> syn::visit::Visit<'ast> for Paths {
+    fn visit_item(&mut self, item: &'ast syn::Item) {
+        // A test module (or any `#[cfg(test)]` item) may use what it likes.
+        if !item_attrs(item).iter().any(is_cfg_test) {
+            syn::visit::visit_item(self, item);
         }
-        let segments: Vec<String> = rest
-            .split("::")
-            .map(|s| {
-                s.chars()
-                    .take_while(|c| c.is_alphanumeric() || *c == '_')
-                    .collect::<String>()
-            })
-            .take_while(|s| !s.is_empty())
-            .collect();
-        found.push(segments);
     }
-    found
+
+    fn visit_item_use(&mut self, item: &'ast syn::ItemUse) {
+        let mut leaves = Vec::new();
+        use_leaves(&item.tree, &mut Vec::new(), &mut leaves);
+        for (name, path) in leaves {
+            if matches!(item.vis, syn::Visibility::Public(_)) {
+                self.reexports.push((name, path.clone()));
+            }
+            self.paths.push(path);
+        }
+    }
+
+    fn visit_path(&mut self, path: &'ast syn::Path) {
+        if path.segments.len() > 1 {
+            let segments = path.segments.iter().map(|s| s.ident.to_string()).collect();
+            self.paths.push(segments);
+        }
+        syn::visit::visit_path(self, path);
+    }
+
+    fn visit_macro(&mut self, mac: &'ast syn::Macro) {
+        // A macro's arguments are tokens, not syntax: take the paths in
+        // them from their text (`crate :: a :: b`).
+        self.paths.extend(paths_in_tokens(&mac.tokens.to_string()));
+        syn::visit::visit_macro(self, mac);
+    }
+}
+
+/// Every path a `use` tree brings in, with the name each is known by:
+/// `use a::{b, c::d as e, f::*}` gives `b` (a::b), `e` (a::c::d) and
+/// `*` (a::f).
+fn use_leaves(tree: &syn::UseTree, prefix: &mut Vec<String>, out: &mut Vec<(String, Vec<String>)>) {
+    let with = |prefix: &Vec<String>, last: &syn::Ident| {
+        let mut p = prefix.clone();
+        if last != "self" {
+            p.push(last.to_string());
+        }
+        p
+    };
+    match tree {
+        syn::UseTree::Path(p) => {
+            prefix.push(p.ident.to_string());
+            use_leaves(&p.tree, prefix, out);
+            prefix.pop();
+        }
+        syn::UseTree::Name(n) => {
+            let path = with(prefix, &n.ident);
+            let name = path.last().cloned().unwrap_or_default();
+            out.push((name, path));
+        }
+        syn::UseTree::Rename(r) => out.push((r.rename.to_string(), with(prefix, &r.ident))),
+        syn::UseTree::Glob(_) => out.push(("*".into(), prefix.clone())),
+        syn::UseTree::Group(g) => {
+            for tree in &g.items {
+                use_leaves(tree, prefix, out);
+            }
+        }
+    }
+}
+
+/// Paths of two segments or more in a macro's token text, whose segments
+/// the tokenizer separated by ` :: `.
+fn paths_in_tokens(text: &str) -> Vec<Vec<String>> {
+    let words: Vec<&str> = text.split_whitespace().collect();
+    let mut out = Vec::new();
+    let mut i = 0;
+    while i < words.len() {
+        let ident = |w: &str| w.chars().all(|c| c.is_alphanumeric() || c == '_');
+        let mut path = vec![];
+        let mut j = i;
+        while j < words.len() && ident(words[j]) {
+            path.push(words[j].to_string());
+            if words.get(j + 1) == Some(&"::") {
+                j += 2;
+            } else {
+                j += 1;
+                break;
+            }
+        }
+        if path.len() > 1 {
+            out.push(path);
+            i = j;
+        } else {
+            i += 1;
+        }
+    }
+    out
+}
+
+fn item_attrs(item: &syn::Item) -> &[syn::Attribute] {
+    use syn::Item::*;
+    match item {
+        Const(i) => &i.attrs,
+        Enum(i) => &i.attrs,
+        ExternCrate(i) => &i.attrs,
+        Fn(i) => &i.attrs,
+        ForeignMod(i) => &i.attrs,
+        Impl(i) => &i.attrs,
+        Macro(i) => &i.attrs,
+        Mod(i) => &i.attrs,
+        Static(i) => &i.attrs,
+        Struct(i) => &i.attrs,
+        Trait(i) => &i.attrs,
+        TraitAlias(i) => &i.attrs,
+        Type(i) => &i.attrs,
+        Union(i) => &i.attrs,
+        Use(i) => &i.attrs,
+        _ => &[],
+    }
+}
+
+fn is_cfg_test(attr: &syn::Attribute) -> bool {
+    attr.path().is_ident("cfg")
+        && attr
+            .meta
+            .require_list()
+            .is_ok_and(|l| l.tokens.to_string() == "test")
 }
 
 /// Names the crate root re-exports (`pub use a::b::{C, D}`), each with the
@@ -132,28 +251,9 @@ fn reexports(modules: &[Module], longest: impl Fn(Vec<String>) -> Vec<String>) -
     let Some(root) = modules.iter().find(|m| m.path.is_empty()) else {
         return out;
     };
-    for statement in root.code.split(';') {
-        let Some(at) = statement.find("pub use ") else {
-            continue;
-        };
-        let used = statement[at + "pub use ".len()..].trim();
-        let (prefix, items) = match used.split_once("::{") {
-            Some((prefix, items)) => (prefix, items.trim_end_matches('}')),
-            None => ("", used),
-        };
-        for item in items.split(',').map(str::trim).filter(|i| !i.is_empty()) {
-            let (item, name) = match item.split_once(" as ") {
-                Some((item, alias)) => (item.trim(), alias.trim()),
-                None => (item, item.rsplit("::").next().unwrap_or(item)),
-            };
-            let full: Vec<String> = prefix
-                .split("::")
-                .chain(item.split("::"))
-                .filter(|s| !s.is_empty() && *s != "crate")
-                .map(str::to_string)
-                .collect();
-            out.insert(name.to_string(), longest(full));
-        }
+    for (name, path) in &root.reexports {
+        let full: Vec<String> = path.iter().filter(|s| *s != "crate").cloned().collect();
+        out.insert(name.clone(), longest(full));
     }
     out
 }
@@ -180,29 +280,34 @@ fn edges(modules: &[Module]) -> BTreeMap<Vec<String>, BTreeSet<Vec<String>>> {
     };
     let mut graph = BTreeMap::new();
     for m in modules {
+        let is_folder = m.file.file_name().is_some_and(|f| f == "mod.rs") || m.path.is_empty();
         let mut refs = BTreeSet::new();
-        for p in paths_after(&m.code, "crate::") {
-            refs.insert(resolve(p));
-        }
-        let is_mod_rs = m.file.file_name().is_some_and(|f| f == "mod.rs");
-        // `super` of a/b.rs is a, and of a/mod.rs the crate root.
-        let parent: Vec<String> = m.path[..m.path.len().saturating_sub(1)].to_vec();
-        for p in paths_after(&m.code, "super::") {
-            let mut full = parent.clone();
-            full.extend(p);
+        for p in &m.paths {
+            let Some(first) = p.first() else { continue };
+            let full = match first.as_str() {
+                "crate" => p[1..].to_vec(),
+                // `super` of a/b.rs is a, and of a/mod.rs the crate root.
+                "super" => {
+                    let mut base: Vec<String> = m.path.clone();
+                    let mut rest = &p[..];
+                    while rest.first().is_some_and(|s| s == "super") {
+                        base.pop();
+                        rest = &rest[1..];
+                    }
+                    base.extend(rest.iter().cloned());
+                    base
+                }
+                "self" if is_folder => [&m.path[..], &p[1..]].concat(),
+                // A folder's mod.rs (or lib.rs) naming its children
+                // (`child::Item`, `use child::…`).
+                name if is_folder
+                    && known.contains(&[&m.path[..], &[name.to_string()]].concat()) =>
+                {
+                    [&m.path[..], &p[..]].concat()
+                }
+                _ => continue,
+            };
             refs.insert(resolve(full));
-        }
-        // A folder's mod.rs naming its children (`child::Item`, `use child::…`).
-        if is_mod_rs || m.path.is_empty() {
-            for child in known.iter().filter(|k| k.len() == m.path.len() + 1) {
-                if !child.starts_with(&m.path) {
-                    continue;
-                }
-                let name = format!("{}::", child.last().unwrap());
-                if !paths_after(&m.code, &name).is_empty() {
-                    refs.insert(child.clone());
-                }
-            }
         }
         refs.remove(&m.path);
         refs.remove(&Vec::new());
@@ -368,4 +473,107 @@ fn the_client_layout_doc_names_every_file() {
         .map(|name| format!("the # Layout of client/src/lib.rs does not name {name}"))
         .collect();
     assert!(missing.is_empty(), "{}", missing.join("\n"));
+}
+
+/// The checks see what a text scan missed: grouped imports, code after a
+/// test module, paths inside macro calls, and `super` paths; and they
+/// leave test modules out.
+#[test]
+fn grouped_imports_macros_and_code_after_tests_are_seen() {
+    let dir = tempfile::tempdir().unwrap();
+    let src = dir.path();
+    std::fs::create_dir(src.join("http")).unwrap();
+    let files = [
+        (
+            "lib.rs",
+            "pub mod config;\npub mod http;\npub mod metrics;\n",
+        ),
+        (
+            "metrics.rs",
+            "#[cfg(test)]\nmod tests { use crate::http::Server; }\n",
+        ),
+        (
+            "config.rs",
+            "use crate::{http::{self, Server}};\n\
+             #[cfg(test)]\nmod tests {}\n\
+             fn after() { tracing::info!(\"{}\", crate::metrics::COUNT); }\n",
+        ),
+        ("http/mod.rs", "mod server;\npub use server::Server;\n"),
+        (
+            "http/server.rs",
+            "pub struct Server;\nfn f() { super::super::config::g(); }\n",
+        ),
+    ];
+    for (name, text) in files {
+        std::fs::write(src.join(name), text).unwrap();
+    }
+    let ranks = &[("config", 0), ("metrics", 1), ("http", 2)];
+    let mut wrong = upward_imports(src, ranks);
+    wrong.sort();
+    assert_eq!(
+        wrong,
+        // http from the grouped import; metrics only from the macro call
+        // after the test module.
+        ["config imports http", "config imports metrics"]
+    );
+    // The grouped import, the `super::super` path and the folder's child.
+    let graph = edges(&modules(src));
+    let of = |m: &[&str]| -> BTreeSet<String> {
+        let key: Vec<String> = m.iter().map(|s| s.to_string()).collect();
+        graph[&key].iter().map(|p| p.join("::")).collect()
+    };
+    assert!(of(&["http", "server"]).contains("config"));
+    assert!(of(&["http"]).contains("http::server"));
+    // The test module of metrics imports nothing that counts.
+    assert!(of(&["metrics"]).is_empty());
+}
+
+/// Modules outside `shard/` that still call etcd's client themselves, and
+/// modules above `locks/` and `placement/` that still reach into `shard/`:
+/// each a layer skip to remove (the shard is to speak locks, and be the
+/// only module that speaks etcd). The lists only shrink: a new skip fails,
+/// and so does a listed one that is gone, so that the list stays true.
+const ETCD_OUTSIDE_SHARD: &[&str] = &[
+    "locks",
+    "locks::acquire",
+    "locks::listing",
+    "locks::wait",
+    "placement::topology",
+];
+const SHARD_FROM_ABOVE: &[&str] = &[
+    "cli::capacity -> shard::cache",
+    "http::answers -> shard",
+    "reload -> shard::access",
+];
+
+#[test]
+fn layer_skips_only_shrink() {
+    let modules = modules(&src());
+    let etcd: Vec<String> = modules
+        .iter()
+        .filter(|m| m.path.first().is_some_and(|top| top != "shard"))
+        .filter(|m| (m.paths.iter()).any(|p| p.first().is_some_and(|f| f == "etcd_client")))
+        .map(|m| m.path.join("::"))
+        .collect();
+    let mut from_above = Vec::new();
+    for (from, refs) in edges(&modules) {
+        let top = from.first().map(String::as_str).unwrap_or_default();
+        if ["shard", "locks", "placement", ""].contains(&top) {
+            continue;
+        }
+        for to in refs.iter().filter(|to| to[0] == "shard") {
+            from_above.push(format!("{} -> {}", from.join("::"), to.join("::")));
+        }
+    }
+    let mut etcd_sorted = etcd.clone();
+    etcd_sorted.sort();
+    from_above.sort();
+    assert_eq!(
+        etcd_sorted, ETCD_OUTSIDE_SHARD,
+        "modules outside shard/ that call etcd's client (update ETCD_OUTSIDE_SHARD only to remove one)"
+    );
+    assert_eq!(
+        from_above, SHARD_FROM_ABOVE,
+        "imports of shard/ from above locks/ and placement/ (update SHARD_FROM_ABOVE only to remove one)"
+    );
 }
