@@ -377,6 +377,16 @@ fn no_client_files_import_each_other_in_a_cycle() {
     );
 }
 
+#[test]
+fn no_load_suite_files_import_each_other_in_a_cycle() {
+    let cycles = cycles(&Path::new(env!("CARGO_MANIFEST_DIR")).join("loadtest/src"));
+    assert!(
+        cycles.is_empty(),
+        "loadtest: import cycles:\n{}",
+        cycles.join("\n")
+    );
+}
+
 /// Import cycles among the modules of the crate at `src`.
 fn cycles(src: &Path) -> Vec<String> {
     let graph = edges(&modules(src));

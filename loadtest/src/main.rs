@@ -31,11 +31,13 @@ mod options;
 mod paired;
 mod pinning;
 mod report;
+mod run;
 mod scenarios;
 mod scrape;
 mod single;
 mod stack;
 mod stats;
+mod summary;
 mod targets;
 
 use std::process::ExitCode;
@@ -60,7 +62,7 @@ fn main() -> ExitCode {
     // Every scenario is bounded in time; this bounds the whole run too.
     let limit = std::time::Duration::from_secs(cfg.max_minutes * 60);
     let run = async {
-        match tokio::time::timeout(limit, bench::run_all(&cfg)).await {
+        match tokio::time::timeout(limit, run::run_all(&cfg)).await {
             Ok(result) => result,
             Err(_) => Err(anyhow::anyhow!("gave up after {} minutes", cfg.max_minutes)),
         }

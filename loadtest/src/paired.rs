@@ -16,11 +16,10 @@ use serde::Serialize;
 
 use crate::bench::{tag, Bench};
 use crate::pinning::Placement;
-use crate::report::{round, Record};
+use crate::report::{round, target, Record, Target};
 use crate::scenarios::baselines::Kind;
 use crate::scenarios::clients::Clients;
 use crate::scenarios::warmup;
-use crate::targets::{paired_target, Target};
 
 /// One table of paired rounds.
 #[derive(Debug, Clone, Serialize)]
@@ -318,7 +317,7 @@ impl Paired {
         let cpu_cause = format!("router windows: {cores}");
         let mut push = |name: &str, v: Option<f64>, rule: &str, limit: f64, note: String| {
             if let Some(v) = v {
-                out.push(paired_target(name, v, rule, limit, note, cpu_cause.clone()));
+                out.push(target(name, v, rule, limit, note).because(cpu_cause.clone()));
             }
         };
         let n = self.rounds.len();

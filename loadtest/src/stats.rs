@@ -262,6 +262,12 @@ impl Stats {
     }
 }
 
+/// `x` rounded to `digits` decimals, for reports.
+pub fn round(x: f64, digits: i32) -> f64 {
+    let f = 10f64.powi(digits);
+    (x * f).round() / f
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

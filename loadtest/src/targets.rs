@@ -3,55 +3,12 @@
 //! shows about its cause (where the CPU went, why a ramp stopped). A target
 //! whose scenario did not run is left out.
 
-use serde::Serialize;
 use serde_json::Value;
 
 use crate::options::Config;
 use crate::paired::Paired;
-use crate::report::{round, Record};
+use crate::report::{target, Record, Target};
 use crate::scrape::{Cpu, Delta};
-
-/// One target and this run's figure for it.
-#[derive(Debug, Clone, Serialize)]
-pub struct Target {
-    pub name: String,
-    pub measured: f64,
-    /// How `measured` compares with `limit`: ">=", "<=" or "<".
-    pub rule: String,
-    pub limit: f64,
-    pub met: bool,
-    /// How it was measured.
-    pub note: String,
-    /// For a miss: what the run shows about why (empty when met).
-    pub cause: String,
-}
-
-fn target(name: &str, measured: f64, rule: &str, limit: f64, note: String) -> Target {
-    let met = match rule {
-        ">=" => measured >= limit,
-        "<" => measured < limit,
-        _ => measured <= limit,
-    };
-    Target {
-        name: name.to_string(),
-        measured: round(measured, 3),
-        rule: rule.to_string(),
-        limit,
-        met,
-        note,
-        cause: String::new(),
-    }
-}
-
-impl Target {
-    /// Sets the cause, kept only for a miss.
-    fn because(mut self, cause: String) -> Self {
-        if !self.met {
-            self.cause = cause;
-        }
-        self
-    }
-}
 
 fn find<'a>(records: &'a [Record], name: &str) -> Option<&'a Record> {
     records.iter().find(|r| r.scenario == name)
@@ -345,38 +302,6 @@ fn others(records: &[Record], cfg: &Config) -> Vec<Target> {
         ));
     }
     out
-}
-
-/// The targets as a Markdown table.
-pub fn markdown(targets: &[Target]) -> String {
-    let mut s = String::from(
-        "| target | measured | rule | met | how | cause of a miss |\n|---|---|---|---|---|---|\n",
-    );
-    for t in targets {
-        s.push_str(&format!(
-            "| {} | {} | {} {} | {} | {} | {} |\n",
-            t.name,
-            t.measured,
-            t.rule,
-            t.limit,
-            if t.met { "yes" } else { "**no**" },
-            t.note,
-            t.cause
-        ));
-    }
-    s
-}
-
-/// Builds a target for the paired comparison (see `paired`).
-pub fn paired_target(
-    name: &str,
-    measured: f64,
-    rule: &str,
-    limit: f64,
-    note: String,
-    cause: String,
-) -> Target {
-    target(name, measured, rule, limit, note).because(cause)
 }
 
 /// ` (expired 3, shard_unavailable 2)`: lost locks by the router's reason.

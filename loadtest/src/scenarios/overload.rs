@@ -563,7 +563,7 @@ impl Controller<'_> {
         // a lock that lapsed in the window shows at its next confirmation.
         tokio::time::sleep(period.mul_f64(1.5)).await;
         Ok(Outcome {
-            holders_ready_s: crate::report::round(holders_ready_s, 2),
+            holders_ready_s: crate::stats::round(holders_ready_s, 2),
             holder_locks: ctx.counts.holder_locks.load(Relaxed),
             window_s: self.window.as_secs_f64(),
             window,

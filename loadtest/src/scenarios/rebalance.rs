@@ -243,7 +243,7 @@ pub fn windows(ctx: &Rebalance, t: &Timeline, before: Duration) -> Value {
         }
         let p: Percentiles = lat.percentiles();
         json!({
-            "seconds": crate::report::round(to.saturating_duration_since(from).as_secs_f64(), 3),
+            "seconds": crate::stats::round(to.saturating_duration_since(from).as_secs_f64(), 3),
             "acquires": n,
             "errors": errors,
             "status_503": s503,
@@ -256,7 +256,7 @@ pub fn windows(ctx: &Rebalance, t: &Timeline, before: Duration) -> Value {
     let start = t.reload_sent.checked_sub(before).unwrap_or(t.reload_sent);
     let outside: Vec<&Sample> = samples.iter().filter(|s| !in_fence(s)).collect();
     let ms = |a: Instant, b: Instant| {
-        crate::report::round(b.saturating_duration_since(a).as_secs_f64() * 1000.0, 1)
+        crate::stats::round(b.saturating_duration_since(a).as_secs_f64() * 1000.0, 1)
     };
     let since_reload = |i: Instant| {
         if i >= t.reload_sent {
