@@ -2,7 +2,7 @@
 //! rounds ([`paired`](crate::paired)) and then each other selected scenario
 //! ([`single`](crate::single)) on [`Bench`]es; then the same paired rounds
 //! on a stack with etcd on a CPU of its own; turn what was counted into
-//! targets and checks, and write the summary ([`summary`](crate::summary)).
+//! targets and checks, and write the summary ([`summary`]).
 
 use anyhow::Result;
 use serde_json::{json, Value};
