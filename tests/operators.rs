@@ -3,7 +3,9 @@
 //! locks across shards, page by page with a cursor; what one client
 //! holds with its session leases; and force-release, whose precondition
 //! (a fencing token) never takes a name from a holder the operator did
-//! not look at. Real routers on real etcd, and the `lockrouter` binary.
+//! not look at. `status` exits 69 when the router is not ready (the
+//! status still shown) or cannot be reached. Real routers on real etcd,
+//! and the `lockrouter` binary.
 
 use std::collections::HashSet;
 use std::process::Command;
@@ -14,6 +16,7 @@ use serde_json::{json, Value};
 use lockrouter_testkit::api::Api;
 use lockrouter_testkit::config::config_toml;
 use lockrouter_testkit::etcd::EtcdCluster;
+use lockrouter_testkit::loopback::free_port;
 use lockrouter_testkit::router::TestRouter;
 
 const ACQUIRE: &str = "/api/v1/locks/acquire";
@@ -307,18 +310,114 @@ async fn the_client_view_lists_its_locks_and_sessions() {
     );
 }
 
-/// `lockrouter ARGS --url <router>`: its exit code, its stdout as JSON
-/// (`Null` if it is not) and its stderr.
-fn lockrouter(router: &TestRouter, args: &[&str]) -> (Option<i32>, Value, String) {
+/// `lockrouter ARGS --url URL` with no token or CA from the environment:
+/// its exit code, its stdout as it came and its stderr.
+fn lockrouter_at(url: &str, args: &[&str]) -> (Option<i32>, String, String) {
     let mut cmd = Command::new(env!("CARGO_BIN_EXE_lockrouter"));
     cmd.args(args)
-        .args(["--url", &router.api.base])
+        .args(["--url", url])
+        .env_remove("LOCKROUTER_URL")
         .env_remove("LOCKROUTER_TOKEN")
         .env_remove("LOCKROUTER_CA_FILE");
     let out = tokio::task::block_in_place(|| cmd.output().unwrap());
-    let json = serde_json::from_slice(&out.stdout).unwrap_or_default();
-    let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
-    (out.status.code(), json, stderr)
+    let text = |bytes: &[u8]| String::from_utf8_lossy(bytes).into_owned();
+    (out.status.code(), text(&out.stdout), text(&out.stderr))
+}
+
+/// `lockrouter ARGS --url <router>`: its exit code, its stdout as JSON
+/// (`Null` if it is not) and its stderr.
+fn lockrouter(router: &TestRouter, args: &[&str]) -> (Option<i32>, Value, String) {
+    let (code, stdout, stderr) = lockrouter_at(&router.api.base, args);
+    let json = serde_json::from_str(&stdout).unwrap_or_default();
+    (code, json, stderr)
+}
+
+/// `status` against an address where nothing listens exits 69
+/// (EX_UNAVAILABLE), prints nothing on stdout, and says on stderr which
+/// address it could not reach.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn status_of_a_router_that_cannot_be_reached_exits_69() {
+    let url = format!("http://127.0.0.1:{}", free_port());
+    for format in ["json", "table"] {
+        let (code, stdout, stderr) = lockrouter_at(&url, &["status", "-o", format]);
+        assert_eq!(code, Some(69), "-o {format}: {stdout} {stderr}");
+        assert!(stdout.is_empty(), "-o {format}: {stdout}");
+        assert!(
+            stderr.contains("cannot reach") && stderr.contains(&url),
+            "-o {format}: the message names the address: {stderr}"
+        );
+    }
+}
+
+/// `status`'s exit code is `/readyz`'s: 0 while the router is ready; 69
+/// once its only shard's etcd is gone (`/readyz` 503), the status still
+/// shown with the shard unreachable, as JSON and as a table; 0 again once
+/// etcd is back.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn status_of_a_router_that_is_not_ready_exits_69_and_still_shows_it() {
+    let mut etcd = EtcdCluster::single();
+    let router = TestRouter::start(&[&etcd]).await;
+    let status = |format: &str| lockrouter_at(&router.api.base, &["status", "-o", format]);
+
+    let (code, stdout, stderr) = status("json");
+    assert_eq!(code, Some(0), "ready: {stdout} {stderr}");
+    let shown: Value = serde_json::from_str(&stdout).unwrap_or_default();
+    assert_eq!(shown["readyz"]["ready"], true, "{shown}");
+    assert_eq!(
+        shown["readyz"]["shards"],
+        json!([{"name": "a", "state": "up"}])
+    );
+
+    etcd.kill();
+    await_readyz(&router, 503, "its only shard killed").await;
+    let (code, stdout, stderr) = status("json");
+    assert_eq!(code, Some(69), "not ready: {stdout} {stderr}");
+    let shown: Value = serde_json::from_str(&stdout).unwrap_or_default();
+    assert_eq!(shown["readyz"]["ready"], false, "{stdout} {stderr}");
+    assert_eq!(
+        shown["readyz"]["shards"],
+        json!([{"name": "a", "state": "unreachable"}]),
+        "{shown}"
+    );
+    assert_eq!(
+        shown["readyz"]["unreachableShards"],
+        json!(["a"]),
+        "{shown}"
+    );
+    let (code, table, stderr) = status("table");
+    assert_eq!(code, Some(69), "not ready: {table} {stderr}");
+    assert!(table.contains("READY       no\n"), "{table}");
+    let row = table
+        .lines()
+        .find(|l| l.starts_with("a "))
+        .unwrap_or_else(|| panic!("no row for shard a: {table}"));
+    assert_eq!(
+        row.split_whitespace().take(2).collect::<Vec<_>>(),
+        ["a", "unreachable"],
+        "{table}"
+    );
+
+    etcd.restart();
+    await_readyz(&router, 200, "its shard back").await;
+    let (code, stdout, stderr) = status("table");
+    assert_eq!(code, Some(0), "ready again: {stdout} {stderr}");
+    assert!(stdout.contains("READY       yes\n"), "{stdout}");
+}
+
+/// Polls `/readyz` until it answers `status`, or panics after 30 s.
+async fn await_readyz(router: &TestRouter, status: u16, after: &str) {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let r = router.api.get("/readyz").await;
+        if r.status == status {
+            return;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "/readyz never answered {status} with {after}: {r:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
 }
 
 /// A force-release of a name nobody holds releases nothing and says so
