@@ -5,8 +5,9 @@ router is killed (while the lease still stands), a release retried until
 the router is back, a name acquired again only once its unanswered release
 is answered, a shard outage that loses only that shard's locks,
 re-entrant holds of one grant and threads of one client excluding each
-other, waits longer than the router's cap, metadata, inspect, extend and
-the on-lost callback, calls on a closed client raising
+other, waits longer than the router's cap, a waiting acquire cancelled
+from another thread (at the router and in its client's turn), metadata,
+inspect, extend and the on-lost callback, calls on a closed client raising
 ``ClientClosed``, a ``with`` block's exception surviving its exit, and a
 client never closed winding down once it and its locks are gone.
 """
@@ -375,6 +376,74 @@ def test_a_wait_longer_than_the_routers_cap_queues_again_until_granted(
         waiter.join(3)
         assert got and got[0] is not None and got[0].fencing_token > held.fencing_token
         got[0].release()
+
+
+def test_a_waiting_acquire_cancelled_from_another_thread_ends_at_once_and_leaves_the_queue(
+    router: Router,
+) -> None:
+    with lockrouter.Client(router.url) as holder, lockrouter.Client(router.url) as a:
+        held = holder.acquire("py:cancel", ttl=10)
+        outcomes: dict[str, object] = {}
+
+        def waiting(key: str, client: lockrouter.Client, cancel: threading.Event) -> threading.Thread:
+            def run() -> None:
+                try:
+                    outcomes[key] = client.acquire("py:cancel", ttl=10, wait=30, cancel=cancel)
+                except BaseException as e:  # judged below
+                    outcomes[key] = e
+
+            t = threading.Thread(target=run, daemon=True)
+            t.start()
+            return t
+
+        def cancelled_within(t: threading.Thread, cancel: threading.Event, key: str) -> float:
+            start = time.monotonic()
+            cancel.set()
+            t.join(5)
+            took = time.monotonic() - start
+            assert not t.is_alive(), f"{key}: still waiting after its cancel"
+            e = outcomes[key]
+            assert isinstance(e, lockrouter.Cancelled) and e.name == "py:cancel", e
+            return took
+
+        # Queued at the router, 30 s to go (a kept-alive connection of the
+        # client's at hand: the wait must not be sent on it).
+        assert a.inspect("py:cancel").held
+        at_router = threading.Event()
+        t = waiting("router", a, at_router)
+        deadline = time.monotonic() + 5
+        while router.inspect("py:cancel").get("waiters") != 1:
+            assert time.monotonic() < deadline, "the acquire never queued at the router"
+            time.sleep(0.05)
+        took = cancelled_within(t, at_router, "router")
+        assert took < 1.0, f"a cancelled wait took {took:.2f} s to end"
+        deadline = time.monotonic() + 2
+        while "waiters" in (seen := router.inspect("py:cancel")):
+            assert time.monotonic() < deadline, f"the cancelled wait left its queue entry: {seen}"
+            time.sleep(0.05)
+
+        # Waiting its turn behind another thread of its own client.
+        in_turn = threading.Event()
+        t = waiting("turn", holder, in_turn)
+        time.sleep(0.3)
+        assert t.is_alive() and "waiters" not in router.inspect("py:cancel"), "it waits in its client"
+        took = cancelled_within(t, in_turn, "turn")
+        assert took < 1.0, f"a cancelled turn took {took:.2f} s to end"
+
+        # The holder was never disturbed; nothing of the waits lingers.
+        seen = router.inspect("py:cancel")
+        assert seen["held"] is True and seen["fencingToken"] == held.fencing_token, seen
+        assert "waiters" not in seen and held.is_held()
+        assert not [th for th in threading.enumerate() if th.name == "lockrouter-cancel"]
+        with pytest.raises(lockrouter.Cancelled):
+            a.try_acquire("py:cancel", ttl=10, wait=30, cancel=at_router)  # set already
+        # Both clients take the name again in turn once it is free.
+        held.release()
+        mine = a.acquire("py:cancel", ttl=10, wait=5)
+        assert mine.fencing_token > held.fencing_token
+        mine.release()
+        again = holder.acquire("py:cancel", ttl=10, wait=5)
+        again.release()
 
 
 def test_metadata_inspect_extend_and_the_on_lost_callback(router: Router) -> None:

@@ -36,6 +36,7 @@ Layout, top to bottom (a module imports only from those below it):
 from .aio import AsyncClient, AsyncLock, AsyncLockContext
 from .client import Client, Lock, LockContext
 from .errors import (
+    Cancelled,
     ClientClosed,
     ConfigError,
     LockLost,
@@ -54,6 +55,7 @@ __all__ = [
     "AsyncClient",
     "AsyncLock",
     "AsyncLockContext",
+    "Cancelled",
     "Client",
     "ClientClosed",
     "ConfigError",

@@ -8,7 +8,9 @@ about validity or renewal policy; answers become typed values or the
 errors of :mod:`lockrouter.errors`, and so does every exception of httpx:
 no httpx exception leaves this module. A transport once closed raises
 :class:`~lockrouter.errors.ClientClosed` for every call, including one
-that was on its way when it closed.
+that was on its way when it closed. The sync transport's acquire takes a
+``threading.Event`` that cancels it (:class:`_Cut`): the asyncio one is
+cancelled with its task.
 """
 
 from __future__ import annotations
@@ -16,13 +18,14 @@ from __future__ import annotations
 import dataclasses
 import datetime
 import json
+import socket
 import threading
 from typing import Any, Mapping
 from urllib.parse import quote
 
 import httpx
 
-from .errors import ClientClosed, ConfigError, LockrouterError, RouterError, TransportError
+from .errors import Cancelled, ClientClosed, ConfigError, LockrouterError, RouterError, TransportError
 
 ACQUIRE = "/api/v1/locks/acquire"
 RENEW = "/api/v1/locks/renew"
@@ -32,6 +35,9 @@ RELEASE = "/api/v1/locks/release"
 # Below the router's idle close (server.header_read_timeout_ms, 10 s by
 # default): a request sent on a connection the router is closing is reset.
 KEEPALIVE_EXPIRY = 5.0
+
+#: How often a cancellable request looks at its ``cancel`` event.
+CANCEL_POLL = 0.02
 
 
 AcquireBody = dict[str, Any]
@@ -286,13 +292,58 @@ def request_error(e: Exception, timeout: float) -> LockrouterError:
     return TransportError(f"{type(e).__name__}: {e}")
 
 
-def http_client(cls: type, settings: Settings) -> Any:
-    """``httpx.Client`` or ``httpx.AsyncClient``; TLS settings it cannot
-    use (a missing CA or certificate file, say) are a :class:`ConfigError`."""
+def http_client(cls: type, settings: Settings, **overrides: Any) -> Any:
+    """``httpx.Client`` or ``httpx.AsyncClient`` (with ``overrides`` of
+    its arguments); TLS settings it cannot use (a missing CA or
+    certificate file, say) are a :class:`ConfigError`."""
     try:
-        return cls(**settings.client_kwargs())
+        return cls(**{**settings.client_kwargs(), **overrides})
     except (OSError, ValueError, TypeError) as e:
         raise ConfigError(f"cannot set up the HTTP client (verify, cert): {e}") from e
+
+
+class _Cut:
+    """Cuts one request short from another thread: shuts down the
+    connections it opened, so the blocked read fails at once and the
+    router, seeing the connection go, drops what the request waited for.
+    (Closing a socket from another thread does not wake a read blocked on
+    it; shutting it down does.) It learns the request's connections from
+    httpx's ``trace`` extension, so the request must open its own: one
+    taken from a keep-alive pool is never seen."""
+
+    def __init__(self) -> None:
+        self._mu = threading.Lock()
+        self._streams: list[Any] = []
+        self._cut = False
+
+    def trace(self, event: str, info: dict[str, Any]) -> None:
+        if event not in ("connection.connect_tcp.complete", "connection.start_tls.complete"):
+            return
+        stream = info.get("return_value")
+        with self._mu:
+            self._streams.append(stream)
+            cut = self._cut
+        if cut:  # cancelled while it connected
+            _shut_down(stream)
+
+    def cut(self) -> None:
+        with self._mu:
+            self._cut = True
+            streams = list(self._streams)
+        for stream in streams:
+            _shut_down(stream)
+
+
+def _shut_down(stream: Any) -> None:
+    sock = stream.get_extra_info("socket") if stream is not None else None
+    if sock is None:
+        return
+    try:
+        # The plain socket's shutdown, also under TLS: an SSLSocket's own
+        # would drop its TLS state under the thread reading it.
+        socket.socket.shutdown(sock, socket.SHUT_RDWR)
+    except OSError:
+        pass  # closed already
 
 
 class SyncTransport:
@@ -300,7 +351,11 @@ class SyncTransport:
     threads at once (the renewal thread's workers and the caller's)."""
 
     def __init__(self, settings: Settings) -> None:
+        self._settings = settings
         self._http: httpx.Client = http_client(httpx.Client, settings)
+        # Cancellable requests, each on a connection of its own (see _Cut):
+        # made on first use. A transport given for tests serves them too.
+        self._once: httpx.Client | None = self._http if settings.transport is not None else None
         self._mu = threading.Lock()
         self._closed = False
 
@@ -314,28 +369,83 @@ class SyncTransport:
             if self._closed:
                 return
             self._closed = True
+            once = self._once
         self._http.close()
+        if once is not None and once is not self._http:
+            once.close()
+
+    def _unpooled(self) -> httpx.Client:
+        """The client of cancellable requests: one connection each, closed
+        after its answer."""
+        with self._mu:
+            if self._once is None and not self._closed:
+                # No connection kept alive: each request connects anew.
+                unpooled = httpx.Limits(max_keepalive_connections=0)
+                self._once = http_client(httpx.Client, self._settings, limits=unpooled)
+            return self._once or self._http
 
     def _post(self, path: str, body: Any, timeout: float) -> httpx.Response:
         return self._send("POST", path, json.dumps(body), timeout)
 
-    def _send(self, method: str, path: str, content: str | None, timeout: float) -> httpx.Response:
+    def _send(
+        self,
+        method: str,
+        path: str,
+        content: str | None,
+        timeout: float,
+        http: httpx.Client | None = None,
+        extensions: dict[str, Any] | None = None,
+    ) -> httpx.Response:
         if self._closed:
             raise closed()
+        http = self._http if http is None else http
         try:
-            return self._http.request(method, path, content=content, timeout=timeout)
+            return http.request(method, path, content=content, timeout=timeout, extensions=extensions)
         except HTTPX_ERRORS as e:
             if self._closed:  # closed under the request
                 raise closed() from e
             raise request_error(e, timeout) from e
         except RuntimeError as e:
             # httpx's "the client has been closed": close() won the race.
-            if self._closed or self._http.is_closed:
+            if self._closed or http.is_closed:
                 raise closed() from e
             raise
 
-    def acquire(self, body: AcquireBody, timeout: float) -> Acquired | None:
-        return parse_acquire(self._post(ACQUIRE, body, timeout))
+    def _cancellable_post(
+        self, path: str, body: AcquireBody, timeout: float, cancel: threading.Event
+    ) -> httpx.Response:
+        """``_post``, cut short when ``cancel`` is set: :class:`Cancelled`.
+        An answer that came first is returned, whatever ``cancel`` says."""
+        name = str(body.get("name"))
+        if cancel.is_set():
+            raise Cancelled(name)
+        cut, answered = _Cut(), threading.Event()
+
+        def watch() -> None:
+            while not answered.wait(CANCEL_POLL):
+                if cancel.is_set():
+                    cut.cut()
+                    return
+
+        watcher = threading.Thread(target=watch, name="lockrouter-cancel", daemon=True)
+        watcher.start()
+        try:
+            return self._send("POST", path, json.dumps(body), timeout, self._unpooled(), {"trace": cut.trace})
+        except LockrouterError as e:
+            if cancel.is_set() and not isinstance(e, ClientClosed):
+                raise Cancelled(name) from e
+            raise
+        finally:
+            answered.set()
+            watcher.join()
+
+    def acquire(self, body: AcquireBody, timeout: float, cancel: threading.Event | None = None) -> Acquired | None:
+        """One acquire request; with ``cancel``, one that setting it cuts
+        short (:class:`Cancelled`, the router's waiter dropped with the
+        connection)."""
+        if cancel is None:
+            return parse_acquire(self._post(ACQUIRE, body, timeout))
+        return parse_acquire(self._cancellable_post(ACQUIRE, body, timeout, cancel))
 
     def renew(self, ref: LockRef, timeout: float, ttl_ms: int | None = None) -> Renewed:
         return parse_renew(self._post(RENEW, renew_body(ref, ttl_ms), timeout))

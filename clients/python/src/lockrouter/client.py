@@ -43,8 +43,8 @@ from ._common import (
 from ._holds import Key, Ticket
 from ._schedule import Batch, Outcome, Retry, Schedule, outcome, refused
 from ._state import Claim, LockState, Release
-from ._transport import AcquireBody, LockInfo, Settings, SyncTransport, acquire_body, check_url
-from .errors import ClientClosed, LockLost, LockrouterError, LostReason, NotAcquired, RouterError
+from ._transport import CANCEL_POLL, AcquireBody, LockInfo, Settings, SyncTransport, acquire_body, check_url
+from .errors import Cancelled, ClientClosed, LockLost, LockrouterError, LostReason, NotAcquired, RouterError
 
 __all__ = ["Client", "Lock", "LockContext"]
 
@@ -473,6 +473,7 @@ class Client:
         *,
         metadata: Any = None,
         reentrant: bool = False,
+        cancel: threading.Event | None = None,
     ) -> Lock:
         """Acquires ``name`` for ``ttl`` seconds (2 s to 1 h; etcd rounds up
         to whole seconds), waiting up to ``wait`` seconds in the router's
@@ -482,9 +483,13 @@ class Client:
 
         A wait longer than the router's cap (``limits.max_wait_ms``, 60 s by
         default) is made of several, each queuing again at the end of the
-        line. A waiting call ends with an exception raised in its thread
-        (``KeyboardInterrupt``); the router drops the waiter with the
-        request.
+        line. Setting ``cancel`` (a ``threading.Event``, from any thread)
+        cancels the acquire while it waits, for its turn in this client or
+        at the router: it raises :class:`Cancelled` within moments, and
+        the router drops the waiter with the request (as with an exception
+        raised in its thread, ``KeyboardInterrupt``). Once granted, the
+        acquire returns its ``Lock`` whatever ``cancel`` says; an
+        ``AsyncClient`` wait is cancelled with its task.
 
         One client, one holder per name (per client id): while a ``Lock`` of
         this client holds ``name`` (until it is released, even once lost),
@@ -504,7 +509,7 @@ class Client:
         (within ``request_timeout`` plus ``wait``), and raises
         :class:`TransportError` if it cannot: never the old grant."""
         lock = self.try_acquire(
-            name, ttl=ttl, wait=wait, client_id=client_id, metadata=metadata, reentrant=reentrant
+            name, ttl=ttl, wait=wait, client_id=client_id, metadata=metadata, reentrant=reentrant, cancel=cancel
         )
         if lock is None:
             raise NotAcquired(name)
@@ -519,24 +524,28 @@ class Client:
         *,
         metadata: Any = None,
         reentrant: bool = False,
+        cancel: threading.Event | None = None,
     ) -> Lock | None:
-        """As :meth:`acquire`, but None instead of :class:`NotAcquired`."""
+        """As :meth:`acquire`, but None instead of :class:`NotAcquired`
+        (a cancelled one still raises :class:`Cancelled`)."""
         self._check_open()
         ttl_s, wait_s = seconds(ttl, "ttl"), wait_seconds(wait)
         ms = ttl_ms(ttl_s)
         cid = self.client_id if client_id is None else check_client_id(client_id)
+        if cancel is not None and cancel.is_set():
+            raise Cancelled(name)
         start = validity.now()
         holds, key = self._keeper.grants.holds, (cid, name)
         if reentrant:
             joined = holds.join(key)
             if joined is not None:
                 return Lock(joined, self._keeper)
-        if not self._take_turn(key, start + wait_s):
+        if not self._take_turn(key, start + wait_s, cancel):
             if self._closed:
                 raise ClientClosed("the client was closed while this acquire waited its turn")
             return None
         try:
-            lock = self._acquire_in_turn(name, ttl_s, ms, cid, start, wait_s, metadata)
+            lock = self._acquire_in_turn(name, ttl_s, ms, cid, start, wait_s, metadata, cancel)
         except BaseException:
             holds.pass_turn(key)
             raise
@@ -546,14 +555,24 @@ class Client:
             holds.hold(key, lock._state)
         return lock
 
-    def _take_turn(self, key: Key, deadline: float) -> bool:
-        """Waits until ``deadline`` for the name's turn in this client."""
+    def _take_turn(self, key: Key, deadline: float, cancel: threading.Event | None) -> bool:
+        """Waits until ``deadline`` for the name's turn in this client, or
+        until ``cancel`` is set (:class:`Cancelled`)."""
         holds, arrived = self._keeper.grants.holds, threading.Event()
         ticket = Ticket(arrived.set)
         if holds.enter(key, ticket):
             return True
         try:
-            arrived.wait(None if deadline == math.inf else max(deadline - validity.now(), 0.0))
+            while True:
+                left = None if deadline == math.inf else max(deadline - validity.now(), 0.0)
+                if cancel is not None:
+                    left = CANCEL_POLL if left is None else min(left, CANCEL_POLL)
+                if arrived.wait(left):
+                    break
+                if cancel is not None and cancel.is_set():
+                    raise Cancelled(key[1])
+                if validity.now() >= deadline:
+                    break
         except BaseException:
             if holds.leave(key, ticket):
                 holds.pass_turn(key)
@@ -561,7 +580,15 @@ class Client:
         return holds.leave(key, ticket)
 
     def _acquire_in_turn(
-        self, name: str, ttl_s: float, ms: int, cid: str, start: float, wait_s: float, metadata: Any
+        self,
+        name: str,
+        ttl_s: float,
+        ms: int,
+        cid: str,
+        start: float,
+        wait_s: float,
+        metadata: Any,
+        cancel: threading.Event | None,
     ) -> Lock | None:
         k = self._keeper
         # A release of an earlier grant of this name that the router has not
@@ -570,7 +597,7 @@ class Client:
         # answer first, within this call's own time.
         limit = k.request_timeout + wait_s
         for pending in k.grants.registry.releasing(name):
-            if not self._settle(pending, limit - (validity.now() - start)):
+            if not self._settle(pending, limit - (validity.now() - start), cancel):
                 raise not_settled(name)
         rounds = 0
         while True:
@@ -578,7 +605,7 @@ class Client:
             ask = min(left, k.grants.wait_chunk)
             body = acquire_body(name, ms, cid, round(ask * 1000), metadata)
             try:
-                claim, state = self._acquire_once(name, ttl_s, body, ask, cid)
+                claim, state = self._acquire_once(name, ttl_s, body, ask, cid, cancel)
             except RouterError as e:
                 smaller = smaller_chunk(e, ask)
                 if smaller is None:
@@ -594,7 +621,7 @@ class Client:
                 return Lock(state, k)
             if claim is Claim.RELEASING:
                 assert state is not None
-                self._settle(state, k.request_timeout)
+                self._settle(state, k.request_timeout, cancel)
             # Claim.RELEASED: the release got through; the next answer is new.
             rounds += 1
             if rounds >= ACQUIRE_ROUNDS:
@@ -609,11 +636,14 @@ class Client:
         *,
         metadata: Any = None,
         reentrant: bool = False,
+        cancel: threading.Event | None = None,
     ) -> LockContext:
         """``with client.lock("job:42", ttl=30) as lock:`` — acquire (as
         :meth:`acquire`), run the block, release. If the lock was lost
         before the block ended, the exit raises :class:`LockLost`."""
-        options = dict(ttl=ttl, wait=wait, client_id=client_id, metadata=metadata, reentrant=reentrant)
+        options = dict(
+            ttl=ttl, wait=wait, client_id=client_id, metadata=metadata, reentrant=reentrant, cancel=cancel
+        )
         return LockContext(self, name, options)
 
     def inspect(self, name: str) -> LockInfo:
@@ -627,11 +657,11 @@ class Client:
         return dataclasses.replace(info, mine=info.held and mine == info.fencing_token)
 
     def _acquire_once(
-        self, name: str, ttl: float, body: AcquireBody, wait: float, cid: str
+        self, name: str, ttl: float, body: AcquireBody, wait: float, cid: str, cancel: threading.Event | None
     ) -> tuple[Claim | None, LockState | None]:
         k = self._keeper
         sent_at = validity.now()
-        got = k.transport.acquire(body, k.request_timeout + wait)
+        got = k.transport.acquire(body, k.request_timeout + wait, cancel)
         if got is None:
             return None, None
         margin, until = k.grants.first_validity(sent_at, got, ttl)
@@ -662,12 +692,15 @@ class Client:
             k.loop.track(state)
         return claim, state
 
-    def _settle(self, state: LockState, limit: float) -> bool:
+    def _settle(self, state: LockState, limit: float, cancel: threading.Event | None = None) -> bool:
         """Waits, at most ``limit`` seconds, for this client's release of
-        the grant to be answered, hurrying it first; True once it was."""
+        the grant to be answered, hurrying it first; True once it was.
+        :class:`Cancelled` once ``cancel`` is set."""
         self._keeper.loop.hurry(state.key)
         deadline = validity.now() + limit
         while state.release is Release.PENDING and validity.now() < deadline:
+            if cancel is not None and cancel.is_set():
+                raise Cancelled(state.name)
             time.sleep(SETTLE_POLL)
         return state.release is not Release.PENDING
 

@@ -4,8 +4,9 @@ Everything the SDK raises derives from :class:`LockrouterError`, so callers
 can tell "someone else holds it" (:class:`NotAcquired`) from "the lock was
 lost" (:class:`LockLost`) from "the router said no" (:class:`RouterError`)
 from "the router could not be reached" (:class:`TransportError`) from "the
-client is closed" (:class:`ClientClosed`). No exception of httpx, the HTTP
-library underneath, leaves the SDK. This module imports nothing else of the
+client is closed" (:class:`ClientClosed`) from "the caller cancelled the
+wait" (:class:`Cancelled`). No exception of httpx, the HTTP library
+underneath, leaves the SDK. This module imports nothing else of the
 package.
 """
 
@@ -71,6 +72,17 @@ class NotAcquired(LockrouterError):
 
     def __init__(self, name: str) -> None:
         super().__init__(f"lock {name!r} is held by another client")
+        self.name = name
+
+
+class Cancelled(LockrouterError):
+    """A sync acquire's ``cancel`` event was set before the router granted
+    the name: nothing was acquired, and the router dropped the waiter with
+    the request. (An ``AsyncClient`` wait is cancelled with its task and
+    raises ``asyncio.CancelledError`` instead.)"""
+
+    def __init__(self, name: str) -> None:
+        super().__init__(f"the acquire of {name!r} was cancelled")
         self.name = name
 
 
