@@ -129,10 +129,10 @@ bench: prereqs-bench
 	cargo build --release -p lockrouter --bin lockrouter
 	cargo build --release -p lockrouter-loadtest
 	./target/release/lockrouter-loadtest --profile full --out target/bench
-	@# The paired tables and hold again on etcd 3.5 (the release to deploy;
+	@# The paired tables, the barrier and hold again on etcd 3.5 (the release to deploy;
 	@# docs/capacity.md compares what each costs), beside the run above.
 	LOCKROUTER_ETCD_BIN=$(ETCD35_BIN) ./target/release/lockrouter-loadtest --profile full \
-		--scenarios direct,naive,uncontested,latency,hold --out target/bench/etcd-3.5
+		--scenarios direct,naive,barrier,uncontested,latency,hold --out target/bench/etcd-3.5
 
 bench-smoke: prereqs-bench
 	cargo build -p lockrouter --bin lockrouter

@@ -213,7 +213,9 @@ impl<'a> Bench<'a> {
             )
             .await?,
         );
-        let plan = self.plan(name, users, secs, rate.map(|r| 2 * r));
+        // A lock life is two requests; a barrier one.
+        let requests = if kind == Kind::Barrier { 1 } else { 2 };
+        let plan = self.plan(name, users, secs, rate.map(|r| requests * r));
         let before = Snapshot::take(self.stack)?;
         let metrics = attack::run(&plan, vec![baselines::scenario(name, &ctx)]).await;
         let delta = Snapshot::take(self.stack)?.since(&before);

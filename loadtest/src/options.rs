@@ -19,6 +19,7 @@ pub enum Profile {
 pub const SCENARIOS: &[&str] = &[
     "direct",
     "naive",
+    "barrier",
     "uncontested",
     "latency",
     "contended",
@@ -42,7 +43,7 @@ pub struct Cli {
     #[arg(long, value_enum, default_value = "full")]
     pub profile: Profile,
     /// Comma-separated scenarios to run (default: all; the smoke profile
-    /// leaves out overload-pinned). Known: direct, naive,
+    /// leaves out overload-pinned). Known: direct, naive, barrier,
     /// uncontested, latency, contended, contended-wait, churn, hold,
     /// per-lock-renew, naive-hold, rebalance, overload, overload-pinned,
     /// pinned.

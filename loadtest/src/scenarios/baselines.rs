@@ -11,8 +11,13 @@
 //!   key). [`naive_hold`] holds leases the naive way, one keepalive per lock
 //!   every TTL/3, to count what that costs etcd.
 //!
-//! `direct` and `naive` run as goose scenarios with custom requests, so they
-//! share the router scenarios' users, throttle and reports.
+//! - `barrier`: the router's lock-key cache barrier alone (a txn that
+//!   compares the shard's identity and puts the barrier key, inside a
+//!   watched range, as the router's cache watches it), at a fixed rate:
+//!   what one barrier costs etcd, on the release it runs.
+//!
+//! They run as goose scenarios with custom requests, so they share the
+//! router scenarios' users, throttle and reports.
 
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering::Relaxed};
 use std::sync::{Arc, Mutex};
@@ -33,6 +38,7 @@ use crate::stats::Stats;
 pub enum Kind {
     Direct,
     Naive,
+    Barrier,
 }
 
 pub struct EtcdBaseline {
@@ -44,10 +50,18 @@ pub struct EtcdBaseline {
     ttl_secs: i64,
     prefix: String,
     seq: AtomicU64,
+    /// `barrier`: the tasks that read each shard's watch of the barrier key.
+    watches: Vec<tokio::task::JoinHandle<()>>,
 }
 
 const RING_VALUE: &[u8] = br#"{"epoch":1,"ring":"bench"}"#;
 const IDENTITY_VALUE: &[u8] = br#"{"shard":"bench","clusterId":"1"}"#;
+
+/// Where the router's lock keys start; its barrier key (`P/locks0`) is in
+/// the same watched prefix.
+fn locks_key(prefix: &str) -> String {
+    format!("{prefix}/locks")
+}
 
 fn ring_key(prefix: &str) -> String {
     format!("{prefix}/ring")
@@ -87,6 +101,7 @@ impl EtcdBaseline {
         let prefix = format!("/bench/{tag}");
         let mut clients = Vec::new();
         let mut leases = Vec::new();
+        let mut watches = Vec::new();
         for ep in endpoints {
             let mut c = Client::connect([ep.as_str()], None)
                 .await
@@ -96,6 +111,15 @@ impl EtcdBaseline {
             if kind == Kind::Direct {
                 // Outlives any one attack; revoked in `finish`.
                 leases.push(c.lease_grant(3600, None).await?.id());
+            }
+            if kind == Kind::Barrier {
+                // As the router's lock-key cache does: a watch over the
+                // lock keys and the barrier key, its events read at once.
+                let options = etcd_client::WatchOptions::new().with_prefix();
+                let mut events = c.watch(locks_key(&prefix), Some(options)).await?;
+                watches.push(tokio::spawn(async move {
+                    while let Ok(Some(_)) = events.message().await {}
+                }));
             }
             clients.push(c);
         }
@@ -107,11 +131,16 @@ impl EtcdBaseline {
             ttl_secs,
             prefix,
             seq: AtomicU64::new(0),
+            watches,
         })
     }
 
-    /// Revokes the shared leases (and so any key left on them).
+    /// Revokes the shared leases (and so any key left on them), and stops
+    /// the watches.
     pub async fn finish(&self) {
+        for w in &self.watches {
+            w.abort();
+        }
         for (c, l) in self.clients.iter().zip(&self.leases) {
             let _ = c.clone().lease_revoke(*l).await;
         }
@@ -205,7 +234,45 @@ pub fn scenario(name: &str, ctx: &Arc<EtcdBaseline>) -> Scenario {
     }))
 }
 
+/// One barrier: the identity compared, the barrier key put
+/// (`shard::cache::write_barrier`).
+async fn barrier(user: &mut GooseUser, ctx: &EtcdBaseline) {
+    let n = ctx.seq.fetch_add(1, Relaxed);
+    let shard = (n % ctx.clients.len() as u64) as usize;
+    let mut c = ctx.clients[shard].clone();
+    let stats = &ctx.stats;
+    if !throttle(user).await {
+        return;
+    }
+    let flight = stats.sending();
+    let started = Instant::now();
+    stats.request();
+    let txn = Txn::new()
+        .when([Compare::value(
+            identity_key(&ctx.prefix),
+            CompareOp::Equal,
+            IDENTITY_VALUE,
+        )])
+        .and_then([TxnOp::put(
+            format!("{}/locks0", ctx.prefix),
+            Vec::new(),
+            None,
+        )]);
+    let done = c.txn(txn).await.is_ok_and(|r| r.succeeded());
+    let took = started.elapsed();
+    drop(flight);
+    if done {
+        stats.granted(user.weighted_users_index, took);
+    } else {
+        stats.error();
+    }
+    record(user, "barrier", took, done).await;
+}
+
 async fn lifecycle(user: &mut GooseUser, ctx: &EtcdBaseline) {
+    if ctx.kind == Kind::Barrier {
+        return barrier(user, ctx).await;
+    }
     let n = ctx.seq.fetch_add(1, Relaxed);
     let shard = (n % ctx.clients.len() as u64) as usize;
     let keys = NameKeys::new(&ctx.prefix, n);
@@ -220,6 +287,7 @@ async fn lifecycle(user: &mut GooseUser, ctx: &EtcdBaseline) {
     let acquired: Result<(i64, Option<i64>)> = async {
         let lease = match ctx.kind {
             Kind::Direct => ctx.leases[shard],
+            Kind::Barrier => unreachable!("a barrier takes no lease"),
             Kind::Naive => {
                 stats.request();
                 c.lease_grant(ctx.ttl_secs, None).await?.id()
@@ -258,6 +326,7 @@ async fn lifecycle(user: &mut GooseUser, ctx: &EtcdBaseline) {
             .await
             .unwrap_or(false),
         Kind::Naive => c.lease_revoke(lease).await.is_ok(),
+        Kind::Barrier => unreachable!("a barrier has no release"),
     };
     drop(flight);
     record(user, "release", started.elapsed(), released).await;
