@@ -550,11 +550,7 @@ const ETCD_OUTSIDE_SHARD: &[&str] = &[
     "locks::wait",
     "placement::topology",
 ];
-const SHARD_FROM_ABOVE: &[&str] = &[
-    "cli::capacity -> shard::cache",
-    "http::answers -> shard",
-    "reload -> shard::access",
-];
+const SHARD_FROM_ABOVE: &[&str] = &["cli::capacity -> shard::cache", "reload -> shard::access"];
 
 #[test]
 fn layer_skips_only_shrink() {

@@ -11,8 +11,7 @@ use http_body_util::Full;
 use serde::Serialize;
 
 use crate::locks::Expiry;
-use crate::placement::topology::{Router, ShardState};
-use crate::shard::{RingState, Shard};
+use crate::placement::topology::{Router, ShardFacts, ShardState};
 
 /// A JSON response.
 pub fn json(status: StatusCode, value: &impl serde::Serialize) -> Response<Full<Bytes>> {
@@ -395,37 +394,25 @@ pub struct ShardView {
 }
 
 impl ShardView {
-    fn of(s: &Shard, state: &'static str, weight: Option<u32>) -> Self {
-        let (recorded_ring, recorded_epoch) = match s.ring_state() {
-            RingState::Ready(r) | RingState::Mismatch(r) => (Some(r.meta.ring), Some(r.meta.epoch)),
-            _ => (None, None),
-        };
+    fn of(f: ShardFacts) -> Self {
         Self {
-            name: s.name.clone(),
-            state,
-            up: s.conn.is_up(),
-            recorded_ring,
-            recorded_epoch,
-            weight,
+            name: f.name,
+            state: f.role,
+            up: f.up,
+            recorded_ring: f.recorded_ring,
+            recorded_epoch: f.recorded_epoch,
+            weight: f.weight,
         }
     }
 }
 
 impl RingView {
     pub fn of(router: &Router) -> Self {
-        let mut shards: Vec<ShardView> = router
-            .shards
-            .iter()
-            .zip(&router.shard_settings)
-            .map(|(s, conf)| ShardView::of(s, "active", Some(conf.weight)))
+        let shards = router
+            .shard_facts()
+            .into_iter()
+            .map(ShardView::of)
             .collect();
-        if let Some(m) = router.migration() {
-            let draining = m
-                .shards
-                .iter()
-                .filter(|s| !router.shards.iter().any(|c| c.name == s.name));
-            shards.extend(draining.map(|s| ShardView::of(s, "draining", None)));
-        }
         Self {
             ring: router.ring.fingerprint().to_string(),
             epoch: router.epoch(),

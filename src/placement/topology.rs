@@ -159,6 +159,38 @@ pub enum ConnectError {
 }
 
 /// An open migration as recorded on the shards.
+/// A shard as `GET /admin/v1/ring` shows it: whether it answers, and the
+/// ring and epoch it records.
+#[derive(Debug, Clone)]
+pub struct ShardFacts {
+    pub name: String,
+    /// `active` (of the ring) or `draining` (of a migration's previous
+    /// ring only).
+    pub role: &'static str,
+    pub up: bool,
+    pub recorded_ring: Option<String>,
+    pub recorded_epoch: Option<u64>,
+    /// Its weight in the ring (an active shard's).
+    pub weight: Option<u32>,
+}
+
+impl ShardFacts {
+    fn of(s: &Shard, role: &'static str, weight: Option<u32>) -> Self {
+        let (recorded_ring, recorded_epoch) = match s.ring_state() {
+            RingState::Ready(r) | RingState::Mismatch(r) => (Some(r.meta.ring), Some(r.meta.epoch)),
+            _ => (None, None),
+        };
+        Self {
+            name: s.name.clone(),
+            role,
+            up: s.conn.is_up(),
+            recorded_ring,
+            recorded_epoch,
+            weight,
+        }
+    }
+}
+
 pub struct Migration {
     /// The recorded meta (new ring, new epoch, previous ring).
     pub recorded: Recorded,
@@ -430,6 +462,23 @@ impl Router {
         ));
         log_ring_change(shard, &shard.ring_state(), &state, self.ring.fingerprint());
         shard.set_ring_state(state);
+    }
+
+    /// What `GET /admin/v1/ring` shows of each shard: those of the ring
+    /// (`active`, with their weight), then those of a migration's previous
+    /// ring only (`draining`).
+    pub fn shard_facts(&self) -> Vec<ShardFacts> {
+        let mut facts: Vec<ShardFacts> = (self.shards.iter().zip(&self.shard_settings))
+            .map(|(s, conf)| ShardFacts::of(s, "active", Some(conf.weight)))
+            .collect();
+        if let Some(m) = self.migration() {
+            let draining = m
+                .shards
+                .iter()
+                .filter(|s| !self.shards.iter().any(|c| c.name == s.name));
+            facts.extend(draining.map(|s| ShardFacts::of(s, "draining", None)));
+        }
+        facts
     }
 
     /// The state of each shard of the ring, for `/readyz`.
