@@ -1,6 +1,6 @@
 //! The scenarios that run once each, after the paired rounds, on the same
-//! stack (`rebalance` and `overload` on stacks of their own): `contended`,
-//! `contended-wait`, `churn`, `hold` (with `churn-on-hold`),
+//! stack (`rebalance` and `overload` on stacks of their own): `barrier`,
+//! `contended`, `contended-wait`, `churn`, `hold` (with `churn-on-hold`),
 //! `per-lock-renew` and `naive-hold`. Each window follows an idle check;
 //! the acquire scenarios' clients are warmed up first.
 
@@ -40,7 +40,47 @@ struct Overloaded {
     warm: WarmupOutcome,
 }
 
+/// Barriers per second per shard in the `barrier` windows: 50, the most
+/// one router replica writes (one per 20 ms), then four times that; the
+/// difference gives what one more barrier costs, apart from what etcd
+/// spends when idle.
+const BARRIER_RATES_PER_SHARD: [usize; 2] = [50, 200];
+
 impl Bench<'_> {
+    /// `barrier`: the lock-key cache's barrier alone, straight to etcd, at
+    /// two rates; what each costs etcd's CPU, on average and at the margin.
+    pub async fn barrier(&mut self) -> Result<()> {
+        let shards = self.stack.shards.len();
+        let mut windows = Vec::new();
+        for per_shard in BARRIER_RATES_PER_SHARD {
+            let name = format!("barrier@{per_shard}/s/shard");
+            let kind = crate::scenarios::baselines::Kind::Barrier;
+            let r = self.baseline(&name, kind, Some(per_shard * shards)).await?;
+            windows.push(r);
+        }
+        let per = |r: &Record| r.cpu_seconds.etcd / (r.acquires_total.max(1) as f64) * 1e6;
+        let (low, high) = (&windows[0], &windows[1]);
+        let more = high
+            .acquires_total
+            .saturating_sub(low.acquires_total)
+            .max(1) as f64;
+        let marginal = (high.cpu_seconds.etcd - low.cpu_seconds.etcd) / more * 1e6;
+        let detail = json!({
+            "etcd_cpu_us_per_barrier": [crate::stats::round(per(low), 1), crate::stats::round(per(high), 1)],
+            "etcd_cpu_us_per_additional_barrier": crate::stats::round(marginal, 1),
+        });
+        eprintln!(
+            "   etcd CPU per barrier {:.1} µs at the low rate, {:.1} µs at the high one, {marginal:.1} µs per additional barrier",
+            per(low),
+            per(high)
+        );
+        for mut r in windows {
+            r.detail = detail.clone();
+            self.push(r);
+        }
+        Ok(())
+    }
+
     /// `contended`, for a warm pool of clients.
     pub async fn contended(&mut self) -> Result<()> {
         let c = self.cfg;

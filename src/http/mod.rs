@@ -409,28 +409,23 @@ fn within(
     handler: impl std::future::Future<Output = api::Answer>,
 ) -> impl std::future::Future<Output = api::Answer> {
     let handler = Box::pin(handler);
-    async move { bounded(deadline, handler).await }
-}
-
-async fn bounded(
-    deadline: Duration,
-    handler: std::pin::Pin<Box<impl std::future::Future<Output = api::Answer>>>,
-) -> api::Answer {
-    let at = std::time::Instant::now() + deadline;
-    let timeout = || {
-        let mut e = ApiError::new(
-            StatusCode::GATEWAY_TIMEOUT,
-            "timeout",
-            format!("no answer within {} ms; retry", deadline.as_millis()),
-        );
-        e.retry_after = Some(crate::locks::RETRY_AFTER);
-        e
-    };
-    let bounded = tokio::time::timeout(deadline, handler);
-    match crate::task::under_deadline(at, bounded).await {
-        Ok(Err(_)) if std::time::Instant::now() >= at => Err(timeout()),
-        Ok(answer) => answer,
-        Err(_) => Err(timeout()),
+    async move {
+        let at = std::time::Instant::now() + deadline;
+        let timeout = || {
+            let mut e = ApiError::new(
+                StatusCode::GATEWAY_TIMEOUT,
+                "timeout",
+                format!("no answer within {} ms; retry", deadline.as_millis()),
+            );
+            e.retry_after = Some(crate::locks::RETRY_AFTER);
+            e
+        };
+        let bounded = tokio::time::timeout(deadline, handler);
+        match crate::task::under_deadline(at, bounded).await {
+            Ok(Err(_)) if std::time::Instant::now() >= at => Err(timeout()),
+            Ok(answer) => answer,
+            Err(_) => Err(timeout()),
+        }
     }
 }
 

@@ -371,9 +371,8 @@ impl EtcdConn {
 
     /// Runs one etcd RPC under the shard's deadline, or the request's if
     /// that comes first (see [`under_deadline`](crate::task::under_deadline)).
-    /// A call cut short by the
-    /// request's deadline says nothing of the shard: it does not mark it
-    /// down.
+    /// A call cut short by the request's deadline says nothing of the
+    /// shard: it does not mark it down.
     pub async fn call<T, F>(&self, rpc: &'static str, fut: F) -> Result<T, EtcdError>
     where
         F: Future<Output = Result<T, etcd_client::Error>>,

@@ -63,6 +63,11 @@ fn locks_key(prefix: &str) -> String {
     format!("{prefix}/locks")
 }
 
+/// The router's barrier key (`shard::keys::Keys::barrier`).
+fn barrier_key(prefix: &str) -> String {
+    format!("{prefix}/locks0")
+}
+
 fn ring_key(prefix: &str) -> String {
     format!("{prefix}/ring")
 }
@@ -133,6 +138,12 @@ impl EtcdBaseline {
             seq: AtomicU64::new(0),
             watches,
         })
+    }
+
+    /// The next request's number, and the shard it goes to (round robin).
+    fn next(&self) -> (u64, usize) {
+        let n = self.seq.fetch_add(1, Relaxed);
+        (n, (n % self.clients.len() as u64) as usize)
     }
 
     /// Revokes the shared leases (and so any key left on them), and stops
@@ -237,8 +248,7 @@ pub fn scenario(name: &str, ctx: &Arc<EtcdBaseline>) -> Scenario {
 /// One barrier: the identity compared, the barrier key put
 /// (`shard::cache::write_barrier`).
 async fn barrier(user: &mut GooseUser, ctx: &EtcdBaseline) {
-    let n = ctx.seq.fetch_add(1, Relaxed);
-    let shard = (n % ctx.clients.len() as u64) as usize;
+    let (_, shard) = ctx.next();
     let mut c = ctx.clients[shard].clone();
     let stats = &ctx.stats;
     if !throttle(user).await {
@@ -253,11 +263,7 @@ async fn barrier(user: &mut GooseUser, ctx: &EtcdBaseline) {
             CompareOp::Equal,
             IDENTITY_VALUE,
         )])
-        .and_then([TxnOp::put(
-            format!("{}/locks0", ctx.prefix),
-            Vec::new(),
-            None,
-        )]);
+        .and_then([TxnOp::put(barrier_key(&ctx.prefix), Vec::new(), None)]);
     let done = c.txn(txn).await.is_ok_and(|r| r.succeeded());
     let took = started.elapsed();
     drop(flight);
@@ -273,8 +279,7 @@ async fn lifecycle(user: &mut GooseUser, ctx: &EtcdBaseline) {
     if ctx.kind == Kind::Barrier {
         return barrier(user, ctx).await;
     }
-    let n = ctx.seq.fetch_add(1, Relaxed);
-    let shard = (n % ctx.clients.len() as u64) as usize;
+    let (n, shard) = ctx.next();
     let keys = NameKeys::new(&ctx.prefix, n);
     let mut c = ctx.clients[shard].clone();
     let stats = &ctx.stats;
