@@ -68,6 +68,13 @@ fn require_json(req: &Request<Incoming>) -> Result<(), ApiError> {
     }
 }
 
+/// How many bytes past the limit an oversized body is read and thrown
+/// away before the 413 goes out. A client that is still sending when the
+/// router closes the connection gets a reset, not the answer, so the
+/// router reads on (within the body deadline) and the client reads a 413;
+/// a body larger still is cut off.
+const DRAIN_PAST_LIMIT: u64 = 8 << 20;
+
 /// Reads at most `max` bytes of body within `deadline`.
 async fn read_body(
     req: Request<Incoming>,
@@ -86,26 +93,47 @@ async fn read_body(
         .get(header::CONTENT_LENGTH)
         .and_then(|v| v.to_str().ok())
         .and_then(|v| v.parse::<u64>().ok());
-    if declared.is_some_and(|n| n > max as u64) {
-        return Err(too_large());
-    }
-    let collect = Limited::new(req.into_body(), max).collect();
-    let collected = tokio::time::timeout(deadline, collect).await.map_err(|_| {
+    let mut body = req.into_body();
+    let read = async {
+        if declared.is_some_and(|n| n > max as u64) {
+            return Err(too_large());
+        }
+        let collected = Limited::new(&mut body, max).collect().await;
+        Ok(collected
+            .map_err(|e| {
+                if e.is::<http_body_util::LengthLimitError>() {
+                    too_large()
+                } else {
+                    ApiError::invalid(format!("could not read the body: {e}"))
+                }
+            })?
+            .to_bytes())
+    };
+    let started = tokio::time::Instant::now();
+    let result = tokio::time::timeout(deadline, read).await.map_err(|_| {
         ApiError::new(
             StatusCode::REQUEST_TIMEOUT,
             "timeout",
             format!("the body did not arrive within {} ms", deadline.as_millis()),
         )
     })?;
-    Ok(collected
-        .map_err(|e| {
-            if e.is::<http_body_util::LengthLimitError>() {
-                too_large()
-            } else {
-                ApiError::invalid(format!("could not read the body: {e}"))
-            }
-        })?
-        .to_bytes())
+    if matches!(&result, Err(e) if e.status == StatusCode::PAYLOAD_TOO_LARGE)
+        && declared.is_none_or(|n| n <= max as u64 + DRAIN_PAST_LIMIT)
+    {
+        let _ = tokio::time::timeout_at(started + deadline, drain(&mut body)).await;
+    }
+    result
+}
+
+/// Reads and drops the rest of `body`, at most [`DRAIN_PAST_LIMIT`] bytes.
+async fn drain(body: &mut Incoming) {
+    let mut dropped = 0u64;
+    while let Some(Ok(frame)) = body.frame().await {
+        dropped += frame.data_ref().map_or(0, |d| d.len() as u64);
+        if dropped > DRAIN_PAST_LIMIT {
+            return;
+        }
+    }
 }
 
 /// Parses JSON; the error names where in the body it went wrong.
