@@ -109,6 +109,24 @@ async fn bad_input_gets_a_clear_4xx() {
         let r = api.post("/api/v1/locks/renew-batch", body).await;
         assert_eq!(r.status, 400, "{r:?}");
     }
+    // A lockId may come with JSON escapes in it: the same lock.
+    let escaped = format!(
+        "{{\"locks\": [{{\"lockId\": \"\\u{:04x}{}\", \"fencingToken\": {}}}]}}",
+        good.0.as_bytes()[0],
+        &good.0[1..],
+        good.1
+    );
+    let r = api
+        .send(
+            api.http
+                .post(format!("{}/api/v1/locks/renew-batch", api.base))
+                .header("content-type", "application/json")
+                .body(escaped),
+        )
+        .await;
+    assert_eq!(r.status, 200, "{r:?}");
+    assert_eq!(r.body["results"][0]["lockId"], good.0.as_str(), "{r:?}");
+    assert_eq!(r.body["results"][0]["renewed"], true, "{r:?}");
     let r = api.post("/api/v1/locks/renew-batch", json!({"locks": [{"lockId": good.0, "fencingToken": good.1}, {"lockId": "x", "fencingToken": 1}]})).await;
     assert!(
         r.body["error"]["message"]

@@ -10,12 +10,23 @@ use http::{header, HeaderValue, Response, StatusCode};
 use http_body_util::Full;
 use serde::Serialize;
 
-use crate::locks::Expiry;
+use crate::locks::{Expiry, RenewOutcome};
 use crate::placement::topology::{Router, ShardFacts, ShardState};
 
 /// A JSON response.
 pub fn json(status: StatusCode, value: &impl serde::Serialize) -> Response<Full<Bytes>> {
-    let bytes = serde_json::to_vec(value).expect("answers serialise");
+    json_sized(status, value, 256)
+}
+
+/// A JSON response whose body takes about `size` bytes (one allocation
+/// for a renew-batch's answer instead of one per doubling).
+fn json_sized(
+    status: StatusCode,
+    value: &impl serde::Serialize,
+    size: usize,
+) -> Response<Full<Bytes>> {
+    let mut bytes = Vec::with_capacity(size);
+    serde_json::to_writer(&mut bytes, value).expect("answers serialise");
     let mut resp = Response::new(Full::new(Bytes::from(bytes)));
     *resp.status_mut() = status;
     resp.headers_mut().insert(
@@ -66,11 +77,20 @@ impl TimesAt {
     }
 
     pub fn of(&mut self, e: &Expiry) -> Times {
+        self.format(e).clone()
+    }
+
+    /// The times of `e`, formatted on first use.
+    pub fn format(&mut self, e: &Expiry) -> &Times {
         let (now, wall) = (self.now, self.wall);
         self.formatted
             .entry(e.0)
             .or_insert_with(|| Times::from_report(e.report_at(now, wall)))
-            .clone()
+    }
+
+    /// The times of `e`, once [`format`](Self::format) has formatted them.
+    fn formatted(&self, e: &Expiry) -> &Times {
+        &self.formatted[&e.0]
     }
 }
 
@@ -120,18 +140,72 @@ pub enum RenewAnswer {
     NotRenewed(NotRenewed),
 }
 
-/// One entry of `renew-batch`'s answer, in request order.
+/// One entry of `renew-batch`'s answer, in request order: its lockId and
+/// the fields of [`Renewed`] or of [`NotRenewed`]. Written out rather than
+/// flattened (serde flattens through a map, for every entry), borrowing
+/// the lockId from the request and the times from one [`TimesAt`].
 #[derive(Debug, Serialize)]
 #[serde(rename_all = "camelCase")]
-pub struct BatchEntry {
-    pub lock_id: String,
-    #[serde(flatten)]
-    pub answer: RenewAnswer,
+pub struct BatchEntry<'a> {
+    pub lock_id: &'a str,
+    pub renewed: bool,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub expires_at: Option<&'a str>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub expires_in_ms: Option<u64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub reason: Option<&'static str>,
+}
+
+impl<'a> BatchEntry<'a> {
+    /// The entry of `lock_id`; a renewed one's expiry must have been
+    /// [`TimesAt::format`]ted in `times`.
+    fn of(lock_id: &'a str, o: &RenewOutcome, times: &'a TimesAt) -> Self {
+        let (times, reason) = match renewal(o) {
+            Ok(e) => (Some(times.formatted(e)), None),
+            Err(reason) => (None, Some(reason)),
+        };
+        Self {
+            lock_id,
+            renewed: times.is_some(),
+            expires_at: times.map(|t| t.expires_at.as_str()),
+            expires_in_ms: times.map(|t| t.expires_in_ms),
+            reason,
+        }
+    }
+}
+
+/// A renewed lock's new expiry, or why the renewal was refused (its
+/// `reason`).
+pub fn renewal(o: &RenewOutcome) -> Result<&Expiry, &'static str> {
+    match o {
+        RenewOutcome::Renewed(e) => Ok(e),
+        RenewOutcome::Expired => Err("expired"),
+        RenewOutcome::Stolen => Err("stolen"),
+        RenewOutcome::Unavailable => Err("shard_unavailable"),
+    }
 }
 
 #[derive(Debug, Serialize)]
-pub struct BatchAnswer {
-    pub results: Vec<BatchEntry>,
+pub struct BatchAnswer<'a> {
+    pub results: Vec<BatchEntry<'a>>,
+}
+
+/// `renew-batch`'s answer: an entry per lock of the request, in its order,
+/// the expiries read off one clock sample and each formatted once.
+pub fn renew_batch_answer(lock_ids: &[&str], outcomes: &[RenewOutcome]) -> Response<Full<Bytes>> {
+    let mut times = TimesAt::now();
+    for o in outcomes {
+        if let Ok(e) = renewal(o) {
+            times.format(e);
+        }
+    }
+    let results: Vec<_> = (lock_ids.iter().zip(outcomes))
+        .map(|(lock_id, o)| BatchEntry::of(lock_id, o, &times))
+        .collect();
+    // An entry is its lockId and at most about 90 bytes around it.
+    let size = 16 + (lock_ids.iter()).map(|id| id.len() + 96).sum::<usize>();
+    json_sized(StatusCode::OK, &BatchAnswer { results }, size)
 }
 
 /// `GET /api/v1/locks/{name}`.
@@ -466,17 +540,48 @@ mod tests {
             json!({"acquired": true, "lockId": "AQAB", "fencingToken": 4711,
                    "expiresAt": "2026-11-30T03:38:50.123Z", "expiresInMs": 29990})
         );
-        let entry = BatchEntry {
-            lock_id: "AQAB".into(),
-            answer: RenewAnswer::NotRenewed(NotRenewed {
-                renewed: false,
-                reason: "expired",
-            }),
-        };
-        assert_eq!(
-            serde_json::to_value(&entry).unwrap(),
-            json!({"lockId": "AQAB", "renewed": false, "reason": "expired"})
-        );
+        let mut at = TimesAt::now();
+        let e = Expiry(at.now + std::time::Duration::from_millis(29_990));
+        let renewed = RenewOutcome::Renewed(e);
+        at.format(&e);
+        let expires_at = at.formatted(&e).expires_at.clone();
+        for (o, want) in [
+            (
+                renewed,
+                json!({"lockId": "AQAB", "renewed": true,
+                       "expiresAt": expires_at, "expiresInMs": 29990}),
+            ),
+            (
+                RenewOutcome::Expired,
+                json!({"lockId": "AQAB", "renewed": false, "reason": "expired"}),
+            ),
+            (
+                RenewOutcome::Stolen,
+                json!({"lockId": "AQAB", "renewed": false, "reason": "stolen"}),
+            ),
+            (
+                RenewOutcome::Unavailable,
+                json!({"lockId": "AQAB", "renewed": false, "reason": "shard_unavailable"}),
+            ),
+        ] {
+            let entry = BatchEntry::of("AQAB", &o, &at);
+            assert_eq!(serde_json::to_value(&entry).unwrap(), want);
+            let mut batch = serde_json::to_string(&entry).unwrap();
+            // The same fields, in the same order, as a single renew's answer.
+            let single = match renewal(&o) {
+                Ok(e) => serde_json::to_string(&Renewed {
+                    renewed: true,
+                    times: at.of(e),
+                }),
+                Err(reason) => serde_json::to_string(&NotRenewed {
+                    renewed: false,
+                    reason,
+                }),
+            }
+            .unwrap();
+            batch = batch.replacen("\"lockId\":\"AQAB\",", "", 1);
+            assert_eq!(batch, single);
+        }
         let free = Inspected {
             name: "n".into(),
             held: false,

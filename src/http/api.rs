@@ -2,13 +2,15 @@
 //! refused) and the handlers that turn them into lock operations and their
 //! results into typed answers.
 
+use std::borrow::Cow;
+
 use bytes::Bytes;
 use http::{Response, StatusCode};
 use http_body_util::Full;
 use serde::Deserialize;
 
 use super::answers::{
-    json, BatchAnswer, BatchEntry, Granted, Inspected, NotAcquired, NotRenewed, RenewAnswer,
+    json, renew_batch_answer, renewal, Granted, Inspected, NotAcquired, NotRenewed, RenewAnswer,
     Renewed, Times, TimesAt,
 };
 use super::error::ApiError;
@@ -58,10 +60,21 @@ pub struct LockRef {
     fencing_token: u64,
 }
 
+/// A lock of a renew-batch: its lockId borrowed from the body unless the
+/// JSON escaped a character of it.
 #[derive(Deserialize)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
-pub struct RenewBatchBody {
-    locks: Vec<LockRef>,
+pub struct BatchRef<'a> {
+    #[serde(borrow)]
+    lock_id: Cow<'a, str>,
+    fencing_token: u64,
+}
+
+#[derive(Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct RenewBatchBody<'a> {
+    #[serde(borrow)]
+    locks: Vec<BatchRef<'a>>,
 }
 
 pub async fn acquire(locks: &Locks, body: AcquireBody, caller: Caller<'_>) -> Answer {
@@ -105,45 +118,32 @@ pub async fn renew(locks: &Locks, body: RenewBody, caller: Caller<'_>) -> Answer
     Ok((json(status, &answer), label))
 }
 
-pub async fn renew_batch(locks: &Locks, body: RenewBatchBody, caller: Caller<'_>) -> Answer {
-    let items: Vec<(String, u64)> = body
-        .locks
-        .into_iter()
-        .map(|l| (l.lock_id, l.fencing_token))
+pub async fn renew_batch(locks: &Locks, body: RenewBatchBody<'_>, caller: Caller<'_>) -> Answer {
+    let items: Vec<(&str, u64)> = (body.locks.iter())
+        .map(|l| (l.lock_id.as_ref(), l.fencing_token))
         .collect();
     let outcomes = locks.renew_batch(&items, caller).await?;
-    let mut times = TimesAt::now();
-    let results = items
-        .into_iter()
-        .zip(&outcomes)
-        .map(|((lock_id, _), o)| BatchEntry {
-            lock_id,
-            answer: renew_answer(o, &mut times).0,
-        })
-        .collect();
-    Ok((json(StatusCode::OK, &BatchAnswer { results }), "ok"))
+    let lock_ids: Vec<&str> = items.iter().map(|&(id, _)| id).collect();
+    Ok((renew_batch_answer(&lock_ids, &outcomes), "ok"))
 }
 
 /// A renewal's answer body and its metrics outcome.
 fn renew_answer(o: &RenewOutcome, times: &mut TimesAt) -> (RenewAnswer, &'static str) {
-    let refused = |reason: &'static str| {
-        let answer = NotRenewed {
-            renewed: false,
-            reason,
-        };
-        (RenewAnswer::NotRenewed(answer), reason)
-    };
-    match o {
-        RenewOutcome::Renewed(e) => {
+    match renewal(o) {
+        Ok(e) => {
             let answer = Renewed {
                 renewed: true,
                 times: times.of(e),
             };
             (RenewAnswer::Renewed(answer), "renewed")
         }
-        RenewOutcome::Expired => refused("expired"),
-        RenewOutcome::Stolen => refused("stolen"),
-        RenewOutcome::Unavailable => refused("shard_unavailable"),
+        Err(reason) => {
+            let answer = NotRenewed {
+                renewed: false,
+                reason,
+            };
+            (RenewAnswer::NotRenewed(answer), reason)
+        }
     }
 }
 

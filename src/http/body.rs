@@ -9,6 +9,7 @@ use http::{header, Method, Request, StatusCode};
 use http_body_util::{BodyExt, Limited};
 use hyper::body::Incoming;
 use serde::de::DeserializeOwned;
+use serde::Deserialize;
 
 use super::error::ApiError;
 
@@ -27,10 +28,19 @@ pub async fn parse<T: DeserializeOwned>(
     max: usize,
     deadline: Duration,
 ) -> Result<T, ApiError> {
+    from_json(&read_json(req, max, deadline).await?)
+}
+
+/// Checks method, media type and size, and reads the body, for a caller
+/// that parses it into values borrowing from it ([`from_json`]).
+pub async fn read_json(
+    req: Request<Incoming>,
+    max: usize,
+    deadline: Duration,
+) -> Result<Bytes, ApiError> {
     only(&req, Method::POST, "POST")?;
     require_json(&req)?;
-    let body = read_body(req, max, deadline).await?;
-    from_json(&body)
+    read_body(req, max, deadline).await
 }
 
 /// Like [`parse`], but an empty body is the default value. The media type
@@ -137,7 +147,7 @@ async fn drain(body: &mut Incoming) {
 }
 
 /// Parses JSON; the error names where in the body it went wrong.
-fn from_json<T: DeserializeOwned>(body: &[u8]) -> Result<T, ApiError> {
+pub fn from_json<'a, T: Deserialize<'a>>(body: &'a [u8]) -> Result<T, ApiError> {
     // The fast path first; only a body that fails is parsed again to find
     // the path of the problem.
     if let Ok(value) = serde_json::from_slice(body) {

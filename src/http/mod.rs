@@ -282,7 +282,9 @@ async fn dispatch(
             .await
         }
         Route::RenewBatch => {
-            let body = body::parse(req, max, t.body_read).await?;
+            // Parsed in place: its lockIds borrow from the body.
+            let bytes = body::read_json(req, max, t.body_read).await?;
+            let body = body::from_json(&bytes)?;
             let caller = caller::as_caller(&principal);
             within(t.request, api::renew_batch(locks, body, caller)).await
         }

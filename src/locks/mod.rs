@@ -488,7 +488,7 @@ impl Locks {
 
     pub async fn renew_batch(
         &self,
-        locks: &[(String, u64)],
+        locks: &[(&str, u64)],
         caller: Caller<'_>,
     ) -> Result<Vec<RenewOutcome>, LockError> {
         self.active().renew_batch(locks, caller).await

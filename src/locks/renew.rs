@@ -49,7 +49,7 @@ impl Active {
     /// (a client only sends lockIds it was given), shard outages only theirs.
     pub async fn renew_batch(
         &self,
-        locks: &[(String, u64)],
+        locks: &[(&str, u64)],
         caller: Caller<'_>,
     ) -> Result<Vec<RenewOutcome>, LockError> {
         if locks.is_empty() || locks.len() > self.limits.max_batch {
@@ -76,10 +76,10 @@ impl Active {
             crate::metrics::lock_ids_opened(key, n);
         }
         // One check and one keepalive per lease for each shard's locks.
-        let mut by_shard: HashMap<String, (Option<Arc<Shard>>, Vec<usize>)> = HashMap::new();
+        let mut by_shard: HashMap<&str, (Option<Arc<Shard>>, Vec<usize>)> = HashMap::new();
         for (i, id) in ids.iter().enumerate() {
             let entry = by_shard
-                .entry(id.shard.clone())
+                .entry(id.shard.as_str())
                 .or_insert_with(|| (self.shard_of(id).ok(), Vec::new()));
             entry.1.push(i);
         }
