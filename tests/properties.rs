@@ -41,20 +41,23 @@ fn lock_ids() -> impl Strategy<Value = LockId> {
     )
         .prop_map(
             |(shard, epoch, ttl_secs, lease, revision, name_hash)| LockId {
-                shard,
+                shard: shard.into(),
                 epoch,
                 ttl_secs,
                 lease,
                 revision,
                 name_hash,
-                owner: String::new(),
+                owner: Default::default(),
             },
         )
 }
 
 /// Grants with an owner (a principal's name), as sealed lockIds carry.
 fn owned_lock_ids() -> impl Strategy<Value = LockId> {
-    (lock_ids(), "[A-Za-z0-9_-]{0,64}").prop_map(|(id, owner)| LockId { owner, ..id })
+    (lock_ids(), "[A-Za-z0-9_-]{0,64}").prop_map(|(id, owner)| LockId {
+        owner: owner.into(),
+        ..id
+    })
 }
 
 /// A sealer with the keys `k2` (sealing) and `k1`.

@@ -183,13 +183,13 @@ impl Active {
         Ok(Attempt::Done(match txn {
             AcquireTxn::Granted { revision } => {
                 let lock = LockId {
-                    shard: shard.name.clone(),
+                    shard: shard.name.as_str().into(),
                     epoch: epoch_of(&g.ring)?,
                     ttl_secs: session.ttl_secs,
                     lease: session.id,
                     revision,
                     name_hash: k.hash,
-                    owner: String::new(),
+                    owner: Default::default(),
                 };
                 Acquired::Granted(self.grant(lock, client_id, &renewal?, sent)?)
             }
@@ -344,14 +344,14 @@ impl Active {
                     ttl => ttl,
                 };
                 let lock = LockId {
-                    shard: shard.name.clone(),
+                    shard: shard.name.as_str().into(),
                     epoch: u16::try_from(v.epoch)
                         .map_err(|_| LockError::Internal("epoch out of range".into()))?,
                     ttl_secs,
                     lease: holder.lease(),
                     revision: holder.create_revision(),
                     name_hash: k.hash,
-                    owner: String::new(),
+                    owner: Default::default(),
                 };
                 Ok(Acquired::Granted(
                     self.grant(lock, client_id, &renewal, sent)?,

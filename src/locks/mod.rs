@@ -559,7 +559,7 @@ impl Active {
     fn shard_of(&self, id: &LockId) -> Result<Arc<Shard>, LockError> {
         tracing::Span::current().record("shard", id.shard.as_str());
         self.router.shard_named(&id.shard).ok_or_else(|| LockError::ShardUnavailable {
-            shard: id.shard.clone(),
+            shard: id.shard.to_string(),
             detail: "this router does not know the shard (not reloaded yet, or the shard was removed)".into(),
         })
     }
@@ -627,7 +627,7 @@ impl Active {
         let fencing_token = lock
             .token()
             .ok_or_else(|| LockError::Internal("fencing token out of range".into()))?;
-        lock.owner = split_holder(holder).0.to_string();
+        lock.owner = split_holder(holder).0.into();
         Ok(Grant {
             lock_id: self.sealer.seal(&lock),
             fencing_token,

@@ -248,13 +248,13 @@ impl Active {
                         return Ok(Some(Acquired::Held(Expiry(Instant::now()))));
                     }
                     let lock = LockId {
-                        shard: shard.name.clone(),
+                        shard: shard.name.as_str().into(),
                         epoch: epoch_of(&g.ring)?,
                         ttl_secs,
                         lease: alive.session.id,
                         revision,
                         name_hash: k.hash,
-                        owner: String::new(),
+                        owner: Default::default(),
                     };
                     let granted = self.grant(lock, &req.client_id, &renewal, sent)?;
                     return Ok(Some(Acquired::Granted(granted)));
