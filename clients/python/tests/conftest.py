@@ -11,7 +11,7 @@ from typing import Callable, Iterator
 
 import pytest
 
-from harness import Etcd, Router
+from harness import Etcd, Router, Tls
 
 logging.getLogger("lockrouter").setLevel(logging.DEBUG)
 
@@ -36,8 +36,8 @@ def start_etcd(tmp_path: Path, processes: list) -> Callable[[], Etcd]:
 
 @pytest.fixture
 def start_router(tmp_path: Path, processes: list) -> Callable[..., Router]:
-    def start(shards: list[Etcd], port: int | None = None, extra: str = "") -> Router:
-        r = Router(tmp_path, shards, port, extra)
+    def start(shards: list[Etcd], port: int | None = None, extra: str = "", tls: Tls | None = None) -> Router:
+        r = Router(tmp_path, shards, port, extra, tls)
         processes.append(r)
         return r
 
@@ -52,3 +52,9 @@ def etcd(start_etcd: Callable[[], Etcd]) -> Etcd:
 @pytest.fixture
 def router(etcd: Etcd, start_router: Callable[..., Router]) -> Router:
     return start_router([etcd])
+
+
+@pytest.fixture
+def tls(tmp_path: Path) -> Tls:
+    """A CA and a certificate for 127.0.0.1 it signed, made for the test."""
+    return Tls.make(tmp_path)

@@ -4,21 +4,26 @@
 dies (``PR_SET_PDEATHSIG``). Readiness is polled within a deadline; a
 server that does not come up fails the test with the tail of its log.
 Nothing here is a mock: etcd is ``/usr/bin/etcd`` (or
-``/usr/local/bin/etcd``), the router is the binary cargo built.
+``/usr/local/bin/etcd``), the router is the binary cargo built. A router
+may serve TLS (:class:`Tls`: a CA and a certificate made for the test).
 """
 
 from __future__ import annotations
 
 import ctypes
+import dataclasses
 import os
 import signal
 import socket
+import ssl
 import subprocess
 import time
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
+import trustme
 
 ETCD_CANDIDATES = ("/usr/bin/etcd", "/usr/local/bin/etcd")
 REPO = Path(__file__).resolve().parents[3]
@@ -105,11 +110,38 @@ class Process:
         self.kill()
 
 
-def _get(url: str) -> httpx.Response | None:
+def _get(url: str, verify: Any = True) -> httpx.Response | None:
     try:
-        return httpx.get(url, timeout=1.0, trust_env=False)
+        return httpx.get(url, timeout=1.0, trust_env=False, verify=verify)
     except httpx.HTTPError:
         return None
+
+
+@dataclasses.dataclass(frozen=True)
+class Tls:
+    """A CA made for one test, and the certificate it signed for the
+    router's address (127.0.0.1); PEM files in the test's temp dir."""
+
+    ca_file: Path
+    cert_file: Path
+    key_file: Path
+
+    @classmethod
+    def make(cls, workdir: Path) -> "Tls":
+        ca = trustme.CA()
+        leaf = ca.issue_cert("127.0.0.1")
+        d = workdir / "tls"
+        d.mkdir(parents=True, exist_ok=True)
+        tls = cls(d / "ca.pem", d / "cert.pem", d / "key.pem")
+        ca.cert_pem.write_to_path(str(tls.ca_file))
+        for i, pem in enumerate(leaf.cert_chain_pems):
+            pem.write_to_path(str(tls.cert_file), append=i > 0)
+        leaf.private_key_pem.write_to_path(str(tls.key_file))
+        return tls
+
+    def trusting(self) -> ssl.SSLContext:
+        """What a client passes as ``verify``: trust this CA only."""
+        return ssl.create_default_context(cafile=str(self.ca_file))
 
 
 class Etcd(Process):
@@ -148,15 +180,22 @@ class Etcd(Process):
 class Router(Process):
     """``lockrouter serve`` over the given etcd shards (named a, b, ...),
     with short etcd deadlines so failures show fast (as the Rust test kit's
-    config does)."""
+    config does); with ``tls``, serving https with its certificate."""
 
-    def __init__(self, workdir: Path, shards: list[Etcd], port: int | None = None, extra: str = "") -> None:
+    def __init__(
+        self, workdir: Path, shards: list[Etcd], port: int | None = None, extra: str = "", tls: Tls | None = None
+    ) -> None:
         self.port = port or free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
+        self.url = f"{'https' if tls else 'http'}://127.0.0.1:{self.port}"
+        #: What this harness's own requests to the router trust.
+        self.verify: Any = tls.trusting() if tls else True
         d = workdir / f"router-{self.port}"
         d.mkdir(parents=True, exist_ok=True)
+        server = f'[server]\nlisten = "127.0.0.1:{self.port}"\n'
+        if tls:
+            server += f'tls_cert_file = "{tls.cert_file}"\ntls_key_file = "{tls.key_file}"\n'
         toml = (
-            f'[server]\nlisten = "127.0.0.1:{self.port}"\n\n'
+            server + "\n"
             '[etcd]\nprefix = "/lockrouter"\nrequest_timeout_ms = 1000\n'
             "connect_timeout_ms = 500\nhealth_interval_ms = 200\n"
         ) + extra
@@ -173,7 +212,7 @@ class Router(Process):
         self.spawn()
 
         def ready() -> bool:
-            r = _get(f"{self.url}/readyz")
+            r = _get(f"{self.url}/readyz", self.verify)
             return r is not None and r.status_code == 200
 
         self.wait_until(ready, 30)
@@ -181,13 +220,14 @@ class Router(Process):
     def inspect(self, name: str) -> dict:
         from urllib.parse import quote
 
-        r = httpx.get(f"{self.url}/api/v1/locks/{quote(name, safe='')}", timeout=5, trust_env=False)
+        path = f"/api/v1/locks/{quote(name, safe='')}"
+        r = httpx.get(self.url + path, timeout=5, trust_env=False, verify=self.verify)
         r.raise_for_status()
         return r.json()
 
     def metric(self, name: str, labels: str) -> float:
         """Sum of one metric's series whose labels contain ``labels``."""
-        text = httpx.get(f"{self.url}/metrics", timeout=5, trust_env=False).text
+        text = httpx.get(f"{self.url}/metrics", timeout=5, trust_env=False, verify=self.verify).text
         total = 0.0
         for line in text.splitlines():
             if line.startswith(name) and labels in line:

@@ -6,10 +6,11 @@ the router is back, a name acquired again only once its unanswered release
 is answered, a shard outage that loses only that shard's locks,
 re-entrant holds of one grant and threads of one client excluding each
 other, waits longer than the router's cap, a waiting acquire cancelled
-from another thread (at the router and in its client's turn), metadata,
-inspect, extend and the on-lost callback, calls on a closed client raising
-``ClientClosed``, a ``with`` block's exception surviving its exit, and a
-client never closed winding down once it and its locks are gone.
+from another thread (at the router and in its client's turn, and over
+TLS), metadata, inspect, extend and the on-lost callback, calls on a
+closed client raising ``ClientClosed``, a ``with`` block's exception
+surviving its exit, and a client never closed winding down once it and
+its locks are gone.
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ import httpx
 import pytest
 
 import lockrouter
-from harness import Etcd, Router
+from harness import Etcd, Router, Tls
 from lockrouter import LostReason
 
 
@@ -444,6 +445,58 @@ def test_a_waiting_acquire_cancelled_from_another_thread_ends_at_once_and_leaves
         mine.release()
         again = holder.acquire("py:cancel", ttl=10, wait=5)
         again.release()
+
+
+def test_over_tls_a_cancelled_waiting_acquire_ends_at_once_and_the_router_drops_its_waiter(
+    etcd: Etcd, start_router: Callable[..., Router], tls: Tls
+) -> None:
+    # The cut shuts down the request's TLS connection under the thread
+    # reading it: the read must fail at once, and the router must see the
+    # connection go and drop the waiter.
+    router = start_router([etcd], tls=tls)
+    assert router.url.startswith("https://")
+    https = {"verify": tls.trusting()}
+    with (
+        lockrouter.Client(router.url, **https) as holder,
+        lockrouter.Client(router.url, **https) as waiter,
+        lockrouter.Client(router.url, **https) as other,
+    ):
+        held = holder.acquire("py:tls-cancel", ttl=10)
+        cancel = threading.Event()
+        outcome: list[object] = []
+
+        def wait() -> None:
+            try:
+                outcome.append(waiter.acquire("py:tls-cancel", ttl=10, wait=30, cancel=cancel))
+            except BaseException as e:  # judged below
+                outcome.append(e)
+
+        t = threading.Thread(target=wait, daemon=True)
+        t.start()
+        deadline = time.monotonic() + 5
+        while router.inspect("py:tls-cancel").get("waiters") != 1:
+            assert time.monotonic() < deadline, "the acquire never queued at the router"
+            time.sleep(0.05)
+        start = time.monotonic()
+        cancel.set()
+        t.join(5)
+        took = time.monotonic() - start
+        assert not t.is_alive(), "still waiting after its cancel"
+        assert len(outcome) == 1 and isinstance(outcome[0], lockrouter.Cancelled), outcome
+        assert outcome[0].name == "py:tls-cancel"
+        assert took < 1.0, f"a cancelled wait took {took:.2f} s to end"
+
+        deadline = time.monotonic() + 2
+        while "waiters" in (seen := router.inspect("py:tls-cancel")):
+            assert time.monotonic() < deadline, f"the cancelled wait left its queue entry: {seen}"
+            time.sleep(0.05)
+        assert router.metric("lockrouter_waiters", 'shard="a"') == 0
+        # Nobody queued: once released, the name goes to an acquire that
+        # does not wait.
+        held.release()
+        mine = other.try_acquire("py:tls-cancel", ttl=10)
+        assert mine is not None and mine.fencing_token > held.fencing_token
+        mine.release()
 
 
 def test_metadata_inspect_extend_and_the_on_lost_callback(router: Router) -> None:
