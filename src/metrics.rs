@@ -93,6 +93,11 @@ fn describe() {
         "etcd RPCs by shard, RPC and outcome"
     );
     describe_histogram!(
+        SHARD_REQUEST_SECONDS,
+        Unit::Seconds,
+        "acquire and renewal latency by shard, from the request's arrival to its answer"
+    );
+    describe_histogram!(
         "lockrouter_etcd_request_duration_seconds",
         Unit::Seconds,
         "etcd RPC latency by shard and RPC"
@@ -410,6 +415,42 @@ pub fn request(op: &'static str, outcome: &'static str, elapsed: Duration) {
         .record(elapsed.as_secs_f64());
 }
 
+const SHARD_REQUEST_SECONDS: &str = "lockrouter_shard_request_duration_seconds";
+
+/// The lock requests whose latency is kept per shard, in
+/// `lockrouter_shard_request_duration_seconds`.
+#[derive(Clone, Copy, Debug)]
+pub enum ShardOp {
+    Acquire,
+    /// A renew, or a renew-batch's part on one shard.
+    Renew,
+}
+
+/// A lock request's latency on one shard, from the instant it was given
+/// (the request's arrival) until this value is dropped: however the
+/// request ends (an answer, an error, dropped at its deadline), it is
+/// recorded once, unless [`Latency::discard`]ed.
+pub struct Latency {
+    /// `None` once discarded.
+    histogram: Option<Histogram>,
+    since: std::time::Instant,
+}
+
+impl Latency {
+    /// Not recorded: the request is not one the series counts.
+    pub fn discard(mut self) {
+        self.histogram = None;
+    }
+}
+
+impl Drop for Latency {
+    fn drop(&mut self) {
+        if let Some(h) = self.histogram.take() {
+            h.record(self.since.elapsed());
+        }
+    }
+}
+
 /// The series of one shard that are counted on every request, renewal or
 /// etcd call, by handle (see [`Handles`]). Each shard's connection owns one.
 #[derive(Default)]
@@ -421,6 +462,9 @@ pub struct ShardMetrics {
     renewal_checks: Handles<&'static str, Counter>,
     hedges: Handles<&'static str, Counter>,
     lease_renewals: OnceLock<Counter>,
+    /// `lockrouter_shard_request_duration_seconds`, by [`ShardOp`].
+    acquire_seconds: OnceLock<Histogram>,
+    renew_seconds: OnceLock<Histogram>,
 }
 
 impl ShardMetrics {
@@ -473,6 +517,25 @@ impl ShardMetrics {
                 counter!("lockrouter_acquires_total", "shard" => shard.clone(), "outcome" => outcome)
             })
             .increment(1);
+    }
+
+    /// A lock request on this shard that arrived at `since`: its latency is
+    /// recorded when the value returned is dropped.
+    pub fn latency(&self, op: ShardOp, since: std::time::Instant) -> Latency {
+        let (cell, label) = match op {
+            ShardOp::Acquire => (&self.acquire_seconds, "acquire"),
+            ShardOp::Renew => (&self.renew_seconds, "renew"),
+        };
+        let shard = &self.shard;
+        let histogram = cell
+            .get_or_init(
+                || histogram!(SHARD_REQUEST_SECONDS, "shard" => shard.clone(), "op" => label),
+            )
+            .clone();
+        Latency {
+            histogram: Some(histogram),
+            since,
+        }
     }
 
     /// Renewal checks answered by the cache (`cache`) or by a read (`read`).

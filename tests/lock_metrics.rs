@@ -4,7 +4,10 @@
 //! however the wait ends (granted, `waitMs` run out, its client gone);
 //! `lockrouter_wait_seconds` counts each wait by outcome, with its length;
 //! `lockrouter_hold_seconds` counts a holder's release with how long it
-//! held, and neither a repeated release nor a force-release.
+//! held, and neither a repeated release nor a force-release;
+//! `lockrouter_shard_request_duration_seconds` counts each acquire and
+//! renew once on its shard (a waiting acquire with its wait) and a
+//! renew-batch once on each shard it has locks on, and no invalid request.
 
 use std::time::{Duration, Instant};
 
@@ -133,4 +136,62 @@ async fn waits_and_holds_are_counted_however_they_end() {
     let third = api.must_acquire("m", 10_000, "holder").await;
     assert_eq!(api.release(&third).await.status, 204);
     assert_eq!(holds(&api.metrics().await).0, 2.0);
+}
+
+/// `_count` and `_sum` of `lockrouter_shard_request_duration_seconds` for
+/// `op` on `shard`.
+fn shard_latency(text: &str, shard: &str, op: &str) -> (f64, f64) {
+    let labels = [("shard", shard), ("op", op)];
+    histogram(text, "lockrouter_shard_request_duration_seconds", &labels)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn acquires_and_renewals_are_timed_once_on_each_shard_they_touch() {
+    let (a, b) = (EtcdCluster::single(), EtcdCluster::single());
+    let router = RouterProcess::start(&[&a, &b], free_port()).await;
+    let api = &router.api;
+    // Two names on shard a, one on b.
+    let (mut on_a, mut on_b) = (Vec::new(), Vec::new());
+    for i in 0.. {
+        let name = format!("timed-{i}");
+        let shard = api.inspect(&name).await.body["shard"].clone();
+        match shard.as_str() {
+            Some("a") if on_a.len() < 2 => on_a.push(name),
+            Some("b") if on_b.is_empty() => on_b.push(name),
+            _ => {}
+        }
+        if on_a.len() == 2 && on_b.len() == 1 {
+            break;
+        }
+    }
+    let a1 = api.must_acquire(&on_a[0], 10_000, "timed").await;
+    let a2 = api.must_acquire(&on_a[1], 10_000, "timed").await;
+    let b1 = api.must_acquire(&on_b[0], 10_000, "timed").await;
+    // Invalid: not counted.
+    assert_eq!(api.acquire(&on_a[0], 1, "timed").await.status, 400);
+    let text = api.metrics().await;
+    assert_eq!(shard_latency(&text, "a", "acquire").0, 2.0, "{text}");
+    assert_eq!(shard_latency(&text, "b", "acquire").0, 1.0, "{text}");
+
+    assert_eq!(api.renew(&a1).await.status, 200);
+    let locks: Vec<Value> = [&a1, &a2, &b1]
+        .iter()
+        .map(|(id, token)| json!({"lockId": id, "fencingToken": token}))
+        .collect();
+    let r = api
+        .post("/api/v1/locks/renew-batch", json!({ "locks": locks }))
+        .await;
+    assert_eq!(r.status, 200, "{r:?}");
+    let text = api.metrics().await;
+    // The renew, then the batch once on a (two locks) and once on b.
+    assert_eq!(shard_latency(&text, "a", "renew").0, 2.0, "{text}");
+    assert_eq!(shard_latency(&text, "b", "renew").0, 1.0, "{text}");
+
+    // A waiting acquire counts with its wait.
+    let before = shard_latency(&text, "b", "acquire");
+    let r = api.post(ACQUIRE, waiting(&on_b[0], "other", 300)).await;
+    assert_eq!(r.body["acquired"], false, "{r:?}");
+    let after = shard_latency(&api.metrics().await, "b", "acquire");
+    assert_eq!(after.0, before.0 + 1.0);
+    assert!(after.1 - before.1 >= 0.3, "{before:?} then {after:?}");
 }

@@ -3,6 +3,7 @@
 //! results into typed answers.
 
 use std::borrow::Cow;
+use std::time::Instant;
 
 use bytes::Bytes;
 use http::{Response, StatusCode};
@@ -77,7 +78,14 @@ pub struct RenewBatchBody<'a> {
     locks: Vec<BatchRef<'a>>,
 }
 
-pub async fn acquire(locks: &Locks, body: AcquireBody, caller: Caller<'_>) -> Answer {
+/// The lock routes' handlers take `received`, when the request arrived: the
+/// locks layer counts each shard's latency from then.
+pub async fn acquire(
+    locks: &Locks,
+    body: AcquireBody,
+    caller: Caller<'_>,
+    received: Instant,
+) -> Answer {
     let req = AcquireRequest {
         name: body.name,
         ttl_ms: body.ttl_ms,
@@ -85,6 +93,7 @@ pub async fn acquire(locks: &Locks, body: AcquireBody, caller: Caller<'_>) -> An
         wait_ms: body.wait_ms,
         owner: None,
         metadata: body.metadata,
+        received,
     };
     Ok(match locks.acquire(req, caller).await? {
         Acquired::Granted(g) => {
@@ -106,9 +115,20 @@ pub async fn acquire(locks: &Locks, body: AcquireBody, caller: Caller<'_>) -> An
     })
 }
 
-pub async fn renew(locks: &Locks, body: RenewBody, caller: Caller<'_>) -> Answer {
+pub async fn renew(
+    locks: &Locks,
+    body: RenewBody,
+    caller: Caller<'_>,
+    received: Instant,
+) -> Answer {
     let outcome = locks
-        .renew(&body.lock_id, body.fencing_token, body.ttl_ms, caller)
+        .renew(
+            &body.lock_id,
+            body.fencing_token,
+            body.ttl_ms,
+            caller,
+            received,
+        )
         .await?;
     let (answer, label) = renew_answer(&outcome, &mut TimesAt::now());
     let status = match answer {
@@ -118,11 +138,16 @@ pub async fn renew(locks: &Locks, body: RenewBody, caller: Caller<'_>) -> Answer
     Ok((json(status, &answer), label))
 }
 
-pub async fn renew_batch(locks: &Locks, body: RenewBatchBody<'_>, caller: Caller<'_>) -> Answer {
+pub async fn renew_batch(
+    locks: &Locks,
+    body: RenewBatchBody<'_>,
+    caller: Caller<'_>,
+    received: Instant,
+) -> Answer {
     let items: Vec<(&str, u64)> = (body.locks.iter())
         .map(|l| (l.lock_id.as_ref(), l.fencing_token))
         .collect();
-    let outcomes = locks.renew_batch(&items, caller).await?;
+    let outcomes = locks.renew_batch(&items, caller, received).await?;
     let lock_ids: Vec<&str> = items.iter().map(|&(id, _)| id).collect();
     Ok((renew_batch_answer(&lock_ids, &outcomes), "ok"))
 }

@@ -151,7 +151,7 @@ async fn handle(
     );
     let result = match route {
         Some(route) => {
-            dispatch(&state, route, peer, &who, req, &mut facts)
+            dispatch(&state, route, peer, &who, req, &mut facts, started)
                 .instrument(span.clone())
                 .await
         }
@@ -197,7 +197,7 @@ async fn handle(
 /// guard for admin routes, a principal for the lock API when principals
 /// are configured), parses its body, and applies the request's deadline.
 /// What the access log says of the request beyond its answer goes in
-/// `facts`.
+/// `facts`; `received`: when the request arrived.
 async fn dispatch(
     state: &AppState,
     route: Route,
@@ -205,6 +205,7 @@ async fn dispatch(
     who: &PeerIdentity,
     req: Request<Incoming>,
     facts: &mut access::Facts,
+    received: Instant,
 ) -> api::Answer {
     let allow = if route.method() == Method::POST {
         "POST"
@@ -269,7 +270,7 @@ async fn dispatch(
             };
             within(
                 deadline,
-                api::acquire(locks, body, caller::as_caller(&principal)),
+                api::acquire(locks, body, caller::as_caller(&principal), received),
             )
             .await
         }
@@ -277,7 +278,7 @@ async fn dispatch(
             let body = body::parse(req, max, t.body_read).await?;
             within(
                 t.request,
-                api::renew(locks, body, caller::as_caller(&principal)),
+                api::renew(locks, body, caller::as_caller(&principal), received),
             )
             .await
         }
@@ -286,7 +287,7 @@ async fn dispatch(
             let bytes = body::read_json(req, max, t.body_read).await?;
             let body = body::from_json(&bytes)?;
             let caller = caller::as_caller(&principal);
-            within(t.request, api::renew_batch(locks, body, caller)).await
+            within(t.request, api::renew_batch(locks, body, caller, received)).await
         }
         Route::Release => {
             let body = body::parse(req, max, t.body_read).await?;

@@ -35,6 +35,7 @@ use arc_swap::ArcSwap;
 use etcd_client::KeyValue;
 
 use crate::config::{Limits, LockDelay};
+use crate::metrics::ShardOp;
 use crate::placement::topology::{NotServing, Router};
 use crate::shard::cache::Held;
 use crate::shard::conn::EtcdError;
@@ -145,6 +146,8 @@ pub struct AcquireRequest {
     pub owner: Option<Owner>,
     /// A small JSON object or string to record with the lock.
     pub metadata: Option<serde_json::Value>,
+    /// When the request arrived: its latency on its shard counts from then.
+    pub received: Instant,
 }
 
 /// On whose behalf a lock operation runs.
@@ -422,6 +425,7 @@ impl Locks {
             None => Ok(()),
         };
         let shard = active.router.shard_for(&req.name).clone();
+        let latency = shard.conn.metrics().latency(ShardOp::Acquire, req.received);
         let slot = match limited {
             Ok(()) => self.shard_slot(&active, &shard),
             Err(e) => Err(e),
@@ -439,7 +443,10 @@ impl Locks {
             Err(LockError::Overloaded { .. }) => "overloaded",
             Err(LockError::Internal(_)) => "error",
             // No shard to speak of.
-            Err(LockError::InvalidArgument(_) | LockError::PermissionDenied(_)) => return result,
+            Err(LockError::InvalidArgument(_) | LockError::PermissionDenied(_)) => {
+                latency.discard();
+                return result;
+            }
         };
         shard.conn.metrics().acquire(outcome);
         result
@@ -476,22 +483,29 @@ impl Locks {
             })
     }
 
+    /// Renews one lock; `received`: when the request arrived (its latency
+    /// on the lock's shard counts from then).
     pub async fn renew(
         &self,
         lock_id: &str,
         token: u64,
         ttl_ms: Option<u64>,
         caller: Caller<'_>,
+        received: Instant,
     ) -> Result<RenewOutcome, LockError> {
-        self.active().renew(lock_id, token, ttl_ms, caller).await
+        self.active()
+            .renew(lock_id, token, ttl_ms, caller, received)
+            .await
     }
 
+    /// Renews every lock in `locks`; `received` as for [`Locks::renew`].
     pub async fn renew_batch(
         &self,
         locks: &[(&str, u64)],
         caller: Caller<'_>,
+        received: Instant,
     ) -> Result<Vec<RenewOutcome>, LockError> {
-        self.active().renew_batch(locks, caller).await
+        self.active().renew_batch(locks, caller, received).await
     }
 
     pub async fn release(

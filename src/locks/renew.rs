@@ -10,6 +10,7 @@ use std::time::Instant;
 use futures::future::join_all;
 
 use super::*;
+use crate::metrics::{Latency, ShardOp};
 use crate::shard::cache::{Entry, Vouched};
 use crate::shard::conn::EtcdError;
 use crate::shard::keepalive::Renewal;
@@ -23,6 +24,7 @@ impl Active {
         token: u64,
         ttl_ms: Option<u64>,
         caller: Caller<'_>,
+        received: Instant,
     ) -> Result<RenewOutcome, LockError> {
         let id = self.open(lock_id, token, caller)?;
         if let Some(ttl_ms) = ttl_ms {
@@ -36,6 +38,7 @@ impl Active {
         }
         // A shard no longer in any ring was drained: the lock is gone.
         let shard = self.shard_of(&id)?;
+        let _latency = shard.conn.metrics().latency(ShardOp::Renew, received);
         check_up(&shard)?;
         // A renew that names its TTL asks for the lease renewed now (an
         // SDK's `extend`): a keepalive unless one was confirmed within the
@@ -47,10 +50,12 @@ impl Active {
 
     /// Renews every lock in `locks`; malformed entries fail the whole call
     /// (a client only sends lockIds it was given), shard outages only theirs.
+    /// The batch's latency counts once on each shard its locks are on.
     pub async fn renew_batch(
         &self,
         locks: &[(&str, u64)],
         caller: Caller<'_>,
+        received: Instant,
     ) -> Result<Vec<RenewOutcome>, LockError> {
         if locks.is_empty() || locks.len() > self.limits.max_batch {
             return Err(invalid(format!(
@@ -75,29 +80,34 @@ impl Active {
         for (key, n) in seals {
             crate::metrics::lock_ids_opened(key, n);
         }
-        // One check and one keepalive per lease for each shard's locks.
-        let mut by_shard: HashMap<&str, (Option<Arc<Shard>>, Vec<usize>)> = HashMap::new();
+        // One check and one keepalive per lease for each shard's locks. Each
+        // known shard's latency is recorded as `by_shard` drops, when the
+        // batch ends (also a shard that is down: its locks waited as long).
+        let mut by_shard: HashMap<&str, ShardGroup> = HashMap::new();
         for (i, id) in ids.iter().enumerate() {
-            let entry = by_shard
-                .entry(id.shard.as_str())
-                .or_insert_with(|| (self.shard_of(id).ok(), Vec::new()));
+            let entry = by_shard.entry(id.shard.as_str()).or_insert_with(|| {
+                let shard = self.shard_of(id).ok();
+                let latency =
+                    (shard.as_ref()).map(|s| s.conn.metrics().latency(ShardOp::Renew, received));
+                (shard, Vec::new(), latency)
+            });
             entry.1.push(i);
         }
         let mut results = vec![RenewOutcome::Unavailable; ids.len()];
-        let groups = join_all(by_shard.into_values().map(|(shard, at)| {
+        let groups = join_all(by_shard.values().map(|(shard, at, _)| {
             let ids = &ids;
             async move {
-                let Some(shard) = shard.filter(|s| s.conn.is_up()) else {
+                let Some(shard) = shard.as_ref().filter(|s| s.conn.is_up()) else {
                     return (at, None);
                 };
                 let group: Vec<&LockId> = at.iter().map(|&i| &ids[i]).collect();
-                (at, Some(self.renew_on(&shard, &group, false).await))
+                (at, Some(self.renew_on(shard, &group, false).await))
             }
         }))
         .await;
         for (at, outcomes) in groups {
             let Some(outcomes) = outcomes else { continue };
-            for (i, outcome) in at.into_iter().zip(outcomes) {
+            for (&i, outcome) in at.iter().zip(outcomes) {
                 results[i] = match outcome {
                     Ok(o) => o,
                     Err(EtcdError::Unavailable { .. }) => RenewOutcome::Unavailable,
@@ -177,6 +187,11 @@ impl Active {
         outcomes
     }
 }
+
+/// A renew-batch's locks on one shard: the shard (`None` if this router
+/// does not know it), their places in the batch, and the batch's latency
+/// on it.
+type ShardGroup = (Option<Arc<Shard>>, Vec<usize>, Option<Latency>);
 
 /// The (create revision, lease) of each lock's key, or `None` if it is
 /// gone, as of a moment after this call began.
