@@ -1,8 +1,9 @@
 //! Docs that must agree with the code, read from the code's own sources of
 //! truth: `config/example.toml` shows every key the config accepts (and
-//! no other), and `docs/metrics.md` lists every `op` label of
-//! `lockrouter_requests_total` (and no other). Adding a key or a route
-//! without documenting it fails here.
+//! no other), `docs/metrics.md` has a row for every series the router
+//! names (`src/metrics.rs`, where every `lockrouter_*` name is written) and
+//! lists every `op` label of `lockrouter_requests_total` (and no other).
+//! Adding a key, a series or a route without documenting it fails here.
 
 use std::collections::BTreeSet;
 use std::path::Path;
@@ -125,5 +126,28 @@ fn metrics_md_lists_every_op_label() {
     assert!(
         missing.is_empty() && unknown.is_empty(),
         "docs/metrics.md's op list lacks {missing:?} and names labels no route has: {unknown:?}"
+    );
+}
+
+#[test]
+fn metrics_md_has_a_row_for_every_series() {
+    let doc = read("docs/metrics.md");
+    let code = read("src/metrics.rs");
+    // The unit tests record series of their own.
+    let code = code.split("#[cfg(test)]").next().unwrap();
+    let named: BTreeSet<&str> = code
+        .split('"')
+        .skip(1)
+        .step_by(2)
+        .filter(|s| s.starts_with("lockrouter_"))
+        .collect();
+    assert!(named.len() > 30, "{named:?}");
+    let missing: Vec<&&str> = named
+        .iter()
+        .filter(|n| !doc.contains(&format!("\n| `{n}` |")))
+        .collect();
+    assert!(
+        missing.is_empty(),
+        "docs/metrics.md has no row for {missing:?}"
     );
 }
