@@ -4,9 +4,10 @@
 //! its own where the figures shown must be only its test's: the metrics
 //! recorder is process-wide). The page must show the replica, the live
 //! shard states (and follow a shard's loss by itself) with each shard's
-//! held locks, sessions, waiters and rates, the ring, request rates
-//! without its own polling, a paged and searchable list of held locks, and
-//! a held lock's holder and token; with an admin token configured it must
+//! held locks, sessions, waiters, rates and acquire and renew p99 (a dash
+//! where there were none), the ring, request rates without its own
+//! polling, a paged and searchable list of held locks, and a held lock's
+//! holder and token; with an admin token configured it must
 //! say that it needs one, and force-release with it once given, naming
 //! tokens past 2^53 to the digit.
 //!
@@ -343,15 +344,29 @@ async fn acquire_soon(
     }
 }
 
-/// A bounded stream of renewals of `lock`, so the page has a rate to show.
-fn renew_in_background(api: &lockrouter_testkit::api::Api, lock: (String, u64)) -> Renewer {
-    let api = api.clone();
+/// A bounded stream of renewals of `lock`, and of acquires of its `name`
+/// again by its `holder` (answered with the holder's own grant), so the
+/// page has rates and latencies to show.
+fn renew_in_background(
+    api: &lockrouter_testkit::api::Api,
+    lock: (String, u64),
+    name: &str,
+    holder: &str,
+) -> Renewer {
+    let (api, name, holder) = (api.clone(), name.to_string(), holder.to_string());
     Renewer(tokio::spawn(async move {
         for _ in 0..600 {
             let _ = api.renew(&lock).await;
+            let _ = api.acquire(&name, 60_000, &holder).await;
             sleep_ms(100).await;
         }
     }))
+}
+
+/// A duration as the page shows one: "12 ms", "0.4 ms", "1.20 s".
+fn a_duration(text: &str) -> bool {
+    let number = text.strip_suffix(" ms").or_else(|| text.strip_suffix(" s"));
+    number.is_some_and(|n| n.parse::<f64>().is_ok_and(|v| v >= 0.0))
 }
 
 /// Stops its renewals when dropped.
@@ -411,7 +426,7 @@ async fn the_page_shows_live_shards_their_load_the_ring_rates_and_held_locks() {
         .as_str()
         .unwrap()
         .to_string();
-    let _renewer = renew_in_background(api, lock.clone());
+    let _renewer = renew_in_background(api, lock.clone(), name, "worker-17");
     let waiting = json!({"name": name, "ttlMs": 10_000, "clientId": "impatient", "waitMs": 50_000});
     let waiter = api
         .http
@@ -498,6 +513,19 @@ async fn the_page_shows_live_shards_their_load_the_ring_rates_and_held_locks() {
             t.ends_with(" ms")
         })
         .await;
+    // Its acquires and renewals as the client saw them; the other shard
+    // had none between the page's last two samples.
+    for col in ["acquire-p99", "renew-p99"] {
+        let what = format!("the shard's {col}");
+        browser
+            .wait_text(&what, &cell(&busy, col), a_duration)
+            .await;
+    }
+    let idle = held.keys().find(|s| **s != busy).expect("two shards");
+    for col in ["acquire-p99", "renew-p99"] {
+        let shown = browser.text(&cell(idle, col)).await;
+        assert_eq!(shown.as_deref(), Some("–"), "{idle}'s {col}");
+    }
     assert_eq!(
         browser.text(&cell(&busy, "errors")).await.as_deref(),
         Some("none")

@@ -103,6 +103,8 @@
         num("held", l.held), num("sessions", l.sessions), num("waiters", l.waiters),
         num("acquires", l.acquires == null ? null : fmtRate(l.acquires)),
         num("renewals", l.renewals == null ? null : fmtRate(l.renewals)),
+        num("acquire-p99", l.acquireP99 == null ? null : fmtSecs(l.acquireP99)),
+        num("renew-p99", l.renewP99 == null ? null : fmtSecs(l.renewP99)),
         num("p99", l.p99 == null ? null : fmtSecs(l.p99)),
         errTd);
       row.dataset.shard = s.name;
@@ -262,6 +264,11 @@
     for (const [name, r] of rates(now, before, "lockrouter_renewal_checks_total", "shard")) shard(name).renewals = r;
     const txn = (l) => l.rpc === "Txn";
     for (const [name, p] of p99s(now, before, "lockrouter_etcd_request_duration_seconds", "shard", txn)) shard(name).p99 = p;
+    // Acquires and renewals as callers see them (the page makes neither).
+    for (const [key, op] of [["acquireP99", "acquire"], ["renewP99", "renew"]]) {
+      const of = (l) => l.op === op;
+      for (const [name, p] of p99s(now, before, "lockrouter_shard_request_duration_seconds", "shard", of)) shard(name)[key] = p;
+    }
     for (const l of byShard.values()) l.errors = [];
     for (const [what, series, label] of [["acquire", "lockrouter_acquires_total", "outcome"], ["etcd", "lockrouter_etcd_requests_total", "outcome"]]) {
       for (const s of now.series) {
