@@ -4,14 +4,12 @@
 
 use std::time::{Duration, Instant};
 
-use etcd_client::KeyValue;
-
 use super::validate::check_text;
 use super::*;
 use crate::config::LockDelay;
 use crate::shard::conn::EtcdError;
 use crate::shard::keepalive::Renewal;
-use crate::shard::keys::{name_hash, LockValue};
+use crate::shard::keys::{name_hash, LockValue, Stored};
 use crate::shard::sessions::SessionLease;
 use crate::shard::{AcquireTxn, Grantable, NameKeys, Shard};
 use crate::token::lock_id::LockId;
@@ -227,7 +225,7 @@ impl Active {
         &self,
         shard: &Shard,
         k: &NameKeys,
-        held: &KeyValue,
+        held: &Stored,
         identity: &[u8],
     ) -> Result<Option<Expiry>, LockError> {
         if let LockDelay::Off = self.lock_delay {
@@ -318,7 +316,7 @@ impl Active {
         &self,
         shard: &Shard,
         client_id: &str,
-        holder: KeyValue,
+        holder: Stored,
         k: &NameKeys,
         own: Option<Result<Renewal, EtcdError>>,
         sent: Instant,

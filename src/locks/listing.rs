@@ -8,11 +8,10 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use base64::engine::general_purpose::URL_SAFE_NO_PAD;
 use base64::Engine;
-use etcd_client::KeyValue;
 use futures::{StreamExt, TryStreamExt};
 
 use super::*;
-use crate::shard::keys::LockValue;
+use crate::shard::keys::{LockValue, Stored};
 use crate::token::fencing;
 
 /// Most lock keys one page reads, however few match its prefix: a page of
@@ -265,7 +264,7 @@ impl Active {
 }
 
 /// A lock key read with its value; `None` for a value it cannot read.
-fn listed(shard: &Shard, kv: &KeyValue) -> Option<Listed> {
+fn listed(shard: &Shard, kv: &Stored) -> Option<Listed> {
     let value: LockValue = serde_json::from_slice(kv.value()).ok()?;
     Some(Listed {
         fencing_token: fencing::token(value.epoch, kv.create_revision())?,

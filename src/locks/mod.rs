@@ -32,7 +32,6 @@ use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime};
 
 use arc_swap::ArcSwap;
-use etcd_client::KeyValue;
 
 use crate::config::{Limits, LockDelay};
 use crate::metrics::ShardOp;
@@ -40,7 +39,7 @@ use crate::placement::topology::{NotServing, Router};
 use crate::shard::cache::Held;
 use crate::shard::conn::EtcdError;
 use crate::shard::keepalive::Renewal;
-use crate::shard::keys::{LockValue, Recorded};
+use crate::shard::keys::{LockValue, Recorded, Stored};
 use crate::shard::sessions::SessionLease;
 use crate::shard::{Grantable, Shard};
 use crate::token::lease_tag::LeaseTag;
@@ -580,7 +579,7 @@ impl Active {
 }
 
 /// When the lease of `kv` ends, as far as the router knows now.
-pub(crate) async fn lease_end(shard: &Shard, kv: &KeyValue) -> Result<Expiry, EtcdError> {
+pub(crate) async fn lease_end(shard: &Shard, kv: &Stored) -> Result<Expiry, EtcdError> {
     let sent = Instant::now();
     let left = shard.time_to_live(kv.lease()).await?;
     Ok(Expiry(sent + Duration::from_secs(left as u64)))

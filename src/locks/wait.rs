@@ -27,7 +27,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use etcd_client::{EventType, KeyValue, PutOptions, Txn, TxnOp, TxnOpResponse};
+use etcd_client::{EventType, PutOptions, Txn, TxnOp, TxnOpResponse};
 
 use crate::config::LockDelay;
 use crate::locks::{
@@ -36,7 +36,7 @@ use crate::locks::{
 };
 use crate::shard::conn::EtcdError;
 use crate::shard::keepalive::Renewal;
-use crate::shard::keys::{name_hash, LockValue};
+use crate::shard::keys::{name_hash, LockValue, Stored};
 use crate::shard::sessions::SessionLease;
 use crate::shard::{AcquireTxn, NameKeys, QueueHead, Shard};
 use crate::token::lock_id::LockId;
@@ -360,7 +360,7 @@ impl Active {
 }
 
 /// Whether the lock key `kv` is held by `client_id`.
-fn holds(kv: &KeyValue, client_id: &str) -> bool {
+fn holds(kv: &Stored, client_id: &str) -> bool {
     serde_json::from_slice::<LockValue>(kv.value()).is_ok_and(|v| v.client == client_id)
 }
 

@@ -141,6 +141,61 @@ impl Keys {
     }
 }
 
+/// One key as the shard read it: the parts of etcd's `KeyValue` that
+/// lockrouter reads (a lock key, a held record, a lock-delay, a waiter's
+/// entry), so that nothing above the shard names etcd's types. Made only
+/// here, from what etcd answered.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Stored {
+    pub(super) key: Vec<u8>,
+    pub(super) value: Vec<u8>,
+    /// The revision that created the key: a lock's grant (the fencing
+    /// token's low bits), a waiter's place in its queue.
+    pub(super) create_revision: i64,
+    /// The revision of its last write: what a txn compares to replace or
+    /// move exactly the record it read.
+    pub(super) mod_revision: i64,
+    /// The lease it rides on (0: none).
+    pub(super) lease: i64,
+}
+
+impl Stored {
+    pub fn key(&self) -> &[u8] {
+        &self.key
+    }
+
+    pub fn value(&self) -> &[u8] {
+        &self.value
+    }
+
+    pub fn create_revision(&self) -> i64 {
+        self.create_revision
+    }
+
+    pub fn mod_revision(&self) -> i64 {
+        self.mod_revision
+    }
+
+    pub fn lease(&self) -> i64 {
+        self.lease
+    }
+}
+
+impl From<etcd_client::KeyValue> for Stored {
+    fn from(kv: etcd_client::KeyValue) -> Self {
+        let (create_revision, mod_revision, lease) =
+            (kv.create_revision(), kv.mod_revision(), kv.lease());
+        let (key, value) = kv.into_key_value();
+        Self {
+            key,
+            value,
+            create_revision,
+            mod_revision,
+            lease,
+        }
+    }
+}
+
 /// Value of a lock key: who holds it and in which ring epoch it was granted.
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
 pub struct LockValue {
@@ -289,6 +344,30 @@ impl Recorded {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_stored_key_keeps_what_etcd_answered() {
+        let pb = etcd_client::proto::PbKeyValue {
+            key: b"/lockrouter/locks/ab".to_vec(),
+            value: b"{}".to_vec(),
+            create_revision: 7,
+            mod_revision: 9,
+            version: 2,
+            lease: 42,
+        };
+        let kv = <&etcd_client::KeyValue>::from(&pb).clone();
+        let stored = Stored::from(kv);
+        assert_eq!(stored.key(), b"/lockrouter/locks/ab");
+        assert_eq!(stored.value(), b"{}");
+        assert_eq!(
+            (
+                stored.create_revision(),
+                stored.mod_revision(),
+                stored.lease()
+            ),
+            (7, 9, 42)
+        );
+    }
 
     /// The keys are on every shard's disk: building them differently must
     /// not change a byte.

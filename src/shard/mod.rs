@@ -22,7 +22,7 @@
 
 use std::sync::RwLock;
 
-use etcd_client::{KeyValue, LeaseTimeToLiveOptions, Txn, TxnResponse};
+use etcd_client::{LeaseTimeToLiveOptions, Txn, TxnResponse};
 use tokio_util::sync::CancellationToken;
 
 pub mod access;
@@ -44,7 +44,7 @@ use cache::LockCache;
 use commit::Committer;
 use conn::{EtcdConn, EtcdError};
 use keepalive::Keepalive;
-use keys::{Identity, Keys, NameHash, Recorded, Reservation};
+use keys::{Identity, Keys, NameHash, Recorded, Reservation, Stored};
 pub use name::{AcquireTxn, Grantable, NameKeys, QueueHead, ReleaseTxn};
 use sessions::Sessions;
 use verify::{IdentityCell, Verifier};
@@ -218,10 +218,10 @@ impl Shard {
     }
 
     /// Linearizable read of one key.
-    pub async fn get(&self, key: &[u8]) -> Result<Option<KeyValue>, EtcdError> {
+    pub async fn get(&self, key: &[u8]) -> Result<Option<Stored>, EtcdError> {
         let mut kv = self.conn.client().kv_client();
         let mut resp = self.conn.call("Range", kv.get(key, None)).await?;
-        Ok(resp.take_kvs().into_iter().next())
+        Ok(resp.take_kvs().into_iter().next().map(Stored::from))
     }
 
     /// Grants a lease; returns its id and the TTL etcd granted (which may

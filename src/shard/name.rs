@@ -6,10 +6,10 @@
 use std::time::{Duration, SystemTime};
 
 use etcd_client::{
-    Compare, CompareOp, DeleteOptions, KeyValue, PutOptions, Txn, TxnOp, TxnOpResponse, TxnResponse,
+    Compare, CompareOp, DeleteOptions, PutOptions, Txn, TxnOp, TxnOpResponse, TxnResponse,
 };
 
-use super::keys::{HeldValue, Keys, LockValue, NameHash, Recorded};
+use super::keys::{HeldValue, Keys, LockValue, NameHash, Recorded, Stored};
 
 /// What a grant compares: the ring and the identity the router verified.
 #[derive(Debug, Clone)]
@@ -35,19 +35,19 @@ pub enum AcquireTxn {
     /// The key was created at this revision (the token's low bits).
     Granted { revision: i64 },
     /// Someone (maybe the caller itself) holds the name.
-    Held(KeyValue),
+    Held(Stored),
     /// The name waits out a lost holder's lock-delay (this key's lease).
-    Delayed(KeyValue),
+    Delayed(Stored),
     /// The holder was lost (its lease ended) and no lock-delay was set yet:
     /// this is its held record.
-    Lost(KeyValue),
+    Lost(Stored),
     /// Nobody holds it, but callers are queued for it (no barging).
     Queued,
     /// A waiter's own entry is gone (its lease ended).
     Gone,
     /// A waiter must wait for this key (the entry ahead of it) to go; the
     /// name's holder, if any, is given too.
-    Behind(Vec<u8>, Option<KeyValue>),
+    Behind(Vec<u8>, Option<Stored>),
     /// The shard's ring is not the one the router compared against.
     RingChanged(Option<Recorded>),
     /// The shard's identity is not the one the router verified.
@@ -57,9 +57,9 @@ pub enum AcquireTxn {
 /// What a lock name looks like on a shard (one read-only txn).
 #[derive(Debug, Default)]
 pub struct NameState {
-    pub lock: Option<KeyValue>,
-    pub held: Option<KeyValue>,
-    pub delay: Option<KeyValue>,
+    pub lock: Option<Stored>,
+    pub held: Option<Stored>,
+    pub delay: Option<Stored>,
     pub ring: Option<Recorded>,
     pub identity: Option<Vec<u8>>,
 }
@@ -237,9 +237,9 @@ pub fn revision(resp: &TxnResponse) -> i64 {
 }
 
 /// The first key of each get in a txn's answers, in order.
-pub fn gets(resp: TxnResponse) -> impl Iterator<Item = Option<KeyValue>> {
+pub fn gets(resp: TxnResponse) -> impl Iterator<Item = Option<Stored>> {
     resp.op_responses().into_iter().map(|op| match op {
-        TxnOpResponse::Get(mut g) => g.take_kvs().into_iter().next(),
+        TxnOpResponse::Get(mut g) => g.take_kvs().into_iter().next().map(Stored::from),
         _ => None,
     })
 }
@@ -249,7 +249,7 @@ pub fn read_name(resp: TxnResponse) -> NameState {
 }
 
 /// Takes the answers of [`name_reads`] off `gets`.
-pub fn name_state(gets: &mut impl Iterator<Item = Option<KeyValue>>) -> NameState {
+pub fn name_state(gets: &mut impl Iterator<Item = Option<Stored>>) -> NameState {
     let mut next = || gets.next().flatten();
     NameState {
         lock: next(),
@@ -273,12 +273,11 @@ mod tests {
         })
     }
 
-    fn kv(key: &str) -> KeyValue {
-        let pb = etcd_client::proto::PbKeyValue {
+    fn kv(key: &str) -> Stored {
+        Stored {
             key: key.as_bytes().to_vec(),
             ..Default::default()
-        };
-        <&KeyValue>::from(&pb).clone()
+        }
     }
 
     fn grantable() -> Grantable {

@@ -6,6 +6,7 @@
 use etcd_client::{GetOptions, KeyValue};
 
 use super::conn::EtcdError;
+use super::keys::Stored;
 use super::{NameKeys, Shard};
 
 impl Shard {
@@ -48,7 +49,7 @@ impl Shard {
     /// ended) whose names nobody asked for since. Reads keys only, a page of
     /// held records and the lock keys of the same span at one revision, so
     /// a sweep costs two key-only ranges per thousand held locks.
-    pub async fn orphaned_held(&self) -> Result<Vec<KeyValue>, EtcdError> {
+    pub async fn orphaned_held(&self) -> Result<Vec<Stored>, EtcdError> {
         let prefix = self.keys.held_range().0.len();
         let locks_prefix = self.keys.locks_range().0.len();
         let mut pages = Pages::new(self.keys.held_range(), true);
@@ -74,9 +75,9 @@ impl Shard {
             let held: std::collections::HashSet<&[u8]> =
                 locks.iter().map(|l| &l.key()[locks_prefix..]).collect();
             orphans.extend(
-                page.iter()
+                page.into_iter()
                     .filter(|h| !held.contains(&h.key()[prefix..]))
-                    .cloned(),
+                    .map(Stored::from),
             );
         }
         Ok(orphans)
@@ -91,7 +92,7 @@ impl Shard {
     }
 
     /// The name keys of the name a held record belongs to.
-    pub fn keys_of_held(&self, held: &KeyValue) -> NameKeys {
+    pub fn keys_of_held(&self, held: &Stored) -> NameKeys {
         let (start, _) = self.keys.held_range();
         let hex = &held.key()[start.len().min(held.key().len())..];
         let mut hash = [0u8; 16];
@@ -121,7 +122,7 @@ impl Shard {
         &self,
         after: Option<&[u8]>,
         limit: i64,
-    ) -> Result<(Vec<KeyValue>, Option<Vec<u8>>), EtcdError> {
+    ) -> Result<(Vec<Stored>, Option<Vec<u8>>), EtcdError> {
         let (start, end) = self.keys.locks_range();
         let held = self.cache.len().unwrap_or(1_000_000).max(1) as u64;
         let width = (SPACE.saturating_mul(4 * limit.max(1) as u64) / held).max(1);
@@ -147,7 +148,7 @@ impl Shard {
             // The slice is read: go on after its last possible key.
             _ => Some(format!("{last:08x}{}", "f".repeat(24)).into_bytes()),
         };
-        Ok((kvs, next))
+        Ok((kvs.into_iter().map(Stored::from).collect(), next))
     }
 
     /// The hex hash suffix of a lock key.

@@ -6,12 +6,10 @@
 
 use std::time::{Duration, Instant};
 
-use etcd_client::{
-    Compare, CompareOp, GetOptions, KeyValue, PutOptions, SortOrder, SortTarget, Txn, TxnOp,
-};
+use etcd_client::{Compare, CompareOp, GetOptions, PutOptions, SortOrder, SortTarget, Txn, TxnOp};
 
 use super::conn::EtcdError;
-use super::keys::{HeldValue, LockValue};
+use super::keys::{HeldValue, LockValue, Stored};
 use super::name::{
     classify_refusal, gets, grant_compares, grant_ops, name_reads, name_state, read_name, revision,
     AcquireTxn, Grantable, NameKeys, NameState, QueueHead, ReleaseTxn,
@@ -108,7 +106,7 @@ impl Shard {
     pub async fn lost_to_delay(
         &self,
         k: &NameKeys,
-        held: &KeyValue,
+        held: &Stored,
         delay_lease: i64,
         identity: &[u8],
     ) -> Result<bool, EtcdError> {
@@ -131,7 +129,7 @@ impl Shard {
 
     /// Forgets a lost holder's held record (lock-delay off) if the name is
     /// still not held and the record unchanged.
-    pub async fn forget_lost(&self, k: &NameKeys, held: &KeyValue) -> Result<bool, EtcdError> {
+    pub async fn forget_lost(&self, k: &NameKeys, held: &Stored) -> Result<bool, EtcdError> {
         let txn = Txn::new()
             .when([
                 Compare::create_revision(k.lock.clone(), CompareOp::Equal, 0),
@@ -161,7 +159,7 @@ impl Shard {
     pub async fn set_lock_delay(
         &self,
         k: &NameKeys,
-        held: &KeyValue,
+        held: &Stored,
         identity: &[u8],
     ) -> Result<(Instant, bool), EtcdError> {
         let ttl = serde_json::from_slice::<HeldValue>(held.value())

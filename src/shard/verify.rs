@@ -10,13 +10,14 @@
 
 use std::sync::Arc;
 
-use etcd_client::{KeyValue, Txn, TxnOp, TxnOpResponse};
+use etcd_client::{Txn, TxnOp, TxnOpResponse};
 use tokio::sync::{mpsc, oneshot, Semaphore};
 use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 
 use crate::metrics as m;
 use crate::shard::conn::{EtcdConn, EtcdError};
+use crate::shard::keys::Stored;
 
 /// The identity bytes the monitor verified on the shard, shared with the
 /// verifier, which checks them on every batch of renewals.
@@ -27,7 +28,7 @@ pub const MAX_TXN_OPS: usize = 128;
 /// Batches in flight at once per shard.
 const CONCURRENT_BATCHES: usize = 4;
 
-type Reply = oneshot::Sender<Result<Option<KeyValue>, EtcdError>>;
+type Reply = oneshot::Sender<Result<Option<Stored>, EtcdError>>;
 
 /// Handle to the shard's verification task; dropping it stops the task.
 pub struct Verifier {
@@ -56,7 +57,7 @@ impl Verifier {
     }
 
     /// The current value of `key` (linearizable), or `None` if absent.
-    pub async fn get(&self, key: Vec<u8>) -> Result<Option<KeyValue>, EtcdError> {
+    pub async fn get(&self, key: Vec<u8>) -> Result<Option<Stored>, EtcdError> {
         let (reply, rx) = oneshot::channel();
         let gone = || EtcdError::Other {
             shard: String::new(),
@@ -126,12 +127,12 @@ async fn check(shard: &Identified, batch: Vec<(Vec<u8>, Reply)>) {
             async move { client.kv_client().txn(txn).await }
         })
         .await;
-    let mut found: Vec<Option<KeyValue>> = match result {
+    let mut found: Vec<Option<Stored>> = match result {
         Ok(resp) => resp
             .op_responses()
             .into_iter()
             .map(|op| match op {
-                TxnOpResponse::Get(mut g) => g.take_kvs().into_iter().next(),
+                TxnOpResponse::Get(mut g) => g.take_kvs().into_iter().next().map(Stored::from),
                 _ => None,
             })
             .collect(),
