@@ -20,8 +20,8 @@
 //!   locks/      acquire, wait, limit, quota, renew, release, inspect, force,
 //!               listing, validate
 //!   placement/  ring, topology, migration, monitor
-//!   shard/      conn, access, login, keys, name, txn, commit, records, scan,
-//!               cache, sessions, keepalive, verify, pressure
+//!   shard/      conn, access, login, keys, name, txn, queue, commit, records,
+//!               scan, cache, sessions, keepalive, verify, pressure
 //!   token/      fencing, lock_id, lease_tag
 //!   tls.rs      the main listener's certificates (rustls), swapped on reload
 //!   auth.rs     principals: who is calling and what it may do
@@ -42,7 +42,8 @@
 //!   shards (topology), the migration protocol that changes the shard set,
 //!   and the monitor that follows what the shards record.
 //! - [`shard`]: one etcd cluster: its connection, key layout, every etcd
-//!   transaction, session leases, keepalives and batched verification.
+//!   transaction, the queues of waiting acquires, session leases,
+//!   keepalives and batched verification.
 //!
 //! Leaf modules, used by any layer: [`config`] (settings), [`token`]
 //! (fencing-token and lockId formats), [`metrics`] (Prometheus series),

@@ -84,7 +84,6 @@ impl Active {
     /// Waiting acquires queued for the name of `hash` on `shard` (the
     /// name's own shard: the only one with a queue for it).
     async fn waiters(&self, shard: &Shard, hash: &NameHash) -> Result<u64, LockError> {
-        let k = shard.name_keys(hash);
-        Ok(shard.count_prefix(&k.waiters).await?.max(0) as u64)
+        Ok(shard.queue_len(&shard.name_keys(hash)).await?)
     }
 }

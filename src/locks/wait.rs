@@ -1,20 +1,12 @@
-//! Waiting acquire (`waitMs > 0`): a FIFO queue per name, kept in etcd so
-//! that it holds across router replicas.
-//!
-//! A waiter puts `P/waiters/<hash>/<lease>-<nonce>` on a short lease of its
-//! own (not the client's session: an entry whose put timed out, or whose
-//! cleanup failed, must never block the name for as long as the client
-//! lives). The lease is granted, and its revocation armed, before the put,
-//! so whatever happens to the request the entry goes within one entry TTL.
-//! The queue's order is the keys' create revisions. The waiter at the head
-//! is granted by one txn that creates the lock key on the client's session
-//! lease and deletes its entry, only if the name is grantable (as a plain
-//! acquire: free, no lock-delay, ring and identity unchanged), its entry is
-//! still there and no entry older than its own remains. Others watch their
-//! predecessor's entry; the head watches the lock key (or the lock-delay),
-//! so a release or an expiry hands over at once, with no polling. A
+//! Waiting acquire (`waitMs > 0`): first come, first served, through the
+//! name's queue on its shard, which holds across router replicas. What the
+//! queue is in etcd (a waiter's entry on a lease of its own, the grant txn
+//! at its head, the watch a waiter sleeps on) is the shard's
+//! (`shard/queue.rs`); this file is the policy: the cap on waiters and on
+//! `waitMs`, when to queue, keeping the waiter's leases alive, when to give
+//! up, and what each answer of the head's grant means for the caller. A
 //! non-waiting acquire fails while anyone is queued (no barging, see
-//! `shard.rs`).
+//! `shard/name.rs`).
 //!
 //! While it waits, the router keeps the client's session lease and the
 //! entry's lease alive, every third of their TTL, whatever wakes it.
@@ -23,76 +15,20 @@
 //! shard, where no queue exists: such waits retry every few milliseconds
 //! instead of queueing.
 
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
-
-use etcd_client::{EventType, PutOptions, Txn, TxnOp, TxnOpResponse};
 
 use crate::config::LockDelay;
 use crate::locks::{
     epoch_of, invalid, lease_end, lock_value, AcquireRequest, Acquired, Active, Expiry, LockError,
     WaitSlots,
 };
-use crate::shard::conn::EtcdError;
 use crate::shard::keepalive::Renewal;
 use crate::shard::keys::{name_hash, LockValue, Stored};
+use crate::shard::queue::{Awaited, QueueEntry};
 use crate::shard::sessions::SessionLease;
-use crate::shard::{AcquireTxn, NameKeys, QueueHead, Shard};
+use crate::shard::{AcquireTxn, Shard};
 use crate::token::lock_id::LockId;
-
-/// The waiter's queue entry: its key rides on a lease of its own, revoked
-/// when the wait ends in any way (a grant, giving up, the request being
-/// dropped), which deletes the key if the grant did not.
-struct Entry {
-    shard: Arc<Shard>,
-    lease: i64,
-    ttl_secs: u32,
-    key: Vec<u8>,
-    revision: i64,
-}
-
-impl Drop for Entry {
-    fn drop(&mut self) {
-        let (shard, lease) = (self.shard.clone(), self.lease);
-        tokio::spawn(async move {
-            let _ = shard.revoke(lease).await;
-        });
-    }
-}
-
-/// The TTL of a queue entry's lease: short, so a lost entry clears soon.
-const ENTRY_TTL_SECS: u32 = 5;
-
-impl Entry {
-    /// Grants the entry's lease, arms its revocation, then puts the key.
-    async fn enter(shard: &Arc<Shard>, k: &NameKeys, client_id: &str) -> Result<Self, LockError> {
-        let sent_at = Instant::now();
-        let (lease, granted) = shard.grant(ENTRY_TTL_SECS).await?;
-        let renewal = Renewal {
-            sent_at,
-            ttl_secs: granted,
-        };
-        shard.keepalive.seed(lease, renewal);
-        let nonce = NONCE.fetch_add(1, Ordering::Relaxed) ^ process_salt();
-        let mut entry = Entry {
-            shard: shard.clone(),
-            lease,
-            ttl_secs: u32::try_from(granted).unwrap_or(ENTRY_TTL_SECS).max(1),
-            key: shard.keys.waiter(&k.hash, lease, nonce),
-            revision: 0,
-        };
-        let mut kv = shard.conn.client().kv_client();
-        let put = kv.put(
-            entry.key.clone(),
-            client_id.to_string(),
-            Some(PutOptions::new().with_lease(lease)),
-        );
-        let resp = shard.conn.call("Put", put).await?;
-        entry.revision = resp.header().map(|h| h.revision()).unwrap_or(0);
-        Ok(entry)
-    }
-}
 
 /// When the waiter next renews the session and its entry.
 struct KeepAlive {
@@ -120,8 +56,6 @@ impl KeepAlive {
         (now + every).min(early).max(now)
     }
 }
-
-static NONCE: AtomicU64 = AtomicU64::new(0);
 
 impl Active {
     /// Acquire that waits up to `req.wait_ms`, first come first served.
@@ -201,16 +135,16 @@ impl Active {
                 })
                 .await?
         };
-        let entry = Entry::enter(shard, &k, &req.client_id).await?;
+        let entry = shard.enqueue(&k, &req.client_id).await?;
         let now = Instant::now();
         let mut alive = KeepAlive {
             session,
             session_due: now,
-            entry_due: now + KeepAlive::every(entry.ttl_secs),
+            entry_due: now + KeepAlive::every(entry.ttl_secs()),
         };
         let mut last_holder = None;
         let mut replace_held = None;
-        let mut watch = QueueWatch::open(shard, &k.lock, &entry.key).await?;
+        let mut watch = shard.watch_queue(&k, &entry).await?;
         loop {
             if !self.keep_alive(shard, req, &entry, &mut alive).await? {
                 return Ok(Some(Acquired::Held(Expiry(Instant::now()))));
@@ -220,16 +154,19 @@ impl Active {
                 return Ok(None); // dropping the entry leaves the queue
             }
             let value = lock_value(req, &g.ring, ttl_secs)?;
-            let mine = QueueHead {
-                key: &entry.key,
-                revision: entry.revision,
-            };
             let reservation = self.reserve_lock(req.owner.as_ref())?;
             let sent = Instant::now();
             let step = shard
-                .head_grant_txn(&k, &value, alive.session.id, &g, mine, replace_held.take())
+                .head_grant_txn(
+                    &k,
+                    &value,
+                    alive.session.id,
+                    &g,
+                    &entry,
+                    replace_held.take(),
+                )
                 .await?;
-            let target = match step {
+            let awaited = match step {
                 AcquireTxn::Granted { revision } => {
                     if let Some(r) = reservation {
                         r.granted(shard, revision);
@@ -279,15 +216,15 @@ impl Active {
                 }
                 AcquireTxn::Held(holder) => {
                     last_holder = Some(holder);
-                    k.lock.clone()
+                    Awaited::Holder
                 }
                 AcquireTxn::Behind(ahead, holder) => {
                     last_holder = holder.or(last_holder);
-                    ahead
+                    Awaited::Ahead(ahead)
                 }
                 AcquireTxn::Delayed(delay) => {
                     last_holder = Some(delay);
-                    k.delay.clone()
+                    Awaited::Delay
                 }
                 AcquireTxn::Lost(held) => {
                     match self.lost(shard, &k, &held, &g.identity).await? {
@@ -300,16 +237,17 @@ impl Active {
                     continue;
                 }
                 // Free and first, yet the txn failed: something changed.
-                AcquireTxn::Queued => Vec::new(),
+                AcquireTxn::Queued => Awaited::Nothing,
             };
             let now = Instant::now();
             if now >= deadline {
                 break;
             }
             // Wake for the deletion, the deadline, or to keep the session
-            // and the entry alive.
+            // and the entry alive; whatever woke it, the next txn reads
+            // the name afresh.
             let until = deadline.min(alive.next_due());
-            watch.until_deleted(shard, target, until).await?;
+            watch.until_gone(shard, awaited, until).await?;
         }
         drop(entry);
         match last_holder {
@@ -325,7 +263,7 @@ impl Active {
         &self,
         shard: &Shard,
         req: &AcquireRequest,
-        entry: &Entry,
+        entry: &QueueEntry,
         alive: &mut KeepAlive,
     ) -> Result<bool, LockError> {
         let now = Instant::now();
@@ -345,15 +283,13 @@ impl Active {
             alive.session_due = KeepAlive::due_after(now, &renewal, ttl);
         }
         if now >= alive.entry_due {
-            let window = self.window(entry.ttl_secs);
-            let renewal = shard
-                .keepalive
-                .refresh(entry.lease, window, entry.ttl_secs)
-                .await?;
+            let ttl = entry.ttl_secs();
+            let window = self.window(ttl);
+            let renewal = shard.keepalive.refresh(entry.lease(), window, ttl).await?;
             if !renewal.alive() {
                 return Ok(false);
             }
-            alive.entry_due = KeepAlive::due_after(now, &renewal, entry.ttl_secs);
+            alive.entry_due = KeepAlive::due_after(now, &renewal, ttl);
         }
         Ok(true)
     }
@@ -362,136 +298,6 @@ impl Active {
 /// Whether the lock key `kv` is held by `client_id`.
 fn holds(kv: &Stored, client_id: &str) -> bool {
     serde_json::from_slice::<LockValue>(kv.value()).is_ok_and(|v| v.client == client_id)
-}
-
-/// One watch stream for a whole wait: on the lock key and the waiter's own
-/// entry from the start, and on each entry that comes to be ahead of it.
-///
-/// Watches start at the current revision: etcd 3.4 serves those at once,
-/// while a watch from a past revision waits for its catch-up loop (up to
-/// 100 ms, which showed as a p99 handover of ~90 ms). A key whose watch
-/// begins after the txn that named it is read once more, so a deletion in
-/// between is not missed. Keeping the stream means the head, when the
-/// holder releases, is already watching.
-struct QueueWatch {
-    stream: etcd_client::WatchStream,
-    lock_key: Vec<u8>,
-    mine: Vec<u8>,
-    /// Entries ahead of us already watched.
-    watched: Vec<Vec<u8>>,
-}
-
-impl QueueWatch {
-    async fn open(shard: &Shard, lock_key: &[u8], mine: &[u8]) -> Result<Self, EtcdError> {
-        let mut client = shard.conn.client().watch_client();
-        let stream = shard
-            .conn
-            .call("Watch", client.watch(lock_key.to_vec(), None))
-            .await?;
-        let mut w = Self {
-            stream,
-            lock_key: lock_key.to_vec(),
-            mine: mine.to_vec(),
-            watched: Vec::new(),
-        };
-        w.created(shard).await?;
-        w.stream
-            .watch(mine.to_vec(), None)
-            .await
-            .map_err(|e| shard.conn.classify(e))?;
-        w.created(shard).await?;
-        Ok(w)
-    }
-
-    /// Waits for etcd to confirm the watch just asked for.
-    async fn created(&mut self, shard: &Shard) -> Result<(), EtcdError> {
-        let confirm = async {
-            loop {
-                match self.stream.message().await {
-                    Ok(Some(resp)) if resp.created() => return Ok(()),
-                    Ok(Some(_)) => continue, // an event; the txn that follows reads state anyway
-                    Ok(None) => return Err(shard.conn.unavailable("watch stream closed")),
-                    Err(e) => return Err(shard.conn.classify(e)),
-                }
-            }
-        };
-        match tokio::time::timeout(shard.conn.timeout(), confirm).await {
-            Ok(r) => r,
-            Err(_) => Err(shard.conn.unavailable("watch not confirmed in time")),
-        }
-    }
-
-    /// Waits until `target` (the lock key, or the entry ahead) or our own
-    /// entry is deleted: true; or until `until`: false.
-    async fn until_deleted(
-        &mut self,
-        shard: &Shard,
-        target: Vec<u8>,
-        until: Instant,
-    ) -> Result<bool, EtcdError> {
-        if target.is_empty() {
-            tokio::time::sleep(Duration::from_millis(5)).await;
-            return Ok(true);
-        }
-        if target != self.lock_key && !self.watched.contains(&target) {
-            self.stream
-                .watch(target.clone(), None)
-                .await
-                .map_err(|e| shard.conn.classify(e))?;
-            self.created(shard).await?;
-            self.watched.push(target.clone());
-            if !both_present(shard, &target, &self.mine).await {
-                return Ok(true);
-            }
-        }
-        let (target, mine) = (&target, &self.mine);
-        let stream = &mut self.stream;
-        let wait = async {
-            loop {
-                match stream.message().await {
-                    Ok(Some(resp)) if resp.canceled() => {
-                        return Err(shard.conn.unavailable("watch cancelled by etcd"));
-                    }
-                    Ok(Some(resp)) => {
-                        let hit = resp.events().iter().any(|e| {
-                            e.event_type() == EventType::Delete
-                                && e.kv()
-                                    .is_some_and(|kv| kv.key() == target || kv.key() == mine)
-                        });
-                        if hit {
-                            return Ok(true);
-                        }
-                    }
-                    Ok(None) => return Err(shard.conn.unavailable("watch stream closed")),
-                    Err(e) => return Err(shard.conn.classify(e)),
-                }
-            }
-        };
-        tokio::time::timeout_at(until.into(), wait)
-            .await
-            .unwrap_or(Ok(false))
-    }
-}
-
-/// Whether both keys exist (one linearizable read); false on any error, so
-/// the caller looks again rather than waits.
-async fn both_present(shard: &Shard, a: &[u8], b: &[u8]) -> bool {
-    let txn = Txn::new().and_then([TxnOp::get(a, None), TxnOp::get(b, None)]);
-    let mut kv = shard.conn.client().kv_client();
-    match shard.conn.call("Txn", kv.txn(txn)).await {
-        Ok(resp) => resp.op_responses().into_iter().all(|op| match op {
-            TxnOpResponse::Get(g) => !g.kvs().is_empty(),
-            _ => false,
-        }),
-        Err(_) => false,
-    }
-}
-
-/// Differs between processes, so two replicas' waiter keys never collide.
-fn process_salt() -> u64 {
-    use std::hash::{BuildHasher, RandomState};
-    static SALT: std::sync::OnceLock<u64> = std::sync::OnceLock::new();
-    *SALT.get_or_init(|| RandomState::new().hash_one(std::process::id()))
 }
 
 #[cfg(test)]

@@ -15,10 +15,11 @@
 //!
 //! The calls themselves: [`name`] builds the txns of one lock name as
 //! values, `txn.rs` holds the calls on one lock name (grants, releases,
-//! lost holders), `records.rs` those on the shard's own
-//! records (ring, identity, epoch reservation) and the identity check, and
-//! `scan.rs` the paged range reads (counts, moved names, the sweep of lost
-//! holders).
+//! lost holders), `records.rs` those on the shard's own records (ring,
+//! identity, epoch reservation) and the identity check, `scan.rs` the
+//! paged range reads (counts, moved names, the sweep of lost holders), and
+//! [`queue`] the queue of waiting acquires of a name (a waiter's entry,
+//! the grant at its head, the watch a waiter sleeps on).
 
 use std::sync::RwLock;
 
@@ -34,6 +35,7 @@ pub mod keys;
 pub mod login;
 pub mod name;
 pub mod pressure;
+pub mod queue;
 mod records;
 mod scan;
 pub mod sessions;
@@ -45,7 +47,7 @@ use commit::Committer;
 use conn::{EtcdConn, EtcdError};
 use keepalive::Keepalive;
 use keys::{Identity, Keys, NameHash, Recorded, Reservation, Stored};
-pub use name::{AcquireTxn, Grantable, NameKeys, QueueHead, ReleaseTxn};
+pub use name::{AcquireTxn, Grantable, NameKeys, ReleaseTxn};
 use sessions::Sessions;
 use verify::{IdentityCell, Verifier};
 

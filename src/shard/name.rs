@@ -64,12 +64,6 @@ pub struct NameState {
     pub identity: Option<Vec<u8>>,
 }
 
-/// A waiter's queue entry, for the head-of-queue grant.
-pub struct QueueHead<'a> {
-    pub key: &'a [u8],
-    pub revision: i64,
-}
-
 /// The grant txn of one acquire on its own (`Shard::acquire_txn`).
 pub fn acquire_txn(
     keys: &Keys,

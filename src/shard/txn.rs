@@ -1,19 +1,16 @@
-//! The shard's calls on one lock name: the grant (plain and at the head
-//! of a waiting queue), the release, the read of everything that decides
-//! whether a name is grantable, and the lost-holder txns behind the
-//! lock-delay (see `docs/design.md`, sections 3, 7 and 13). The txns
-//! themselves are built in `name.rs`.
+//! The shard's calls on one lock name: the grant, the release, the read of
+//! everything that decides whether a name is grantable, and the
+//! lost-holder txns behind the lock-delay (see `docs/design.md`, sections
+//! 3 and 7). The txns themselves are built in `name.rs`; the grant at the
+//! head of a waiting queue is in `queue.rs`.
 
 use std::time::{Duration, Instant};
 
-use etcd_client::{Compare, CompareOp, GetOptions, PutOptions, SortOrder, SortTarget, Txn, TxnOp};
+use etcd_client::{Compare, CompareOp, PutOptions, Txn, TxnOp};
 
 use super::conn::EtcdError;
 use super::keys::{HeldValue, LockValue, Stored};
-use super::name::{
-    classify_refusal, gets, grant_compares, grant_ops, name_reads, name_state, read_name, revision,
-    AcquireTxn, Grantable, NameKeys, NameState, QueueHead, ReleaseTxn,
-};
+use super::name::{name_reads, read_name, AcquireTxn, Grantable, NameKeys, NameState, ReleaseTxn};
 use super::Shard;
 use crate::config::LockDelay;
 
@@ -35,60 +32,6 @@ impl Shard {
         self.committer
             .acquire(k, value, lease, g, replace_held)
             .await
-    }
-
-    /// Grants the name to the waiter `mine` if it is first in the queue and
-    /// the name is grantable (as [`acquire_txn`](Self::acquire_txn)),
-    /// deleting its entry; otherwise says what it waits for.
-    pub async fn head_grant_txn(
-        &self,
-        k: &NameKeys,
-        value: &LockValue,
-        lease: i64,
-        g: &Grantable,
-        mine: QueueHead<'_>,
-        replace_held: Option<i64>,
-    ) -> Result<AcquireTxn, EtcdError> {
-        let mut when = grant_compares(&self.keys, k, g, replace_held);
-        when.push(Compare::create_revision(
-            mine.key,
-            CompareOp::Equal,
-            mine.revision,
-        ));
-        // Every queued key is as young as ours or younger: we are first.
-        when.push(
-            Compare::create_revision(k.waiters.clone(), CompareOp::Greater, mine.revision - 1)
-                .with_prefix(),
-        );
-        let mut then = grant_ops(k, value, lease);
-        then.push(TxnOp::delete(mine.key, None));
-        let predecessor = GetOptions::new()
-            .with_prefix()
-            .with_max_create_revision(mine.revision - 1)
-            .with_sort(SortTarget::Create, SortOrder::Descend)
-            .with_limit(1);
-        let mut reads = name_reads(&self.keys, k);
-        reads.push(TxnOp::get(mine.key, None));
-        reads.push(TxnOp::get(k.waiters.clone(), Some(predecessor)));
-        let txn = Txn::new().when(when).and_then(then).or_else(reads);
-        let resp = self.txn(txn).await?;
-        if resp.succeeded() {
-            return Ok(AcquireTxn::Granted {
-                revision: revision(&resp),
-            });
-        }
-        let mut gets = gets(resp);
-        let state = name_state(&mut gets);
-        let (me, before) = (gets.next().flatten(), gets.next().flatten());
-        let holder = state.lock.clone();
-        Ok(match (classify_refusal(state, g), before) {
-            (Some(r @ (AcquireTxn::RingChanged(_) | AcquireTxn::IdentityChanged)), _) => r,
-            _ if me.is_none() => AcquireTxn::Gone,
-            (_, Some(ahead)) => AcquireTxn::Behind(ahead.key().to_vec(), holder),
-            (Some(other), None) => other,
-            // Free and first, yet the txn failed: something changed; look again.
-            (None, None) => AcquireTxn::Queued,
-        })
     }
 
     /// One linearizable read of a name's keys and the shard's ring and

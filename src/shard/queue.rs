@@ -1,0 +1,432 @@
+//! The queue of waiting acquires of one name, as it is kept on the shard
+//! (`docs/design.md`, section 13): a waiter's entry, the grant txn of the
+//! waiter at its head, and the watch a waiter sleeps on. When to queue,
+//! how long to wait and what to answer is the lock layer's
+//! (`locks/wait.rs`); what the queue is in etcd is here.
+//!
+//! A waiter puts `P/waiters/<hash>/<lease>-<nonce>` on a short lease of its
+//! own (not the client's session: an entry whose put timed out, or whose
+//! cleanup failed, must never block the name for as long as the client
+//! lives). The lease is granted, and its revocation armed, before the put,
+//! so whatever happens to the request the entry goes within one entry TTL.
+//! The queue's order is the keys' create revisions. The waiter at the head
+//! is granted by one txn that creates the lock key on the client's session
+//! lease and deletes its entry, only if the name is grantable (as a plain
+//! acquire: free, no lock-delay, ring and identity unchanged), its entry is
+//! still there and no entry older than its own remains. Others watch their
+//! predecessor's entry; the head watches the lock key (or the lock-delay),
+//! so a release or an expiry hands over at once, with no polling.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use etcd_client::{
+    Compare, CompareOp, EventType, GetOptions, PutOptions, SortOrder, SortTarget, Txn, TxnOp,
+    TxnOpResponse, WatchStream,
+};
+
+use super::conn::EtcdError;
+use super::keepalive::Renewal;
+use super::keys::{LockValue, Stored};
+use super::name::{
+    classify_refusal, gets, grant_compares, grant_ops, name_reads, name_state, revision,
+    AcquireTxn, Grantable, NameKeys, NameState,
+};
+use super::Shard;
+
+/// The TTL of a queue entry's lease: short, so a lost entry clears soon.
+const ENTRY_TTL_SECS: u32 = 5;
+
+/// A waiter's entry in a name's queue. Its key rides on a lease of its
+/// own, revoked when the entry is dropped (a grant, giving up, the request
+/// being dropped), which deletes the key if the grant did not.
+pub struct QueueEntry {
+    shard: Arc<Shard>,
+    lease: i64,
+    ttl_secs: u32,
+    key: Vec<u8>,
+    /// Its place in the queue: the create revision of its key.
+    revision: i64,
+}
+
+impl Drop for QueueEntry {
+    fn drop(&mut self) {
+        let (shard, lease) = (self.shard.clone(), self.lease);
+        tokio::spawn(async move {
+            let _ = shard.revoke(lease).await;
+        });
+    }
+}
+
+impl QueueEntry {
+    /// The lease the entry rides on, which the waiter keeps alive.
+    pub fn lease(&self) -> i64 {
+        self.lease
+    }
+
+    /// The TTL etcd granted the entry's lease.
+    pub fn ttl_secs(&self) -> u32 {
+        self.ttl_secs
+    }
+}
+
+/// What a waiter waits to see go before it looks again (from the answer
+/// of [`Shard::head_grant_txn`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Awaited {
+    /// The name's holder: its lock key.
+    Holder,
+    /// A lost holder's lock-delay.
+    Delay,
+    /// The entry just ahead of the waiter's own (its key, as
+    /// [`AcquireTxn::Behind`] gave it).
+    Ahead(Vec<u8>),
+    /// Nothing: the name is free and the waiter first, yet the txn failed
+    /// (something changed meanwhile); look again in a moment.
+    Nothing,
+}
+
+/// Why [`QueueWatch::until_gone`] returned.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Woke {
+    /// What it waited for, or the waiter's own entry, is gone (or may be:
+    /// look again).
+    Gone,
+    /// The time it was given came first.
+    Due,
+}
+
+static NONCE: AtomicU64 = AtomicU64::new(0);
+
+impl Shard {
+    /// Puts a waiter of `client_id` at the end of the queue of `k`'s name:
+    /// grants the entry's lease, arms its revocation, then puts the key.
+    pub async fn enqueue(
+        self: &Arc<Self>,
+        k: &NameKeys,
+        client_id: &str,
+    ) -> Result<QueueEntry, EtcdError> {
+        let sent_at = Instant::now();
+        let (lease, granted) = self.grant(ENTRY_TTL_SECS).await?;
+        let renewal = Renewal {
+            sent_at,
+            ttl_secs: granted,
+        };
+        self.keepalive.seed(lease, renewal);
+        let nonce = NONCE.fetch_add(1, Ordering::Relaxed) ^ process_salt();
+        let mut entry = QueueEntry {
+            shard: self.clone(),
+            lease,
+            ttl_secs: u32::try_from(granted).unwrap_or(ENTRY_TTL_SECS).max(1),
+            key: self.keys.waiter(&k.hash, lease, nonce),
+            revision: 0,
+        };
+        let mut kv = self.conn.client().kv_client();
+        let put = kv.put(
+            entry.key.clone(),
+            client_id.to_string(),
+            Some(PutOptions::new().with_lease(lease)),
+        );
+        let resp = self.conn.call("Put", put).await?;
+        entry.revision = resp.header().map(|h| h.revision()).unwrap_or(0);
+        Ok(entry)
+    }
+
+    /// Waiting acquires queued for `k`'s name (on its own shard: the only
+    /// one with a queue for it). A count-only range.
+    pub async fn queue_len(&self, k: &NameKeys) -> Result<u64, EtcdError> {
+        Ok(self.count_prefix(&k.waiters).await?.max(0) as u64)
+    }
+
+    /// Grants the name to the waiter `mine` if it is first in the queue and
+    /// the name is grantable (as [`acquire_txn`](Self::acquire_txn)),
+    /// deleting its entry; otherwise says what it waits for.
+    pub async fn head_grant_txn(
+        &self,
+        k: &NameKeys,
+        value: &LockValue,
+        lease: i64,
+        g: &Grantable,
+        mine: &QueueEntry,
+        replace_held: Option<i64>,
+    ) -> Result<AcquireTxn, EtcdError> {
+        let mut when = grant_compares(&self.keys, k, g, replace_held);
+        when.push(Compare::create_revision(
+            mine.key.as_slice(),
+            CompareOp::Equal,
+            mine.revision,
+        ));
+        // Every queued key is as young as ours or younger: we are first.
+        when.push(
+            Compare::create_revision(k.waiters.clone(), CompareOp::Greater, mine.revision - 1)
+                .with_prefix(),
+        );
+        let mut then = grant_ops(k, value, lease);
+        then.push(TxnOp::delete(mine.key.as_slice(), None));
+        let predecessor = GetOptions::new()
+            .with_prefix()
+            .with_max_create_revision(mine.revision - 1)
+            .with_sort(SortTarget::Create, SortOrder::Descend)
+            .with_limit(1);
+        let mut reads = name_reads(&self.keys, k);
+        reads.push(TxnOp::get(mine.key.as_slice(), None));
+        reads.push(TxnOp::get(k.waiters.clone(), Some(predecessor)));
+        let txn = Txn::new().when(when).and_then(then).or_else(reads);
+        let resp = self.txn(txn).await?;
+        if resp.succeeded() {
+            return Ok(AcquireTxn::Granted {
+                revision: revision(&resp),
+            });
+        }
+        let mut gets = gets(resp);
+        let state = name_state(&mut gets);
+        let (me, ahead) = (gets.next().flatten(), gets.next().flatten());
+        Ok(head_refusal(state, me, ahead, g))
+    }
+
+    /// Opens the one watch stream of a whole wait in `k`'s queue, on the
+    /// lock key and on the waiter's own entry.
+    pub async fn watch_queue(
+        &self,
+        k: &NameKeys,
+        mine: &QueueEntry,
+    ) -> Result<QueueWatch, EtcdError> {
+        QueueWatch::open(self, k, &mine.key).await
+    }
+}
+
+/// One watch stream for a whole wait: on the lock key and the waiter's own
+/// entry from the start, and on each entry that comes to be ahead of it
+/// (and on the lock-delay, if one is waited out).
+///
+/// Watches start at the current revision: etcd 3.4 serves those at once,
+/// while a watch from a past revision waits for its catch-up loop (up to
+/// 100 ms, which showed as a p99 handover of ~90 ms). A key whose watch
+/// begins after the txn that named it is read once more, so a deletion in
+/// between is not missed. Keeping the stream means the head, when the
+/// holder releases, is already watching.
+pub struct QueueWatch {
+    stream: WatchStream,
+    lock_key: Vec<u8>,
+    delay_key: Vec<u8>,
+    mine: Vec<u8>,
+    /// Keys other than the lock key already watched (entries ahead of
+    /// ours, the lock-delay).
+    watched: Vec<Vec<u8>>,
+}
+
+impl QueueWatch {
+    async fn open(shard: &Shard, k: &NameKeys, mine: &[u8]) -> Result<Self, EtcdError> {
+        let mut client = shard.conn.client().watch_client();
+        let stream = shard
+            .conn
+            .call("Watch", client.watch(k.lock.clone(), None))
+            .await?;
+        let mut w = Self {
+            stream,
+            lock_key: k.lock.clone(),
+            delay_key: k.delay.clone(),
+            mine: mine.to_vec(),
+            watched: Vec::new(),
+        };
+        w.created(shard).await?;
+        w.stream
+            .watch(mine.to_vec(), None)
+            .await
+            .map_err(|e| shard.conn.classify(e))?;
+        w.created(shard).await?;
+        Ok(w)
+    }
+
+    /// Waits for etcd to confirm the watch just asked for.
+    async fn created(&mut self, shard: &Shard) -> Result<(), EtcdError> {
+        let confirm = async {
+            loop {
+                match self.stream.message().await {
+                    Ok(Some(resp)) if resp.created() => return Ok(()),
+                    Ok(Some(_)) => continue, // an event; the txn that follows reads state anyway
+                    Ok(None) => return Err(shard.conn.unavailable("watch stream closed")),
+                    Err(e) => return Err(shard.conn.classify(e)),
+                }
+            }
+        };
+        match tokio::time::timeout(shard.conn.timeout(), confirm).await {
+            Ok(r) => r,
+            Err(_) => Err(shard.conn.unavailable("watch not confirmed in time")),
+        }
+    }
+
+    /// Waits until what the waiter awaits, or its own entry, is deleted
+    /// ([`Woke::Gone`]), or until `until` ([`Woke::Due`]).
+    pub async fn until_gone(
+        &mut self,
+        shard: &Shard,
+        awaited: Awaited,
+        until: Instant,
+    ) -> Result<Woke, EtcdError> {
+        let target = match awaited {
+            Awaited::Holder => self.lock_key.clone(),
+            Awaited::Delay => self.delay_key.clone(),
+            Awaited::Ahead(key) => key,
+            Awaited::Nothing => {
+                tokio::time::sleep(Duration::from_millis(5)).await;
+                return Ok(Woke::Gone);
+            }
+        };
+        if target != self.lock_key && !self.watched.contains(&target) {
+            self.stream
+                .watch(target.clone(), None)
+                .await
+                .map_err(|e| shard.conn.classify(e))?;
+            self.created(shard).await?;
+            self.watched.push(target.clone());
+            if !both_present(shard, &target, &self.mine).await {
+                return Ok(Woke::Gone);
+            }
+        }
+        let (target, mine) = (&target, &self.mine);
+        let stream = &mut self.stream;
+        let wait = async {
+            loop {
+                match stream.message().await {
+                    Ok(Some(resp)) if resp.canceled() => {
+                        return Err(shard.conn.unavailable("watch cancelled by etcd"));
+                    }
+                    Ok(Some(resp)) => {
+                        let hit = resp.events().iter().any(|e| {
+                            e.event_type() == EventType::Delete
+                                && e.kv()
+                                    .is_some_and(|kv| kv.key() == target || kv.key() == mine)
+                        });
+                        if hit {
+                            return Ok(Woke::Gone);
+                        }
+                    }
+                    Ok(None) => return Err(shard.conn.unavailable("watch stream closed")),
+                    Err(e) => return Err(shard.conn.classify(e)),
+                }
+            }
+        };
+        tokio::time::timeout_at(until.into(), wait)
+            .await
+            .unwrap_or(Ok(Woke::Due))
+    }
+}
+
+/// Why a head-of-queue grant did not grant, from what its `Else` read:
+/// the name's state, the waiter's own entry and the entry just ahead of
+/// it. A changed ring or identity first (nothing else read means much
+/// then), then a waiter whose entry is gone, then the entry ahead of it,
+/// and only for the first in line the name's own refusal.
+fn head_refusal(
+    state: NameState,
+    me: Option<Stored>,
+    ahead: Option<Stored>,
+    g: &Grantable,
+) -> AcquireTxn {
+    let holder = state.lock.clone();
+    match (classify_refusal(state, g), ahead) {
+        (Some(r @ (AcquireTxn::RingChanged(_) | AcquireTxn::IdentityChanged)), _) => r,
+        _ if me.is_none() => AcquireTxn::Gone,
+        (_, Some(ahead)) => AcquireTxn::Behind(ahead.key().to_vec(), holder),
+        (Some(other), None) => other,
+        // Free and first, yet the txn failed: something changed; look again.
+        (None, None) => AcquireTxn::Queued,
+    }
+}
+
+/// Whether both keys exist (one linearizable read); false on any error, so
+/// the caller looks again rather than waits.
+async fn both_present(shard: &Shard, a: &[u8], b: &[u8]) -> bool {
+    let txn = Txn::new().and_then([TxnOp::get(a, None), TxnOp::get(b, None)]);
+    match shard.txn(txn).await {
+        Ok(resp) => resp.op_responses().into_iter().all(|op| match op {
+            TxnOpResponse::Get(g) => !g.kvs().is_empty(),
+            _ => false,
+        }),
+        Err(_) => false,
+    }
+}
+
+/// Differs between processes, so two replicas' waiter keys never collide.
+fn process_salt() -> u64 {
+    use std::hash::{BuildHasher, RandomState};
+    static SALT: std::sync::OnceLock<u64> = std::sync::OnceLock::new();
+    *SALT.get_or_init(|| RandomState::new().hash_one(std::process::id()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::shard::keys::{Recorded, RingMeta};
+
+    fn ring(fingerprint: &str) -> Recorded {
+        Recorded::new(RingMeta {
+            epoch: 1,
+            ring: fingerprint.into(),
+            previous: None,
+        })
+    }
+
+    fn grantable() -> Grantable {
+        Grantable {
+            ring: ring("r1"),
+            identity: b"id".to_vec(),
+        }
+    }
+
+    fn kv(key: &str) -> Stored {
+        Stored {
+            key: key.as_bytes().to_vec(),
+            ..Default::default()
+        }
+    }
+
+    /// The name as read: held or not, under our ring or another.
+    fn state(held: bool, fingerprint: &str) -> NameState {
+        NameState {
+            lock: held.then(|| kv("K")),
+            held: held.then(|| kv("H")),
+            delay: None,
+            ring: Some(ring(fingerprint)),
+            identity: Some(b"id".to_vec()),
+        }
+    }
+
+    #[test]
+    fn a_waiter_behind_another_waits_for_that_entry_and_learns_the_holder() {
+        let g = grantable();
+        let refusal = head_refusal(state(true, "r1"), Some(kv("me")), Some(kv("W1")), &g);
+        assert!(matches!(
+            refusal,
+            AcquireTxn::Behind(ahead, Some(holder)) if ahead == b"W1" && holder.key() == b"K"
+        ));
+        let free = head_refusal(state(false, "r1"), Some(kv("me")), Some(kv("W1")), &g);
+        assert!(matches!(free, AcquireTxn::Behind(ahead, None) if ahead == b"W1"));
+    }
+
+    #[test]
+    fn the_first_in_line_gets_the_names_own_refusal() {
+        let g = grantable();
+        let held = head_refusal(state(true, "r1"), Some(kv("me")), None, &g);
+        assert!(matches!(held, AcquireTxn::Held(h) if h.key() == b"K"));
+        // Free and first, yet refused: something changed; look again.
+        let changed = head_refusal(state(false, "r1"), Some(kv("me")), None, &g);
+        assert!(matches!(changed, AcquireTxn::Queued));
+    }
+
+    #[test]
+    fn a_gone_entry_ends_the_wait_unless_the_shard_changed() {
+        let g = grantable();
+        let gone = head_refusal(state(true, "r1"), None, Some(kv("W1")), &g);
+        assert!(matches!(gone, AcquireTxn::Gone));
+        // Another ring first: nothing else read under it means much.
+        let other_ring = head_refusal(state(true, "r2"), None, Some(kv("W1")), &g);
+        assert!(matches!(other_ring, AcquireTxn::RingChanged(Some(_))));
+        let mut other_cluster = state(true, "r1");
+        other_cluster.identity = Some(b"other".to_vec());
+        let refusal = head_refusal(other_cluster, Some(kv("me")), Some(kv("W1")), &g);
+        assert!(matches!(refusal, AcquireTxn::IdentityChanged));
+    }
+}
