@@ -19,7 +19,7 @@ use tokio_util::sync::CancellationToken;
 use crate::config::{LockDelay, Settings, ShardSettings};
 use crate::placement::ring::Ring;
 use crate::shard::access::{Access, AccessError};
-use crate::shard::conn::EtcdConn;
+use crate::shard::conn::{ClientError, EtcdConn};
 use crate::shard::keys::Recorded;
 use crate::shard::{classify, Grantable, IdentityProblem, RingState, Shard};
 
@@ -154,7 +154,7 @@ pub enum ConnectError {
     Client {
         shard: String,
         #[source]
-        source: etcd_client::Error,
+        source: ClientError,
     },
 }
 

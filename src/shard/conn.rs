@@ -66,6 +66,13 @@ pub enum EtcdError {
     Other { shard: String, detail: String },
 }
 
+/// A shard's etcd client could not be built: a malformed endpoint that
+/// passed validation, or a TLS setup error. Prints as etcd-client's error,
+/// which it keeps as its source.
+#[derive(Debug, thiserror::Error)]
+#[error(transparent)]
+pub struct ClientError(#[from] etcd_client::Error);
+
 struct Inner {
     shard: String,
     metrics: m::ShardMetrics,
@@ -113,7 +120,7 @@ impl EtcdConn {
         access: &Access,
         timeout: Duration,
         connect_timeout: Duration,
-    ) -> Result<Self, etcd_client::Error> {
+    ) -> Result<Self, ClientError> {
         let endpoints = &access.endpoints;
         let options = access.options(
             ConnectOptions::new()
