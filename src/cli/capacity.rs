@@ -328,7 +328,7 @@ impl Workload {
     fn barrier_writes(&self, share: f64) -> f64 {
         let replicas = f64::from(self.router_replicas);
         let per_replica = self.renew_requests(share) / replicas;
-        let spacing = crate::shard::cache::BARRIER_SPACING.as_secs_f64();
+        let spacing = crate::config::BARRIER_SPACING.as_secs_f64();
         let cycle = (self.barrier_latency_ms / 1_000.0).max(spacing);
         replicas * one_in_flight(per_replica, cycle)
     }
@@ -574,7 +574,7 @@ mod tests {
                         );
                         // At most one barrier in flight per replica, and
                         // at most one per spacing.
-                        let spacing = crate::shard::cache::BARRIER_SPACING.as_secs_f64();
+                        let spacing = crate::config::BARRIER_SPACING.as_secs_f64();
                         let cycle = (a.barrier_latency_ms / 1_000.0).max(spacing);
                         let most = a.router_replicas as f64 / cycle;
                         assert!(barriers <= most * (1.0 + 1e-12), "{barriers} > {most}");

@@ -136,6 +136,16 @@ pub struct EtcdSettings {
     pub count_interval_ms: u64,
 }
 
+/// Least time between two barriers of the lock-key cache on one shard (a
+/// constant, not a setting). Renewals tolerate a few ms of waiting (they
+/// come every third of a TTL); etcd pays for every barrier with a raft
+/// write. Under load this caps barriers at 50/s per shard and replica,
+/// whatever the renewal rate; a renewal that finds no barrier sent in the
+/// last 20 ms gets one at once. Kept here, below every layer, so that the
+/// cache (`shard/cache.rs`) and the capacity model (`cli/capacity.rs`)
+/// read the one value.
+pub const BARRIER_SPACING: Duration = Duration::from_millis(20);
+
 #[derive(Debug, Clone, Deserialize, serde::Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct RingSettings {

@@ -25,6 +25,7 @@ use tokio_util::sync::CancellationToken;
 use super::conn::{EtcdConn, EtcdError};
 use super::keys::{Keys, NameHash};
 use super::verify::IdentityCell;
+use crate::config::BARRIER_SPACING;
 use crate::token::lease_tag::LeaseTag;
 
 /// Longest a renewal waits for the cache to apply its barrier before it
@@ -36,13 +37,6 @@ pub const LAG_BOUND: Duration = Duration::from_millis(500);
 /// keeps delivering): the cache loads again, on another member, and
 /// renewals waiting for it read etcd instead.
 const SILENT_WATCH: Duration = Duration::from_millis(150);
-
-/// Least time between two barriers of one shard. Renewals tolerate a few
-/// ms of waiting (they come every third of a TTL); etcd pays for every
-/// barrier with a raft write. Under load this caps barriers at 50/s per
-/// shard and replica, whatever the renewal rate; a renewal that finds no
-/// barrier sent in the last 20 ms gets one at once.
-pub const BARRIER_SPACING: Duration = Duration::from_millis(20);
 
 /// A lock key as the cache knows it: (create revision, lease).
 pub type Entry = (i64, i64);
