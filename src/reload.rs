@@ -20,7 +20,7 @@ use crate::config::{ConfigError, Settings};
 use crate::locks::{Active, Locks};
 use crate::placement::migration::{self, BumpRequest, Refused};
 use crate::placement::ring::Ring;
-use crate::placement::topology::ShardPool;
+use crate::placement::topology::{self, ConnectError, ShardPool};
 
 /// Why a reload was refused. Nothing changed.
 #[derive(Debug, thiserror::Error)]
@@ -36,9 +36,10 @@ pub enum ReloadError {
     /// The change needs a restart (it is never applied by a reload).
     #[error("{0}")]
     NeedsRestart(String),
-    /// A TLS or password file a shard's settings name cannot be used.
+    /// A TLS or password file a shard's settings name cannot be used
+    /// ([`ConnectError::Access`], from [`topology::check_access`]).
     #[error(transparent)]
-    ShardAccess(#[from] crate::shard::access::AccessError),
+    ShardAccess(ConnectError),
     /// A TLS file named in `[server]` cannot be used.
     #[error("{0}")]
     Tls(String),
@@ -145,9 +146,7 @@ impl Reloader {
                 "turning TLS on or off takes a restart; certificates and keys reload".into(),
             ));
         }
-        for shard in &new.shards {
-            crate::shard::access::Access::load(shard)?;
-        }
+        topology::check_access(&new.shards).map_err(ReloadError::ShardAccess)?;
         if old.etcd.prefix != new.etcd.prefix {
             return Err(ReloadError::NeedsRestart(
                 "etcd.prefix changes only when the router restarts (and moves every lock: see docs/design.md)".into(),

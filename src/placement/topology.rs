@@ -142,6 +142,16 @@ impl PoolSettings {
     }
 }
 
+/// Checks that the TLS and password files each of `shards` names can be
+/// used, connecting nothing: a reload refuses a file it cannot use before
+/// it changes anything. Only [`ConnectError::Access`] comes of it.
+pub fn check_access(shards: &[ShardSettings]) -> Result<(), ConnectError> {
+    for shard in shards {
+        Access::load(shard)?;
+    }
+    Ok(())
+}
+
 /// A shard's etcd client could not be built; nothing is connected until
 /// the first call, so an unreachable shard is not this error.
 #[derive(Debug, thiserror::Error)]
