@@ -17,8 +17,8 @@
 //!   reload.rs   Reloader: apply a changed config file while serving
 //!   http/       routes, body, answers, api, admin, admission, caller, error,
 //!               request_id, state, ui
-//!   locks/      acquire, wait, limit, quota, renew, release, inspect, force,
-//!               listing, validate
+//!   locks/      acquire, wait, limit, quota, renew, extend, release, inspect,
+//!               force, listing, validate
 //!   placement/  ring, topology, migration, monitor
 //!   shard/      conn, access, login, keys, name, txn, queue, commit, records,
 //!               scan, cache, sessions, keepalive, verify, pressure

@@ -12,6 +12,7 @@ mod dashboards;
 mod docs;
 mod etcd_tls;
 mod exec;
+mod extend;
 mod faults;
 mod fencing;
 mod hostile;

@@ -61,7 +61,7 @@ impl Admission {
     /// metrics, admin), or 503 `overloaded` when the bound is reached.
     pub fn admit(&self, route: Route) -> Result<Option<Slot<'_>>, ApiError> {
         let bound = match route {
-            Route::Renew | Route::RenewBatch => self.max,
+            Route::Renew | Route::RenewBatch | Route::Extend => self.max,
             Route::Release => self.max_releases,
             Route::Acquire | Route::Inspect => self.max_acquires,
             _ => return Ok(None),

@@ -123,6 +123,18 @@ pub struct Renewed {
     pub times: Times,
 }
 
+/// `extend` done: the lock rides on the session lease of its new TTL,
+/// under a new lockId, with the same fencing token.
+#[derive(Debug, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ExtendedLock {
+    pub renewed: bool,
+    pub lock_id: String,
+    pub fencing_token: u64,
+    #[serde(flatten)]
+    pub times: Times,
+}
+
 /// A refused renewal: `expired`, `stolen` or (in batches)
 /// `shard_unavailable`.
 #[derive(Debug, Serialize)]

@@ -11,11 +11,11 @@ use http_body_util::Full;
 use serde::Deserialize;
 
 use super::answers::{
-    json, renew_batch_answer, renewal, Granted, Inspected, NotAcquired, NotRenewed, RenewAnswer,
-    Renewed, Times, TimesAt,
+    json, renew_batch_answer, renewal, ExtendedLock, Granted, Inspected, NotAcquired, NotRenewed,
+    RenewAnswer, Renewed, Times, TimesAt,
 };
 use super::error::ApiError;
-use crate::locks::{split_holder, AcquireRequest, Acquired, Caller, Locks, RenewOutcome};
+use crate::locks::{split_holder, AcquireRequest, Acquired, Caller, Extended, Locks, RenewOutcome};
 
 pub type Answer = Result<(Response<Full<Bytes>>, &'static str), ApiError>;
 
@@ -59,6 +59,14 @@ pub struct RenewBody {
 pub struct LockRef {
     lock_id: String,
     fencing_token: u64,
+}
+
+#[derive(Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct ExtendBody {
+    lock_id: String,
+    fencing_token: u64,
+    ttl_ms: u64,
 }
 
 /// A lock of a renew-batch: its lockId borrowed from the body unless the
@@ -170,6 +178,40 @@ fn renew_answer(o: &RenewOutcome, times: &mut TimesAt) -> (RenewAnswer, &'static
             (RenewAnswer::NotRenewed(answer), reason)
         }
     }
+}
+
+/// Extends a lock to a new TTL: moved onto the session lease of that TTL,
+/// with the same fencing token and a new lockId.
+pub async fn extend(
+    locks: &Locks,
+    body: ExtendBody,
+    caller: Caller<'_>,
+    received: Instant,
+) -> Answer {
+    let extended = locks
+        .extend(
+            &body.lock_id,
+            body.fencing_token,
+            body.ttl_ms,
+            caller,
+            received,
+        )
+        .await?;
+    Ok(match extended {
+        Extended::Moved(g) => {
+            let body = ExtendedLock {
+                renewed: true,
+                lock_id: g.lock_id,
+                fencing_token: g.fencing_token,
+                times: Times::of(&g.expires),
+            };
+            (json(StatusCode::OK, &body), "renewed")
+        }
+        Extended::Refused(o) => {
+            let (answer, label) = renew_answer(&o, &mut TimesAt::now());
+            (json(StatusCode::CONFLICT, &answer), label)
+        }
+    })
 }
 
 pub async fn release(locks: &Locks, body: LockRef, caller: Caller<'_>) -> Answer {

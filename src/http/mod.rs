@@ -289,6 +289,11 @@ async fn dispatch(
             let caller = caller::as_caller(&principal);
             within(t.request, api::renew_batch(locks, body, caller, received)).await
         }
+        Route::Extend => {
+            let body = body::parse(req, max, t.body_read).await?;
+            let caller = caller::as_caller(&principal);
+            within(t.request, api::extend(locks, body, caller, received)).await
+        }
         Route::Release => {
             let body = body::parse(req, max, t.body_read).await?;
             within(

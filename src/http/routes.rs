@@ -20,6 +20,7 @@ pub enum Route {
     Acquire,
     Renew,
     RenewBatch,
+    Extend,
     Release,
     Inspect,
     Healthz,
@@ -44,10 +45,11 @@ pub const CLIENTS_PREFIX: &str = "/admin/v1/clients/";
 
 impl Route {
     /// Every route, in the order the API documents them.
-    pub const ALL: [Route; 15] = [
+    pub const ALL: [Route; 16] = [
         Route::Acquire,
         Route::Renew,
         Route::RenewBatch,
+        Route::Extend,
         Route::Release,
         Route::Inspect,
         Route::Healthz,
@@ -67,6 +69,7 @@ impl Route {
             Route::Acquire
             | Route::Renew
             | Route::RenewBatch
+            | Route::Extend
             | Route::Release
             | Route::AdminReload
             | Route::AdminBumpEpoch
@@ -88,6 +91,7 @@ impl Route {
             Route::Acquire => "/api/v1/locks/acquire",
             Route::Renew => "/api/v1/locks/renew",
             Route::RenewBatch => "/api/v1/locks/renew-batch",
+            Route::Extend => "/api/v1/locks/extend",
             Route::Release => "/api/v1/locks/release",
             Route::Inspect => "/api/v1/locks/{name}",
             Route::Healthz => "/healthz",
@@ -110,6 +114,7 @@ impl Route {
             Route::Acquire => "acquire",
             Route::Renew => "renew",
             Route::RenewBatch => "renew_batch",
+            Route::Extend => "extend",
             Route::Release => "release",
             Route::Inspect => "inspect",
             Route::Healthz => "healthz",
@@ -129,7 +134,12 @@ impl Route {
     pub fn is_lock_api(self) -> bool {
         matches!(
             self,
-            Route::Acquire | Route::Renew | Route::RenewBatch | Route::Release | Route::Inspect
+            Route::Acquire
+                | Route::Renew
+                | Route::RenewBatch
+                | Route::Extend
+                | Route::Release
+                | Route::Inspect
         )
     }
 
@@ -194,7 +204,7 @@ mod tests {
 
     #[test]
     fn lock_names_that_look_like_routes_are_inspected() {
-        for name in ["acquire", "renew", "renew-batch", "release"] {
+        for name in ["acquire", "renew", "renew-batch", "extend", "release"] {
             let path = format!("{LOCKS_PREFIX}{name}");
             assert_eq!(
                 Route::of(&Method::GET, &path, Listener::Main),

@@ -12,6 +12,9 @@
 //! - [`renew`]: a coalesced keepalive of the lock's lease plus a batched,
 //!   linearizable check that the key still has the lockId's create revision
 //!   and lease.
+//! - [`extend`]: the lock moved onto its client's session lease of another
+//!   TTL by one txn that keeps the key (the same fencing token, a new
+//!   lockId), only if the key is still the version read.
 //! - [`release`]: a txn deleting the key (and its held record) only if it
 //!   still has that create revision and lease, so a stale lockId never
 //!   touches a later holder.
@@ -46,6 +49,7 @@ use crate::token::lease_tag::LeaseTag;
 use crate::token::lock_id::{LockId, Seal, Sealer};
 pub use quota::Quotas;
 mod acquire;
+mod extend;
 mod force;
 mod inspect;
 mod limit;
@@ -177,6 +181,18 @@ pub struct Owner {
     pub quota: Quota,
 }
 
+/// The owner `caller` acts as: its principal, if principals are configured.
+pub(crate) fn owner_of(caller: Caller<'_>) -> Option<Owner> {
+    match caller {
+        Caller::Principal { name, quota } => Some(Owner {
+            name: name.to_string(),
+            tag: LeaseTag::of(name),
+            quota,
+        }),
+        Caller::Anyone => None,
+    }
+}
+
 /// Between a principal's name and a clientId in a holder: a control
 /// character, which no clientId contains, so a scoped holder never equals
 /// another principal's or an unscoped one.
@@ -218,6 +234,15 @@ pub enum RenewOutcome {
     Stolen,
     /// Only in batches: the lock's shard did not answer (retry later).
     Unavailable,
+}
+
+/// What an extend came to.
+pub enum Extended {
+    /// The lock rides on the session lease of its new TTL: its new lockId,
+    /// the same fencing token, and the expiry that lease has.
+    Moved(Grant),
+    /// Not extended, as a renewal would answer: `expired` or `stolen`.
+    Refused(RenewOutcome),
 }
 
 pub struct Inspection {
@@ -395,14 +420,7 @@ impl Locks {
     ) -> Result<Acquired, LockError> {
         let active = self.active();
         active.check_acquire(&req)?;
-        let owner = match caller {
-            Caller::Principal { name, quota } => Some(Owner {
-                name: name.to_string(),
-                tag: LeaseTag::of(name),
-                quota,
-            }),
-            Caller::Anyone => None,
-        };
+        let owner = owner_of(caller);
         let req = AcquireRequest {
             client_id: holder(caller, &req.client_id),
             owner,
@@ -505,6 +523,21 @@ impl Locks {
         received: Instant,
     ) -> Result<Vec<RenewOutcome>, LockError> {
         self.active().renew_batch(locks, caller, received).await
+    }
+
+    /// Extends one lock to a new TTL ([`Active::extend`]); `received` as
+    /// for [`Locks::renew`].
+    pub async fn extend(
+        &self,
+        lock_id: &str,
+        token: u64,
+        ttl_ms: u64,
+        caller: Caller<'_>,
+        received: Instant,
+    ) -> Result<Extended, LockError> {
+        (self.active())
+            .extend(lock_id, token, ttl_ms, caller, received)
+            .await
     }
 
     pub async fn release(

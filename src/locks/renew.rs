@@ -127,7 +127,7 @@ impl Active {
     /// answered without a keepalive. `extend`: keep the leases alive now
     /// (within the coalescing window), not only once less than
     /// `keepalive_below_pct` of their TTL is left.
-    async fn renew_on(
+    pub(super) async fn renew_on(
         &self,
         shard: &Arc<Shard>,
         ids: &[&LockId],

@@ -95,6 +95,45 @@ impl Shard {
         self.committer.release(k, revision, lease).await
     }
 
+    /// Moves a held lock onto the session lease `lease` with a new TTL
+    /// (an extend): puts the lock key with `value` on `lease` and its held
+    /// record with `held`, only if the key and the record are still the
+    /// versions `lock` and `held_was` (their mod revisions; an absent
+    /// record compares as 0) and the shard still carries `identity`. A put
+    /// keeps a key's create revision, so the lock keeps its fencing token.
+    /// Returns whether it moved; a failed compare means the lock changed
+    /// (released, expired, taken, or moved by another call): read again.
+    pub async fn move_lock(
+        &self,
+        k: &NameKeys,
+        lock: &Stored,
+        held_was: Option<&Stored>,
+        (value, held): (&LockValue, &HeldValue),
+        lease: i64,
+        identity: &[u8],
+    ) -> Result<bool, EtcdError> {
+        let held_rev = held_was.map_or(0, Stored::mod_revision);
+        let txn = Txn::new()
+            .when([
+                Compare::mod_revision(k.lock.clone(), CompareOp::Equal, lock.mod_revision()),
+                Compare::mod_revision(k.held.clone(), CompareOp::Equal, held_rev),
+                Compare::value(self.keys.identity(), CompareOp::Equal, identity.to_vec()),
+            ])
+            .and_then([
+                TxnOp::put(
+                    k.lock.clone(),
+                    serde_json::to_vec(value).expect("lock values serialise"),
+                    Some(PutOptions::new().with_lease(lease)),
+                ),
+                TxnOp::put(
+                    k.held.clone(),
+                    serde_json::to_vec(held).expect("held records serialise"),
+                    None,
+                ),
+            ]);
+        Ok(self.txn(txn).await?.succeeded())
+    }
+
     /// Sets the lock-delay of a lost holder's name: grants a lease of `ttl`
     /// seconds (plus one, for rounding and clock rates) and moves the held
     /// record onto it. Returns when the delay ends at the earliest, and

@@ -1,0 +1,121 @@
+//! Extend: a held lock moved onto its client's session lease of another
+//! TTL, in one txn that keeps the lock key (and so its create revision and
+//! fencing token) and fails if the key changed since it was read
+//! (`docs/design.md`, "Extend").
+
+use std::time::Instant;
+
+use super::*;
+use crate::shard::keys::HeldValue;
+
+impl Active {
+    /// Moves the lock of `lock_id` onto its client's session lease of
+    /// `ttl_ms` (rounded up to whole seconds, as at acquire). The same TTL
+    /// is a renewal now, under the same lockId. Its latency counts as a
+    /// renewal's on the lock's shard, from `received`.
+    pub async fn extend(
+        &self,
+        lock_id: &str,
+        token: u64,
+        ttl_ms: u64,
+        caller: Caller<'_>,
+        received: Instant,
+    ) -> Result<Extended, LockError> {
+        let id = self.open(lock_id, token, caller)?;
+        let ttl_secs = self.ttl_secs(ttl_ms)?;
+        let shard = self.shard_of(&id)?;
+        let _latency = shard.conn.metrics().latency(ShardOp::Renew, received);
+        check_up(&shard)?;
+        if ttl_secs == id.ttl_secs {
+            let outcome = self.renew_on(&shard, &[&id], true).await.pop();
+            return Ok(match outcome.expect("one outcome per lock")? {
+                RenewOutcome::Renewed(expires) => Extended::Moved(Grant {
+                    lock_id: lock_id.to_string(),
+                    fencing_token: token,
+                    expires,
+                }),
+                refused => Extended::Refused(refused),
+            });
+        }
+        let owner = owner_of(caller);
+        let k = shard.name_keys(&id.name_hash);
+        // Retried when the session lease of the new TTL turned out gone, or
+        // the lock's records changed between the read and the txn.
+        for _ in 0..3 {
+            let identity = shard.verified_identity().ok_or_else(|| {
+                unavailable(&shard, "the shard's identity is not verified yet; retry")
+            })?;
+            let state = shard.read_name(&k).await?;
+            if state.identity.as_deref() != Some(identity.as_slice()) {
+                self.router.identity_changed(&shard);
+                return Err(unavailable(
+                    &shard,
+                    "the cluster behind this shard's endpoints is not this shard",
+                ));
+            }
+            let Some(lock) = state.lock else {
+                return Ok(Extended::Refused(RenewOutcome::Expired));
+            };
+            if (lock.create_revision(), lock.lease()) != (id.revision, id.lease) {
+                return Ok(Extended::Refused(RenewOutcome::Stolen));
+            }
+            let mut value: LockValue = serde_json::from_slice(lock.value())
+                .map_err(|e| LockError::Internal(format!("a lock key's value: {e}")))?;
+            value.ttl = ttl_secs;
+            let held = HeldValue {
+                name: value.name.clone(),
+                ttl: ttl_secs,
+            };
+            let session = shard
+                .sessions
+                .get_or_grant(&value.client, ttl_secs, || {
+                    self.new_session(&shard, ttl_secs, owner.as_ref(), None)
+                })
+                .await?;
+            // The lease is confirmed alive before the lock moves onto it, and
+            // the expiry answered counts from this keepalive's send: the key
+            // is on this lease from the txn on, and until then on the old
+            // lease, which the read found still carrying it.
+            let sent = Instant::now();
+            let window = self.keepalive.coalescing(ttl_secs);
+            let renewal = shard
+                .keepalive
+                .refresh(session.id, window, ttl_secs)
+                .await?;
+            let moved = match renewal.alive() {
+                true => {
+                    let records = (&value, &held);
+                    let held_was = state.held.as_ref();
+                    shard
+                        .move_lock(&k, &lock, held_was, records, session.id, &identity)
+                        .await
+                }
+                false => Err(EtcdError::LeaseNotFound),
+            };
+            match moved {
+                Ok(true) => {
+                    shard.sessions.touch(session.id);
+                    let lock = LockId {
+                        ttl_secs,
+                        lease: session.id,
+                        ..id
+                    };
+                    let grant = self.grant(lock, &value.client, &renewal, sent)?;
+                    return Ok(Extended::Moved(grant));
+                }
+                // Changed since the read: read again, which tells.
+                Ok(false) => {}
+                Err(EtcdError::LeaseNotFound) => {
+                    (shard.sessions)
+                        .invalidate(&value.client, ttl_secs, session.id)
+                        .await;
+                }
+                Err(e) => return Err(e.into()),
+            }
+        }
+        Err(unavailable(
+            &shard,
+            "the lock's records or its new session lease kept changing; retry",
+        ))
+    }
+}
