@@ -304,7 +304,7 @@ pub async fn client(locks: &crate::locks::Locks, client_id: &str, q: ClientQuery
         None => crate::locks::Caller::Anyone,
     };
     let view = locks
-        .client_view(&crate::locks::holder(caller, client_id))
+        .client_view(&crate::locks::Holder::new(caller, client_id))
         .await?;
     let body = ClientAnswer {
         client_id: client_id.to_string(),

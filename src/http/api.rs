@@ -99,7 +99,6 @@ pub async fn acquire(
         ttl_ms: body.ttl_ms,
         client_id: body.client_id,
         wait_ms: body.wait_ms,
-        owner: None,
         metadata: body.metadata,
         received,
     };

@@ -22,20 +22,40 @@ pub(crate) enum Attempt {
 }
 
 impl Active {
-    /// Checks an acquire's name, clientId and TTL; returns the lease TTL.
-    pub(crate) fn check_acquire(&self, req: &AcquireRequest) -> Result<u32, LockError> {
+    /// Checks an acquire once: its name, clientId, metadata, TTL and wait,
+    /// and scopes its clientId to `caller`'s principal.
+    pub(crate) fn check_acquire(
+        &self,
+        req: AcquireRequest,
+        caller: Caller<'_>,
+    ) -> Result<Acquire, LockError> {
         check_text("name", &req.name, self.limits.max_name_bytes)?;
         check_text("clientId", &req.client_id, self.limits.max_client_id_bytes)?;
         if let Some(meta) = &req.metadata {
             validate::check_metadata(meta, self.limits.max_metadata_bytes)?;
         }
-        self.ttl_secs(req.ttl_ms)
+        let ttl_secs = self.ttl_secs(req.ttl_ms)?;
+        if req.wait_ms > self.limits.max_wait_ms {
+            return Err(invalid(format!(
+                "waitMs must be at most {}",
+                self.limits.max_wait_ms
+            )));
+        }
+        Ok(Acquire {
+            ttl_secs,
+            holder: Holder::new(caller, &req.client_id),
+            owner: owner_of(caller),
+            wait: Duration::from_millis(req.wait_ms),
+            name: req.name,
+            metadata: req.metadata,
+            received: req.received,
+        })
     }
 
     /// Acquire without waiting (`waitMs` is not looked at), once
     /// [`Active::check_acquire`] passed.
-    pub async fn acquire_now(&self, req: &AcquireRequest) -> Result<Acquired, LockError> {
-        let ttl_secs = self.ttl_secs(req.ttl_ms)?;
+    pub(crate) async fn acquire_now(&self, req: &Acquire) -> Result<Acquired, LockError> {
+        let ttl_secs = req.ttl_secs;
         let shard = self.router.shard_for(&req.name);
         tracing::Span::current().record("shard", shard.name.as_str());
         let k = shard.name_keys(&name_hash(&req.name));
@@ -46,20 +66,23 @@ impl Active {
         // holder's record changed under us.
         for _ in 0..3 {
             let g = self.grantable(shard)?;
-            if let Some(answer) = self.handoff(&req.name, shard, &req.client_id, &k).await? {
+            if let Some(answer) = self
+                .handoff(&req.name, shard, req.holder.as_str(), &k)
+                .await?
+            {
                 return Ok(answer);
             }
-            if let Some(answer) = self.look_first(shard, &k, &req.client_id, &g).await? {
+            if let Some(answer) = self.look_first(shard, &k, req.holder.as_str(), &g).await? {
                 return Ok(answer);
             }
             // Not the holder's own re-acquire (that answered above): a new
             // grant, reserved in the owner's quota until its cache counts it.
             let reservation = self.reserve_lock(req.owner.as_ref())?;
-            let value = lock_value(req, &g.ring, ttl_secs)?;
+            let value = lock_value(req, &g.ring)?;
             let owner = req.owner.as_ref();
             let session = shard
                 .sessions
-                .get_or_grant(&req.client_id, ttl_secs, || {
+                .get_or_grant(req.holder.as_str(), ttl_secs, || {
                     self.new_session(shard, ttl_secs, owner, reservation.as_ref())
                 })
                 .await?;
@@ -102,7 +125,7 @@ impl Active {
                 // If the txn did create the key, it went with the lease.
                 shard
                     .sessions
-                    .invalidate(&req.client_id, ttl_secs, session.id)
+                    .invalidate(req.holder.as_str(), ttl_secs, session.id)
                     .await;
                 continue;
             }
@@ -111,7 +134,7 @@ impl Active {
             }
             let own = (session, renewal);
             match self
-                .settle(shard, &k, &req.client_id, txn?, sent, own, &g)
+                .settle(shard, &k, req.holder.as_str(), txn?, sent, own, &g)
                 .await?
             {
                 Attempt::Done(answer) => return Ok(answer),

@@ -104,8 +104,9 @@ impl Locks {
         self.active().list_locks(prefix, cursor, limit).await
     }
 
-    pub async fn client_view(&self, holder: &str) -> Result<ClientView, LockError> {
-        self.active().client_view(holder).await
+    /// What `holder` holds, and its sessions, on every shard.
+    pub async fn client_view(&self, holder: &Holder) -> Result<ClientView, LockError> {
+        self.active().client_view(holder.as_str()).await
     }
 }
 

@@ -138,18 +138,30 @@ impl Expiry {
     }
 }
 
+/// An acquire as the caller sent it, before any check.
 pub struct AcquireRequest {
     pub name: String,
     pub ttl_ms: u64,
-    /// Who holds the lock: the caller's clientId, scoped to its principal
-    /// ([`holder`]) once [`Locks::acquire`] has checked it.
     pub client_id: String,
     pub wait_ms: u64,
-    /// Its principal, set by [`Locks::acquire`].
-    pub owner: Option<Owner>,
     /// A small JSON object or string to record with the lock.
     pub metadata: Option<serde_json::Value>,
     /// When the request arrived: its latency on its shard counts from then.
+    pub received: Instant,
+}
+
+/// An acquire checked once ([`Active::check_acquire`]): every field holds
+/// a value the limits allow, and the clientId is scoped to its principal.
+pub(crate) struct Acquire {
+    pub name: String,
+    /// The TTL of the session lease, in whole seconds (`ttlMs` rounded up).
+    pub ttl_secs: u32,
+    pub holder: Holder,
+    /// Its principal, whose quotas apply.
+    pub owner: Option<Owner>,
+    /// How long it may wait in the name's queue (0: answer at once).
+    pub wait: Duration,
+    pub metadata: Option<serde_json::Value>,
     pub received: Instant,
 }
 
@@ -198,13 +210,30 @@ pub(crate) fn owner_of(caller: Caller<'_>) -> Option<Owner> {
 /// another principal's or an unscoped one.
 const OWNER_SEP: char = '\u{1f}';
 
-/// The holder identity of `client_id` acting for `caller`: the clientId
-/// itself, or scoped to the principal, so principals never share a
-/// holder, a session lease or a waiter's place.
-pub fn holder(caller: Caller<'_>, client_id: &str) -> String {
-    match caller {
-        Caller::Anyone => client_id.to_string(),
-        Caller::Principal { name, .. } => format!("{name}{OWNER_SEP}{client_id}"),
+/// Who holds a lock: a clientId, scoped to the principal it acts for, so
+/// principals never share a holder, a session lease or a waiter's place.
+/// Its [`as_str`](Holder::as_str) form is what lock keys, sessions and
+/// queue entries record.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Holder(String);
+
+impl Holder {
+    /// `client_id` acting for `caller`.
+    pub fn new(caller: Caller<'_>, client_id: &str) -> Self {
+        Self(match caller {
+            Caller::Anyone => client_id.to_string(),
+            Caller::Principal { name, .. } => format!("{name}{OWNER_SEP}{client_id}"),
+        })
+    }
+
+    /// The recorded form.
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+
+    /// The clientId the caller sent.
+    pub fn client_id(&self) -> &str {
+        split_holder(&self.0).1
     }
 }
 
@@ -419,26 +448,21 @@ impl Locks {
         caller: Caller<'_>,
     ) -> Result<Acquired, LockError> {
         let active = self.active();
-        active.check_acquire(&req)?;
-        let owner = owner_of(caller);
-        let req = AcquireRequest {
-            client_id: holder(caller, &req.client_id),
-            owner,
-            ..req
-        };
-        let req = &req;
+        let req = &active.check_acquire(req, caller)?;
         let limited = match &self.per_client {
-            Some(limiter) => limiter
-                .check(&req.client_id)
-                .map_err(|wait| LockError::RateLimited {
-                    reason: format!(
-                        "clientId {:?} is past {} acquires/s; retry in {} ms",
-                        split_holder(&req.client_id).1,
-                        limiter.per_sec(),
-                        wait.as_millis().max(1)
-                    ),
-                    retry_after: wait.max(Duration::from_secs(1)),
-                }),
+            Some(limiter) => {
+                limiter
+                    .check(req.holder.as_str())
+                    .map_err(|wait| LockError::RateLimited {
+                        reason: format!(
+                            "clientId {:?} is past {} acquires/s; retry in {} ms",
+                            req.holder.client_id(),
+                            limiter.per_sec(),
+                            wait.as_millis().max(1)
+                        ),
+                        retry_after: wait.max(Duration::from_secs(1)),
+                    })
+            }
             None => Ok(()),
         };
         let shard = active.router.shard_for(&req.name).clone();
@@ -449,7 +473,7 @@ impl Locks {
         };
         let result = match slot {
             Err(e) => Err(e),
-            Ok(_slot) if req.wait_ms == 0 => active.acquire_now(req).await,
+            Ok(_slot) if req.wait.is_zero() => active.acquire_now(req).await,
             Ok(_slot) => active.acquire_waiting(req, &self.waiting).await,
         };
         let outcome = match &result {
@@ -619,20 +643,16 @@ pub(crate) async fn lease_end(shard: &Shard, kv: &Stored) -> Result<Expiry, Etcd
 }
 
 /// The lock key's value for a grant under `ring`.
-pub(crate) fn lock_value(
-    req: &AcquireRequest,
-    ring: &Recorded,
-    ttl_secs: u32,
-) -> Result<LockValue, LockError> {
+pub(crate) fn lock_value(req: &Acquire, ring: &Recorded) -> Result<LockValue, LockError> {
     epoch_of(ring)?;
     let at = SystemTime::now()
         .duration_since(SystemTime::UNIX_EPOCH)
         .map_or(0, |d| d.as_millis() as u64);
     Ok(LockValue {
-        client: req.client_id.clone(),
+        client: req.holder.as_str().to_string(),
         epoch: ring.meta.epoch,
         name: req.name.clone(),
-        ttl: ttl_secs,
+        ttl: req.ttl_secs,
         at,
         meta: req.metadata.clone(),
     })
@@ -835,6 +855,27 @@ pub(crate) fn unavailable(shard: &Shard, detail: &str) -> LockError {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn holders_are_scoped_to_their_principal_and_keep_the_client_id() {
+        let quota = Quota::default();
+        let pay = Caller::Principal { name: "pay", quota };
+        let ship = Caller::Principal {
+            name: "ship",
+            quota,
+        };
+        let scoped = Holder::new(pay, "worker-7");
+        assert_eq!(scoped.client_id(), "worker-7");
+        assert_eq!(split_holder(scoped.as_str()), ("pay", "worker-7"));
+        // One clientId under two principals, or none, is three holders.
+        assert_ne!(scoped, Holder::new(ship, "worker-7"));
+        assert_ne!(scoped, Holder::new(Caller::Anyone, "worker-7"));
+        let anyone = Holder::new(Caller::Anyone, "worker-7");
+        assert_eq!(
+            (anyone.as_str(), anyone.client_id()),
+            ("worker-7", "worker-7")
+        );
+    }
 
     #[test]
     fn a_keepalive_is_due_once_less_than_the_share_of_the_ttl_is_left() {

@@ -20,8 +20,7 @@ use std::time::{Duration, Instant};
 
 use crate::config::LockDelay;
 use crate::locks::{
-    epoch_of, invalid, lease_end, lock_value, AcquireRequest, Acquired, Active, Expiry, LockError,
-    WaitSlots,
+    epoch_of, lease_end, lock_value, Acquire, Acquired, Active, Expiry, LockError, WaitSlots,
 };
 use crate::shard::keepalive::Renewal;
 use crate::shard::keys::{name_hash, LockValue, Stored};
@@ -59,18 +58,12 @@ impl KeepAlive {
 
 impl Active {
     /// Acquire that waits up to `req.wait_ms`, first come first served.
-    pub async fn acquire_waiting(
+    pub(crate) async fn acquire_waiting(
         &self,
-        req: &AcquireRequest,
+        req: &Acquire,
         slots: &WaitSlots,
     ) -> Result<Acquired, LockError> {
-        let ttl_secs = self.ttl_secs(req.ttl_ms)?;
-        if req.wait_ms > self.limits.max_wait_ms {
-            return Err(invalid(format!(
-                "waitMs must be at most {}",
-                self.limits.max_wait_ms
-            )));
-        }
+        let ttl_secs = req.ttl_secs;
         let _slot = slots
             .0
             .clone()
@@ -79,7 +72,7 @@ impl Active {
                 reason: "too many callers are waiting; retry later".into(),
                 retry_after: super::RETRY_AFTER,
             })?;
-        let deadline = Instant::now() + Duration::from_millis(req.wait_ms);
+        let deadline = Instant::now() + req.wait;
         let shard = self.router.shard_for(&req.name).clone();
         // A waiter from the first answer that the name is held until its
         // own answer (an acquire answered at once never waited); dropping
@@ -118,7 +111,7 @@ impl Active {
     /// name meanwhile (then the queue no longer decides who gets it).
     async fn queue(
         &self,
-        req: &AcquireRequest,
+        req: &Acquire,
         ttl_secs: u32,
         shard: &Arc<Shard>,
         deadline: Instant,
@@ -130,12 +123,12 @@ impl Active {
             let reservation = self.reserve_lock(req.owner.as_ref())?;
             shard
                 .sessions
-                .get_or_grant(&req.client_id, ttl_secs, || {
+                .get_or_grant(req.holder.as_str(), ttl_secs, || {
                     self.new_session(shard, ttl_secs, req.owner.as_ref(), reservation.as_ref())
                 })
                 .await?
         };
-        let entry = shard.enqueue(&k, &req.client_id).await?;
+        let entry = shard.enqueue(&k, req.holder.as_str()).await?;
         let now = Instant::now();
         let mut alive = KeepAlive {
             session,
@@ -153,7 +146,7 @@ impl Active {
             if self.moved(&req.name, shard) {
                 return Ok(None); // dropping the entry leaves the queue
             }
-            let value = lock_value(req, &g.ring, ttl_secs)?;
+            let value = lock_value(req, &g.ring)?;
             let reservation = self.reserve_lock(req.owner.as_ref())?;
             let sent = Instant::now();
             let step = shard
@@ -180,7 +173,7 @@ impl Active {
                         // The session ran out right after: the lock went with it.
                         shard
                             .sessions
-                            .invalidate(&req.client_id, ttl_secs, alive.session.id)
+                            .invalidate(req.holder.as_str(), ttl_secs, alive.session.id)
                             .await;
                         return Ok(Some(Acquired::Held(Expiry(Instant::now()))));
                     }
@@ -193,7 +186,7 @@ impl Active {
                         name_hash: k.hash,
                         owner: Default::default(),
                     };
-                    let granted = self.grant(lock, &req.client_id, &renewal, sent)?;
+                    let granted = self.grant(lock, req.holder.as_str(), &renewal, sent)?;
                     return Ok(Some(Acquired::Granted(granted)));
                 }
                 // Our entry's lease ended (it could not be kept alive).
@@ -207,11 +200,11 @@ impl Active {
                     continue;
                 }
                 AcquireTxn::Held(holder) | AcquireTxn::Behind(_, Some(holder))
-                    if holds(&holder, &req.client_id) =>
+                    if holds(&holder, req.holder.as_str()) =>
                 {
                     // The caller's own client holds the name (granted through
                     // another request): the answer is that grant.
-                    let held = self.held(shard, &req.client_id, holder, &k, None, sent);
+                    let held = self.held(shard, req.holder.as_str(), holder, &k, None, sent);
                     return held.await.map(Some);
                 }
                 AcquireTxn::Held(holder) => {
@@ -262,7 +255,7 @@ impl Active {
     async fn keep_alive(
         &self,
         shard: &Shard,
-        req: &AcquireRequest,
+        req: &Acquire,
         entry: &QueueEntry,
         alive: &mut KeepAlive,
     ) -> Result<bool, LockError> {
@@ -276,7 +269,7 @@ impl Active {
             if !renewal.alive() {
                 shard
                     .sessions
-                    .invalidate(&req.client_id, ttl, alive.session.id)
+                    .invalidate(req.holder.as_str(), ttl, alive.session.id)
                     .await;
                 return Ok(false);
             }
