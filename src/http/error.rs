@@ -130,8 +130,9 @@ impl From<LockError> for ApiError {
                 retry_after: Some(RETRY_AFTER),
                 ..ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "overloaded", e.to_string())
             },
-            LockError::Internal(detail) => {
-                tracing::error!(%detail, "internal error");
+            LockError::Internal(_) | LockError::Etcd(_) => {
+                let error: &dyn std::error::Error = &e;
+                tracing::error!(error, "internal error");
                 ApiError::new(
                     StatusCode::INTERNAL_SERVER_ERROR,
                     "internal",

@@ -83,6 +83,11 @@ pub enum LockError {
     /// (a slow shard), or in all.
     #[error("shard {shard} is overloaded: {detail}; retry after a second")]
     Overloaded { shard: String, detail: String },
+    /// etcd refused a call for another reason than being unavailable (a
+    /// bug, or a misconfigured cluster): its error is the source.
+    #[error("internal error: {0}")]
+    Etcd(#[source] EtcdError),
+    /// Something the router found that it never writes (a corrupt value).
     #[error("internal error: {0}")]
     Internal(String),
 }
@@ -93,7 +98,7 @@ impl From<EtcdError> for LockError {
             EtcdError::Unavailable { shard, detail } => {
                 LockError::ShardUnavailable { shard, detail }
             }
-            other => LockError::Internal(other.to_string()),
+            other => LockError::Etcd(other),
         }
     }
 }
@@ -482,7 +487,7 @@ impl Locks {
             Err(LockError::ShardUnavailable { .. }) => "shard_unavailable",
             Err(LockError::RateLimited { .. }) => "rate_limited",
             Err(LockError::Overloaded { .. }) => "overloaded",
-            Err(LockError::Internal(_)) => "error",
+            Err(LockError::Internal(_) | LockError::Etcd(_)) => "error",
             // No shard to speak of.
             Err(LockError::InvalidArgument(_) | LockError::PermissionDenied(_)) => {
                 latency.discard();
