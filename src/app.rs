@@ -11,8 +11,8 @@ use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 
 use crate::config::Settings;
+use crate::generation::{BuildError, Generation, InForce};
 use crate::http::{self, AppState, Listener};
-use crate::locks::{Active, Locks};
 use crate::placement::topology::{ConnectError, ShardPool};
 use crate::reload::Reloader;
 
@@ -40,8 +40,6 @@ impl Application {
         // First: series set while connecting (a shard's first answer marks
         // it up, once) would otherwise go to no recorder and stay missing.
         let metrics = crate::metrics::install();
-        let tls = crate::tls::load(&settings.server).map_err(StartError::Tls)?;
-        let tls: crate::tls::Shared = Arc::new(arc_swap::ArcSwapOption::new(tls));
         let listener = bind(&settings.server.listen).await?;
         let metrics_listener = match &settings.server.metrics_listen {
             Some(addr) => Some(bind(addr).await?),
@@ -49,37 +47,26 @@ impl Application {
         };
         let tasks = CancellationToken::new();
         let pool = ShardPool::new(&settings, tasks.clone());
-        let sealer = crate::auth::sealer(&settings.auth).map_err(StartError::Auth)?;
-        let principals =
-            crate::auth::Principals::new(&settings.auth, settings.admin.token.as_deref())
-                .map_err(StartError::Auth)?
-                .with_admin_hosts(&settings.admin.allowed_hosts);
-        let principals: crate::auth::Shared = Arc::new(arc_swap::ArcSwap::from_pointee(principals));
-        let access_log = crate::http::access::switch(settings.server.access_log);
-        let router = crate::placement::serve(&settings, pool.clone()).await?;
-        let locks = Arc::new(Locks::new(
-            Active::new(&settings, router, sealer, Default::default()),
+        let first = Generation::build(&settings, Default::default(), async {
+            Ok::<_, StartError>(crate::placement::serve(&settings, pool.clone()).await?)
+        })
+        .await?;
+        let in_force = Arc::new(InForce::new(
+            first,
             crate::http::admission::per_shard_acquires(settings.server.max_in_flight),
         ));
         let reloader = Arc::new(Reloader::new(
             path,
             settings.clone(),
-            locks.clone(),
+            in_force.clone(),
             pool,
-            tls.clone(),
-            principals.clone(),
-            access_log.clone(),
         ));
         let upkeep = crate::metrics::start_upkeep(metrics.clone(), crate::metrics::UPKEEP_EVERY);
         let state = Arc::new(AppState {
-            locks,
+            in_force,
             reloader,
-            principals,
             metrics,
-            timeouts: settings.http_timeouts(),
             admission: crate::http::admission::Admission::new(settings.server.max_in_flight),
-            tls,
-            access_log,
             replica: crate::http::answers::Replica::starting(),
         });
         Ok(Self {
@@ -164,4 +151,13 @@ pub enum StartError {
     /// A lockId key of `[auth]` cannot be used.
     #[error("{0}")]
     Auth(String),
+}
+
+impl From<BuildError> for StartError {
+    fn from(e: BuildError) -> Self {
+        match e {
+            BuildError::Tls(why) => StartError::Tls(why),
+            BuildError::Auth(why) => StartError::Auth(why),
+        }
+    }
 }

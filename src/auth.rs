@@ -15,7 +15,6 @@ use std::num::NonZeroU32;
 use std::sync::Arc;
 use std::time::Duration;
 
-use arc_swap::ArcSwap;
 use governor::clock::{Clock, DefaultClock};
 use governor::{DefaultDirectRateLimiter, Quota, RateLimiter};
 use sha2::{Digest, Sha256};
@@ -169,9 +168,6 @@ pub struct Principals {
     /// loopback clients.
     admin_hosts: Vec<String>,
 }
-
-/// The principals in force, swapped whole on reload.
-pub type Shared = Arc<ArcSwap<Principals>>;
 
 impl Principals {
     /// The principals of `auth`; refused when two of them share a lease

@@ -28,9 +28,10 @@ const RANKS: &[(&str, u32)] = &[
     ("placement", 4),
     ("locks", 5),
     ("cli", 5),
-    ("reload", 6),
-    ("http", 7),
-    ("app", 8),
+    ("generation", 6),
+    ("reload", 7),
+    ("http", 8),
+    ("app", 9),
 ];
 
 /// The client crate's layers, bottom (0) to top, one entry per file. Files

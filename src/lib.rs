@@ -3,9 +3,10 @@
 //!
 //! # Layout
 //!
-//! Nine layers, each importing only from the layers below it. Bottom to
+//! Ten layers, each importing only from the layers below it. Bottom to
 //! top: `config` and `task`; `metrics`; `token` and `tls`; `auth` and
-//! `shard`; `placement`; `locks` and `cli`; `reload`; `http`; `app`.
+//! `shard`; `placement`; `locks` and `cli`; `generation`; `reload`;
+//! `http`; `app`.
 //! `layout.rs` holds these ranks and tests that keep them, and that this
 //! list names every file.
 //!
@@ -15,6 +16,8 @@
 //!               operator's commands (inspect, locks, status, ...)
 //!   app.rs      Application: bind the listeners, connect, serve until shutdown
 //!   reload.rs   Reloader: apply a changed config file while serving
+//!   generation.rs  Generation: what a config makes, built in one place for
+//!               start and reload, and the one in force
 //!   http/       routes, body, answers, api, admin, admission, caller, error,
 //!               request_id, state, ui
 //!   locks/      acquire, wait, limit, quota, renew, extend, release, inspect,
@@ -33,7 +36,10 @@
 //! ```
 //!
 //! - [`app`]: building and running a router ([`Application`]), and
-//!   [`reload`]: applying a changed config file while it runs.
+//!   [`reload`]: applying a changed config file while it runs; both build
+//!   what a config makes (TLS, principals, deadlines, the access log's
+//!   switch, the router and the lock service's settings) with
+//!   [`generation`], one function for both.
 //! - [`http`]: the v1 HTTP API: the route table, request bodies, typed
 //!   answers, and the one place errors become responses.
 //! - [`locks`]: the lock operations: acquire (plain and waiting), renew,
@@ -64,6 +70,7 @@ pub mod app;
 pub mod auth;
 pub mod cli;
 pub mod config;
+pub(crate) mod generation;
 pub mod http;
 pub(crate) mod locks;
 pub mod metrics;

@@ -1,26 +1,33 @@
 //! Config reload, from SIGHUP, a changed config file, or
 //! `POST /admin/v1/reload`.
 //!
-//! Settings that do not decide placement (limits, timeouts, endpoints)
-//! apply at once: a new router over the same ring replaces the old one,
-//! reusing its shard connections. A change of placement (shards added,
-//! removed, re-weighted) opens a migration (`docs/design.md`): the new ring
-//! is recorded, with a higher epoch and the previous ring, on every shard,
-//! old and new, before the new router may grant; routers still on the old
-//! ring then fail their acquire txns' compare and refuse to grant.
+//! A reload builds the next generation from the file with the function
+//! start uses ([`Generation::build`]) and puts it in force whole, or, if
+//! anything fails, changes nothing. Settings that do not decide placement
+//! (limits, deadlines, endpoints, certificates, principals, the admin
+//! token, the access log) apply at once: a new router over the same ring
+//! replaces the old one, reusing its shard connections. What is sized or
+//! bound at start ([`generation::start_only_changes`]) stays until a
+//! restart, and the reload's log names it; a change no reload may make
+//! ([`generation::refused_change`]) refuses it.
+//!
+//! A change of placement (shards added, removed, re-weighted) opens a
+//! migration (`docs/design.md`): the new ring is recorded, with a higher
+//! epoch and the previous ring, on every shard, old and new, before the
+//! new router may grant; routers still on the old ring then fail their
+//! acquire txns' compare and refuse to grant.
 
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
 use tokio_util::sync::CancellationToken;
 
 use crate::config::{ConfigError, Settings};
-use crate::locks::{Active, Locks};
+use crate::generation::{self, BuildError, Generation, InForce};
 use crate::placement::migration::{self, BumpRequest, Refused};
 use crate::placement::ring::Ring;
-use crate::placement::topology::{self, ConnectError, ShardPool};
+use crate::placement::topology::{self, ConnectError, Router, ShardPool};
 
 /// Why a reload was refused. Nothing changed.
 #[derive(Debug, thiserror::Error)]
@@ -59,16 +66,11 @@ pub struct Reloaded {
 
 pub struct Reloader {
     path: Option<PathBuf>,
-    locks: Arc<Locks>,
+    /// The generation in force, which each reload replaces.
+    in_force: Arc<InForce>,
     pool: Arc<ShardPool>,
     /// The settings in force; the async mutex also serialises reloads.
     current: tokio::sync::Mutex<Settings>,
-    /// The main listener's TLS config, replaced by each reload.
-    tls: crate::tls::Shared,
-    /// The principals, replaced by each reload.
-    principals: crate::auth::Shared,
-    /// The access log's switch (`server.access_log`), set by each reload.
-    access_log: Arc<AtomicBool>,
 }
 
 impl From<Refused> for ReloadError {
@@ -77,24 +79,29 @@ impl From<Refused> for ReloadError {
     }
 }
 
+impl From<BuildError> for ReloadError {
+    fn from(e: BuildError) -> Self {
+        match e {
+            BuildError::Tls(why) => ReloadError::Tls(why),
+            BuildError::Auth(why) => ReloadError::Auth(why),
+        }
+    }
+}
+
 impl Reloader {
-    pub fn new(
+    /// A reloader of `path` (none: reloads are refused), over the
+    /// generation `in_force` that `settings` built.
+    pub(crate) fn new(
         path: Option<PathBuf>,
         settings: Settings,
-        locks: Arc<Locks>,
+        in_force: Arc<InForce>,
         pool: Arc<ShardPool>,
-        tls: crate::tls::Shared,
-        principals: crate::auth::Shared,
-        access_log: Arc<AtomicBool>,
     ) -> Self {
         Self {
             path,
-            locks,
+            in_force,
             pool,
             current: tokio::sync::Mutex::new(settings),
-            tls,
-            principals,
-            access_log,
         }
     }
 
@@ -128,69 +135,35 @@ impl Reloader {
     }
 
     async fn apply(&self, old: &Settings, new: &Settings) -> Result<Reloaded, ReloadError> {
-        if old.server.listen != new.server.listen
-            || old.server.metrics_listen != new.server.metrics_listen
-        {
-            tracing::warn!("listen addresses change only when the router restarts");
+        let left = generation::start_only_changes(old, new);
+        if !left.is_empty() {
+            tracing::warn!(
+                settings = ?left,
+                "these settings change only when the router restarts"
+            );
         }
-        // Read first, swapped only once the rest applied: a bad file
-        // changes nothing. Plain HTTP and TLS do not switch while serving.
-        let tls = crate::tls::load(&new.server).map_err(ReloadError::Tls)?;
-        let sealer = crate::auth::sealer(&new.auth).map_err(ReloadError::Auth)?;
-        // admin.token reloads with the principals, at once.
-        let principals = crate::auth::Principals::new(&new.auth, new.admin.token.as_deref())
-            .map_err(ReloadError::Auth)?
-            .with_admin_hosts(&new.admin.allowed_hosts);
-        if tls.is_some() != self.tls.load().is_some() {
-            return Err(ReloadError::NeedsRestart(
-                "turning TLS on or off takes a restart; certificates and keys reload".into(),
-            ));
-        }
-        topology::check_access(&new.shards).map_err(ReloadError::ShardAccess)?;
-        if old.etcd.prefix != new.etcd.prefix {
-            return Err(ReloadError::NeedsRestart(
-                "etcd.prefix changes only when the router restarts (and moves every lock: see docs/design.md)".into(),
-            ));
-        }
-        let active = self.locks.active();
+        let active = self.in_force.locks().active();
         let old_router = &active.router;
         let ring = Ring::new(&new.shards, new.ring.vnodes);
-        self.pool.configure(new);
         let placement_changed = ring.fingerprint() != old_router.ring.fingerprint();
         let mut migration_opened = false;
-        let router = if !placement_changed {
-            let router = crate::placement::serve(new, self.pool.clone())
+        // The files are read (and a bad one refuses the reload) before
+        // the router is made: a migration is opened only for a config that
+        // can be put in force.
+        let router = async {
+            if let Some(why) = generation::refused_change(old, new) {
+                return Err(ReloadError::NeedsRestart(why.into()));
+            }
+            topology::check_access(&new.shards).map_err(ReloadError::ShardAccess)?;
+            self.pool.configure(new);
+            self.next_router(old_router, new, &ring, &mut migration_opened)
                 .await
-                .map_err(|e| ReloadError::Refused(e.to_string()))?;
-            router.inherit(old_router);
-            router
-        } else if let Some(m) = old_router.migration() {
-            let held = m.moved_held.lock().expect("moved lock").clone();
-            return Err(ReloadError::Refused(format!(
-                "a migration to ring {} (epoch {}) is still open, moved locks still held on their previous shards: {held:?}; \
-                 reload again once it closes",
-                m.recorded.meta.ring, m.recorded.meta.epoch
-            )));
-        } else if migration::already_moved(old_router, new, &ring).await? {
-            // Another replica opened this migration: follow it.
-            crate::placement::serve(new, self.pool.clone())
-                .await
-                .map_err(|e| ReloadError::Refused(e.to_string()))?
-        } else {
-            migration::open(old_router, new, &ring).await?;
-            migration_opened = true;
-            crate::placement::serve(new, self.pool.clone())
-                .await
-                .map_err(|e| ReloadError::Refused(e.to_string()))?
         };
-        let replaced = self
-            .locks
-            .replace(Active::new(new, router, sealer, active.quotas.clone()));
+        let next = Generation::build(new, active.quotas.clone(), router).await?;
+        let (front, replaced) = self.in_force.replace(next);
         replaced.router.retire();
-        self.tls.store(tls);
-        self.principals.store(Arc::new(principals));
-        let access_log = new.server.access_log;
-        if self.access_log.swap(access_log, Ordering::Relaxed) != access_log {
+        let access_log = self.in_force.front().access_log;
+        if front.access_log != access_log {
             let now = if access_log { "on" } else { "off" };
             tracing::info!("access log turned {now}");
         }
@@ -201,11 +174,48 @@ impl Reloader {
         })
     }
 
+    /// The router over `new`: over the same ring, it inherits what
+    /// `old` learnt; over a new ring it follows the migration another
+    /// replica opened, or opens it (`opened`).
+    async fn next_router(
+        &self,
+        old: &Arc<Router>,
+        new: &Settings,
+        ring: &Ring,
+        opened: &mut bool,
+    ) -> Result<Arc<Router>, ReloadError> {
+        let serve = || async {
+            crate::placement::serve(new, self.pool.clone())
+                .await
+                .map_err(|e| ReloadError::Refused(e.to_string()))
+        };
+        if ring.fingerprint() == old.ring.fingerprint() {
+            let router = serve().await?;
+            router.inherit(old);
+            return Ok(router);
+        }
+        if let Some(m) = old.migration() {
+            let held = m.moved_held.lock().expect("moved lock").clone();
+            return Err(ReloadError::Refused(format!(
+                "a migration to ring {} (epoch {}) is still open, moved locks still held on their previous shards: {held:?}; \
+                 reload again once it closes",
+                m.recorded.meta.ring, m.recorded.meta.epoch
+            )));
+        }
+        if migration::already_moved(old, new, ring).await? {
+            // Another replica opened this migration: follow it.
+            return serve().await;
+        }
+        migration::open(old, new, ring).await?;
+        *opened = true;
+        serve().await
+    }
+
     /// Records the next epoch on every shard (`POST /admin/v1/bump-epoch`);
     /// serialised with reloads.
     pub async fn bump_epoch(&self, req: &BumpRequest) -> Result<u64, ReloadError> {
         let _serialised = self.current.lock().await;
-        let router = self.locks.active().router.clone();
+        let router = self.in_force.locks().active().router.clone();
         Ok(migration::bump_epoch(&router, req).await?)
     }
 

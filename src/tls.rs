@@ -7,16 +7,12 @@
 use std::path::Path;
 use std::sync::Arc;
 
-use arc_swap::ArcSwapOption;
 use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::{CertificateDer, PrivateKeyDer};
 use rustls::server::WebPkiClientVerifier;
 use rustls::{RootCertStore, ServerConfig};
 
 use crate::config::ServerSettings;
-
-/// The TLS config new connections get; `None`: plain HTTP.
-pub type Shared = Arc<ArcSwapOption<ServerConfig>>;
 
 /// The TLS config `server` asks for, read from its files now; `None`
 /// without `tls_cert_file`. The error names the setting and the problem.

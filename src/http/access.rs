@@ -2,8 +2,9 @@
 //! request, target `lockrouter::access`, logged inside the request's span,
 //! so that the span's fields (`op`, `request_id`, `shard`, `outcome`) go
 //! with it as with every line logged for the request: the `request{...}`
-//! prefix in text, `span` in JSON. The switch is a flag the reloader sets,
-//! so a reload turns the log on or off from the next request on.
+//! prefix in text, `span` in JSON. Whether it is on comes with the
+//! generation in force, so a reload turns the log on or off from the next
+//! request on.
 //!
 //! A line says: `method`; `route`, the route's label (never the raw path,
 //! which may hold a lock name or a clientId); `status`; `latency_ms`;
@@ -18,19 +19,9 @@
 //! lines carry no name and no clientId) or a body. Names and clientIds are
 //! logged quoted and escaped, so a newline in one cannot forge a line.
 
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Arc;
 use std::time::Duration;
 
 use http::Method;
-
-/// Whether the access log is on; set at start and by each reload.
-pub type Switch = Arc<AtomicBool>;
-
-/// A new switch, on or off.
-pub fn switch(on: bool) -> Switch {
-    Arc::new(AtomicBool::new(on))
-}
 
 /// What a request's line says beyond its route and answer, learnt while the
 /// request is handled. With the log off nothing is copied.
@@ -43,10 +34,11 @@ pub struct Facts {
 }
 
 impl Facts {
-    /// The facts of a request that arrives while `switch` is as it is now.
-    pub fn of(switch: &AtomicBool) -> Self {
+    /// The facts of a request that arrives while the log is `on` (as the
+    /// generation in force says).
+    pub fn of(on: bool) -> Self {
         Self {
-            on: switch.load(Ordering::Relaxed),
+            on,
             ..Self::default()
         }
     }
@@ -118,16 +110,14 @@ mod tests {
 
     #[test]
     fn facts_are_kept_only_while_the_log_is_on() {
-        let off = AtomicBool::new(false);
-        let mut facts = Facts::of(&off);
+        let mut facts = Facts::of(false);
         facts.client_id("worker-1");
         facts.principal("payments");
         facts.name("order:42");
         assert!(!facts.on());
         assert!(facts.client_id.is_none() && facts.principal.is_none() && facts.name.is_none());
 
-        let on = switch(true);
-        let mut facts = Facts::of(&on);
+        let mut facts = Facts::of(true);
         facts.client_id("worker-1");
         facts.principal("payments");
         facts.name("order:42");
@@ -135,9 +125,5 @@ mod tests {
         assert_eq!(facts.client_id.as_deref(), Some("worker-1"));
         assert_eq!(facts.principal.as_deref(), Some("payments"));
         assert_eq!(facts.name.as_deref(), Some("order:42"));
-        // A request that arrived while it was on keeps its line when the
-        // switch flips meanwhile.
-        on.store(false, Ordering::Relaxed);
-        assert!(facts.on());
     }
 }

@@ -317,7 +317,7 @@ pub async fn client(locks: &crate::locks::Locks, client_id: &str, q: ClientQuery
 }
 
 pub fn ring(state: &AppState) -> (Response<Full<Bytes>>, &'static str) {
-    let router = state.locks.active().router.clone();
+    let router = state.locks().active().router.clone();
     (json(StatusCode::OK, &RingView::of(&router)), "ok")
 }
 

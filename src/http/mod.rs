@@ -7,7 +7,9 @@
 //! [`request_id`] names each request in its answer and its log lines;
 //! [`access`] is the access log (`server.access_log`);
 //! [`caller`] says which principal a lock API request acts for;
-//! [`state`] is what every handler shares; [`ui`] is the status page. TLS comes from [`crate::tls`].
+//! [`state`] is what every handler shares; [`ui`] is the status page. TLS,
+//! the principals, the deadlines and the access log's switch come with the
+//! generation in force ([`crate::generation`]).
 
 pub mod access;
 pub mod admin;
@@ -56,10 +58,7 @@ pub async fn serve(
     grace: Duration,
 ) {
     let mut builder = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new());
-    builder
-        .http1()
-        .timer(TokioTimer::new())
-        .header_read_timeout(state.timeouts.header_read);
+    builder.http1().timer(TokioTimer::new());
     // HTTP/2 pings find peers that went away without closing.
     builder
         .http2()
@@ -81,13 +80,18 @@ pub async fn serve(
             _ = shutdown.cancelled() => break,
         };
         let _ = stream.set_nodelay(true);
+        // A connection keeps the TLS config and header deadline of the
+        // generation in force when it was accepted.
+        let front = state.in_force.front();
         let tls = match kind {
-            Listener::Main => state.tls.load_full(),
+            Listener::Main => front.tls.clone(),
             Listener::MetricsOnly => None,
         };
-        let handshake_within = state.timeouts.header_read;
+        let handshake_within = front.timeouts.header_read;
+        drop(front);
         let state = state.clone();
-        let builder = builder.clone();
+        let mut builder = builder.clone();
+        builder.http1().header_read_timeout(handshake_within);
         let watcher = graceful.watcher();
         tokio::spawn(async move {
             let Some(config) = tls else {
@@ -140,7 +144,7 @@ async fn handle(
     let request_id = request_id::of(req.headers());
     let method = req.method().clone();
     let counted = !ui::is_poll(&method, route, req.headers());
-    let mut facts = access::Facts::of(&state.access_log);
+    let mut facts = access::Facts::of(state.in_force.front().access_log);
     // At info, so that every line logged for the request names it.
     let span = tracing::info_span!(
         "request",
@@ -217,21 +221,22 @@ async fn dispatch(
     if !(route.method() == Method::GET && req.method() == Method::HEAD) {
         body::only(&req, route.method(), allow)?;
     }
-    let principals = state.principals.load();
+    let front = state.in_force.front();
+    let principals = &front.principals;
     let authorization = req.headers().get(header::AUTHORIZATION);
     let credential = principals.identify(authorization.map(|v| v.as_bytes()), who);
     if let crate::auth::Credential::Principal(p) = &credential {
         facts.principal(&p.name);
     }
     if route.is_admin() {
-        admin::check_browser(&principals, req.uri(), req.headers())?;
-        admin::authorize(&principals, &credential, peer)?;
+        admin::check_browser(principals, req.uri(), req.headers())?;
+        admin::authorize(principals, &credential, peer)?;
     }
     // Who holds a name is shown to admin callers only.
     let admin_caller =
-        route == Route::Inspect && admin::authorize(&principals, &credential, peer).is_ok();
+        route == Route::Inspect && admin::authorize(principals, &credential, peer).is_ok();
     let principal = match route.is_lock_api() {
-        true => caller::lock_caller(&principals, credential, admin_caller)?,
+        true => caller::lock_caller(principals, credential, admin_caller)?,
         false => None,
     };
     if let Some(p) = &principal {
@@ -239,15 +244,15 @@ async fn dispatch(
     }
     // Held until the answer is built; refused at once when full.
     let _slot = state.admission.admit(route)?;
-    let active = state.locks.active();
+    let active = state.locks().active();
     let (max, max_wait) = (active.limits.max_body_bytes, active.limits.max_wait_ms);
     drop(active);
-    let mut t = state.timeouts;
+    let mut t = front.timeouts;
     let asked = client_timeout(&req)?;
     if let Some(asked) = asked {
         t.request = t.request.min(asked);
     }
-    let locks = &state.locks;
+    let locks = state.locks();
     match route {
         Route::Acquire => {
             let body: api::AcquireBody = body::parse(req, max, t.body_read).await?;
@@ -438,7 +443,7 @@ fn within(
 }
 
 fn readyz(state: &AppState) -> (Response<Full<Bytes>>, &'static str) {
-    let router = state.locks.active().router.clone();
+    let router = state.locks().active().router.clone();
     let body = answers::Readiness::of(&router, &state.replica);
     if body.ready {
         (json(StatusCode::OK, &body), "ready")

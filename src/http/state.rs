@@ -1,31 +1,31 @@
-//! What every request handler shares: the lock operations, the reloader,
-//! the admin guard, the metrics handle, the deadlines and the access log's
-//! switch.
+//! What every request handler shares: the generation in force (the lock
+//! operations, TLS, the principals and admin guard, the deadlines, the
+//! access log's switch), the reloader, the metrics handle and the bound on
+//! requests in flight.
 
 use std::sync::Arc;
 
 use metrics_exporter_prometheus::PrometheusHandle;
 
-use crate::config::HttpTimeouts;
+use crate::generation::InForce;
 use crate::locks::Locks;
 use crate::reload::Reloader;
 
 /// What every request handler shares.
 pub struct AppState {
-    pub locks: Arc<Locks>,
+    /// The generation in force (replaced by each reload).
+    pub in_force: Arc<InForce>,
     pub reloader: Arc<Reloader>,
-    /// The principals in force and the admin token (swapped on reload).
-    pub principals: crate::auth::Shared,
     pub metrics: PrometheusHandle,
-    /// Header, body and whole-request deadlines.
-    pub timeouts: HttpTimeouts,
     /// The bound on lock API requests in flight.
     pub admission: super::admission::Admission,
-    /// TLS for new connections to the main listener; `None`: plain HTTP.
-    pub tls: crate::tls::Shared,
-    /// Whether each request gets an access log line (`server.access_log`,
-    /// set by the reloader).
-    pub access_log: super::access::Switch,
     /// Who this replica is, for `/readyz` and the status page.
     pub replica: super::answers::Replica,
+}
+
+impl AppState {
+    /// The lock operations.
+    pub fn locks(&self) -> &Arc<Locks> {
+        self.in_force.locks()
+    }
 }

@@ -1,0 +1,317 @@
+//! What one config makes of the running process, built in one place:
+//! [`Generation::build`] turns [`Settings`] into the main listener's TLS,
+//! the principals and the admin token, the HTTP deadlines, the access log's
+//! switch, and the lock service's part ([`Active`]: the placement router,
+//! limits, the lockId sealer). Start builds the first generation with it
+//! and each reload the next, so a setting cannot take effect on one and not
+//! on the other.
+//!
+//! The files a config names (certificates, lockId keys) are read before
+//! the router is made, and a file that cannot be used fails the build
+//! there: a bad config changes nothing, not even the shards' records (a
+//! reload's router may open a migration). [`InForce`] holds the generation
+//! the process runs on; [`InForce::replace`] puts the next in force whole.
+//! What a config sets but only a restart changes (the listeners, the
+//! runtime's threads, the bounds sized at start) is named by
+//! [`start_only_changes`], so a reload can say it left them.
+
+use std::future::Future;
+use std::sync::Arc;
+#[cfg(test)]
+use std::time::Duration;
+
+use arc_swap::ArcSwap;
+use rustls::ServerConfig;
+
+use crate::auth::Principals;
+use crate::config::{HttpTimeouts, Settings};
+use crate::locks::{Active, Locks, Quotas};
+use crate::placement::topology::Router;
+
+/// Everything a config makes for the running process.
+pub struct Generation {
+    /// What the HTTP layer serves with.
+    pub front: Front,
+    /// The lock service's part: the router, limits and the sealer.
+    pub active: Active,
+}
+
+/// What the HTTP layer reads from the generation in force: per connection
+/// (TLS, the header deadline) and per request (who is calling, the
+/// deadlines, whether the request gets an access log line).
+pub struct Front {
+    /// TLS for new connections to the main listener; `None`: plain HTTP.
+    pub tls: Option<Arc<ServerConfig>>,
+    /// The principals, the admin token and the admin hosts.
+    pub principals: Principals,
+    /// Header, body and whole-request deadlines.
+    pub timeouts: HttpTimeouts,
+    /// Whether each request gets an access log line (`server.access_log`).
+    pub access_log: bool,
+}
+
+/// A file a config names that cannot be used: the build fails and nothing
+/// changes.
+#[derive(Debug, thiserror::Error)]
+pub enum BuildError {
+    /// A TLS file named in `[server]`.
+    #[error("{0}")]
+    Tls(String),
+    /// A lockId key of `[auth]`, or principals that cannot be told apart.
+    #[error("{0}")]
+    Auth(String),
+}
+
+impl Generation {
+    /// The generation `settings` describe. Reads the files they name first,
+    /// then awaits `router` (start connects; a reload may open a
+    /// migration), so that an unusable file fails before the router is
+    /// made. `quotas`: the reservations of the generation this one
+    /// replaces (a new set at start).
+    pub async fn build<E>(
+        settings: &Settings,
+        quotas: Arc<Quotas>,
+        router: impl Future<Output = Result<Arc<Router>, E>>,
+    ) -> Result<Self, E>
+    where
+        E: From<BuildError>,
+    {
+        let (front, sealer) = read(settings)?;
+        let router = router.await?;
+        Ok(Self {
+            front,
+            active: Active::new(settings, router, sealer, quotas),
+        })
+    }
+}
+
+/// What `settings` make without the shards, their files read now.
+fn read(settings: &Settings) -> Result<(Front, crate::token::lock_id::Sealer), BuildError> {
+    let tls = crate::tls::load(&settings.server).map_err(BuildError::Tls)?;
+    let sealer = crate::auth::sealer(&settings.auth).map_err(BuildError::Auth)?;
+    let principals = Principals::new(&settings.auth, settings.admin.token.as_deref())
+        .map_err(BuildError::Auth)?
+        .with_admin_hosts(&settings.admin.allowed_hosts);
+    let front = Front {
+        tls,
+        principals,
+        timeouts: settings.http_timeouts(),
+        access_log: settings.server.access_log,
+    };
+    Ok((front, sealer))
+}
+
+/// The settings that differ between `old` and `new` but take effect only
+/// when the router restarts: what is sized or bound once, at start.
+pub fn start_only_changes(old: &Settings, new: &Settings) -> Vec<&'static str> {
+    let (o, n) = (&old.server, &new.server);
+    [
+        ("server.listen", o.listen != n.listen),
+        (
+            "server.metrics_listen",
+            o.metrics_listen != n.metrics_listen,
+        ),
+        ("server.max_in_flight", o.max_in_flight != n.max_in_flight),
+        (
+            "server.worker_threads",
+            o.worker_threads != n.worker_threads,
+        ),
+        (
+            "server.shutdown_grace_ms",
+            o.shutdown_grace_ms != n.shutdown_grace_ms,
+        ),
+        (
+            "admin.reload_poll_ms",
+            old.admin.reload_poll_ms != new.admin.reload_poll_ms,
+        ),
+        (
+            "limits.max_waiters",
+            old.limits.max_waiters != new.limits.max_waiters,
+        ),
+        (
+            "limits.acquires_per_client_per_sec",
+            old.limits.acquires_per_client_per_sec != new.limits.acquires_per_client_per_sec,
+        ),
+    ]
+    .into_iter()
+    .filter_map(|(key, changed)| changed.then_some(key))
+    .collect()
+}
+
+/// Why `new` cannot replace `old` by a reload at all: the change needs a
+/// restart, and a reload that asks for it is refused.
+pub fn refused_change(old: &Settings, new: &Settings) -> Option<&'static str> {
+    // Validation holds a certificate and its key together, so the
+    // certificate alone says whether the listener speaks TLS.
+    if old.server.tls_cert_file.is_some() != new.server.tls_cert_file.is_some() {
+        return Some("turning TLS on or off takes a restart; certificates and keys reload");
+    }
+    if old.etcd.prefix != new.etcd.prefix {
+        return Some(
+            "etcd.prefix changes only when the router restarts (and moves every lock: see docs/design.md)",
+        );
+    }
+    None
+}
+
+/// The generation the process runs on: read by the HTTP layer, replaced
+/// by each reload.
+pub struct InForce {
+    front: ArcSwap<Front>,
+    locks: Arc<Locks>,
+}
+
+impl InForce {
+    /// The process's first generation. `per_shard`: the most acquires in
+    /// flight on one shard (sized at start, as the lock service's bounds
+    /// on waiters and on each clientId's rate are, from `first`).
+    pub fn new(first: Generation, per_shard: usize) -> Self {
+        Self {
+            front: ArcSwap::from_pointee(first.front),
+            locks: Arc::new(Locks::new(first.active, per_shard)),
+        }
+    }
+
+    /// The front in force.
+    pub fn front(&self) -> arc_swap::Guard<Arc<Front>> {
+        self.front.load()
+    }
+
+    /// The lock service, whose part of each generation it swaps itself.
+    pub fn locks(&self) -> &Arc<Locks> {
+        &self.locks
+    }
+
+    /// Puts `next` in force; returns what it replaced (the caller retires
+    /// the old router).
+    pub fn replace(&self, next: Generation) -> (Arc<Front>, Arc<Active>) {
+        let active = self.locks.replace(next.active);
+        let front = self.front.swap(Arc::new(next.front));
+        (front, active)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const BASE: &str = r#"
+        [server]
+        listen = "127.0.0.1:8080"
+        [etcd]
+        prefix = "/lockrouter"
+        [[shards]]
+        name = "a"
+        endpoints = ["http://127.0.0.1:2379"]
+    "#;
+
+    /// `BASE` with `server` lines at the top of `[server]` and `rest`
+    /// appended.
+    fn settings(server: &str, rest: &str) -> Settings {
+        let toml = BASE.replace("[server]\n", &format!("[server]\n{server}\n"));
+        Settings::from_toml(&format!("{toml}\n{rest}")).expect("valid test config")
+    }
+
+    fn key(id: &str) -> String {
+        format!(
+            "[[auth.lock_id_keys]]\nid = \"{id}\"\nsecret = \"{}\"\n",
+            "A".repeat(44)
+        )
+    }
+
+    #[test]
+    fn a_config_makes_its_front_and_its_sealer() {
+        let plain = settings("", "");
+        let (front, _) = read(&plain).unwrap();
+        assert!(front.tls.is_none());
+        assert!(!front.principals.enabled() && !front.principals.has_admin_token());
+        assert!(!front.access_log);
+        assert_eq!(front.timeouts.body_read, plain.http_timeouts().body_read);
+
+        let hash = "ab".repeat(32);
+        let full = settings(
+            "access_log = true\nbody_read_timeout_ms = 300\nrequest_timeout_ms = 700",
+            &format!(
+                "[admin]\ntoken = \"the-admin-token-0123\"\nallowed_hosts = [\"Ops.Example\"]\n{}\
+                 [[auth.principals]]\nname = \"p\"\ntoken_sha256 = [\"{hash}\"]\n",
+                key("k1")
+            ),
+        );
+        let (front, sealer) = read(&full).unwrap();
+        assert!(front.access_log);
+        assert_eq!(front.timeouts.body_read, Duration::from_millis(300));
+        assert_eq!(front.timeouts.request, Duration::from_millis(700));
+        assert!(front.principals.enabled() && front.principals.has_admin_token());
+        assert!(front.principals.admin_host_allowed("ops.example"));
+        assert!(sealer.seals(), "lockIds are sealed under k1");
+        assert!(!read(&plain).unwrap().1.seals());
+    }
+
+    #[tokio::test]
+    async fn an_unusable_file_fails_the_build_before_the_router_is_made() {
+        let unreadable = settings(
+            "",
+            "[[auth.lock_id_keys]]\nid = \"k1\"\nsecret_file = \"/nonexistent/lockid.key\"\n",
+        );
+        let no_cert = settings(
+            "tls_cert_file = \"/nonexistent/cert.pem\"\ntls_key_file = \"/nonexistent/key.pem\"",
+            "",
+        );
+        for (s, what) in [(unreadable, "lock_id_keys"), (no_cert, "tls_cert_file")] {
+            let asked = std::sync::atomic::AtomicBool::new(false);
+            let router = async {
+                asked.store(true, std::sync::atomic::Ordering::Relaxed);
+                Err::<Arc<Router>, BuildError>(BuildError::Auth("unreachable".into()))
+            };
+            let Err(e) = Generation::build(&s, Default::default(), router).await else {
+                panic!("{what}: built");
+            };
+            assert!(e.to_string().contains(what), "{what}: {e}");
+            assert!(!asked.into_inner(), "{what}: the router was asked for");
+        }
+    }
+
+    #[test]
+    fn what_only_a_restart_changes_is_named() {
+        let old = settings("", "");
+        assert!(start_only_changes(&old, &old).is_empty());
+        let new = settings(
+            "metrics_listen = \"127.0.0.1:9090\"\nworker_threads = 1\nshutdown_grace_ms = 5\n\
+             max_in_flight = 100\naccess_log = true\nbody_read_timeout_ms = 300",
+            "[admin]\nreload_poll_ms = 0\ntoken = \"the-admin-token-0123\"\n\
+             [limits]\nmax_waiters = 1\nacquires_per_client_per_sec = 0\nmax_wait_ms = 10\n",
+        );
+        assert_eq!(
+            start_only_changes(&old, &new),
+            [
+                "server.metrics_listen",
+                "server.max_in_flight",
+                "server.worker_threads",
+                "server.shutdown_grace_ms",
+                "admin.reload_poll_ms",
+                "limits.max_waiters",
+                "limits.acquires_per_client_per_sec",
+            ],
+            "the access log, deadlines, admin token and other limits reload"
+        );
+    }
+
+    #[test]
+    fn turning_tls_on_or_moving_the_prefix_refuses_a_reload() {
+        let plain = settings("", "");
+        let tls = settings("tls_cert_file = \"/c.pem\"\ntls_key_file = \"/k.pem\"", "");
+        let rotated = settings(
+            "tls_cert_file = \"/c2.pem\"\ntls_key_file = \"/k2.pem\"",
+            "",
+        );
+        let moved = Settings::from_toml(&BASE.replace("/lockrouter", "/elsewhere")).unwrap();
+        assert!(refused_change(&plain, &tls).is_some_and(|w| w.contains("TLS")));
+        assert!(refused_change(&tls, &plain).is_some_and(|w| w.contains("TLS")));
+        assert!(refused_change(&plain, &moved).is_some_and(|w| w.contains("etcd.prefix")));
+        assert_eq!(refused_change(&tls, &rotated), None, "certificates reload");
+        assert_eq!(
+            refused_change(&plain, &settings("access_log = true", "")),
+            None
+        );
+    }
+}
