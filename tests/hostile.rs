@@ -20,7 +20,7 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use lockrouter::token::lock_id::LockId;
 use lockrouter_testkit::config::config_toml;
 use lockrouter_testkit::etcd::EtcdCluster;
-use lockrouter_testkit::router::TestRouter;
+use lockrouter_testkit::router::{FileRouter, TestRouter};
 
 const ACQUIRE: &str = "/api/v1/locks/acquire";
 const RENEW: &str = "/api/v1/locks/renew";
@@ -457,6 +457,28 @@ async fn slowloris_bodies_get_408_at_the_deadline() {
         );
     }
     t.assert_lock_survives().await;
+}
+
+/// A reload that shortens `server.body_read_timeout_ms` holds the next
+/// request to the new deadline, as a start with it would: the deadlines
+/// come with the rest of the generation a config builds.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reloaded_body_deadline_applies_to_the_next_request() {
+    let etcd = EtcdCluster::single();
+    let toml = |ms: u32| {
+        config_toml(&[&etcd], "127.0.0.1:0", "").replace(
+            "[server]\n",
+            &format!("[server]\nbody_read_timeout_ms = {ms}\n"),
+        )
+    };
+    let router = FileRouter::start(&toml(10_000)).await;
+    let reloaded = router.reload(&toml(300)).await;
+    assert_eq!(reloaded.status, 200, "{reloaded:?}");
+    let addr = router.api.base.trim_start_matches("http://").to_string();
+    let (answer, took) = dribble(&addr, ACQUIRE).await;
+    assert_refused("acquire", &answer, 408, "timeout");
+    // The deadline is now 300 ms; the one it started with, 10 s.
+    assert!(took < Duration::from_secs(3), "cut off after {took:?}");
 }
 
 /// Sends a head announcing 60 bytes of body, then one byte every 100 ms;
