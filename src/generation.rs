@@ -17,8 +17,6 @@
 
 use std::future::Future;
 use std::sync::Arc;
-#[cfg(test)]
-use std::time::Duration;
 
 use arc_swap::ArcSwap;
 use rustls::ServerConfig;
@@ -193,6 +191,8 @@ impl InForce {
 
 #[cfg(test)]
 mod tests {
+    use std::time::Duration;
+
     use super::*;
 
     const BASE: &str = r#"
