@@ -159,7 +159,14 @@ impl Reloader {
             self.next_router(old_router, new, &ring, &mut migration_opened)
                 .await
         };
-        let next = Generation::build(new, active.quotas.clone(), router).await?;
+        let before = self.pool.state();
+        let next = match Generation::build(new, active.quotas.clone(), router).await {
+            Ok(next) => next,
+            Err(e) => {
+                self.pool.restore(before);
+                return Err(e);
+            }
+        };
         let (front, replaced) = self.in_force.replace(next);
         replaced.router.retire();
         let access_log = self.in_force.front().access_log;

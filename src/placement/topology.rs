@@ -40,6 +40,13 @@ pub struct ShardPool {
 
 type Pooled = (Access, Weak<Shard>);
 
+/// The pool's settings and the shard settings its config gave, as a
+/// reload found them.
+pub struct PoolState {
+    settings: PoolSettings,
+    configured: HashMap<String, ShardSettings>,
+}
+
 #[derive(Clone, PartialEq)]
 struct PoolSettings {
     prefix: String,
@@ -62,13 +69,32 @@ impl ShardPool {
     /// Applies connection settings; shards connected before keep theirs
     /// until they are next reconnected.
     pub fn configure(&self, settings: &Settings) {
-        let new = PoolSettings::of(settings);
+        self.set(PoolSettings::of(settings));
+    }
+
+    fn set(&self, new: PoolSettings) {
         let mut current = self.settings.lock().expect("pool lock");
         if *current != new {
             *current = new;
             // Different deadlines, prefix or bursts: connect afresh from now on.
             self.shards.lock().expect("pool lock").clear();
         }
+    }
+
+    /// What a reload may change here, to [`restore`](Self::restore) if
+    /// the reload fails: a refused reload changes nothing.
+    pub fn state(&self) -> PoolState {
+        PoolState {
+            settings: self.settings.lock().expect("pool lock").clone(),
+            configured: self.configured.lock().expect("pool lock").clone(),
+        }
+    }
+
+    /// Puts back what [`state`](Self::state) saw; shards connected since
+    /// under other settings are connected afresh when next asked for.
+    pub fn restore(&self, state: PoolState) {
+        *self.configured.lock().expect("pool lock") = state.configured;
+        self.set(state.settings);
     }
 
     /// The live shard this replica's config describes as `shard`,
@@ -616,5 +642,33 @@ pub fn log_ring_change(shard: &Shard, old: &RingState, new: &RingState, ours: &s
             shard.name
         ),
         RingState::Unknown => {}
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn settings(connect_timeout_ms: u64) -> Settings {
+        Settings::from_toml(&format!(
+            "[server]\nlisten = \"127.0.0.1:0\"\n\
+             [etcd]\nconnect_timeout_ms = {connect_timeout_ms}\n\
+             [[shards]]\nname = \"a\"\nendpoints = [\"http://127.0.0.1:2\"]\n"
+        ))
+        .expect("a valid config")
+    }
+
+    #[test]
+    fn a_restored_pool_has_the_settings_it_had_before_a_failed_reload() {
+        let pool = ShardPool::new(&settings(1_000), CancellationToken::new());
+        let before = pool.state();
+        pool.configure(&settings(3_000));
+        (pool.configured.lock().unwrap()).insert("b".into(), settings(3_000).shards[0].clone());
+        let changed = pool.settings.lock().unwrap().connect_timeout;
+        assert_eq!(changed, Duration::from_secs(3));
+        pool.restore(before);
+        let restored = pool.settings.lock().unwrap().connect_timeout;
+        assert_eq!(restored, Duration::from_secs(1));
+        assert!(pool.configured.lock().unwrap().is_empty());
     }
 }
