@@ -494,6 +494,38 @@ async fn a_wait_longer_than_the_routers_cap_queues_again_and_cancels_on_drop() {
 /// and time left, and whether the lock is this client's; extend renews at
 /// once and moves validity forward.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn extend_to_a_longer_ttl_keeps_the_token_and_renews_and_releases_under_the_new_lock_id() {
+    let etcd = EtcdCluster::single();
+    let router = TestRouter::start(&[&etcd]).await;
+    let a = Client::new(&router.api.base, Some("extend-A")).unwrap();
+    let b = Client::new(&router.api.base, Some("extend-B")).unwrap();
+    let lock = a.acquire("sdk:extend-to", secs(2)).await.unwrap().unwrap();
+    let (old_id, token) = (lock.lock_id(), lock.fencing_token());
+
+    let left = lock.extend_to(secs(6)).await.unwrap();
+    assert!(left > secs(4) && left <= secs(6), "{left:?}");
+    assert_eq!(lock.fencing_token(), token, "the same grant");
+    assert_ne!(lock.lock_id(), old_id, "on the new TTL's lease");
+    assert_eq!(lock.ttl(), secs(6));
+    assert_eq!(lock.handle().lock_id(), lock.lock_id(), "every view moved");
+
+    // Past the old TTL three times over and past the new one: only
+    // renewals under the new lockId keep it (the old one is `stolen`).
+    sleep_ms(7_000).await;
+    assert!(lock.is_held());
+    assert!(lock.lost().now_or_never().is_none());
+    let seen = a.inspect("sdk:extend-to").await.unwrap();
+    assert!(seen.held && seen.mine);
+    assert_eq!(seen.fencing_token, Some(token));
+    assert!(b.acquire("sdk:extend-to", secs(2)).await.unwrap().is_none());
+
+    lock.release().await.unwrap();
+    let next = b.acquire("sdk:extend-to", secs(2)).await.unwrap();
+    let next = next.expect("the release under the new lockId freed the name");
+    assert!(next.fencing_token() > token);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn metadata_inspect_and_extend() {
     let etcd = EtcdCluster::single();
     let router = TestRouter::start(&[&etcd]).await;

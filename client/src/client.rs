@@ -211,6 +211,7 @@ impl ClientBuilder {
                 keeper: Arc::new(Keeper {
                     transport,
                     request_timeout: self.request_timeout,
+                    margin: self.margin,
                     commands,
                     registry: Arc::default(),
                     holds: Arc::default(),

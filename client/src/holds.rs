@@ -140,10 +140,7 @@ impl Holds {
         let names = self.names();
         let grant = names.get(name)?.held.as_ref()?.grant.upgrade()?;
         drop(names);
-        grant
-            .lost_now()
-            .is_none()
-            .then_some(grant.lock_ref.fencing_token)
+        grant.lost_now().is_none().then_some(grant.fencing_token)
     }
 
     /// One hold of `grant` lets go. True if it was the last (the grant is

@@ -25,6 +25,9 @@ pub(crate) struct Keeper {
     pub transport: Transport,
     /// How long one request may take before it counts as failed.
     pub request_timeout: Duration,
+    /// The configured safety margin (`None`: a tenth of the TTL), for a
+    /// lock an extend moves to another TTL.
+    pub margin: Option<Duration>,
     /// To the renewal task; the task ends when the last sender (held by
     /// clients and locks, through their keeper) is dropped.
     pub commands: mpsc::UnboundedSender<Command>,

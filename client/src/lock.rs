@@ -88,12 +88,14 @@ impl Lock {
         self.handle.fencing_token()
     }
 
-    /// The router's opaque id of this grant.
-    pub fn lock_id(&self) -> &str {
+    /// The router's opaque id of this grant. An
+    /// [`extend_to`](Self::extend_to) another TTL changes it.
+    pub fn lock_id(&self) -> String {
         self.handle.lock_id()
     }
 
-    /// The TTL the lock was acquired with.
+    /// The lock's TTL: the one it was acquired with, or the last one
+    /// [`extend_to`](Self::extend_to) gave it.
     pub fn ttl(&self) -> Duration {
         self.handle.ttl()
     }
@@ -132,46 +134,93 @@ impl Lock {
 
     /// Renews the lock now, instead of at its next scheduled renewal, and
     /// returns the validity it has from this renewal: a little less than
-    /// its TTL. Like redis-py's or redlock's `extend`, but with the TTL the
-    /// lock was acquired with: the router fixes a lock's TTL at its
-    /// acquire (a renew naming another TTL is refused), so a longer lease
-    /// means acquiring the name with a longer TTL. Background renewal
-    /// goes on as before; this is for a caller about to start a long step
-    /// who wants the most validity it can have first.
+    /// its TTL. Like redis-py's or redlock's `extend` with the lock's own
+    /// TTL; [`extend_to`](Self::extend_to) gives it another. Background
+    /// renewal goes on as before; this is for a caller about to start a
+    /// long step who wants the most validity it can have first.
     ///
     /// [`Error::Lost`] if the router says the lock is gone (it is then lost,
     /// here and for every view of it) or it was lost already; transport
     /// errors and error answers as they come (the lock stays as it was).
     pub async fn extend(&self) -> Result<Duration, Error> {
+        self.extend_to(self.ttl()).await
+    }
+
+    /// Gives the lock a new TTL (longer or shorter) and returns the
+    /// validity it has under it: the router moves the lock to this
+    /// client's session lease of that TTL, with the same fencing token and
+    /// a new [`lock_id`](Self::lock_id). From the answer on, this lock (and
+    /// every `Lock` and handle of its grant) has the new lockId and TTL,
+    /// its validity counts from this request's send, and background
+    /// renewal follows the new TTL. A TTL equal to the lock's is
+    /// [`extend`](Self::extend).
+    ///
+    /// A release of the lock waits for an extend on the wire, so the two
+    /// never cross. A renewal the background task sent under the old
+    /// lockId and answered after the move (`stolen`) is ignored, not taken
+    /// as a loss.
+    ///
+    /// [`Error::Lost`] if the router says the lock is gone (it is then
+    /// lost, as with a renewal) or it was lost already. Any other error
+    /// (transport, timeout, 503, 504) leaves the lock under its old lockId,
+    /// though the move may have happened at the router: the next renewal
+    /// then finds the old lockId `stolen` and the lock is lost
+    /// ([`LostReason::Stolen`]), since the client cannot learn the new
+    /// lockId (docs/client.md, "Extend to another TTL").
+    pub async fn extend_to(&self, ttl: Duration) -> Result<Duration, Error> {
         let shared = &self.handle.shared;
+        let keeper = &self.keeper;
         let lost = |reason| Error::Lost {
             name: shared.name.clone(),
             reason,
         };
+        if ttl.is_zero() || u64::try_from(ttl.as_millis()).is_err() {
+            return Err(Error::Config(format!("ttl {ttl:?} out of range")));
+        }
+        // Releases of the grant wait until this one is answered.
+        let _moving = shared.moving.lock().await;
         if let Some(reason) = shared.lost_now() {
             return Err(lost(reason));
         }
+        let grant = shared.grant();
+        let timeout = keeper.request_timeout;
         let sent_at = Instant::now();
-        let answer = self
-            .keeper
-            .transport
-            .renew_now(&shared.lock_ref, shared.ttl, self.keeper.request_timeout)
-            .await?;
-        match (answer.renewed, answer.expires_in_ms) {
-            (true, Some(ms)) => {
-                let margin = shared.margin;
-                shared.confirm(validity::valid_until(
-                    sent_at,
-                    Duration::from_millis(ms),
-                    margin,
-                ));
-            }
-            _ => {
-                let reason = match answer.reason.as_deref() {
-                    Some("stolen") => LostReason::Stolen,
-                    _ => LostReason::Expired,
-                };
-                shared.mark_lost(reason);
+        if ttl == grant.ttl {
+            let answer = keeper
+                .transport
+                .renew_now(&grant.lock_ref, ttl, timeout)
+                .await?;
+            let answer = match (answer.renewed, answer.expires_in_ms) {
+                (true, Some(ms)) => Ok(valid_until(sent_at, ms, grant.margin)),
+                _ => Err(lost_reason(answer.reason.as_deref())),
+            };
+            shared.apply_renewal(grant.generation, answer);
+        } else {
+            let answer = keeper
+                .transport
+                .extend(&grant.lock_ref, ttl, timeout)
+                .await?;
+            match (answer.renewed, answer.lock_id, answer.expires_in_ms) {
+                (true, Some(lock_id), Some(ms)) => {
+                    let margin = validity::margin(ttl, keeper.margin);
+                    let until = valid_until(sent_at, ms, margin);
+                    if keeper.registry.switch(shared, &lock_id, ttl, margin, until) {
+                        let _ = keeper.commands.send(Command::Extended { key: shared.key });
+                    }
+                }
+                (true, _, _) => {
+                    return Err(Error::Router {
+                        status: 200,
+                        code: "malformed_answer".into(),
+                        message: "extended without lockId or expiresInMs".into(),
+                    })
+                }
+                (false, _, _) => {
+                    shared.apply_renewal(
+                        grant.generation,
+                        Err(lost_reason(answer.reason.as_deref())),
+                    );
+                }
             }
         }
         match shared.lost_now() {
@@ -230,11 +279,8 @@ impl Lock {
             commands: &keeper.commands,
             failures: 0,
         };
-        let attempt = || {
-            keeper
-                .transport
-                .release(&shared.lock_ref, keeper.request_timeout)
-        };
+        let (transport, timeout, state) = (&keeper.transport, keeper.request_timeout, &*shared);
+        let attempt = move || release::attempt(transport, state, timeout);
         let result =
             release::retry(&shared, attempt, &mut handoff.failures, Until::ValidityEnds).await;
         if !matches!(&result, Err(e) if e.is_retryable()) {
@@ -287,17 +333,17 @@ impl LockHandle {
 
     /// The grant's fencing token; see [`Lock::fencing_token`].
     pub fn fencing_token(&self) -> u64 {
-        self.shared.lock_ref.fencing_token
+        self.shared.fencing_token
     }
 
-    /// The router's opaque id of this grant.
-    pub fn lock_id(&self) -> &str {
-        &self.shared.lock_ref.lock_id
+    /// See [`Lock::lock_id`].
+    pub fn lock_id(&self) -> String {
+        self.shared.lock_id()
     }
 
-    /// The TTL the lock was acquired with.
+    /// See [`Lock::ttl`].
     pub fn ttl(&self) -> Duration {
-        self.shared.ttl
+        self.shared.ttl()
     }
 
     /// See [`Lock::is_held`].
@@ -342,12 +388,24 @@ impl LockHandle {
     }
 }
 
+fn valid_until(sent_at: Instant, expires_in_ms: u64, margin: Duration) -> Instant {
+    validity::valid_until(sent_at, Duration::from_millis(expires_in_ms), margin)
+}
+
+/// Why a lock the router answered `renewed: false` for is lost.
+fn lost_reason(reason: Option<&str>) -> LostReason {
+    match reason {
+        Some("stolen") => LostReason::Stolen,
+        _ => LostReason::Expired,
+    }
+}
+
 impl std::fmt::Debug for LockHandle {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         let s = self.shared.current();
         f.debug_struct("Lock")
             .field("name", &self.shared.name)
-            .field("fencing_token", &self.shared.lock_ref.fencing_token)
+            .field("fencing_token", &self.shared.fencing_token)
             .field("lost", &s.lost)
             .finish()
     }

@@ -100,13 +100,42 @@ impl Registry {
     pub fn begin_release(&self, shared: &Shared) -> Option<bool> {
         let grants = self.grants();
         let current = grants
-            .get(&shared.lock_ref.lock_id)
+            .get(&shared.lock_id())
             .is_some_and(|w| std::ptr::eq(w.as_ptr(), shared));
         if !current {
             shared.mark_lost(LostReason::Released);
             return None;
         }
         Some(shared.begin_release())
+    }
+
+    /// Moves `shared` to the lockId an extend answered (see
+    /// [`Shared::switch`]), and its entry with it, in one step under the
+    /// registry's lock: a release or an acquire answer looking the grant up
+    /// meanwhile finds it under one lockId or the other, never neither.
+    /// False if the lock was lost meanwhile (nothing moved).
+    pub fn switch(
+        &self,
+        shared: &Arc<Shared>,
+        lock_id: &str,
+        ttl: Duration,
+        margin: Duration,
+        valid_until: Instant,
+    ) -> bool {
+        let mut grants = self.grants();
+        let Some(old) = shared.switch(lock_id.to_string(), ttl, margin, valid_until) else {
+            return false;
+        };
+        if old != lock_id {
+            let current = grants
+                .get(&old)
+                .is_some_and(|w| std::ptr::eq(w.as_ptr(), Arc::as_ptr(shared)));
+            if current {
+                grants.remove(&old);
+            }
+            grants.insert(lock_id.to_string(), Arc::downgrade(shared));
+        }
+        true
     }
 
     /// The grants of `name` whose release is under way and unanswered: an

@@ -15,8 +15,12 @@
 //! task then carries on at up to a renewal interval (a third of the TTL)
 //! between attempts, for as long as the client lives.
 //!
-//! It retries whatever request it is handed, and touches only the grant's
-//! state (`state`), the validity clock and the error types.
+//! Each attempt names the grant as it stands then, and waits for an extend
+//! of it in flight: a release sent with a lockId an extend is replacing
+//! would free nothing (see [`attempt`]).
+//!
+//! It touches only the grant's state (`state`), the transport, the
+//! validity clock and the error types.
 
 use std::future::Future;
 use std::time::Duration;
@@ -26,6 +30,7 @@ use tokio::time::Instant;
 
 use crate::error::Error;
 use crate::state::{Release, Shared};
+use crate::transport::Transport;
 use crate::validity::{self, MAX_BACKOFF};
 
 /// When a release stops retrying.
@@ -37,6 +42,19 @@ pub(crate) enum Until {
     /// client is gone). The receiver turns true when the client is gone:
     /// from then on attempts come at the fast pace.
     ClientGone(watch::Receiver<bool>),
+}
+
+/// One release request for the grant under the lockId it has now, never
+/// while an extend of it is on the wire: the extend moves the lock to a
+/// new lockId, and the old one releases nothing.
+pub(crate) async fn attempt(
+    transport: &Transport,
+    shared: &Shared,
+    timeout: Duration,
+) -> Result<(), Error> {
+    let _moving = shared.moving.lock().await;
+    let lock_ref = shared.grant().lock_ref;
+    transport.release(&lock_ref, timeout).await
 }
 
 /// Calls `attempt` (one release request) until it succeeds, fails with an
@@ -53,7 +71,7 @@ where
     F: FnMut() -> Fut,
     Fut: Future<Output = Result<(), Error>>,
 {
-    let interval = validity::renew_interval(shared.ttl);
+    let interval = validity::renew_interval(shared.ttl());
     let fast = MAX_BACKOFF.min(interval);
     let slow = interval.max(fast);
     let mut warned = false;

@@ -50,6 +50,9 @@ pub const MAX_BATCH: usize = 1_000;
 pub(crate) enum Command {
     /// Start renewing a lock that was just acquired (once per grant).
     Track(Arc<Shared>),
+    /// An extend moved the lock to another TTL: its renewal schedule
+    /// follows the new one.
+    Extended { key: u64 },
     /// Stop renewing a lock: its release is under way elsewhere.
     Forget { key: u64 },
     /// Stop renewing a lock and release it at the router, retrying;
@@ -82,7 +85,9 @@ enum Outcome {
 enum Done {
     Renewals {
         sent_at: Instant,
-        outcomes: Vec<(u64, Outcome)>,
+        /// Per lock: its key, the generation of the grant it was sent
+        /// under, what became of it.
+        outcomes: Vec<(u64, u64, Outcome)>,
     },
     Released,
 }
@@ -139,8 +144,16 @@ impl RenewalTask {
 
     fn command(&mut self, cmd: Command) {
         match cmd {
+            Command::Extended { key } => {
+                if let Some(e) = self.entries.get_mut(&key) {
+                    e.interval = validity::renew_interval(e.shared.ttl());
+                    let valid_until = e.shared.current().valid_until;
+                    e.next_due = validity::next_renewal(Instant::now(), valid_until, e.interval);
+                    e.failures = 0;
+                }
+            }
             Command::Track(shared) => {
-                let interval = validity::renew_interval(shared.ttl);
+                let interval = validity::renew_interval(shared.ttl());
                 let next_due =
                     validity::next_renewal(Instant::now(), shared.current().valid_until, interval);
                 self.entries.insert(
@@ -163,7 +176,8 @@ impl RenewalTask {
                 let timeout = self.request_timeout;
                 let gone = self.gone.subscribe();
                 self.in_flight.push(Box::pin(async move {
-                    let attempt = || transport.release(&shared.lock_ref, timeout);
+                    let (t, s) = (&transport, &*shared);
+                    let attempt = move || release::attempt(t, s, timeout);
                     let mut failures = failures;
                     // Errors are logged where they happen.
                     let _ =
@@ -223,7 +237,8 @@ impl RenewalTask {
             if let Some(e) = self.entries.get_mut(key) {
                 e.in_flight = true;
                 timeout = timeout.min(e.interval.max(Duration::from_millis(500)));
-                locks.push((*key, e.shared.lock_ref.clone()));
+                let grant = e.shared.grant();
+                locks.push((*key, grant.generation, grant.lock_ref));
             }
         }
         let transport = self.transport.clone();
@@ -239,7 +254,7 @@ impl RenewalTask {
             return;
         };
         let now = Instant::now();
-        for (key, outcome) in outcomes {
+        for (key, generation, outcome) in outcomes {
             // A lock forgotten meanwhile (released) is no longer ours.
             let Some(e) = self.entries.get_mut(&key) else {
                 continue;
@@ -247,15 +262,22 @@ impl RenewalTask {
             e.in_flight = false;
             match outcome {
                 Outcome::Renewed { expires_in } => {
-                    e.failures = 0;
-                    e.shared
-                        .confirm(validity::valid_until(sent_at, expires_in, e.shared.margin));
-                    e.next_due =
-                        validity::next_renewal(sent_at, e.shared.current().valid_until, e.interval);
+                    let margin = e.shared.margin();
+                    let until = validity::valid_until(sent_at, expires_in, margin);
+                    // An answer for the lockId an extend replaced says
+                    // nothing of the lock now: its next renewal asks anew.
+                    if e.shared.apply_renewal(generation, Ok(until)).is_some() {
+                        e.failures = 0;
+                        let valid_until = e.shared.current().valid_until;
+                        e.next_due = validity::next_renewal(sent_at, valid_until, e.interval);
+                    }
                 }
                 Outcome::Lost(reason) => {
-                    e.shared.mark_lost(reason);
-                    self.entries.remove(&key);
+                    // `stolen` for a lockId an extend replaced is the
+                    // extend's doing, not a loss.
+                    if e.shared.apply_renewal(generation, Err(reason)) == Some(false) {
+                        self.entries.remove(&key);
+                    }
                 }
                 Outcome::Retry => {
                     e.failures += 1;
@@ -278,23 +300,26 @@ async fn sleep_until_opt(at: Option<Instant>) {
 /// batch itself (4xx), renews each lock on its own instead.
 async fn renew(
     transport: &Transport,
-    locks: Vec<(u64, LockRef)>,
+    locks: Vec<(u64, u64, LockRef)>,
     timeout: Duration,
-) -> Vec<(u64, Outcome)> {
-    let refs: Vec<LockRef> = locks.iter().map(|(_, l)| l.clone()).collect();
+) -> Vec<(u64, u64, Outcome)> {
+    let refs: Vec<LockRef> = locks.iter().map(|(_, _, l)| l.clone()).collect();
     match transport.renew_batch(&refs, timeout).await {
         Ok(results) => locks
             .iter()
             .zip(results)
-            .map(|((key, _), r)| (*key, outcome(&r)))
+            .map(|((key, generation, _), r)| (*key, *generation, outcome(&r)))
             .collect(),
         Err(e) if e.is_retryable() => {
             tracing::debug!(error = %e, locks = locks.len(), "renewal failed; will retry");
-            locks.iter().map(|(k, _)| (*k, Outcome::Retry)).collect()
+            locks
+                .iter()
+                .map(|(k, g, _)| (*k, *g, Outcome::Retry))
+                .collect()
         }
         Err(e) => {
             tracing::warn!(error = %e, "renew-batch refused; renewing one by one");
-            join_all(locks.iter().map(|(key, lock)| async move {
+            join_all(locks.iter().map(|(key, generation, lock)| async move {
                 let o = match transport.renew(lock, timeout).await {
                     Ok(r) => outcome(&r),
                     Err(e) if e.is_retryable() => Outcome::Retry,
@@ -303,7 +328,7 @@ async fn renew(
                         Outcome::Lost(LostReason::Refused)
                     }
                 };
-                (*key, o)
+                (*key, *generation, o)
             }))
             .await
         }
@@ -380,12 +405,13 @@ mod tests {
             outcomes: vec![
                 (
                     0,
+                    0,
                     Outcome::Renewed {
                         expires_in: Duration::from_secs(60),
                     },
                 ),
-                (1, Outcome::Lost(LostReason::Expired)),
-                (2, Outcome::Retry),
+                (1, 0, Outcome::Lost(LostReason::Expired)),
+                (2, 0, Outcome::Retry),
             ],
         });
         let by_key = |k: u64| handles.iter().find(|s| s.key == k).unwrap();
@@ -398,6 +424,58 @@ mod tests {
         let retry = &task.entries[&2];
         assert_eq!(retry.failures, 1);
         assert!(retry.next_due <= sent_at + Duration::from_millis(100));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn answers_for_a_lock_id_an_extend_replaced_are_not_applied() {
+        let mut task = task();
+        let ttl = Duration::from_secs(3);
+        task.command(Command::Track(shared(1, ttl, ttl)));
+        let lock = task.entries[&1].shared.clone();
+        let sent_at = Instant::now();
+        // A batch leaves with the old lockId, then an extend moves the lock.
+        task.tick();
+        tokio::time::advance(Duration::from_secs(1)).await;
+        task.send(&[1]);
+        let until = Instant::now() + Duration::from_secs(9);
+        assert!(lock
+            .switch(
+                "id-1-moved".into(),
+                secs(10),
+                Duration::from_millis(100),
+                until
+            )
+            .is_some());
+        task.command(Command::Extended { key: 1 });
+        assert_eq!(
+            task.entries[&1].interval,
+            validity::renew_interval(secs(10))
+        );
+        // The old lockId now answers `stolen`, or a late `renewed`.
+        for stale in [
+            Outcome::Lost(LostReason::Stolen),
+            Outcome::Renewed {
+                expires_in: Duration::from_secs(60),
+            },
+        ] {
+            task.finished(Done::Renewals {
+                sent_at,
+                outcomes: vec![(1, 0, stale)],
+            });
+            assert_eq!(lock.current().lost, None, "not lost by a stale answer");
+            assert_eq!(lock.current().valid_until, until, "nor moved by one");
+            assert!(task.entries.contains_key(&1), "and still renewed");
+        }
+        // The same answer under the lockId it has now counts.
+        task.finished(Done::Renewals {
+            sent_at,
+            outcomes: vec![(1, 1, Outcome::Lost(LostReason::Stolen))],
+        });
+        assert_eq!(lock.current().lost, Some(LostReason::Stolen));
+    }
+
+    fn secs(n: u64) -> Duration {
+        Duration::from_secs(n)
     }
 
     #[test]

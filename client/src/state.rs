@@ -2,6 +2,15 @@
 //! (name, lockId, fencing token), its validity as the client's own clock
 //! judges it, why it was lost, and where its release stands.
 //!
+//! The identity an extend moves (lockId, TTL, margin) sits behind a std
+//! `Mutex` with a generation count: an extend to another TTL gives the grant
+//! a new lockId, and a renewal sent under the old one must not be applied
+//! once its answer comes back (the old lockId then answers `stolen`), so the
+//! renewal task keeps the generation it sent and drops answers of an older
+//! one. `moving` serializes an extend with the releases of the grant: a
+//! release sent with the old lockId while the extend moves the lock would
+//! free nothing and leave the name held under the new one.
+//!
 //! Status lives in a `watch` channel shared by every `Lock` of one grant
 //! (one per acquire of a name the client already holds; see `registry`),
 //! their handles and the client's renewal task: the task moves
@@ -16,7 +25,7 @@
 //! state goes through the [`Forget`] trait it implements, so the two do not
 //! import each other.
 
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
 use tokio::sync::{watch, Notify};
@@ -47,14 +56,30 @@ pub(crate) enum Release {
     GaveUp,
 }
 
+/// The grant's identity at the router as of its last extend.
+#[derive(Clone)]
+pub(crate) struct Grant {
+    pub lock_ref: LockRef,
+    pub ttl: Duration,
+    /// The safety margin for `ttl`.
+    pub margin: Duration,
+    /// Counts extends that moved the grant: a renewal answer is applied only
+    /// under the generation it was sent with.
+    pub generation: u64,
+}
+
 /// What every view of one grant shares.
 pub(crate) struct Shared {
     /// Identifies the lock within its client's renewal task.
     pub key: u64,
     pub name: String,
-    pub lock_ref: LockRef,
-    pub ttl: Duration,
-    pub margin: Duration,
+    /// Never changes, not even by an extend.
+    pub fencing_token: u64,
+    /// std `Mutex`: held only to read or switch it, never across an await.
+    grant: Mutex<Grant>,
+    /// Held by an extend for its whole request, and by each release
+    /// attempt: the two never cross on the wire.
+    pub moving: tokio::sync::Mutex<()>,
     pub status: watch::Sender<Status>,
     /// Wakes a pending release from its backoff: an acquire that raced the
     /// release wants it settled now.
@@ -76,7 +101,8 @@ pub(crate) trait Forget: Send + Sync {
 impl Drop for Shared {
     fn drop(&mut self) {
         let released = self.current().release == Release::Done;
-        self.kept_in.forget(&self.lock_ref.lock_id, released);
+        let lock_id = std::mem::take(&mut self.grant_mut().lock_ref.lock_id);
+        self.kept_in.forget(&lock_id, released);
     }
 }
 
@@ -98,13 +124,108 @@ impl Shared {
         Arc::new(Self {
             key,
             name: name.to_string(),
-            lock_ref,
-            ttl,
-            margin,
+            fencing_token: lock_ref.fencing_token,
+            grant: Mutex::new(Grant {
+                lock_ref,
+                ttl,
+                margin,
+                generation: 0,
+            }),
+            moving: tokio::sync::Mutex::new(()),
             status,
             retry_now: Notify::new(),
             kept_in,
         })
+    }
+
+    /// The grant as of now (cloned: the lock may be extended meanwhile).
+    pub fn grant(&self) -> Grant {
+        self.grant_lock().clone()
+    }
+
+    pub fn lock_id(&self) -> String {
+        self.grant_lock().lock_ref.lock_id.clone()
+    }
+
+    pub fn ttl(&self) -> Duration {
+        self.grant_lock().ttl
+    }
+
+    pub fn margin(&self) -> Duration {
+        self.grant_lock().margin
+    }
+
+    fn grant_lock(&self) -> MutexGuard<'_, Grant> {
+        // Each update is one assignment: a panic cannot leave it half made.
+        self.grant.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn grant_mut(&mut self) -> &mut Grant {
+        self.grant.get_mut().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Moves the grant to the lockId and TTL an extend answered, valid
+    /// until `valid_until` (set, not only moved forward: the lock now rides
+    /// the new TTL's lease, which may end before the old one). Returns the
+    /// lockId it replaced, or `None` if the lock was lost meanwhile (it
+    /// stays lost, with its old identity). Only the registry calls this,
+    /// under its own lock, so its entry moves in the same step.
+    pub fn switch(
+        &self,
+        lock_id: String,
+        ttl: Duration,
+        margin: Duration,
+        valid_until: Instant,
+    ) -> Option<String> {
+        let mut grant = self.grant_lock();
+        let now = Instant::now();
+        let mut moved = false;
+        self.status.send_if_modified(|s| {
+            if s.lost.is_some() {
+                return false;
+            }
+            if now >= s.valid_until {
+                s.lost = Some(LostReason::Unconfirmed);
+                return true;
+            }
+            moved = true;
+            s.valid_until = valid_until;
+            true
+        });
+        if !moved {
+            return None;
+        }
+        let old = std::mem::replace(&mut grant.lock_ref.lock_id, lock_id);
+        grant.ttl = ttl;
+        grant.margin = margin;
+        grant.generation += 1;
+        Some(old)
+    }
+
+    /// What the renewal task does with a renewal answer: applied only if the
+    /// grant is still the `generation` it was sent under, checked under the
+    /// grant's lock so that a switch cannot come in between. Some(true) when
+    /// it confirms validity, Some(false) when it marks the lock lost with
+    /// `lost`, None for a stale answer (nothing applied).
+    pub fn apply_renewal(
+        &self,
+        generation: u64,
+        answer: Result<Instant, LostReason>,
+    ) -> Option<bool> {
+        let grant = self.grant_lock();
+        if grant.generation != generation {
+            return None;
+        }
+        match answer {
+            Ok(valid_until) => {
+                self.confirm(valid_until);
+                Some(true)
+            }
+            Err(reason) => {
+                self.mark_lost(reason);
+                Some(false)
+            }
+        }
     }
 
     /// Marks the lock lost (`Released`, unless it was lost already) and its

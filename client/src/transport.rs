@@ -82,6 +82,16 @@ pub(crate) struct Renewed {
     pub reason: Option<String>,
 }
 
+/// The router's answer to an extend: a renewal that may name a new lockId.
+#[derive(Deserialize, Debug, Clone)]
+#[serde(rename_all = "camelCase")]
+pub(crate) struct Extended {
+    pub renewed: bool,
+    pub lock_id: Option<String>,
+    pub expires_in_ms: Option<u64>,
+    pub reason: Option<String>,
+}
+
 #[derive(Deserialize)]
 struct RenewBatchAnswer {
     results: Vec<Renewed>,
@@ -241,6 +251,31 @@ impl Transport {
         }
         let body = Body { lock, ttl_ms };
         let (status, bytes) = self.post("/api/v1/locks/renew", &body, timeout).await?;
+        if status != StatusCode::CONFLICT {
+            expect_ok(status, &bytes)?;
+        }
+        parse(status, &bytes)
+    }
+
+    /// Moves a lock to its client's session lease of `ttl`: the same
+    /// token, a new lockId. A 409 is an answer (`renewed: false`), not an
+    /// error.
+    pub async fn extend(
+        &self,
+        lock: &LockRef,
+        ttl: Duration,
+        timeout: Duration,
+    ) -> Result<Extended, Error> {
+        #[derive(Serialize)]
+        #[serde(rename_all = "camelCase")]
+        struct Body<'a> {
+            #[serde(flatten)]
+            lock: &'a LockRef,
+            ttl_ms: u64,
+        }
+        let ttl_ms = u64::try_from(ttl.as_millis()).unwrap_or(u64::MAX);
+        let body = Body { lock, ttl_ms };
+        let (status, bytes) = self.post("/api/v1/locks/extend", &body, timeout).await?;
         if status != StatusCode::CONFLICT {
             expect_ok(status, &bytes)?;
         }
