@@ -5,7 +5,8 @@ again only once its unanswered release is answered, calls on a closed
 client, a client never closed winding down once it and its locks are
 gone, and a wait without end that queues again past the router's cap and
 is cancelled with its task, while another task of the same client waits
-its turn."""
+its turn; an extend to another TTL, with a renewal in flight under the
+old lockId."""
 
 from __future__ import annotations
 
@@ -216,3 +217,44 @@ async def test_async_a_wait_without_end_queues_again_and_is_cancelled_with_its_t
         mine = await asyncio.wait_for(first, 3)
         assert mine.fencing_token > held.fencing_token, "a new grant for A's other task"
         await mine.release()
+
+
+@pytest.mark.asyncio
+async def test_async_extend_to_a_longer_ttl_with_a_renewal_in_flight_under_the_old_lock_id(
+    router: Router,
+) -> None:
+    async with lockrouter.AsyncClient(router.url) as a, lockrouter.AsyncClient(router.url) as b:
+        lock = await a.acquire("py:async-extend", ttl=2)
+        old_id, token = lock.lock_id, lock.fencing_token
+        transport = lock._keeper.transport
+        real = transport.renew_batch
+        sent, moved = asyncio.Event(), asyncio.Event()
+        stolen: list[bool] = []
+
+        async def held_back(refs: list, timeout: float) -> list:
+            # Sent under the old lockId, it reaches the router after the move.
+            sent.set()
+            await asyncio.wait_for(moved.wait(), 5)
+            results = await real(refs, timeout)
+            stolen.extend(r.reason == "stolen" for r in results)
+            return results
+
+        transport.renew_batch = held_back  # type: ignore[method-assign]
+        await asyncio.wait_for(sent.wait(), 3)
+        left = await lock.extend(6)
+        moved.set()
+        await asyncio.sleep(0.5)
+        transport.renew_batch = real  # type: ignore[method-assign]
+        assert 4 < left <= 6, left
+        assert stolen == [True], "the old lockId answered stolen"
+        assert lock.fencing_token == token and lock.lock_id != old_id and lock.ttl == 6
+        assert lock.is_held() and not lock.lost.is_set(), "a stale answer is no loss"
+
+        await asyncio.sleep(6.5)
+        assert lock.is_held(), "renewed under the new lockId, past the new TTL"
+        info = await a.inspect("py:async-extend")
+        assert info.held and info.mine and info.fencing_token == token
+        await lock.release()
+        nxt = await b.try_acquire("py:async-extend", ttl=2)
+        assert nxt is not None and nxt.fencing_token > token
+        await nxt.release()

@@ -525,6 +525,62 @@ def test_metadata_inspect_extend_and_the_on_lost_callback(router: Router) -> Non
         assert losses == [LostReason.EXPIRED], "the callback ran once, with the reason"
 
 
+def test_extend_to_a_longer_ttl_keeps_the_token_and_renews_and_releases_under_the_new_lock_id(
+    router: Router,
+) -> None:
+    with lockrouter.Client(router.url) as a, lockrouter.Client(router.url) as b:
+        lock = a.acquire("py:extend-to", ttl=2)
+        old_id, token = lock.lock_id, lock.fencing_token
+        left = lock.extend(ttl=6)
+        assert 4 < left <= 6, left
+        assert lock.fencing_token == token, "the same grant"
+        assert lock.lock_id != old_id, "on the new TTL's lease"
+        assert lock.ttl == 6
+
+        # Past the new TTL: only renewals under the new lockId keep it (the
+        # old one answers `stolen`).
+        time.sleep(7)
+        assert lock.is_held() and not lock.lost.is_set()
+        info = a.inspect("py:extend-to")
+        assert info.held and info.mine and info.fencing_token == token
+        assert b.try_acquire("py:extend-to", ttl=2) is None
+
+        lock.release()
+        nxt = b.try_acquire("py:extend-to", ttl=2)
+        assert nxt is not None and nxt.fencing_token > token, "the release freed the name"
+        nxt.release()
+
+
+def test_an_extend_while_a_renewal_is_in_flight_is_not_taken_for_a_loss(router: Router) -> None:
+    with lockrouter.Client(router.url) as a:
+        lock = a.acquire("py:extend-race", ttl=2)
+        transport = lock._keeper.transport
+        real = transport.renew_batch
+        sent, moved = threading.Event(), threading.Event()
+        answers: list[list[bool]] = []
+
+        def held_back(refs: list, timeout: float) -> list:
+            # Sent under the old lockId, it reaches the router after the move.
+            sent.set()
+            moved.wait(5)
+            results = real(refs, timeout)
+            answers.append([r.reason == "stolen" for r in results])
+            return results
+
+        transport.renew_batch = held_back  # type: ignore[method-assign]
+        assert sent.wait(3), "a background renewal left"
+        lock.extend(ttl=6)
+        moved.set()
+        time.sleep(0.5)
+        transport.renew_batch = real  # type: ignore[method-assign]
+        assert answers and answers[0] == [True], "the old lockId answered stolen"
+        assert lock.is_held() and lock.lost_reason is None
+        time.sleep(4)
+        assert lock.is_held(), "renewed under the new lockId since"
+        lock.release()
+        assert router.inspect("py:extend-race")["held"] is False
+
+
 def test_calls_after_close_raise_the_sdks_typed_error_never_an_httpx_one(router: Router) -> None:
     # The router up at close: close() released the lock, so a release
     # afterwards has nothing left to do.

@@ -15,7 +15,7 @@ from typing import Any, Callable, Union
 from . import validity
 from ._holds import Holds
 from ._state import Claim, LockState, Registry
-from ._transport import Acquired, Renewed
+from ._transport import Acquired, LockRef, Renewed
 from .errors import ClientClosed, ConfigError, LockLost, LostReason, RouterError, TransportError
 
 log = logging.getLogger("lockrouter")
@@ -77,6 +77,28 @@ def extended(state: LockState, r: Renewed, sent_at: float) -> float:
     except LockLost as e:
         state.mark_lost(e.reason)
         raise
+    reason = state.lost_now()
+    if reason is not None:
+        raise LockLost(state.name, reason)
+    return state.time_left()
+
+
+def moved(grants: Grants, state: LockState, r: Renewed, ttl: float, sent_at: float, generation: int) -> bool:
+    """Applies the answer to an extend to another TTL: True if the lock
+    moved to its new lockId and TTL (its renewals must follow), False if
+    not (a 409 marks it lost, as a renewal's would)."""
+    if r.renewed and r.expires_in is not None and r.lock_id:
+        margin = validity.margin(ttl, grants.margin)
+        ref = LockRef(r.lock_id, state.ref.fencing_token)
+        until = validity.valid_until(sent_at, r.expires_in, margin)
+        return grants.registry.switch(state, ref, ttl, margin, until)
+    reason = LostReason.STOLEN if r.reason == "stolen" else LostReason.EXPIRED
+    state.apply_renewal(generation, None, reason)
+    return False
+
+
+def still_held(state: LockState) -> float:
+    """Seconds of validity ``state`` has, or :class:`LockLost`."""
     reason = state.lost_now()
     if reason is not None:
         raise LockLost(state.name, reason)

@@ -72,6 +72,8 @@ class Batch:
     keys: list[int]
     refs: list[LockRef]
     timeout: float
+    #: The generation of each lock's grant as sent (see ``LockState``).
+    generations: list[int] = dataclasses.field(default_factory=list)
 
 
 @dataclasses.dataclass
@@ -112,6 +114,14 @@ class Schedule:
         interval = validity.renew_interval(state.ttl)
         due = validity.next_renewal(now, state.valid_until, interval)
         self._renewals[state.key] = _Renewal(state, interval, due)
+
+    def extended(self, key: int, now: float) -> None:
+        """An extend moved the lock to another TTL: its renewals follow it."""
+        e = self._renewals.get(key)
+        if e is not None:
+            e.interval = validity.renew_interval(e.state.ttl)
+            e.next_due = validity.next_renewal(now, e.state.valid_until, e.interval)
+            e.failures = 0
 
     def forget(self, key: int) -> None:
         self._renewals.pop(key, None)
@@ -165,27 +175,41 @@ class Schedule:
         # No point waiting for an answer past the interval: a later attempt
         # has a better chance.
         timeout = self._request_timeout
-        refs = []
+        refs, generations = [], []
         for k in keys:
             e = self._renewals[k]
             e.in_flight = True
             timeout = min(timeout, max(e.interval, 0.5))
-            refs.append(e.state.ref)
-        return Batch(keys, refs, timeout)
+            ref, generation = e.state.grant()
+            refs.append(ref)
+            generations.append(generation)
+        return Batch(keys, refs, timeout, generations)
 
-    def renewed(self, sent_at: float, outcomes: list[tuple[int, Outcome]], now: float) -> None:
-        for key, o in outcomes:
+    def renewed(
+        self,
+        sent_at: float,
+        outcomes: list[tuple[int, Outcome]],
+        now: float,
+        generations: list[int] | None = None,
+    ) -> None:
+        """The answers to one batch; ``generations``: the batch's, in the
+        order of ``outcomes`` (None: the locks' current ones). An answer for
+        a lockId an extend has replaced since is not applied: the old lockId
+        answers ``stolen`` once the lock has moved, and that is no loss."""
+        for i, (key, o) in enumerate(outcomes):
             e = self._renewals.get(key)
             if e is None:  # released meanwhile: no longer ours
                 continue
             e.in_flight = False
+            generation = e.state.generation if generations is None else generations[i]
             if isinstance(o, Confirmed):
-                e.failures = 0
-                e.state.confirm(validity.valid_until(sent_at, o.expires_in, e.state.margin))
-                e.next_due = validity.next_renewal(sent_at, e.state.valid_until, e.interval)
+                until = validity.valid_until(sent_at, o.expires_in, e.state.margin)
+                if e.state.apply_renewal(generation, until, None) is not None:
+                    e.failures = 0
+                    e.next_due = validity.next_renewal(sent_at, e.state.valid_until, e.interval)
             elif isinstance(o, Lost):
-                e.state.mark_lost(o.reason)
-                del self._renewals[key]
+                if e.state.apply_renewal(generation, None, o.reason) is False:
+                    del self._renewals[key]
             else:
                 e.failures += 1
                 e.next_due = now + validity.backoff(

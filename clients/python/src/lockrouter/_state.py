@@ -18,6 +18,7 @@ client's renewal thread, garbage-collector finalizers, the caller's).
 
 from __future__ import annotations
 
+import asyncio
 import enum
 import threading
 import time
@@ -54,16 +55,78 @@ class LockState:
         #: Identifies the lock within its client's renewal loop.
         self.key = key
         self.name = name
+        #: lockId and token; ``ttl`` and ``margin`` go with it. An extend to
+        #: another TTL replaces all three (under ``_mu``) and bumps
+        #: ``generation``: a renewal answer is applied only under the
+        #: generation it was sent with, since the replaced lockId answers
+        #: ``stolen`` once the lock has moved.
         self.ref = ref
         self.ttl = ttl
         self.margin = margin
+        self.generation = 0
         self.client_id = client_id
         # A plain lock: held only for a read or an update, never across I/O.
         self._mu = threading.Lock()
+        #: Held by an extend for its whole request and by each release
+        #: attempt, so the two never cross on the wire (a release sent with
+        #: the lockId an extend replaces frees nothing). The sync client's
+        #: is a thread lock, the async client's an asyncio one.
+        self.moving = threading.Lock()
+        self._moving_async: asyncio.Lock | None = None
         self._valid_until = valid_until
         self._lost: LostReason | None = None
         self._release = Release.NOT_STARTED
         self._listeners: list[Callable[[LostReason], None]] = []
+
+    @property
+    def moving_async(self) -> asyncio.Lock:
+        if self._moving_async is None:
+            self._moving_async = asyncio.Lock()
+        return self._moving_async
+
+    def grant(self) -> tuple[LockRef, int]:
+        """The lockId and token to send now, and their generation."""
+        with self._mu:
+            return self.ref, self.generation
+
+    def switch(self, ref: LockRef, ttl: float, margin: float, valid_until: float) -> str | None:
+        """Moves the lock to the lockId and TTL an extend answered, valid
+        until ``valid_until`` (set, not only moved forward: the lock now
+        rides the new TTL's lease, which may end before the old one).
+        Returns the replaced lockId, or None if the lock was lost meanwhile
+        (nothing moves). Only the registry calls it, so its entry moves in
+        the same step."""
+        if self.lost_now() is not None:
+            return None
+        with self._mu:
+            if self._lost is not None:
+                return None
+            old = self.ref.lock_id
+            self.ref, self.ttl, self.margin = ref, ttl, margin
+            self.generation += 1
+            self._valid_until = valid_until
+            return old
+
+    def apply_renewal(self, generation: int, valid_until: float | None, lost: LostReason | None) -> bool | None:
+        """A renewal answer, applied only if the lock is still the
+        ``generation`` it was sent under (checked and applied in one step,
+        so that a switch cannot come between): True when it confirmed
+        ``valid_until``, False when it marked the lock lost with ``lost``,
+        None for a stale answer (nothing applied)."""
+        listeners: list[Callable[[LostReason], None]] = []
+        with self._mu:
+            if self.generation != generation:
+                return None
+            if valid_until is not None:
+                if self._lost is None and validity.now() < self._valid_until < valid_until:
+                    self._valid_until = valid_until
+                return True
+            if self._lost is None and lost is not None:
+                self._lost = lost
+                listeners, self._listeners = self._listeners, []
+        for listener in listeners:
+            listener(lost)  # type: ignore[arg-type]
+        return False
 
     @property
     def valid_until(self) -> float:
@@ -193,6 +256,21 @@ class Registry:
         with self._mu:
             states = list(self._grants.values())
         return [s for s in states if s.name == name and s.release is Release.PENDING]
+
+    def switch(self, state: LockState, ref: LockRef, ttl: float, margin: float, valid_until: float) -> bool:
+        """Moves ``state`` to the lockId an extend answered, and its entry
+        with it, in one step: a release or an acquire answer looking it up
+        meanwhile finds it under one lockId or the other, never neither.
+        False if the lock was lost meanwhile (nothing moved)."""
+        with self._mu:
+            old = state.switch(ref, ttl, margin, valid_until)
+            if old is None:
+                return False
+            if old != ref.lock_id:
+                if self._grants.get(old) is state:
+                    del self._grants[old]
+                self._grants[ref.lock_id] = state
+            return True
 
     def begin_release(self, state: LockState) -> bool | None:
         """Starts releasing ``state``: None if a newer state owns its grant

@@ -31,6 +31,7 @@ ACQUIRE = "/api/v1/locks/acquire"
 RENEW = "/api/v1/locks/renew"
 RENEW_BATCH = "/api/v1/locks/renew-batch"
 RELEASE = "/api/v1/locks/release"
+EXTEND = "/api/v1/locks/extend"
 
 # Below the router's idle close (server.header_read_timeout_ms, 10 s by
 # default): a request sent on a connection the router is closing is reset.
@@ -69,6 +70,8 @@ class Renewed:
     renewed: bool
     expires_in: float | None = None
     reason: str | None = None
+    #: An extend's answer: the lockId the lock has moved to.
+    lock_id: str | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -256,6 +259,23 @@ def parse_renew(resp: httpx.Response) -> Renewed:
     if resp.status_code not in (200, 409):
         raise error_from(resp)
     return _renewed(_json(resp))
+
+
+def extend_body(ref: LockRef, ttl_ms: int) -> dict[str, Any]:
+    body = ref.body()
+    body["ttlMs"] = ttl_ms
+    return body
+
+
+def parse_extend(resp: httpx.Response) -> Renewed:
+    """Like a renew's answer, with the lockId the lock moved to."""
+    r = parse_renew(resp)
+    if not r.renewed:
+        return r
+    lock_id = _json(resp).get("lockId")
+    if not isinstance(lock_id, str) or not lock_id:
+        raise _malformed(resp, "extended without a lockId")
+    return dataclasses.replace(r, lock_id=lock_id)
 
 
 def parse_batch(resp: httpx.Response, sent: int) -> list[Renewed]:
@@ -453,6 +473,9 @@ class SyncTransport:
     def renew_batch(self, refs: list[LockRef], timeout: float) -> list[Renewed]:
         return parse_batch(self._post(RENEW_BATCH, batch_body(refs), timeout), len(refs))
 
+    def extend(self, ref: LockRef, timeout: float, ttl_ms: int) -> Renewed:
+        return parse_extend(self._post(EXTEND, extend_body(ref, ttl_ms), timeout))
+
     def release(self, ref: LockRef, timeout: float) -> None:
         parse_release(self._post(RELEASE, ref.body(), timeout))
 
@@ -505,6 +528,9 @@ class AsyncTransport:
     async def renew_batch(self, refs: list[LockRef], timeout: float) -> list[Renewed]:
         resp = await self._post(RENEW_BATCH, batch_body(refs), timeout)
         return parse_batch(resp, len(refs))
+
+    async def extend(self, ref: LockRef, timeout: float, ttl_ms: int) -> Renewed:
+        return parse_extend(await self._post(EXTEND, extend_body(ref, ttl_ms), timeout))
 
     async def release(self, ref: LockRef, timeout: float) -> None:
         parse_release(await self._post(RELEASE, ref.body(), timeout))

@@ -30,10 +30,12 @@ from ._common import (
     confirmation,
     extended,
     log,
+    moved,
     not_settled,
     release_pace,
     seconds,
     smaller_chunk,
+    still_held,
     ttl_ms,
     unconfirmed_release,
     wait_seconds,
@@ -85,6 +87,9 @@ class _AsyncLoop:
 
     def forget(self, key: int) -> None:
         self.send(lambda: self._schedule.forget(key))
+
+    def extended(self, key: int) -> None:
+        self.send(lambda: self._schedule.extended(key, validity.now()))
 
     def release(self, state: LockState, failures: int) -> None:
         self.send(lambda: self._schedule.release(state, failures, validity.now()))
@@ -155,12 +160,13 @@ class _AsyncLoop:
     async def _renew(self, batch: Batch) -> None:
         sent_at = validity.now()
         outcomes = await renew(self._transport, batch)
-        self.send(lambda: self._schedule.renewed(sent_at, outcomes, validity.now()))
+        self.send(lambda: self._schedule.renewed(sent_at, outcomes, validity.now(), batch.generations))
 
     async def _release(self, state: LockState) -> None:
         error: LockrouterError | None = None
         try:
-            await self._transport.release(state.ref, self._schedule.request_timeout)
+            async with state.moving_async:  # never while an extend moves the lock
+                await self._transport.release(state.ref, self._schedule.request_timeout)
         except LockrouterError as e:
             log.debug("background release of %r failed: %s", state.name, e)
             error = e
@@ -251,7 +257,8 @@ class _AsyncKeeper:
                     finished = True
                     return
                 try:
-                    await self.transport.release(state.ref, self.request_timeout)
+                    async with state.moving_async:  # never while an extend moves the lock
+                        await self.transport.release(state.ref, self.request_timeout)
                 except ClientClosed:
                     # Nothing sends it any more: the lock expires at its TTL.
                     finished = True
@@ -344,16 +351,27 @@ class AsyncLock:
         call, loop = calling_safely(self.name, callback), self._loop
         self._state.on_lost(lambda reason: _on_loop(loop, lambda: call(reason)))
 
-    async def extend(self) -> float:
+    async def extend(self, ttl: Seconds | None = None) -> float:
         """As :meth:`lockrouter.Lock.extend`: renews now, with the lock's own
-        TTL (the router fixes it at the acquire), and returns the seconds of
-        validity it has from that renewal."""
-        reason = self.lost_reason
-        if reason is not None:
-            raise LockLost(self.name, reason)
-        k, sent_at = self._keeper, validity.now()
-        r = await k.transport.renew(self._state.ref, k.request_timeout, ttl_ms(self._state.ttl))
-        return extended(self._state, r, sent_at)
+        TTL or, given another ``ttl``, moves the lock to that TTL (the same
+        token, a new :attr:`lock_id`, renewed under it from then on), and
+        returns the seconds of validity it has from that answer."""
+        state, k = self._state, self._keeper
+        new_ttl = state.ttl if ttl is None else seconds(ttl, "ttl")
+        new_ms = ttl_ms(new_ttl)
+        async with state.moving_async:
+            reason = self.lost_reason
+            if reason is not None:
+                raise LockLost(self.name, reason)
+            ref, generation = state.grant()
+            sent_at = validity.now()
+            if new_ms == ttl_ms(state.ttl):
+                r = await k.transport.renew(ref, k.request_timeout, new_ms)
+                return extended(state, r, sent_at)
+            r = await k.transport.extend(ref, k.request_timeout, new_ms)
+            if moved(k.grants, state, r, new_ms / 1000, sent_at, generation):
+                k.loop.extended(state.key)
+            return still_held(state)
 
     async def wait_lost(self) -> LostReason:
         """Returns once the lock is lost, with the reason."""

@@ -32,10 +32,12 @@ from ._common import (
     confirmation,
     extended,
     log,
+    moved,
     not_settled,
     release_pace,
     seconds,
     smaller_chunk,
+    still_held,
     ttl_ms,
     unconfirmed_release,
     wait_seconds,
@@ -72,6 +74,9 @@ class _Loop:
 
     def forget(self, key: int) -> None:
         self.send(lambda: self._schedule.forget(key))
+
+    def extended(self, key: int) -> None:
+        self.send(lambda: self._schedule.extended(key, validity.now()))
 
     def release(self, state: LockState, failures: int) -> None:
         self.send(lambda: self._schedule.release(state, failures, validity.now()))
@@ -128,12 +133,13 @@ class _Loop:
     def _renew(self, batch: Batch) -> None:
         sent_at = validity.now()
         outcomes = renew(self._transport, batch)
-        self.send(lambda: self._schedule.renewed(sent_at, outcomes, validity.now()))
+        self.send(lambda: self._schedule.renewed(sent_at, outcomes, validity.now(), batch.generations))
 
     def _release(self, state: LockState) -> None:
         error: LockrouterError | None = None
         try:
-            self._transport.release(state.ref, self._schedule.request_timeout)
+            with state.moving:  # never while an extend moves the lock
+                self._transport.release(state.ref, self._schedule.request_timeout)
         except LockrouterError as e:
             log.debug("background release of %r failed: %s", state.name, e)
             error = e
@@ -220,7 +226,8 @@ class _Keeper:
                     finished = True
                     return
                 try:
-                    self.transport.release(state.ref, self.request_timeout)
+                    with state.moving:  # never while an extend moves the lock
+                        self.transport.release(state.ref, self.request_timeout)
                 except ClientClosed:
                     # Nothing sends it any more: the lock expires at its TTL.
                     finished = True
@@ -333,20 +340,43 @@ class Lock:
         until it is released or lost."""
         self._state.on_lost(calling_safely(self.name, callback))
 
-    def extend(self) -> float:
+    def extend(self, ttl: Seconds | None = None) -> float:
         """Renews the lock now, instead of at its next scheduled renewal, and
         returns the seconds of validity it has from that renewal (a little
-        under its TTL). Like redis-py's ``extend``, but with the TTL the lock
-        was acquired with: the router fixes a lock's TTL at its acquire (a
-        renew naming another TTL is refused), so a longer lease means
-        acquiring with a longer TTL. Raises :class:`LockLost` if the router
-        says the lock is gone (it is then lost) or it was lost already;
-        other errors as they come (the lock stays as it was)."""
-        reason = self.lost_reason
-        if reason is not None:
-            raise LockLost(self.name, reason)
-        k, sent_at = self._keeper, validity.now()
-        return extended(self._state, k.transport.renew(self._state.ref, k.request_timeout, ttl_ms(self._state.ttl)), sent_at)
+        under its TTL), like redis-py's ``extend``.
+
+        Without ``ttl`` (or with the lock's own), a renewal with the lock's
+        TTL. With another ``ttl`` (seconds or a ``timedelta``), the router
+        moves the lock to this client's session lease of that TTL: the
+        same :attr:`fencing_token`, a new :attr:`lock_id`. From the answer
+        on, this lock and every ``Lock`` of its grant have the new lockId
+        and TTL, validity counts from this request's send, and the renewal
+        thread renews it under the new lockId at the new TTL's pace (a
+        renewal it sent under the old lockId and got back ``stolen`` after
+        the move is not a loss). A release of the lock waits for an extend
+        on the wire, so the two never cross.
+
+        Raises :class:`LockLost` if the router says the lock is gone (it is
+        then lost) or it was lost already. Other errors as they come, the
+        lock keeping its old lockId; after a transport error, 503 or 504 of
+        an extend to another TTL the move may have happened at the router,
+        and then the next renewal finds the old lockId ``stolen`` and the
+        lock is lost (``STOLEN``): the client cannot learn the new lockId."""
+        state, k = self._state, self._keeper
+        new_ttl = state.ttl if ttl is None else seconds(ttl, "ttl")
+        new_ms = ttl_ms(new_ttl)
+        with state.moving:
+            reason = self.lost_reason
+            if reason is not None:
+                raise LockLost(self.name, reason)
+            ref, generation = state.grant()
+            sent_at = validity.now()
+            if new_ms == ttl_ms(state.ttl):
+                return extended(state, k.transport.renew(ref, k.request_timeout, new_ms), sent_at)
+            r = k.transport.extend(ref, k.request_timeout, new_ms)
+            if moved(k.grants, state, r, new_ms / 1000, sent_at, generation):
+                k.loop.extended(state.key)
+            return still_held(state)
 
     def release(self) -> None:
         """Stops renewing and releases the lock; it counts as lost
