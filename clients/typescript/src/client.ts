@@ -84,7 +84,6 @@ export class Client implements AsyncDisposable {
   /** The id the router knows this client by. */
   readonly clientId: string;
   private readonly keeper: Keeper;
-  private readonly marginMs: number | undefined;
   private nextKey = 0;
   private closing: Promise<void> | undefined;
   /** The longest wait the router accepts at once, as far as this client knows (it shrinks when the router refuses one). */
@@ -102,9 +101,8 @@ export class Client implements AsyncDisposable {
     const transport = new Transport(url, token, fetchFn);
     const registry = new Registry();
     const renewer = new Renewer(transport, requestTimeoutMs, (g) => registry.forget(g));
-    this.keeper = new Keeper(transport, requestTimeoutMs, renewer, registry, new Holds());
+    this.keeper = new Keeper(transport, requestTimeoutMs, renewer, registry, new Holds(), safetyMarginMs);
     this.clientId = clientId ?? randomBytes(16).toString("hex");
-    this.marginMs = safetyMarginMs;
   }
 
   /**
@@ -296,7 +294,7 @@ export class Client implements AsyncDisposable {
     if (a.lockId === undefined || a.fencingToken === undefined || a.expiresInMs === undefined) {
       throw new RouterError(200, "malformed_answer", "acquired without lockId, fencingToken or expiresInMs");
     }
-    const m = margin(ttlMs, this.marginMs);
+    const m = margin(ttlMs, this.keeper.marginMs);
     let until = validUntil(sentAt, a.expiresInMs, m);
     const ref: LockRef = { lockId: a.lockId, fencingToken: a.fencingToken };
     if (now() - sentAt > m) {

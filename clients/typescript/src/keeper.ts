@@ -8,7 +8,7 @@
 import { isRetryable, LockLostError } from "./errors.js";
 import type { Holds } from "./holds.js";
 import type { Registry } from "./registry.js";
-import { retryRelease } from "./release.js";
+import { attempt, retryRelease } from "./release.js";
 import type { Renewer } from "./renewal.js";
 import type { Grant } from "./state.js";
 import type { Transport } from "./transport.js";
@@ -21,6 +21,8 @@ export class Keeper {
     readonly registry: Registry,
     /** Which grant holds each name's turn in this client, and how often. */
     readonly holds: Holds,
+    /** The configured safety margin (`undefined`: a tenth of the TTL), for a lock an extend moves to another TTL. */
+    readonly marginMs: number | undefined,
   ) {}
 
   /**
@@ -39,8 +41,8 @@ export class Keeper {
     grant.beginRelease();
     this.renewer.forget(grant.key);
     const progress = { failures: 0 };
-    const attempt = () => this.transport.release(grant.ref, this.requestTimeoutMs);
-    grant.releasing = retryRelease(grant, attempt, progress, { kind: "validity-ends" }).then(
+    const once = () => attempt(this.transport, grant, this.requestTimeoutMs);
+    grant.releasing = retryRelease(grant, once, progress, { kind: "validity-ends" }).then(
       () => this.registry.forget(grant),
       (e: unknown) => {
         if (isRetryable(e)) this.renewer.releaseInBackground(grant, progress.failures);

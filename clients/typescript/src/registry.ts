@@ -59,6 +59,21 @@ export class Registry {
     return current === undefined || current === grant;
   }
 
+  /**
+   * Moves `grant` to the lockId an extend answered (see {@link Grant.switch})
+   * and its entry with it, in one step: a release or an acquire answer
+   * looking the grant up finds it under one lockId or the other, never
+   * neither. True if the lock is still held (its renewals must follow).
+   */
+  switch(grant: Grant, lockId: string, ttlMs: number, marginMs: number, validUntil: number): boolean {
+    const old = grant.switch(lockId, ttlMs, marginMs, validUntil);
+    if (old !== lockId) {
+      if (this.grants.get(old) === grant) this.grants.delete(old);
+      this.grants.set(lockId, grant);
+    }
+    return grant.lostNow() === undefined;
+  }
+
   /** Grants whose release has not started: what closing the client must release. */
   unreleased(): Grant[] {
     return [...this.grants.values()].filter((g) => g.release === "none");

@@ -11,12 +11,17 @@
  * are retried with backoff and jitter; any other 4xx ends it, since the
  * same request cannot fare better. `release()` retries while the lock's
  * validity lasts; the renewal loop then carries on in the background at up
- * to a renewal interval apart while the client is open. Touches only the
- * grant's state, the clock rules and the error types.
+ * to a renewal interval apart while the client is open.
+ *
+ * Each attempt names the grant as it stands then, and waits for an extend
+ * of it on the wire: a release sent with a lockId an extend is replacing
+ * would free nothing ({@link attempt}). Touches only the grant's state, the
+ * transport, the clock rules and the error types.
  */
 
 import { isRetryable, TransportError } from "./errors.js";
 import type { Grant } from "./state.js";
+import type { Transport } from "./transport.js";
 import { backoff, MAX_BACKOFF_MS, now, renewInterval } from "./validity.js";
 
 /** When a release stops retrying. */
@@ -29,6 +34,15 @@ export type Until =
    * fast pace again. Its pauses never keep the process alive.
    */
   | { kind: "background"; hurry: () => boolean; stop: AbortSignal };
+
+/**
+ * One release request for `grant` under the lockId it has now, never while
+ * an extend of it is on the wire: the extend moves the lock to a new
+ * lockId, and the old one releases nothing.
+ */
+export function attempt(transport: Transport, grant: Grant, timeoutMs: number): Promise<void> {
+  return grant.exclusive(() => transport.release(grant.ref, timeoutMs));
+}
 
 /**
  * Calls `attempt` (one release request) until it succeeds, fails with an

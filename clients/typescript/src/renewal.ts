@@ -6,7 +6,9 @@
  * `renew-batch` request per interval, split at {@link MAX_BATCH} locks.
  *
  * Each answer moves the lock's validity forward, counted from the instant
- * before the request was sent. `renewed: false` with `expired` or `stolen`
+ * before the request was sent. An answer is applied only if the lock still
+ * has the lockId it was sent with: after an extend to another TTL the old
+ * lockId answers `stolen`, and that is the extend's doing, not a loss. `renewed: false` with `expired` or `stolen`
  * loses the lock at once. `shard_unavailable`, transport errors, timeouts,
  * 429 and 5xx are retried with backoff and jitter while the lock is valid;
  * the grant's own clock timer loses it when validity runs out. A batch the
@@ -23,7 +25,7 @@
  */
 
 import { isRetryable } from "./errors.js";
-import { retryRelease } from "./release.js";
+import { attempt, retryRelease } from "./release.js";
 import type { Grant } from "./state.js";
 import type { LockRef, Renewed, Transport } from "./transport.js";
 import { backoff, MAX_BACKOFF_MS, MAX_BATCH, nextRenewal, now, renewInterval, validUntil } from "./validity.js";
@@ -33,7 +35,8 @@ export interface Due {
   readonly key: number;
   /** When the next renewal should be sent. */
   nextDue: number;
-  readonly interval: number;
+  /** A third of the TTL; an extend to another TTL changes it. */
+  interval: number;
   /** A renewal for it is on the wire; do not send another. */
   inFlight: boolean;
 }
@@ -101,6 +104,16 @@ export class Renewer {
     this.schedule();
   }
 
+  /** An extend moved the lock to another TTL: its renewals follow it, from its new validity. */
+  extended(key: number): void {
+    const e = this.entries.get(key);
+    if (e === undefined) return;
+    e.interval = renewInterval(e.grant.ttlMs);
+    e.nextDue = nextRenewal(now(), e.grant.validUntil, e.interval);
+    e.failures = 0;
+    this.schedule();
+  }
+
   /** Stops renewing a lock: its release is under way. */
   forget(key: number): void {
     this.entries.delete(key);
@@ -112,8 +125,8 @@ export class Renewer {
     this.forget(grant.key);
     const progress = { failures };
     const until = { kind: "background" as const, hurry: () => this.closing, stop: this.stop.signal };
-    const attempt = () => this.transport.release(grant.ref, this.requestTimeoutMs);
-    const p: Promise<void> = retryRelease(grant, attempt, progress, until)
+    const once = () => attempt(this.transport, grant, this.requestTimeoutMs);
+    const p: Promise<void> = retryRelease(grant, once, progress, until)
       .catch(() => {
         // Refused, or given up at close: the lock expires at its TTL once
         // nothing of this client renews its session.
@@ -166,7 +179,7 @@ export class Renewer {
   }
 
   private send(keys: number[]): void {
-    const locks: [number, LockRef][] = [];
+    const locks: Sent[] = [];
     // No point waiting for an answer past the interval: a later attempt has a better chance.
     let timeout = this.requestTimeoutMs;
     for (const key of keys) {
@@ -174,30 +187,34 @@ export class Renewer {
       if (e === undefined) continue;
       e.inFlight = true;
       timeout = Math.min(timeout, Math.max(e.interval, 500));
-      locks.push([key, e.grant.ref]);
+      locks.push([key, e.grant.generation, e.grant.ref]);
     }
     const sentAt = now();
     const p: Promise<void> = renew(this.transport, locks, timeout)
-      .catch((): [number, Outcome][] => locks.map(([key]) => [key, { kind: "retry" }]))
+      .catch((): Answered[] => locks.map(([key, generation]) => [key, generation, { kind: "retry" }]))
       .then((outcomes) => this.finished(sentAt, outcomes))
       .finally(() => this.inFlight.delete(p));
     this.inFlight.add(p);
   }
 
-  private finished(sentAt: number, outcomes: [number, Outcome][]): void {
+  private finished(sentAt: number, outcomes: Answered[]): void {
     const t = now();
-    for (const [key, o] of outcomes) {
+    for (const [key, generation, o] of outcomes) {
       // A lock forgotten meanwhile (released) is no longer ours.
       const e = this.entries.get(key);
       if (e === undefined) continue;
       e.inFlight = false;
       if (o.kind === "renewed") {
-        e.failures = 0;
-        e.grant.confirm(validUntil(sentAt, o.expiresInMs, e.grant.marginMs));
-        e.nextDue = nextRenewal(sentAt, e.grant.validUntil, e.interval);
+        // An answer for the lockId an extend replaced says nothing of the
+        // lock now: its next renewal asks anew.
+        const until = validUntil(sentAt, o.expiresInMs, e.grant.marginMs);
+        if (e.grant.applyRenewal(generation, { validUntil: until }) !== undefined) {
+          e.failures = 0;
+          e.nextDue = nextRenewal(sentAt, e.grant.validUntil, e.interval);
+        }
       } else if (o.kind === "lost") {
-        e.grant.markLost(o.reason);
-        this.entries.delete(key);
+        // `stolen` for a lockId an extend replaced is the extend's doing, not a loss.
+        if (e.grant.applyRenewal(generation, { lost: o.reason }) === false) this.entries.delete(key);
       } else {
         e.failures++;
         e.nextDue = t + backoff(e.failures, Math.min(MAX_BACKOFF_MS, e.interval));
@@ -207,22 +224,27 @@ export class Renewer {
   }
 }
 
+/** One lock of a batch: its key, the generation of its grant as sent, the lockId and token sent. */
+type Sent = [key: number, generation: number, ref: LockRef];
+/** What became of one lock of a batch, with the generation it was sent under. */
+type Answered = [key: number, generation: number, outcome: Outcome];
+
 /** Renews `locks` with one `renew-batch` call; if the router refuses the batch itself (4xx), renews each lock on its own. */
-async function renew(transport: Transport, locks: [number, LockRef][], timeoutMs: number): Promise<[number, Outcome][]> {
+async function renew(transport: Transport, locks: Sent[], timeoutMs: number): Promise<Answered[]> {
   try {
     const results = await transport.renewBatch(
-      locks.map(([, ref]) => ref),
+      locks.map(([, , ref]) => ref),
       timeoutMs,
     );
-    return locks.map(([key], i) => [key, outcome(results[i]!)]);
+    return locks.map(([key, generation], i) => [key, generation, outcome(results[i]!)]);
   } catch (e) {
-    if (isRetryable(e)) return locks.map(([key]) => [key, { kind: "retry" }]);
+    if (isRetryable(e)) return locks.map(([key, generation]) => [key, generation, { kind: "retry" }]);
     return Promise.all(
-      locks.map(async ([key, ref]): Promise<[number, Outcome]> => {
+      locks.map(async ([key, generation, ref]): Promise<Answered> => {
         try {
-          return [key, outcome(await transport.renew(ref, timeoutMs))];
+          return [key, generation, outcome(await transport.renew(ref, timeoutMs))];
         } catch (err) {
-          return [key, isRetryable(err) ? { kind: "retry" } : { kind: "lost", reason: "refused" }];
+          return [key, generation, isRetryable(err) ? { kind: "retry" } : { kind: "lost", reason: "refused" }];
         }
       }),
     );

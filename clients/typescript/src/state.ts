@@ -7,9 +7,18 @@
  * records why a lock was lost; readers compare `validUntil` with the clock
  * themselves (`lostNow`), and a timer of the grant's own fires at
  * `validUntil`, so the lost signal aborts on time even if the router is
- * unreachable or a request hangs. Validity only moves forward, the first
- * reason a lock was lost is the one that stays, and a lost grant is never
- * revived. Imports only the leaves (errors, validity) and the transport's types.
+ * unreachable or a request hangs. Validity only moves forward (but for an
+ * extend to another TTL, which sets it), the first reason a lock was lost
+ * is the one that stays, and a lost grant is never revived.
+ *
+ * An extend to another TTL moves the grant to a new lockId (the fencing
+ * token stays), and the old lockId answers `stolen` from then on. So the
+ * identity an extend moves (lockId, TTL, margin) is switchable, with a
+ * generation count: a renewal answer is applied only under the generation
+ * it was sent with. {@link Grant.exclusive} serializes an extend with the
+ * release attempts of the grant: a release sent with the lockId an extend
+ * is replacing would free nothing. Imports only the leaves (errors,
+ * validity) and the transport's types.
  */
 
 import { LockLostError, type LostReason } from "./errors.js";
@@ -40,19 +49,99 @@ export class Grant {
   releasing: Promise<void> | undefined;
   /** Wakes a release from its backoff: an acquire that raced it wants it settled now. */
   retryNow: (() => void) | undefined;
+  /** lockId and token; `ttl` and `margin` go with it, and an extend to another TTL replaces all three. */
+  private current: LockRef;
+  private ttl: number;
+  private margin: number;
+  private gen = 0;
+  /** The last extend or release attempt of this grant, queued behind each other (see {@link exclusive}). */
+  private moving: Promise<unknown> = Promise.resolve();
 
   constructor(
     /** Numbers the grant within its client's renewal loop. */
     readonly key: number,
     readonly name: string,
-    readonly ref: LockRef,
-    readonly ttlMs: number,
-    readonly marginMs: number,
+    ref: LockRef,
+    ttlMs: number,
+    marginMs: number,
     readonly clientId: string,
     validUntil: number,
   ) {
+    this.current = ref;
+    this.ttl = ttlMs;
+    this.margin = marginMs;
     this.until = validUntil;
     this.armClock();
+  }
+
+  /** The lockId and fencing token to send now (an extend to another TTL changes the lockId). */
+  get ref(): LockRef {
+    return this.current;
+  }
+
+  /** The TTL the lock was acquired with, or the last one an extend gave it. */
+  get ttlMs(): number {
+    return this.ttl;
+  }
+
+  /** The safety margin for {@link ttlMs}. */
+  get marginMs(): number {
+    return this.margin;
+  }
+
+  /** Counts extends that moved the grant: a renewal answer is applied only under the generation it was sent with. */
+  get generation(): number {
+    return this.gen;
+  }
+
+  /**
+   * Runs `step` once every extend or release attempt of this grant queued
+   * before it has ended, and before any queued after it: an extend and a
+   * release never cross on the wire.
+   */
+  exclusive<T>(step: () => Promise<T>): Promise<T> {
+    const run = this.moving.then(step);
+    this.moving = run.catch(() => {});
+    return run;
+  }
+
+  /**
+   * Moves the grant to the lockId and TTL an extend answered, valid until
+   * `validUntil` (set, not only moved forward: the lock now rides the new
+   * TTL's lease, which may end before the old one), and returns the lockId
+   * it replaced. A lock lost meanwhile (a release begun while the extend
+   * was on the wire) stays lost, but takes the new lockId all the same:
+   * the router holds it under that one now, and a release sent with the
+   * old one would free nothing. Only the registry calls this, so its entry
+   * moves in the same step.
+   */
+  switch(lockId: string, ttlMs: number, marginMs: number, validUntil: number): string {
+    const old = this.current.lockId;
+    this.current = { lockId, fencingToken: this.current.fencingToken };
+    this.ttl = ttlMs;
+    this.margin = marginMs;
+    this.gen++;
+    if (this.lostNow() === undefined) {
+      this.until = validUntil;
+      this.armClock();
+    }
+    return old;
+  }
+
+  /**
+   * A renewal answer, applied only if the grant is still the `generation`
+   * it was sent under: true when it confirmed `validUntil`, false when it
+   * marked the lock lost with `lost`, `undefined` for a stale answer
+   * (nothing applied: the lockId it was sent with has been replaced).
+   */
+  applyRenewal(generation: number, answer: { validUntil: number } | { lost: LostReason }): boolean | undefined {
+    if (generation !== this.gen) return undefined;
+    if ("validUntil" in answer) {
+      this.confirm(answer.validUntil);
+      return true;
+    }
+    this.markLost(answer.lost);
+    return false;
   }
 
   get signal(): AbortSignal {

@@ -46,6 +46,9 @@ export interface Renewed {
   reason?: string;
 }
 
+/** An extend's answer: moved to `lockId`, or (a 409) not held under the lockId sent. */
+export type Extended = { renewed: true; lockId: string; expiresInMs: number } | { renewed: false; reason?: string };
+
 export class Transport {
   /** `scheme://authority[/prefix]` without a trailing slash. */
   private readonly base: string;
@@ -111,6 +114,23 @@ export class Transport {
       throw malformed(status, "renew-batch answered a different number of results");
     }
     return results.map((r) => renewed(status, r));
+  }
+
+  /**
+   * Moves a lock to this client's session lease of `ttlMs`: the same token,
+   * a new lockId. A 409 is an answer (`renewed: false`), not an error.
+   */
+  async extend(lock: LockRef, timeoutMs: number, ttlMs: number): Promise<Extended> {
+    const body: Json = { lockId: lock.lockId, fencingToken: lock.fencingToken, ttlMs };
+    const { status, value } = await this.post("/api/v1/locks/extend", body, timeoutMs);
+    if (status !== 409) expectOk(status, value);
+    const r = renewed(status, value);
+    if (!r.renewed) return r.reason === undefined ? { renewed: false } : { renewed: false, reason: r.reason };
+    const lockId = asObject(status, value)["lockId"];
+    if (typeof lockId !== "string" || lockId === "" || r.expiresInMs === undefined) {
+      throw malformed(status, "extended without lockId or expiresInMs");
+    }
+    return { renewed: true, lockId, expiresInMs: r.expiresInMs };
   }
 
   /** Resolves once the router confirmed (204; a 409 also means the lock is gone). */

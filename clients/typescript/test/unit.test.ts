@@ -82,6 +82,25 @@ describe("the clock rules", () => {
     assert.equal(backoff(3, 2_000, () => 1), 400);
   });
 
+  test("an extend switches lockId, TTL and validity together; answers sent under the replaced lockId are not applied", () => {
+    const g = new Grant(1, "n", { lockId: "old", fencingToken: 7n }, 10_000, 1_000, "c", now() + 9_000);
+    const sent = g.generation;
+    // A shorter TTL: validity is set, not only moved forward.
+    const until = now() + 1_800;
+    assert.equal(g.switch("new", 2_000, 200, until), "old");
+    assert.deepEqual([g.ref, g.ttlMs, g.marginMs, g.validUntil], [{ lockId: "new", fencingToken: 7n }, 2_000, 200, until]);
+    // The old lockId now answers `stolen`, or a late `renewed`: neither counts.
+    assert.equal(g.applyRenewal(sent, { lost: "stolen" }), undefined);
+    assert.equal(g.applyRenewal(sent, { validUntil: now() + 60_000 }), undefined);
+    assert.deepEqual([g.lostNow(), g.validUntil], [undefined, until], "not lost, nor moved, by a stale answer");
+    // The same answer under the lockId it has now counts.
+    assert.equal(g.applyRenewal(g.generation, { lost: "stolen" }), false);
+    assert.equal(g.lostNow(), "stolen");
+    // A lost lock is not revived by a move, but takes the new lockId, so that its release frees the name.
+    assert.equal(g.switch("newer", 4_000, 400, now() + 3_000), "new");
+    assert.deepEqual([g.ref.lockId, g.lostNow(), g.validUntil], ["newer", "stolen", until]);
+  });
+
   test("a lock is lost by the clock at validity end, and a late confirmation cannot revive it", async () => {
     const g = new Grant(1, "n", { lockId: "id", fencingToken: 1n }, 2_000, 100, "c", now() + 150);
     assert.equal(g.lostNow(), undefined);
