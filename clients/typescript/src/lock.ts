@@ -6,10 +6,10 @@
  * re-entrant acquires; it is released at the router once, with the last.
  */
 
-import { LockLostError, type LostReason } from "./errors.js";
+import { ConfigError, LockLostError, type LostReason } from "./errors.js";
 import type { Keeper } from "./keeper.js";
 import type { Grant } from "./state.js";
-import { now, validUntil } from "./validity.js";
+import { margin, now, validUntil } from "./validity.js";
 
 /**
  * A lock held through a {@link Client}. The client's renewal loop renews it
@@ -44,7 +44,7 @@ export class Lock implements AsyncDisposable {
     return this.grant.name;
   }
 
-  /** The router's opaque id of this grant. */
+  /** The router's opaque id of this grant. An {@link extend} to another TTL changes it. */
   get lockId(): string {
     return this.grant.ref.lockId;
   }
@@ -58,7 +58,7 @@ export class Lock implements AsyncDisposable {
     return this.grant.ref.fencingToken;
   }
 
-  /** The TTL the lock was acquired with, in milliseconds. */
+  /** The lock's TTL in milliseconds: the one it was acquired with, or the last one {@link extend} gave it. */
   get ttlMs(): number {
     return this.grant.ttlMs;
   }
@@ -130,22 +130,56 @@ export class Lock implements AsyncDisposable {
 
   /**
    * Renews the lock now, instead of at its next scheduled renewal, and
-   * resolves with the milliseconds of validity it has from that renewal (a
-   * little under its TTL). Like redis-py's or node-redlock's `extend`, but
-   * with the TTL the lock was acquired with: the router fixes a lock's TTL
-   * at its acquire (a renew naming another TTL is refused), so a longer
-   * lease means acquiring with a longer `ttlMs`. Rejects with
-   * {@link LockLostError} if the router says the lock is gone (it is then
-   * lost) or it was lost already; other errors as they come.
+   * resolves with the milliseconds of validity it has from that answer (a
+   * little under its TTL), like redis-py's or node-redlock's `extend`.
+   *
+   * Without `ttlMs` (or with the lock's own), a renewal with the lock's TTL.
+   * With another `ttlMs` (longer or shorter), the router moves the lock to
+   * this client's session lease of that TTL: the same {@link fencingToken},
+   * a new {@link lockId}. From the answer on, this lock and every `Lock` of
+   * its grant have the new lockId and TTL, validity counts from this
+   * request's send, and the renewal loop renews it under the new lockId at
+   * the new TTL's pace (a renewal it sent under the old lockId and got back
+   * `stolen` after the move is not a loss). A release of the lock waits for
+   * an extend on the wire, and an extend for a release attempt, so the two
+   * never cross.
+   *
+   * Rejects with {@link LockLostError} if the router says the lock is gone
+   * (it is then lost, as with a renewal) or it was lost already. Other
+   * errors as they come, the lock keeping its old lockId; after a transport
+   * error, timeout, 503 or 504 of an extend to another TTL the move may have
+   * happened at the router, and then the next renewal finds the old lockId
+   * `stolen` and the lock is lost (`stolen`): the client cannot learn the
+   * new lockId (docs/client.md, "Extend to another TTL").
    */
-  async extend(): Promise<number> {
+  extend(ttlMs?: number): Promise<number> {
+    if (ttlMs !== undefined && (!Number.isSafeInteger(ttlMs) || ttlMs <= 0)) {
+      return Promise.reject(new ConfigError(`ttlMs must be a positive integer, not ${ttlMs}`));
+    }
+    return this.grant.exclusive(() => this.extendNow(ttlMs ?? this.grant.ttlMs));
+  }
+
+  /** {@link extend}, once no release attempt of the grant is on the wire. */
+  private async extendNow(ttlMs: number): Promise<number> {
     const lost = this.lostReason;
     if (lost !== undefined) throw new LockLostError(this.name, lost);
-    const g = this.grant;
+    const { grant: g, keeper: k } = this;
+    const [ref, generation] = [g.ref, g.generation];
     const sentAt = now();
-    const r = await this.keeper.transport.renew(g.ref, this.keeper.requestTimeoutMs, g.ttlMs);
-    if (r.renewed && r.expiresInMs !== undefined) g.confirm(validUntil(sentAt, r.expiresInMs, g.marginMs));
-    else g.markLost(r.reason === "stolen" ? "stolen" : "expired");
+    if (ttlMs === g.ttlMs) {
+      const r = await k.transport.renew(ref, k.requestTimeoutMs, ttlMs);
+      if (r.renewed && r.expiresInMs !== undefined) g.applyRenewal(generation, { validUntil: validUntil(sentAt, r.expiresInMs, g.marginMs) });
+      else g.applyRenewal(generation, { lost: lostReason(r.reason) });
+    } else {
+      const r = await k.transport.extend(ref, k.requestTimeoutMs, ttlMs);
+      if (r.renewed) {
+        // The lock, its registry entry and its renewals move to the new lockId and TTL together.
+        const m = margin(ttlMs, k.marginMs);
+        if (k.registry.switch(g, r.lockId, ttlMs, m, validUntil(sentAt, r.expiresInMs, m))) k.renewer.extended(g.key);
+      } else {
+        g.applyRenewal(generation, { lost: lostReason(r.reason) });
+      }
+    }
     const reason = this.lostReason;
     if (reason !== undefined) throw new LockLostError(this.name, reason);
     return this.timeLeftMs();
@@ -175,4 +209,9 @@ export class Lock implements AsyncDisposable {
   toString(): string {
     return `Lock(${JSON.stringify(this.name)}, token ${this.fencingToken}, ${this.lostReason ?? "held"})`;
   }
+}
+
+/** Why a lock the router answered `renewed: false` for is lost. */
+function lostReason(reason: string | undefined): "expired" | "stolen" {
+  return reason === "stolen" ? "stolen" : "expired";
 }

@@ -7,6 +7,7 @@
  * only once its unanswered release is answered, a shard outage that
  * loses only that shard's locks, re-entrant holds and tasks of one client
  * excluding each other, waits past the router's cap and their cancellation,
+ * extending to another TTL (with a renewal under the old lockId in flight),
  * metadata, inspect, extend and `using`.
  */
 
@@ -384,6 +385,103 @@ describe("against a real router", () => {
       assert.ok(await c.tryAcquire(name, { ttlMs: 3_000 }), "no cancelled waiter is queued ahead");
     } finally {
       await capped.kill();
+    }
+  });
+
+  test("extend to a longer TTL keeps the token, and renews and releases under the new lockId", { timeout: 30_000 }, async () => {
+    const name = fresh("extend-to");
+    await using a = new Client({ url });
+    await using b = new Client({ url });
+    const lock = await a.acquire(name, { ttlMs: 2_000 });
+    const inner = await a.acquire(name, { ttlMs: 2_000, reentrant: true });
+    const [oldId, token] = [lock.lockId, lock.fencingToken];
+
+    const left = await lock.extend(6_000);
+    assert.ok(left > 4_000 && left <= 6_000, `${left} ms of validity`);
+    assert.equal(lock.fencingToken, token, "the same grant");
+    assert.notEqual(lock.lockId, oldId, "on the new TTL's lease");
+    assert.equal(lock.ttlMs, 6_000);
+    assert.ok(inner.lockId === lock.lockId && inner.ttlMs === 6_000, "every Lock of the grant moved");
+    const old = await fetch(`${url}/api/v1/locks/renew`, {
+      method: "POST",
+      headers: { "content-type": "application/json" },
+      body: `{"lockId":${JSON.stringify(oldId)},"fencingToken":${token}}`,
+    });
+    assert.deepEqual([old.status, ((await old.json()) as { reason?: string }).reason], [409, "stolen"], "the old lockId renews nothing");
+
+    // Past the old TTL three times over and past the new one: only
+    // renewals under the new lockId keep it.
+    await sleep(7_000);
+    assert.ok(lock.isHeld() && !lock.signal.aborted, `held (${lock.lostReason ?? "not lost"})`);
+    const info = await a.inspect(name);
+    assert.ok(info.held && info.mine && info.fencingToken === token, "the router agrees");
+    assert.equal(await b.tryAcquire(name, { ttlMs: 2_000 }), null, "still held for others");
+
+    await inner.release();
+    await lock.release();
+    const next = await b.tryAcquire(name, { ttlMs: 2_000 });
+    assert.ok(next !== null && next.fencingToken > token, "the release under the new lockId freed the name");
+    await next.release();
+  });
+
+  test("a renewal sent under the old lockId and answered `stolen` after an extend is no loss", { timeout: 20_000 }, async () => {
+    const name = fresh("extend-race");
+    // Every renew-batch exchange, in order: the lockIds sent, the router's answers.
+    type Exchange = { lockIds: string[]; results: { renewed: boolean; reason?: string }[] };
+    const batches: Exchange[] = [];
+    let heldOne = false;
+    let sentFirst!: () => void;
+    const firstSent = new Promise<void>((r) => (sentFirst = r));
+    let letGo!: () => void;
+    const gate = new Promise<void>((r) => (letGo = r));
+    // The first renew-batch leaves the SDK (its body names the old lockId)
+    // but reaches the router only once the test lets it go.
+    const holdingBack: typeof fetch = async (input, init) => {
+      if (!String(input).endsWith("/renew-batch")) return fetch(input, init);
+      const lockIds = (JSON.parse(String(init?.body)) as { locks: { lockId: string }[] }).locks.map((l) => l.lockId);
+      if (!heldOne) {
+        heldOne = true;
+        sentFirst();
+        await gate;
+      }
+      const resp = await fetch(input, init);
+      const answer = (await resp.clone().json()) as { results: Exchange["results"] };
+      batches.push({ lockIds, results: answer.results });
+      return resp;
+    };
+    const answered = async (count: number, ms: number): Promise<Exchange> => {
+      const start = performance.now();
+      while (batches.length < count) {
+        assert.ok(performance.now() - start < ms, `renew-batch answer ${count} within ${ms} ms`);
+        await sleep(20);
+      }
+      return batches[count - 1]!;
+    };
+    // A 3 s TTL: the held-back batch may wait up to a 1 s interval for its answer.
+    const client = new Client({ url, fetch: holdingBack });
+    try {
+      const lock = await client.acquire(name, { ttlMs: 3_000 });
+      const oldId = lock.lockId;
+      await within(3_000, "a background renewal left", firstSent);
+      await lock.extend(6_000);
+      assert.notEqual(lock.lockId, oldId);
+      letGo();
+
+      const late = await answered(1, 2_000);
+      assert.deepEqual(late.lockIds, [oldId], "sent under the old lockId");
+      assert.deepEqual([late.results[0]?.renewed, late.results[0]?.reason], [false, "stolen"], "reached the router after the move");
+      assert.ok(lock.isHeld() && lock.lostReason === undefined && !lock.signal.aborted, `not lost (${lock.lostReason})`);
+
+      // Renewed since under the new lockId, at the new TTL's pace.
+      const next = await answered(2, 4_000);
+      assert.deepEqual(next.lockIds, [lock.lockId]);
+      assert.equal(next.results[0]?.renewed, true);
+      assert.ok(lock.isHeld());
+      await lock.release();
+      assert.equal((await cluster.router.inspect(name)).held, false, "released under the new lockId");
+    } finally {
+      letGo();
+      await client.close();
     }
   });
 

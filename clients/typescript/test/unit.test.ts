@@ -2,8 +2,8 @@
  * Unit tests without a router: exact token parsing, the clock rules, the
  * renewal schedule (batches split at the API's limit, locks due soon ride
  * along), what each answer means, typed errors and the fencing helpers;
- * and, over an injected fetch, a refused release not retried and a refused
- * batch renewed lock by lock.
+ * and, over an injected fetch, a refused release not retried, a refused
+ * batch renewed lock by lock, and releases and extends never crossing.
  */
 
 import assert from "node:assert/strict";
@@ -264,6 +264,42 @@ describe("the client over an injected fetch", () => {
     await client.close();
     await assert.rejects(lock.release(), refused, "releasing again shares the outcome");
     assert.deepEqual(calls, ["/api/v1/locks/acquire", "/api/v1/locks/release"]);
+  });
+
+  test("a release waits for an extend on the wire and goes out with the new lockId; an extend after a release attempt finds the lock released", { timeout: 10_000 }, async () => {
+    const calls: string[] = [];
+    let answerExtend!: () => void;
+    const extendHeld = new Promise<void>((r) => (answerExtend = r));
+    const fakeFetch: typeof fetch = async (input, init) => {
+      const path = new URL(String(input)).pathname.split("/").pop()!;
+      const lockId = (JSON.parse(String(init?.body)) as { lockId?: string }).lockId;
+      calls.push(`${path} ${lockId ?? ""}`.trim());
+      const json = (body: string): Response => new Response(body, { status: 200, headers: { "content-type": "application/json" } });
+      if (path === "acquire") return json('{"acquired":true,"lockId":"L1","fencingToken":7,"expiresInMs":30000}');
+      if (path === "extend") {
+        await extendHeld;
+        return json('{"renewed":true,"lockId":"L2","fencingToken":7,"expiresInMs":60000}');
+      }
+      return new Response(null, { status: 204 });
+    };
+    await using client = new Client({ url: "http://router.example:1", fetch: fakeFetch });
+    const lock = await client.acquire("x", { ttlMs: 30_000 });
+    const extending = lock.extend(60_000);
+    await sleep(20);
+    const releasing = lock.release();
+    await sleep(100);
+    assert.deepEqual(calls, ["acquire", "extend L1"], "no release while the extend is on the wire");
+    answerExtend();
+    const lostAsReleased = (e: unknown): boolean => e instanceof LockLostError && e.reason === "released";
+    await assert.rejects(extending, lostAsReleased, "released while it was on the wire");
+    await releasing;
+    assert.deepEqual(calls, ["acquire", "extend L1", "release L2"], "released under the lockId the extend answered");
+
+    const other = await client.acquire("y", { ttlMs: 30_000 });
+    const released = other.release();
+    await assert.rejects(other.extend(60_000), lostAsReleased);
+    await released;
+    assert.ok(!calls.slice(3).some((c) => c.startsWith("extend")), `no extend after the release: ${JSON.stringify(calls)}`);
   });
 
   test("a batch the router refuses (4xx) is renewed lock by lock; a lock refused on its own is lost", { timeout: 15_000 }, async () => {
