@@ -113,7 +113,8 @@ impl Registry {
     /// [`Shared::switch`]), and its entry with it, in one step under the
     /// registry's lock: a release or an acquire answer looking the grant up
     /// meanwhile finds it under one lockId or the other, never neither.
-    /// False if the lock was lost meanwhile (nothing moved).
+    /// False if the lock was lost meanwhile (it moves all the same, so
+    /// that its release names the lockId the router holds it under).
     pub fn switch(
         &self,
         shared: &Arc<Shared>,
@@ -123,9 +124,7 @@ impl Registry {
         valid_until: Instant,
     ) -> bool {
         let mut grants = self.grants();
-        let Some(old) = shared.switch(lock_id.to_string(), ttl, margin, valid_until) else {
-            return false;
-        };
+        let (old, live) = shared.switch(lock_id.to_string(), ttl, margin, valid_until);
         if old != lock_id {
             let current = grants
                 .get(&old)
@@ -135,7 +134,7 @@ impl Registry {
             }
             grants.insert(lock_id.to_string(), Arc::downgrade(shared));
         }
-        true
+        live
     }
 
     /// The grants of `name` whose release is under way and unanswered: an

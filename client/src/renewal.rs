@@ -438,14 +438,15 @@ mod tests {
         tokio::time::advance(Duration::from_secs(1)).await;
         task.send(&[1]);
         let until = Instant::now() + Duration::from_secs(9);
-        assert!(lock
-            .switch(
+        assert!(
+            lock.switch(
                 "id-1-moved".into(),
                 secs(10),
                 Duration::from_millis(100),
                 until
             )
-            .is_some());
+            .1
+        );
         task.command(Command::Extended { key: 1 });
         assert_eq!(
             task.entries[&1].interval,

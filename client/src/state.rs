@@ -166,20 +166,23 @@ impl Shared {
 
     /// Moves the grant to the lockId and TTL an extend answered, valid
     /// until `valid_until` (set, not only moved forward: the lock now rides
-    /// the new TTL's lease, which may end before the old one). Returns the
-    /// lockId it replaced, or `None` if the lock was lost meanwhile (it
-    /// stays lost, with its old identity). Only the registry calls this,
-    /// under its own lock, so its entry moves in the same step.
+    /// the new TTL's lease, which may end before the old one). A lock lost
+    /// meanwhile (released, or its validity out) moves too but stays lost,
+    /// with no new validity: the router holds it under the new lockId now,
+    /// and its release must name that one (the old one frees nothing).
+    /// Returns the lockId it replaced and whether the lock is still live.
+    /// Only the registry calls this, under its own lock, so its entry moves
+    /// in the same step.
     pub fn switch(
         &self,
         lock_id: String,
         ttl: Duration,
         margin: Duration,
         valid_until: Instant,
-    ) -> Option<String> {
+    ) -> (String, bool) {
         let mut grant = self.grant_lock();
         let now = Instant::now();
-        let mut moved = false;
+        let mut live = false;
         self.status.send_if_modified(|s| {
             if s.lost.is_some() {
                 return false;
@@ -188,18 +191,15 @@ impl Shared {
                 s.lost = Some(LostReason::Unconfirmed);
                 return true;
             }
-            moved = true;
+            live = true;
             s.valid_until = valid_until;
             true
         });
-        if !moved {
-            return None;
-        }
         let old = std::mem::replace(&mut grant.lock_ref.lock_id, lock_id);
         grant.ttl = ttl;
         grant.margin = margin;
         grant.generation += 1;
-        Some(old)
+        (old, live)
     }
 
     /// What the renewal task does with a renewal answer: applied only if the
@@ -343,5 +343,37 @@ pub(crate) mod tests {
     /// State for a grant not in any registry (nobody can release it).
     pub(crate) fn shared(key: u64, ttl: Duration, valid_for: Duration) -> Arc<Shared> {
         shared_in(Arc::new(Nowhere), key, ttl, valid_for)
+    }
+
+    /// A release asked for while an extend was on the wire: the extend's
+    /// answer still moves the grant to the new lockId (the router holds it
+    /// there), so the release names it; the lock stays lost, with no new
+    /// validity.
+    #[test]
+    fn a_lock_released_during_an_extend_moves_to_the_new_lock_id_and_stays_lost() {
+        let secs = Duration::from_secs;
+        let lock = shared(1, secs(2), secs(2));
+        let valid_before = lock.current().valid_until;
+        assert!(lock.begin_release());
+        let (old, live) = lock.switch(
+            "id-1-moved".into(),
+            secs(6),
+            secs(1),
+            Instant::now() + secs(5),
+        );
+        assert_eq!((old.as_str(), live), ("id-1", false));
+        assert_eq!(
+            lock.grant().lock_ref.lock_id,
+            "id-1-moved",
+            "released under it"
+        );
+        assert_eq!(lock.current().lost, Some(LostReason::Released));
+        assert_eq!(lock.current().valid_until, valid_before, "no new validity");
+        // A live lock moves and gets the new validity.
+        let live_lock = shared(2, secs(2), secs(2));
+        let until = Instant::now() + secs(5);
+        let (_, live) = live_lock.switch("id-2-moved".into(), secs(6), secs(1), until);
+        assert!(live);
+        assert_eq!(live_lock.current().valid_until, until);
     }
 }

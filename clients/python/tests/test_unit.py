@@ -109,6 +109,26 @@ def test_one_grant_acquired_twice_is_one_state() -> None:
     assert claim.value == "releasing"
 
 
+def test_a_lock_released_during_an_extend_moves_to_the_new_lock_id_and_stays_lost() -> None:
+    # The release was asked for while the extend was on the wire: the
+    # extend's answer still moves the grant (the router holds it under the
+    # new lockId), so the release names the new one; no new validity.
+    reg = Registry()
+    a = state(1, ttl=2.0, valid_for=1.8)
+    reg.claim("id-1", a.valid_until, lambda: a)
+    before = a.valid_until
+    assert reg.begin_release(a) is True
+    moved = reg.switch(a, LockRef("id-1-moved", 2), 6.0, 0.6, validity.now() + 5.0)
+    assert moved is False, "not live"
+    assert a.ref.lock_id == "id-1-moved", "released under the lockId the router holds it under"
+    assert a.lost_now() is LostReason.RELEASED and a.valid_until == before
+    b = state(2, ttl=2.0, valid_for=1.8)
+    reg.claim("id-2", b.valid_until, lambda: b)
+    until = validity.now() + 5.0
+    assert reg.switch(b, LockRef("id-2-moved", 3), 6.0, 0.6, until) is True
+    assert b.valid_until == until and b.lost_now() is None
+
+
 def test_the_bearer_token_and_bodies_go_on_the_wire() -> None:
     seen: list[httpx.Request] = []
 

@@ -89,23 +89,25 @@ class LockState:
         with self._mu:
             return self.ref, self.generation
 
-    def switch(self, ref: LockRef, ttl: float, margin: float, valid_until: float) -> str | None:
+    def switch(self, ref: LockRef, ttl: float, margin: float, valid_until: float) -> tuple[str, bool]:
         """Moves the lock to the lockId and TTL an extend answered, valid
         until ``valid_until`` (set, not only moved forward: the lock now
-        rides the new TTL's lease, which may end before the old one).
-        Returns the replaced lockId, or None if the lock was lost meanwhile
-        (nothing moves). Only the registry calls it, so its entry moves in
-        the same step."""
-        if self.lost_now() is not None:
-            return None
+        rides the new TTL's lease, which may end before the old one). A
+        lock lost meanwhile (released, or its validity out) moves too but
+        stays lost, with no new validity: the router holds it under the new
+        lockId now, and its release must name that one (the old one frees
+        nothing). Returns the replaced lockId and whether the lock is still
+        live. Only the registry calls it, so its entry moves in the same
+        step."""
+        live = self.lost_now() is None
         with self._mu:
-            if self._lost is not None:
-                return None
+            live = live and self._lost is None
             old = self.ref.lock_id
             self.ref, self.ttl, self.margin = ref, ttl, margin
             self.generation += 1
-            self._valid_until = valid_until
-            return old
+            if live:
+                self._valid_until = valid_until
+            return old, live
 
     def apply_renewal(self, generation: int, valid_until: float | None, lost: LostReason | None) -> bool | None:
         """A renewal answer, applied only if the lock is still the
@@ -261,16 +263,15 @@ class Registry:
         """Moves ``state`` to the lockId an extend answered, and its entry
         with it, in one step: a release or an acquire answer looking it up
         meanwhile finds it under one lockId or the other, never neither.
-        False if the lock was lost meanwhile (nothing moved)."""
+        False if the lock was lost meanwhile (it moves all the same, so that
+        its release names the lockId the router holds it under)."""
         with self._mu:
-            old = state.switch(ref, ttl, margin, valid_until)
-            if old is None:
-                return False
+            old, live = state.switch(ref, ttl, margin, valid_until)
             if old != ref.lock_id:
                 if self._grants.get(old) is state:
                     del self._grants[old]
                 self._grants[ref.lock_id] = state
-            return True
+            return live
 
     def begin_release(self, state: LockState) -> bool | None:
         """Starts releasing ``state``: None if a newer state owns its grant
