@@ -9,7 +9,7 @@
 //! into `shard/`.
 //!
 //! The same checks, with their own rank table, hold the client crate
-//! (`client/src`, a flat crate: one layer entry per file) to the layers its
+//! (`clients/rust/src`, a flat crate: one layer entry per file) to the layers its
 //! `lib.rs` describes.
 
 use std::collections::{BTreeMap, BTreeSet};
@@ -69,9 +69,9 @@ fn src() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("src")
 }
 
-/// The client crate's sources (`../client/src` from this crate's `src`).
+/// The client crate's sources (`clients/rust/src`).
 fn client_src() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("client/src")
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("clients/rust/src")
 }
 
 fn modules(src: &Path) -> Vec<Module> {
@@ -483,7 +483,7 @@ fn the_client_layout_doc_names_every_file() {
         .iter()
         .filter_map(|m| m.path.first())
         .filter(|name| !layout.contains(&format!("`{name}`")))
-        .map(|name| format!("the # Layout of client/src/lib.rs does not name {name}"))
+        .map(|name| format!("the # Layout of clients/rust/src/lib.rs does not name {name}"))
         .collect();
     assert!(missing.is_empty(), "{}", missing.join("\n"));
 }

@@ -55,7 +55,7 @@ fn is_stale(binary: &Path, package_dir: &Path, name: &str) -> bool {
     };
     let dirs = [
         package_dir.join("examples").join(name),
-        package_dir.join("client/src"),
+        package_dir.join("clients/rust/src"),
     ];
     dirs.iter()
         .filter_map(|d| std::fs::read_dir(d).ok())
