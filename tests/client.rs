@@ -525,6 +525,62 @@ async fn extend_to_a_longer_ttl_keeps_the_token_and_renews_and_releases_under_th
     assert!(next.fencing_token() > token);
 }
 
+/// Extending to a shorter TTL: validity is set from the new lease (not
+/// kept from the longer one), renewals follow the new TTL's pace, and an
+/// extend the router cannot carry out (its shard stopped) fails and
+/// leaves the lock under its lockId, renewed again once the shard is back.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn extend_to_a_shorter_ttl_sets_validity_and_a_failed_extend_keeps_the_lock_id() {
+    let etcd = EtcdCluster::single();
+    let router = TestRouter::start(&[&etcd]).await;
+    let a = Client::new(&router.api.base, Some("shorter-A")).unwrap();
+    let lock = a
+        .acquire("sdk:extend-shorter", secs(8))
+        .await
+        .unwrap()
+        .unwrap();
+    let token = lock.fencing_token();
+    let left = lock.extend_to(secs(3)).await.unwrap();
+    assert!(left <= secs(3), "validity set from the 3 s lease: {left:?}");
+    assert_eq!((lock.fencing_token(), lock.ttl()), (token, secs(3)));
+    // Past the new TTL twice over: renewed at its pace.
+    sleep_ms(6_000).await;
+    assert!(lock.is_held(), "renewed at the new TTL's pace");
+    let seen = a.inspect("sdk:extend-shorter").await.unwrap();
+    assert_eq!((seen.held, seen.fencing_token), (true, Some(token)));
+
+    lock.release().await.unwrap();
+
+    // A TTL with room for the stopped shard's deadline.
+    let lock = a
+        .acquire("sdk:extend-failed", secs(10))
+        .await
+        .unwrap()
+        .unwrap();
+    let before = lock.lock_id();
+    etcd.pause_member(0);
+    let failed = lock.extend_to(secs(20)).await;
+    etcd.resume_member(0);
+    assert!(failed.is_err(), "{failed:?}");
+    assert_eq!(lock.lock_id(), before, "a failed extend keeps the lockId");
+    assert_eq!(lock.ttl(), secs(10));
+    // Once the router sees the shard again, it renews under that lockId.
+    let mut renewed = None;
+    for _ in 0..50 {
+        if let Ok(left) = lock.extend_to(secs(10)).await {
+            renewed = Some(left);
+            break;
+        }
+        sleep_ms(200).await;
+    }
+    let left = renewed.expect("renewed once the shard is back");
+    assert!(left > secs(8), "renewed under its lockId again: {left:?}");
+    assert_eq!(lock.lock_id(), before);
+    lock.release().await.unwrap();
+    let seen = a.inspect("sdk:extend-failed").await.unwrap();
+    assert!(!seen.held, "released under the lockId it has");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn metadata_inspect_and_extend() {
     let etcd = EtcdCluster::single();
