@@ -205,18 +205,21 @@ pub struct BatchAnswer<'a> {
 
 /// `renew-batch`'s answer: an entry per lock of the request, in its order,
 /// the expiries read off one clock sample and each formatted once.
-pub fn renew_batch_answer(lock_ids: &[&str], outcomes: &[RenewOutcome]) -> Response<Full<Bytes>> {
+pub fn renew_batch_answer(
+    locks: &[(&str, u64)],
+    outcomes: &[RenewOutcome],
+) -> Response<Full<Bytes>> {
     let mut times = TimesAt::now();
     for o in outcomes {
         if let Ok(e) = renewal(o) {
             times.format(e);
         }
     }
-    let results: Vec<_> = (lock_ids.iter().zip(outcomes))
-        .map(|(lock_id, o)| BatchEntry::of(lock_id, o, &times))
+    let results: Vec<_> = (locks.iter().zip(outcomes))
+        .map(|(&(lock_id, _), o)| BatchEntry::of(lock_id, o, &times))
         .collect();
     // An entry is its lockId and at most about 90 bytes around it.
-    let size = 16 + (lock_ids.iter()).map(|id| id.len() + 96).sum::<usize>();
+    let size = 16 + (locks.iter()).map(|(id, _)| id.len() + 96).sum::<usize>();
     json_sized(StatusCode::OK, &BatchAnswer { results }, size)
 }
 

@@ -155,8 +155,7 @@ pub async fn renew_batch(
         .map(|l| (l.lock_id.as_ref(), l.fencing_token))
         .collect();
     let outcomes = locks.renew_batch(&items, caller, received).await?;
-    let lock_ids: Vec<&str> = items.iter().map(|&(id, _)| id).collect();
-    Ok((renew_batch_answer(&lock_ids, &outcomes), "ok"))
+    Ok((renew_batch_answer(&items, &outcomes), "ok"))
 }
 
 /// A renewal's answer body and its metrics outcome.

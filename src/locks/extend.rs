@@ -6,7 +6,6 @@
 use std::time::Instant;
 
 use super::*;
-use crate::shard::keys::HeldValue;
 
 impl Active {
     /// Moves the lock of `lock_id` onto its client's session lease of
@@ -62,10 +61,6 @@ impl Active {
             let mut value: LockValue = serde_json::from_slice(lock.value())
                 .map_err(|e| LockError::Internal(format!("a lock key's value: {e}")))?;
             value.ttl = ttl_secs;
-            let held = HeldValue {
-                name: value.name.clone(),
-                ttl: ttl_secs,
-            };
             let session = shard
                 .sessions
                 .get_or_grant(&value.client, ttl_secs, || {
@@ -84,11 +79,8 @@ impl Active {
                 .await?;
             let moved = match renewal.alive() {
                 true => {
-                    let records = (&value, &held);
-                    let held_was = state.held.as_ref();
-                    shard
-                        .move_lock(&k, &lock, held_was, records, session.id, &identity)
-                        .await
+                    let was = (&lock, state.held.as_ref());
+                    (shard.move_lock(&k, was, &value, session.id, &identity)).await
                 }
                 false => Err(EtcdError::LeaseNotFound),
             };

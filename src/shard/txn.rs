@@ -10,7 +10,9 @@ use etcd_client::{Compare, CompareOp, PutOptions, Txn, TxnOp};
 
 use super::conn::EtcdError;
 use super::keys::{HeldValue, LockValue, Stored};
-use super::name::{name_reads, read_name, AcquireTxn, Grantable, NameKeys, NameState, ReleaseTxn};
+use super::name::{
+    grant_ops, name_reads, read_name, AcquireTxn, Grantable, NameKeys, NameState, ReleaseTxn,
+};
 use super::Shard;
 use crate::config::LockDelay;
 
@@ -97,18 +99,18 @@ impl Shard {
 
     /// Moves a held lock onto the session lease `lease` with a new TTL
     /// (an extend): puts the lock key with `value` on `lease` and its held
-    /// record with `held`, only if the key and the record are still the
-    /// versions `lock` and `held_was` (their mod revisions; an absent
-    /// record compares as 0) and the shard still carries `identity`. A put
-    /// keeps a key's create revision, so the lock keeps its fencing token.
-    /// Returns whether it moved; a failed compare means the lock changed
-    /// (released, expired, taken, or moved by another call): read again.
+    /// record, as a grant writes them ([`grant_ops`]), only if the key and
+    /// the record are still the versions `lock` and `held_was` (their mod
+    /// revisions; an absent record compares as 0) and the shard still
+    /// carries `identity`. A put keeps a key's create revision, so the lock
+    /// keeps its fencing token. Returns whether it moved; a failed compare
+    /// means the lock changed (released, expired, taken, or moved by
+    /// another call): read again.
     pub async fn move_lock(
         &self,
         k: &NameKeys,
-        lock: &Stored,
-        held_was: Option<&Stored>,
-        (value, held): (&LockValue, &HeldValue),
+        (lock, held_was): (&Stored, Option<&Stored>),
+        value: &LockValue,
         lease: i64,
         identity: &[u8],
     ) -> Result<bool, EtcdError> {
@@ -119,18 +121,7 @@ impl Shard {
                 Compare::mod_revision(k.held.clone(), CompareOp::Equal, held_rev),
                 Compare::value(self.keys.identity(), CompareOp::Equal, identity.to_vec()),
             ])
-            .and_then([
-                TxnOp::put(
-                    k.lock.clone(),
-                    serde_json::to_vec(value).expect("lock values serialise"),
-                    Some(PutOptions::new().with_lease(lease)),
-                ),
-                TxnOp::put(
-                    k.held.clone(),
-                    serde_json::to_vec(held).expect("held records serialise"),
-                    None,
-                ),
-            ]);
+            .and_then(grant_ops(k, value, lease));
         Ok(self.txn(txn).await?.succeeded())
     }
 
