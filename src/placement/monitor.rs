@@ -33,38 +33,39 @@ use crate::shard::{Probe, RingState};
 struct Intervals {
     health: Duration,
     count: Duration,
+    sweep: Duration,
 }
 
 /// Starts the monitor of `router`; it stops when the guard drops or the
 /// router is gone.
 pub fn start(router: &Arc<Router>, settings: &Settings) -> crate::task::TaskGuard {
     let cancel = CancellationToken::new();
+    let count = Duration::from_millis(settings.etcd.count_interval_ms);
     let every = Intervals {
         health: Duration::from_millis(settings.etcd.health_interval_ms),
-        count: Duration::from_millis(settings.etcd.count_interval_ms),
+        count,
+        sweep: count * SWEEP_EVERY_COUNTS,
     };
     let task = tokio::spawn(run(Arc::downgrade(router), every, cancel.clone()));
     crate::task::TaskGuard::new(task, cancel)
 }
 
-/// Lost holders nobody asked about are looked for every this many lock
-/// counts: the sweep reads every held record's key, and only storage and a
-/// migration's close (which converts moved names' records itself) wait
-/// for it.
+/// A pass of the sweep for lost holders nobody asked about starts at most
+/// once per this many lock-count intervals. Each tick reads one page of
+/// held records' keys per shard (`Shard::sweep_step`), so a pass over many
+/// held locks takes longer than that, at a bounded cost; only storage and
+/// a migration's close (which sweeps the whole shard itself) wait for it.
 const SWEEP_EVERY_COUNTS: u32 = 6;
 
 async fn run(router: Weak<Router>, every: Intervals, cancel: CancellationToken) {
     let mut last_count: Option<Instant> = None;
-    let mut counts = 0u32;
     loop {
         let Some(r) = router.upgrade() else { return };
         let count_due = last_count.is_none_or(|t| t.elapsed() >= every.count);
         if count_due {
             last_count = Some(Instant::now());
-            counts = counts.wrapping_add(1);
         }
-        let sweep_due = count_due && counts % SWEEP_EVERY_COUNTS == 1;
-        tick(&r, count_due, sweep_due).await;
+        tick(&r, count_due, every.sweep).await;
         drop(r);
         tokio::select! {
             _ = tokio::time::sleep(every.health) => {}
@@ -73,7 +74,7 @@ async fn run(router: Weak<Router>, every: Intervals, cancel: CancellationToken) 
     }
 }
 
-async fn tick(router: &Router, count_due: bool, sweep_due: bool) {
+async fn tick(router: &Router, count_due: bool, sweep_every: Duration) {
     let fp = router.ring.fingerprint().to_string();
     let shards = &router.shards;
     join_all(router.all_shards().iter().map(|s| s.conn.check_version())).await;
@@ -163,11 +164,9 @@ async fn tick(router: &Router, count_due: bool, sweep_due: bool) {
         }
         count_locks(router).await;
     }
-    if sweep_due {
-        for shard in router.all_shards().iter().filter(|s| s.conn.is_up()) {
-            shard.sweep_lost(router.lock_delay).await;
-        }
-    }
+    let up = router.all_shards();
+    let up = up.iter().filter(|s| s.conn.is_up());
+    join_all(up.map(|s| s.sweep_step(router.lock_delay, sweep_every))).await;
 }
 
 /// Initialises a fresh deployment: every shard reachable and none ever
@@ -212,13 +211,26 @@ async fn initialise(
     }
 }
 
+/// The lock keys of each shard: the lock-key cache's count while it is
+/// usable (it holds every lock key), else a count-only range read.
 async fn count_locks(router: &Router) {
     let shards = router.all_shards();
+    let mut unsure = Vec::new();
     for shard in shards.iter() {
-        m::cache_state(&shard.name, shard.cache.len());
+        let cached = shard.cache.len();
+        m::cache_state(&shard.name, cached);
+        match cached {
+            Some(n) => m::active_locks(&shard.name, n as i64),
+            None if shard.conn.is_up() => unsure.push(shard),
+            None => {}
+        }
     }
-    let up = shards.iter().filter(|s| s.conn.is_up());
-    let counts = join_all(up.map(|s| async move { (s, s.count_locks().await) })).await;
+    let counts = join_all(
+        unsure
+            .into_iter()
+            .map(|s| async move { (s, s.count_locks().await) }),
+    )
+    .await;
     for (shard, count) in counts {
         if let Ok(n) = count {
             m::active_locks(&shard.name, n);

@@ -238,6 +238,16 @@ impl LockCache {
 
     /// The locks and sessions of `tag` on the shard as the cache has them
     /// now (no barrier), while it vouches.
+    /// Whether each of `hashes` has a lock key, as of a revision at or
+    /// after `revision`; `None` when the cache cannot say (loading, broken,
+    /// or not yet at `revision`). Not a barrier: for candidates that a txn
+    /// then checks, never for an answer to a client.
+    pub fn present(&self, hashes: &[NameHash], revision: i64) -> Option<Vec<bool>> {
+        let table = self.state.keys.read().expect("cache lock");
+        let ready = self.state.usable.load(Ordering::Acquire) && self.applied() >= revision;
+        ready.then(|| hashes.iter().map(|h| table.keys.contains_key(h)).collect())
+    }
+
     pub fn held(&self, tag: LeaseTag) -> Option<Held> {
         let table = self.state.keys.read().expect("cache lock");
         self.state

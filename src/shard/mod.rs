@@ -159,6 +159,8 @@ pub struct Shard {
     pub acquiring: std::sync::atomic::AtomicUsize,
     /// Its renewals' recent latency: acquires are shed first.
     pub pressure: pressure::Pressure,
+    /// Where the paced sweep of lost holders is.
+    sweep: std::sync::Mutex<scan::Sweep>,
 }
 
 impl Shard {
@@ -189,6 +191,7 @@ impl Shard {
             conn,
             acquiring: std::sync::atomic::AtomicUsize::new(0),
             pressure: Default::default(),
+            sweep: Default::default(),
         }
     }
 

@@ -3,11 +3,45 @@
 //! names a migration's close waits for, and the lost holders the sweep
 //! turns into lock-delays. None is a raft write.
 
+use std::time::{Duration, Instant};
+
 use etcd_client::{GetOptions, KeyValue};
 
 use super::conn::EtcdError;
-use super::keys::Stored;
+use super::keys::{NameHash, Stored};
 use super::{NameKeys, Shard};
+
+/// Where the paced sweep of lost holders is on a shard. A pass reads the
+/// held records a page per step (one step per monitor tick), so its cost
+/// to etcd is bounded by the tick, not by the number of held locks; a new
+/// pass starts at most once per `every` given to [`Sweep::begin`].
+#[derive(Default)]
+pub struct Sweep {
+    pass: Option<Pages>,
+    started: Option<Instant>,
+}
+
+impl Sweep {
+    /// The pass to step on: the one under way, or a new one when the last
+    /// began at least `every` ago; `None` otherwise.
+    pub(super) fn begin(&mut self, held: (Vec<u8>, Vec<u8>), every: Duration) -> Option<Pages> {
+        if let Some(pages) = self.pass.take() {
+            return Some(pages);
+        }
+        if self.started.is_some_and(|t| t.elapsed() < every) {
+            return None;
+        }
+        self.started = Some(Instant::now());
+        Some(Pages::new(held, true).unpinned())
+    }
+
+    /// Keeps `pages` for the next step, unless its pass is over.
+    pub(super) fn keep(&mut self, pages: Pages) {
+        if !pages.done {
+            self.pass = Some(pages);
+        }
+    }
+}
 
 impl Shard {
     /// The hex name hashes of the keys in `[start, end)` (lock keys, held
@@ -50,37 +84,76 @@ impl Shard {
     /// held records and the lock keys of the same span at one revision, so
     /// a sweep costs two key-only ranges per thousand held locks.
     pub async fn orphaned_held(&self) -> Result<Vec<Stored>, EtcdError> {
-        let prefix = self.keys.held_range().0.len();
-        let locks_prefix = self.keys.locks_range().0.len();
         let mut pages = Pages::new(self.keys.held_range(), true);
         let mut orphans = Vec::new();
         while let Some(page) = pages.next(self).await? {
-            let (Some(first), Some(last)) = (page.first(), page.last()) else {
-                continue;
-            };
-            // The lock keys of this page's span, at the same revision.
-            let mut end = self.lock_key_of_held(last.key());
-            end.push(0);
-            let opts = GetOptions::new()
-                .with_range(end)
-                .with_keys_only()
-                .with_revision(pages.revision);
-            let mut kv = self.conn.client().kv_client();
-            let start = self.lock_key_of_held(first.key());
-            let locks = self
-                .conn
-                .call("Range", kv.get(start, Some(opts)))
-                .await?
-                .take_kvs();
-            let held: std::collections::HashSet<&[u8]> =
-                locks.iter().map(|l| &l.key()[locks_prefix..]).collect();
-            orphans.extend(
-                page.into_iter()
-                    .filter(|h| !held.contains(&h.key()[prefix..]))
-                    .map(Stored::from),
-            );
+            orphans.extend(self.orphans_of(page, pages.revision).await?);
         }
         Ok(orphans)
+    }
+
+    /// The next page of the paced sweep (`Sweep`): the held records of one
+    /// page without their lock key, or `None` when the pass is over. The
+    /// lock-key side comes from the lock-key cache when it has applied the
+    /// page's revision, so a page usually costs one key-only range.
+    pub(super) async fn next_orphans(
+        &self,
+        pages: &mut Pages,
+    ) -> Result<Option<Vec<Stored>>, EtcdError> {
+        let Some(page) = pages.next(self).await? else {
+            return Ok(None);
+        };
+        Ok(Some(self.orphans_of(page, pages.revision).await?))
+    }
+
+    /// The held records of `page` (read at `revision`) without a lock key:
+    /// as the lock-key cache knows them once it has applied `revision`, else
+    /// as a key-only range of the same span at `revision` says. A candidate
+    /// is only that: the txn that converts it compares the lock key's
+    /// absence and the record's mod revision itself.
+    async fn orphans_of(
+        &self,
+        page: Vec<etcd_client::KeyValue>,
+        revision: i64,
+    ) -> Result<Vec<Stored>, EtcdError> {
+        let prefix = self.keys.held_range().0.len();
+        let (Some(first), Some(last)) = (page.first(), page.last()) else {
+            return Ok(Vec::new());
+        };
+        let hashes: Option<Vec<NameHash>> = page
+            .iter()
+            .map(|kv| hash_of_hex(&kv.key()[prefix.min(kv.key().len())..]))
+            .collect();
+        if let Some(present) = hashes.and_then(|h| self.cache.present(&h, revision)) {
+            return Ok(page
+                .into_iter()
+                .zip(present)
+                .filter(|(_, held)| !held)
+                .map(|(kv, _)| Stored::from(kv))
+                .collect());
+        }
+        // The lock keys of this page's span, at the same revision.
+        let locks_prefix = self.keys.locks_range().0.len();
+        let mut end = self.lock_key_of_held(last.key());
+        end.push(0);
+        let opts = GetOptions::new()
+            .with_range(end)
+            .with_keys_only()
+            .with_revision(revision);
+        let mut kv = self.conn.client().kv_client();
+        let start = self.lock_key_of_held(first.key());
+        let locks = self
+            .conn
+            .call("Range", kv.get(start, Some(opts)))
+            .await?
+            .take_kvs();
+        let held: std::collections::HashSet<&[u8]> =
+            locks.iter().map(|l| &l.key()[locks_prefix..]).collect();
+        Ok(page
+            .into_iter()
+            .filter(|h| !held.contains(&h.key()[prefix..]))
+            .map(Stored::from)
+            .collect())
     }
 
     fn lock_key_of_held(&self, held: &[u8]) -> Vec<u8> {
@@ -192,13 +265,16 @@ impl Shard {
 /// holds under a quarter of a page doubled. Slices follow each other with
 /// no gap: a read that filled its page goes on after its last key, one
 /// that did not, at the end of its slice.
-struct Pages {
+pub(super) struct Pages {
     /// The range's start: its keys' common prefix.
     prefix: Vec<u8>,
     from: Vec<u8>,
     end: Vec<u8>,
     keys_only: bool,
-    /// 0 until the first page is read.
+    /// Every page at the first page's revision (a scan), or each at the
+    /// newest (a paced sweep, whose pass may outlive compaction).
+    pinned: bool,
+    /// The revision of the last page read; 0 until the first is read.
     revision: i64,
     /// Positions of the hash space (see [`hash_position`]) the next read
     /// covers.
@@ -218,10 +294,23 @@ impl Pages {
             from: start,
             end,
             keys_only,
+            pinned: true,
             revision: 0,
             width: SPACE,
             done: false,
         }
+    }
+
+    fn unpinned(mut self) -> Self {
+        self.pinned = false;
+        self
+    }
+
+    /// Goes on after `key` (a key of the last page) at the next read.
+    pub(super) fn resume_after(&mut self, key: &[u8]) {
+        self.from = key.to_vec();
+        self.from.push(0);
+        self.done = self.from >= self.end;
     }
 
     /// The end (exclusive) of the slice that starts at `self.from`.
@@ -251,13 +340,13 @@ impl Pages {
         if self.keys_only {
             opts = opts.with_keys_only();
         }
-        if self.revision > 0 {
+        if self.pinned && self.revision > 0 {
             opts = opts.with_revision(self.revision);
         }
         let mut kv = shard.conn.client().kv_client();
         let call = kv.get(self.from.clone(), Some(opts));
         let mut resp = shard.conn.call("Range", call).await?;
-        if self.revision == 0 {
+        if self.revision == 0 || !self.pinned {
             self.revision = resp.header().map(|h| h.revision()).unwrap_or(0);
         }
         let more = resp.more();
@@ -288,6 +377,13 @@ fn hash_position(suffix: &[u8]) -> u64 {
         .unwrap_or(0)
 }
 
+/// The name hash a key's 32-hex-digit suffix spells.
+fn hash_of_hex(hex: &[u8]) -> Option<NameHash> {
+    let mut hash = NameHash::default();
+    hex::decode_to_slice(hex, &mut hash).ok()?;
+    Some(hash)
+}
+
 /// The name recorded in a lock key, held record or lock-delay.
 fn name_of(value: &[u8]) -> Option<String> {
     #[derive(serde::Deserialize)]
@@ -295,4 +391,51 @@ fn name_of(value: &[u8]) -> Option<String> {
         name: String,
     }
     serde_json::from_slice::<Named>(value).ok().map(|n| n.name)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn held() -> (Vec<u8>, Vec<u8>) {
+        (b"/p/held/".to_vec(), b"/p/held0".to_vec())
+    }
+
+    #[test]
+    fn a_pass_goes_on_where_it_stopped_and_the_next_waits_its_turn() {
+        let mut sweep = Sweep::default();
+        let every = Duration::from_secs(3600);
+        let mut pages = sweep.begin(held(), every).expect("the first pass");
+        pages.resume_after(b"/p/held/7f");
+        sweep.keep(pages);
+        let pages = sweep.begin(held(), every).expect("the pass under way");
+        assert_eq!(pages.from, b"/p/held/7f\0");
+        assert!(
+            !pages.pinned,
+            "a paced pass reads each page at the newest revision"
+        );
+        // Over: not kept, and no new pass before `every`.
+        let mut pages = pages;
+        pages.done = true;
+        sweep.keep(pages);
+        assert!(sweep.begin(held(), every).is_none());
+        let again = sweep.begin(held(), Duration::ZERO).expect("a new pass");
+        assert_eq!(again.from, held().0);
+    }
+
+    #[test]
+    fn resuming_after_the_last_key_ends_the_pass() {
+        let mut pages = Pages::new(held(), true);
+        pages.resume_after(b"/p/held/ff");
+        assert!(!pages.done);
+        pages.resume_after(b"/p/held0");
+        assert!(pages.done);
+    }
+
+    #[test]
+    fn a_held_key_suffix_is_its_name_hash() {
+        let hash = crate::shard::keys::name_hash("order-42");
+        assert_eq!(hash_of_hex(hex::encode(hash).as_bytes()), Some(hash));
+        assert_eq!(hash_of_hex(b"not hex"), None);
+    }
 }

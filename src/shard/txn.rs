@@ -7,6 +7,7 @@
 use std::time::{Duration, Instant};
 
 use etcd_client::{Compare, CompareOp, PutOptions, Txn, TxnOp};
+use futures::StreamExt;
 
 use super::conn::EtcdError;
 use super::keys::{HeldValue, LockValue, Stored};
@@ -15,6 +16,12 @@ use super::name::{
 };
 use super::Shard;
 use crate::config::LockDelay;
+
+/// Most lost holders one step of the paced sweep settles (three calls
+/// each): a step must not hold up the monitor's tick for long.
+pub const SWEEP_STEP_LOST: usize = 100;
+/// Lost holders a sweep settles at once.
+const SETTLING_AT_ONCE: usize = 8;
 
 impl Shard {
     /// Grants the name to `lease` if nobody holds it, no lock-delay or lost
@@ -164,20 +171,69 @@ impl Shard {
         let Ok(orphans) = self.orphaned_held().await else {
             return;
         };
-        for orphan in orphans {
-            // The sweep read keys only: read the record itself (its TTL, and
-            // the mod revision the conversion compares).
-            let Ok(Some(held)) = self.get(orphan.key()).await else {
-                continue;
-            };
-            let k = self.keys_of_held(&held);
-            let done = match lock_delay {
-                LockDelay::Ttl => self.set_lock_delay(&k, &held, &identity).await.map(|_| ()),
-                LockDelay::Off => self.forget_lost(&k, &held).await.map(|_| ()),
-            };
-            if done.is_err() {
-                return; // the shard is struggling; next round
+        self.settle_lost(&orphans, lock_delay, &identity).await;
+    }
+
+    /// One step of the paced sweep: [`Shard::sweep_lost`] a page of held
+    /// records at a time (`scan::Sweep`), at most [`SWEEP_STEP_LOST`] lost
+    /// holders settled per step; a new pass at most once per `every`.
+    pub async fn sweep_step(&self, lock_delay: LockDelay, every: Duration) {
+        let Some(identity) = self.verified_identity() else {
+            return;
+        };
+        let Some(mut pages) = self
+            .sweep
+            .lock()
+            .expect("sweep lock")
+            .begin(self.keys.held_range(), every)
+        else {
+            return;
+        };
+        match self.next_orphans(&mut pages).await {
+            Ok(Some(mut orphans)) => {
+                if orphans.len() > SWEEP_STEP_LOST {
+                    orphans.truncate(SWEEP_STEP_LOST);
+                    let last = orphans.last().expect("more than none");
+                    pages.resume_after(last.key());
+                }
+                if !self.settle_lost(&orphans, lock_delay, &identity).await {
+                    return; // the shard is struggling: the pass starts again later
+                }
             }
+            Ok(None) => return,
+            Err(_) => return,
         }
+        self.sweep.lock().expect("sweep lock").keep(pages);
+    }
+
+    /// Sets the lock-delay of (or forgets) each lost holder of `orphans`,
+    /// [`SETTLING_AT_ONCE`] at a time; false if the shard failed a call (the
+    /// others were still tried).
+    async fn settle_lost(
+        &self,
+        orphans: &[Stored],
+        lock_delay: LockDelay,
+        identity: &[u8],
+    ) -> bool {
+        let settle = |orphan: &Stored| {
+            let key = orphan.key().to_vec();
+            async move {
+                // The sweep read keys only: read the record itself (its TTL,
+                // and the mod revision the conversion compares).
+                let Some(held) = self.get(&key).await? else {
+                    return Ok(());
+                };
+                let k = self.keys_of_held(&held);
+                match lock_delay {
+                    LockDelay::Ttl => self.set_lock_delay(&k, &held, identity).await.map(|_| ()),
+                    LockDelay::Off => self.forget_lost(&k, &held).await.map(|_| ()),
+                }
+            }
+        };
+        let results: Vec<Result<(), EtcdError>> = futures::stream::iter(orphans.iter().map(settle))
+            .buffer_unordered(SETTLING_AT_ONCE)
+            .collect()
+            .await;
+        results.iter().all(Result::is_ok)
     }
 }
