@@ -145,6 +145,11 @@ pub struct Cli {
     /// The router's `server.worker_threads` (default 0: one per core).
     #[arg(long)]
     pub router_worker_threads: Option<usize>,
+    /// Settings of the router's `[etcd]` section, as KEY=VALUE in TOML
+    /// (repeatable), for every router the suite starts:
+    /// `keepalive_burst_ms=20`, `keepalive_below_pct=70`.
+    #[arg(long)]
+    pub router_etcd: Vec<String>,
 }
 
 /// Resolved sizes of one run.
@@ -200,6 +205,8 @@ pub struct Config {
     pub etcd_go_env: Vec<(String, String)>,
     /// The router's `server.worker_threads` (0: one per core).
     pub router_worker_threads: usize,
+    /// `--router-etcd` settings, one TOML line each.
+    pub router_etcd: Vec<String>,
     /// `overload`: clientIds of its lock lives (warm pool).
     pub overload_clients: usize,
     /// `overload`: clients holding locks through it, locks each, and their
@@ -296,6 +303,7 @@ impl Cli {
             router_worker_threads: crate::stack::router_worker_threads(
                 self.router_worker_threads.unwrap_or(0),
             ),
+            router_etcd: crate::stack::router_etcd(&self.router_etcd)?,
             overload_clients: pick(smoke, 100, 1_000),
             overload_holders: pick(smoke, 10, 50),
             overload_locks_per_holder: pick(smoke, 10, 100),

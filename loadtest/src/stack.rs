@@ -87,6 +87,24 @@ pub fn router_worker_threads(n: usize) -> usize {
     n
 }
 
+/// `--router-etcd` lines for every router this run starts.
+static ROUTER_ETCD: std::sync::OnceLock<Vec<String>> = std::sync::OnceLock::new();
+
+/// Keeps `--router-etcd` (KEY=VALUE, VALUE in TOML) for every router this
+/// run starts.
+pub fn router_etcd(settings: &[String]) -> Result<Vec<String>> {
+    let mut lines = Vec::new();
+    for s in settings {
+        let Some((key, value)) = s.split_once('=') else {
+            anyhow::bail!("--router-etcd {s:?}: expected KEY=VALUE");
+        };
+        // A value the router cannot read stops it at start, with its message.
+        lines.push(format!("{} = {}", key.trim(), value.trim()));
+    }
+    let _ = ROUTER_ETCD.set(lines.clone());
+    Ok(lines)
+}
+
 /// How long the router may take to reach every shard and record its ring.
 const READY_WITHIN: Duration = Duration::from_secs(30);
 
@@ -259,8 +277,11 @@ fn start_router_on(
 fn config_toml(port: u16, shards: &[EtcdCluster], max_in_flight: Option<usize>) -> String {
     let bound = max_in_flight.map_or(String::new(), |n| format!("max_in_flight = {n}\n"));
     let workers = WORKER_THREADS.get().copied().unwrap_or(0);
+    let etcd: String = ROUTER_ETCD.get().map_or(String::new(), |l| {
+        l.iter().map(|line| format!("{line}\n")).collect()
+    });
     let header = format!(
-        "[server]\nlisten = \"127.0.0.1:{port}\"\nworker_threads = {workers}\n{bound}\n[etcd]\nprefix = \"/lockrouter\"\n\n[admin]\nreload_poll_ms = 0\n"
+        "[server]\nlisten = \"127.0.0.1:{port}\"\nworker_threads = {workers}\n{bound}\n[etcd]\nprefix = \"/lockrouter\"\n{etcd}\n[admin]\nreload_poll_ms = 0\n"
     );
     header + &shards_toml(&shards.iter().collect::<Vec<_>>())
 }

@@ -123,7 +123,16 @@ struct State {
     stopped: tokio::sync::Notify,
 }
 
-type BarrierReply = oneshot::Sender<Result<i64, EtcdError>>;
+/// What a barrier tells the renewals that waited for it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Barrier {
+    /// The cache has applied the barrier's revision.
+    Applied,
+    /// It did not within [`LAG_BOUND`], or its watch stopped: read etcd.
+    Lagging,
+}
+
+type BarrierReply = oneshot::Sender<Result<Barrier, EtcdError>>;
 
 /// Handle to a shard's lock-key cache; dropping it stops its tasks.
 pub struct LockCache {
@@ -184,23 +193,13 @@ impl LockCache {
         if self.barriers.send(reply).await.is_err() {
             return Ok(Vouched::Unsure);
         }
+        // One wake-up: the barrier task answers once the cache has applied
+        // the barrier (or gave up waiting), not when etcd answered it.
         let Ok(barrier) = rx.await else {
             return Ok(Vouched::Unsure);
         };
-        let barrier = barrier?;
-        let mut applied = self.state.applied.subscribe();
-        let stopped = self.state.stopped.notified();
-        if !self.state.usable.load(Ordering::Acquire) {
+        if barrier? == Barrier::Lagging {
             return Ok(Vouched::Unsure);
-        }
-        let caught_up = applied.wait_for(|r| *r >= barrier);
-        tokio::select! {
-            r = tokio::time::timeout(LAG_BOUND, caught_up) => {
-                if !matches!(r, Ok(Ok(_))) {
-                    return Ok(Vouched::Unsure);
-                }
-            }
-            _ = stopped => return Ok(Vouched::Unsure),
         }
         let keys = self.state.keys.read().expect("cache lock");
         // Checked under the lock: a watch that broke after applying the
@@ -266,7 +265,8 @@ impl LockCache {
 }
 
 /// Writes barriers: one at a time, at least [`BARRIER_SPACING`] apart, each
-/// answering every request that arrived before it was sent.
+/// answering every request that arrived before it was sent, once the cache
+/// has applied it (so a renewal waits for one message, not two).
 async fn barriers(
     source: Source,
     state: Arc<State>,
@@ -291,10 +291,17 @@ async fn barriers(
         while let Ok(r) = rx.try_recv() {
             waiting.push(r);
         }
-        let result = write_barrier(&source, waiting.len()).await;
-        if let Ok(revision) = result {
-            *state.last_barrier.lock().expect("barrier lock") = Some((revision, Instant::now()));
-        }
+        let result = match write_barrier(&source, waiting.len()).await {
+            Ok(revision) => {
+                *state.last_barrier.lock().expect("barrier lock") =
+                    Some((revision, Instant::now()));
+                tokio::select! {
+                    b = applied(&state, revision) => Ok(b),
+                    _ = cancel.cancelled() => return,
+                }
+            }
+            Err(e) => Err(e),
+        };
         for w in waiting {
             let _ = w.send(result.clone());
         }
@@ -303,6 +310,24 @@ async fn barriers(
 
 /// Puts the barrier key, for `renewals` waiting ones, if the shard still
 /// carries its verified identity; returns the put's revision.
+/// Waits until the cache has applied `revision`: [`Barrier::Lagging`] if
+/// that takes over [`LAG_BOUND`], or the watch stops or is not usable.
+async fn applied(state: &State, revision: i64) -> Barrier {
+    let mut applied = state.applied.subscribe();
+    let stopped = state.stopped.notified();
+    if !state.usable.load(Ordering::Acquire) {
+        return Barrier::Lagging;
+    }
+    let caught_up = applied.wait_for(|r| *r >= revision);
+    tokio::select! {
+        r = tokio::time::timeout(LAG_BOUND, caught_up) => match r {
+            Ok(Ok(_)) => Barrier::Applied,
+            _ => Barrier::Lagging,
+        },
+        _ = stopped => Barrier::Lagging,
+    }
+}
+
 async fn write_barrier(source: &Source, renewals: usize) -> Result<i64, EtcdError> {
     let identity = source.identity.read().expect("identity lock").clone();
     let Some(identity) = identity else {
