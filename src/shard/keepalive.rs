@@ -17,8 +17,10 @@
 //! bounded by the shard's deadline; a lease etcd said is gone is answered
 //! from memory and never sent again.
 //!
-//! The task's loop never waits on the network: streams are opened, written
-//! and read by tasks of their own, which report back as events. What the
+//! The task's loop never waits on the network: streams are opened and
+//! written by tasks of their own, which report back as events, and the main
+//! stream's answers are one more source the loop selects on (an answer
+//! wakes the task once, with no hand-off from a reader task). What the
 //! task learnt ([`Known`]) is shared with callers, so a renewal that a
 //! recent answer already covers (or of a lease known gone) is answered in
 //! the caller's own task, with no message to the keepalive task.
@@ -304,7 +306,8 @@ enum Main {
     Open {
         generation: u64,
         writer: mpsc::Sender<i64>,
-        tasks: [JoinHandle<()>; 2],
+        /// The writer; the stream's answers are read by the task's own loop.
+        writer_task: JoinHandle<()>,
     },
 }
 
@@ -333,6 +336,8 @@ struct Task {
     burst: Duration,
     /// When [`Known`] was last pruned.
     pruned: Instant,
+    /// The main stream just opened, for the loop to read from.
+    fresh: Option<(u64, LeaseKeepAliveStream)>,
 }
 
 impl Task {
@@ -349,6 +354,7 @@ impl Task {
             probes: HashMap::new(),
             probe_slots: Arc::new(Semaphore::new(MAX_PROBES)),
             pruned: Instant::now(),
+            fresh: None,
             known,
             events_tx,
             events_rx,
@@ -359,7 +365,19 @@ impl Task {
     async fn run(mut self, mut rx: mpsc::Receiver<Msg>, cancel: CancellationToken) {
         let mut tick = tokio::time::interval(TICK);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        // The main stream's answers, read here rather than by a task of
+        // their own: one wake-up per answer instead of two.
+        let mut stream: Option<(u64, LeaseKeepAliveStream)> = None;
         loop {
+            if let Some(fresh) = self.fresh.take() {
+                stream = Some(fresh);
+            }
+            if stream
+                .as_ref()
+                .is_some_and(|(g, _)| Some(*g) != self.main_generation())
+            {
+                stream = None; // failed over or closed
+            }
             tokio::select! {
                 msg = rx.recv() => match msg {
                     Some(Msg::Refresh { lease, window, ttl_secs, reply }) => {
@@ -368,6 +386,11 @@ impl Task {
                     None => break,
                 },
                 Some(ev) = self.events_rx.recv() => self.on_event(ev),
+                (generation, answer) = answer(&mut stream) => self.on_event(match answer {
+                    Ok(Some(resp)) => Event::Response { generation, id: resp.id(), ttl: resp.ttl() },
+                    Ok(None) => Event::Ended { generation, detail: "stream closed by etcd".into() },
+                    Err(e) => Event::Ended { generation, detail: e.to_string() },
+                }),
                 _ = tick.tick() => self.on_tick(),
                 _ = cancel.cancelled() => break,
             }
@@ -551,22 +574,19 @@ impl Task {
         match result {
             Ok((keeper, stream)) => {
                 let (writer, rx) = mpsc::channel(WRITER_QUEUE);
-                let events = self.events_tx.clone();
-                let tasks = [
-                    tokio::spawn(write(
-                        keeper,
-                        rx,
-                        generation,
-                        events.clone(),
-                        self.conn.shard().to_string(),
-                        self.burst,
-                    )),
-                    tokio::spawn(read(stream, generation, events)),
-                ];
+                let writer_task = tokio::spawn(write(
+                    keeper,
+                    rx,
+                    generation,
+                    self.events_tx.clone(),
+                    self.conn.shard().to_string(),
+                    self.burst,
+                ));
+                self.fresh = Some((generation, stream));
                 self.main = Main::Open {
                     generation,
                     writer,
-                    tasks,
+                    writer_task,
                 };
                 self.last_answer = Instant::now();
                 m::keepalive_sent(self.conn.shard());
@@ -654,11 +674,10 @@ impl Task {
     }
 
     fn stop_main(&mut self) {
-        if let Main::Open { tasks, .. } = std::mem::replace(&mut self.main, Main::Closed) {
-            for t in tasks {
-                t.abort();
-            }
+        if let Main::Open { writer_task, .. } = std::mem::replace(&mut self.main, Main::Closed) {
+            writer_task.abort();
         }
+        self.fresh = None;
     }
 
     fn fail(&self, waiters: Vec<Reply>, detail: &str) {
@@ -723,24 +742,18 @@ async fn write(
     }
 }
 
-async fn read(mut stream: LeaseKeepAliveStream, generation: u64, tx: mpsc::UnboundedSender<Event>) {
-    let detail = loop {
-        match stream.message().await {
-            Ok(Some(resp)) => {
-                let ev = Event::Response {
-                    generation,
-                    id: resp.id(),
-                    ttl: resp.ttl(),
-                };
-                if tx.send(ev).is_err() {
-                    return;
-                }
-            }
-            Ok(None) => break "stream closed by etcd".to_string(),
-            Err(e) => break e.to_string(),
-        }
-    };
-    let _ = tx.send(Event::Ended { generation, detail });
+/// The next answer on the main stream, with the stream's generation; never
+/// ready while there is no stream.
+async fn answer(
+    stream: &mut Option<(u64, LeaseKeepAliveStream)>,
+) -> (
+    u64,
+    Result<Option<etcd_client::LeaseKeepAliveResponse>, etcd_client::Error>,
+) {
+    match stream {
+        Some((generation, s)) => (*generation, s.message().await),
+        None => std::future::pending().await,
+    }
 }
 
 #[cfg(test)]
