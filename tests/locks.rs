@@ -211,7 +211,7 @@ async fn a_forged_lock_id_never_keeps_another_holders_lease_alive() {
 async fn keepalives_that_come_together_leave_in_bursts() {
     use lockrouter_testkit::metrics::sum;
     let etcd = EtcdCluster::single();
-    for (burst_ms, bursting) in [(2u64, true), (0, false)] {
+    for (burst_ms, bursting) in [(20u64, true), (0, false)] {
         let extra = format!(
             "keepalive_burst_ms = {burst_ms}\nkeepalive_coalesce_ms = 0\nkeepalive_below_pct = 100\n"
         );

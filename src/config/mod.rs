@@ -127,8 +127,10 @@ pub struct EtcdSettings {
     /// the lease really has.
     #[serde(default = "defaults::keepalive_below_pct")]
     pub keepalive_below_pct: u8,
-    /// Keepalives that come within this many ms of each other are sent in
-    /// one burst (one HTTP/2 frame, which etcd reads once); 0: each alone.
+    /// Keepalive bursts on a shard's main stream are at least this many ms
+    /// apart: a keepalive that finds none sent within it goes at once, else
+    /// it waits for the next burst with every other that comes meanwhile
+    /// (one HTTP/2 frame, which etcd reads once); 0: each alone.
     #[serde(default = "defaults::keepalive_burst_ms")]
     pub keepalive_burst_ms: u64,
     /// How often active locks per shard are counted (a count-only range).
@@ -454,7 +456,7 @@ mod defaults {
         1_000
     }
     pub fn keepalive_burst_ms() -> u64 {
-        2
+        20
     }
     pub fn keepalive_below_pct() -> u8 {
         50

@@ -704,11 +704,12 @@ impl Task {
 ///
 /// etcd pays per message it reads, not per keepalive: one keepalive per
 /// HTTP/2 frame cost a 3.4 server about 340 µs of CPU each, twenty per frame
-/// 88 µs. So the writer gathers the keepalives that come within
-/// `window` of the first (`etcd.keepalive_burst_ms`, 2 ms by default:
-/// renewals come every third of a TTL and do not notice; or [`MAX_BURST`]
-/// of them) and hands them
-/// to the stream back to back, without yielding in between: the stream's
+/// 88 µs. So bursts are spaced `window` apart (`etcd.keepalive_burst_ms`,
+/// 20 ms by default), as the lock-key cache's barriers are: a keepalive
+/// that finds no burst sent within `window` goes at once, so a trickle
+/// waits for nothing; under load the writer gathers every keepalive that
+/// comes until `window` after the last burst (or [`MAX_BURST`] of them)
+/// and hands them to the stream back to back, without yielding in between: the stream's
 /// encoder, woken by the first, runs only after the last and puts them all
 /// in one frame. The expiry each reports still counts from when it was
 /// queued here (`Inflight::sent_at`), earlier than the wire: honest.
@@ -721,15 +722,28 @@ async fn write(
     window: Duration,
 ) {
     let mut burst = Vec::with_capacity(MAX_BURST);
+    let mut last_burst: Option<tokio::time::Instant> = None;
     while let Some(first) = rx.recv().await {
         burst.push(first);
-        let until = tokio::time::Instant::now() + window;
-        while burst.len() < MAX_BURST && !window.is_zero() {
-            match tokio::time::timeout_at(until, rx.recv()).await {
-                Ok(Some(lease)) => burst.push(lease),
-                Ok(None) | Err(_) => break,
+        // A keepalive that finds no burst sent within `window` goes at
+        // once; else it waits for the next burst, `window` after the last,
+        // with every keepalive that comes meanwhile.
+        let next = last_burst.map(|t| t + window);
+        if let Some(next) = next.filter(|&n| n > tokio::time::Instant::now()) {
+            while burst.len() < MAX_BURST {
+                match tokio::time::timeout_at(next, rx.recv()).await {
+                    Ok(Some(lease)) => burst.push(lease),
+                    Ok(None) | Err(_) => break,
+                }
             }
         }
+        while burst.len() < MAX_BURST && !window.is_zero() {
+            match rx.try_recv() {
+                Ok(lease) => burst.push(lease),
+                Err(_) => break,
+            }
+        }
+        last_burst = Some(tokio::time::Instant::now());
         m::keepalive_burst(&shard, burst.len());
         for lease in burst.drain(..) {
             keeper.id = lease;
