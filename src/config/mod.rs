@@ -128,8 +128,9 @@ pub struct EtcdSettings {
     #[serde(default = "defaults::keepalive_below_pct")]
     pub keepalive_below_pct: u8,
     /// Keepalive bursts on a shard's main stream are at least this many ms
-    /// apart: a keepalive that finds none sent within it goes at once, else
-    /// it waits for the next burst with every other that comes meanwhile
+    /// apart: a keepalive that finds none sent within it, or that an acquire
+    /// waits on, goes at once; a renewal's else waits for the next burst
+    /// with every other that comes meanwhile
     /// (one HTTP/2 frame, which etcd reads once); 0: each alone.
     #[serde(default = "defaults::keepalive_burst_ms")]
     pub keepalive_burst_ms: u64,

@@ -149,7 +149,7 @@ impl Active {
             } else {
                 self.window(ttl)
             };
-            shard.keepalive.refresh(lease, window, ttl)
+            shard.keepalive.refresh_in_burst(lease, window, ttl)
         }))
         .await;
         let renewals: HashMap<i64, Result<Renewal, EtcdError>> =

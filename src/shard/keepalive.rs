@@ -106,6 +106,8 @@ enum Msg {
         /// The lease's TTL as the caller knows it (never above etcd's), for
         /// a probe, whose answer etcd-client does not pass on.
         ttl_secs: u32,
+        /// Sent at once rather than with the next burst.
+        urgent: bool,
         reply: Reply,
     },
 }
@@ -236,12 +238,35 @@ impl Keepalive {
 
     /// Renews `lease` unless a keepalive for it is in flight or was sent less
     /// than `window` ago; answers with what the router then knows, within
-    /// the shard's keepalive deadline.
+    /// the shard's keepalive deadline. A keepalive it sends goes out at once
+    /// (with any burst waiting): for acquires, whose clients wait on it.
     pub async fn refresh(
         &self,
         lease: i64,
         window: Duration,
         ttl_secs: u32,
+    ) -> Result<Renewal, EtcdError> {
+        self.ask(lease, window, ttl_secs, true).await
+    }
+
+    /// [`Keepalive::refresh`] for renewals: a keepalive it sends may wait
+    /// for the next burst (`etcd.keepalive_burst_ms`), as renewals come
+    /// every third of a TTL and do not notice.
+    pub async fn refresh_in_burst(
+        &self,
+        lease: i64,
+        window: Duration,
+        ttl_secs: u32,
+    ) -> Result<Renewal, EtcdError> {
+        self.ask(lease, window, ttl_secs, false).await
+    }
+
+    async fn ask(
+        &self,
+        lease: i64,
+        window: Duration,
+        ttl_secs: u32,
+        urgent: bool,
     ) -> Result<Renewal, EtcdError> {
         if let Some(answer) = self.known.answer(lease, window, Instant::now()) {
             self.conn.metrics().lease_renewals(1);
@@ -253,6 +278,7 @@ impl Keepalive {
                 lease,
                 window,
                 ttl_secs,
+                urgent,
                 reply,
             };
             self.tx.send(msg).await.map_err(|_| self.stopped())?;
@@ -305,7 +331,8 @@ enum Main {
     },
     Open {
         generation: u64,
-        writer: mpsc::Sender<i64>,
+        /// Leases to keep alive, and whether each goes at once.
+        writer: mpsc::Sender<(i64, bool)>,
         /// The writer; the stream's answers are read by the task's own loop.
         writer_task: JoinHandle<()>,
     },
@@ -380,8 +407,8 @@ impl Task {
             }
             tokio::select! {
                 msg = rx.recv() => match msg {
-                    Some(Msg::Refresh { lease, window, ttl_secs, reply }) => {
-                        self.refresh(lease, window, ttl_secs, reply)
+                    Some(Msg::Refresh { lease, window, ttl_secs, urgent, reply }) => {
+                        self.refresh(lease, window, ttl_secs, urgent, reply)
                     }
                     None => break,
                 },
@@ -398,7 +425,7 @@ impl Task {
         self.close("shutting down");
     }
 
-    fn refresh(&mut self, lease: i64, window: Duration, ttl_secs: u32, reply: Reply) {
+    fn refresh(&mut self, lease: i64, window: Duration, ttl_secs: u32, urgent: bool, reply: Reply) {
         self.conn.metrics().lease_renewals(1);
         let now = Instant::now();
         // Checked again: an answer may have come since the caller looked.
@@ -423,7 +450,7 @@ impl Task {
             r.deadline().saturating_duration_since(now)
         });
         if alive_for >= MAIN_MARGIN {
-            self.send_main(lease, vec![reply], false);
+            self.send_main(lease, vec![reply], false, urgent);
         } else {
             self.probe(lease, ttl_secs, reply);
         }
@@ -431,11 +458,11 @@ impl Task {
 
     /// Sends one keepalive of `lease` on the main stream, opening it first
     /// if needed.
-    fn send_main(&mut self, lease: i64, waiters: Vec<Reply>, retried: bool) {
+    fn send_main(&mut self, lease: i64, waiters: Vec<Reply>, retried: bool, urgent: bool) {
         match &self.main {
             Main::Open {
                 generation, writer, ..
-            } => match writer.try_send(lease) {
+            } => match writer.try_send((lease, urgent)) {
                 Ok(()) => {
                     m::keepalive_sent(self.conn.shard());
                     let inflight = Inflight {
@@ -591,7 +618,7 @@ impl Task {
                 self.last_answer = Instant::now();
                 m::keepalive_sent(self.conn.shard());
                 for (lease, q) in std::mem::take(&mut self.queued) {
-                    self.send_main(lease, q.waiters, q.retried);
+                    self.send_main(lease, q.waiters, q.retried, true);
                 }
             }
             Err(EtcdError::LeaseNotFound) => {
@@ -668,7 +695,7 @@ impl Task {
             if inflight.retried {
                 self.fail(inflight.waiters, detail);
             } else {
-                self.send_main(lease, inflight.waiters, true);
+                self.send_main(lease, inflight.waiters, true, true);
             }
         }
     }
@@ -715,7 +742,7 @@ impl Task {
 /// queued here (`Inflight::sent_at`), earlier than the wire: honest.
 async fn write(
     mut keeper: LeaseKeeper,
-    mut rx: mpsc::Receiver<i64>,
+    mut rx: mpsc::Receiver<(i64, bool)>,
     generation: u64,
     events: mpsc::UnboundedSender<Event>,
     shard: String,
@@ -723,23 +750,27 @@ async fn write(
 ) {
     let mut burst = Vec::with_capacity(MAX_BURST);
     let mut last_burst: Option<tokio::time::Instant> = None;
-    while let Some(first) = rx.recv().await {
+    while let Some((first, mut urgent)) = rx.recv().await {
         burst.push(first);
         // A keepalive that finds no burst sent within `window` goes at
-        // once; else it waits for the next burst, `window` after the last,
+        // once, and so does one an acquire waits on (with the burst so
+        // far); else it waits for the next burst, `window` after the last,
         // with every keepalive that comes meanwhile.
         let next = last_burst.map(|t| t + window);
-        if let Some(next) = next.filter(|&n| n > tokio::time::Instant::now()) {
-            while burst.len() < MAX_BURST {
+        if let Some(next) = next.filter(|&n| !urgent && n > tokio::time::Instant::now()) {
+            while burst.len() < MAX_BURST && !urgent {
                 match tokio::time::timeout_at(next, rx.recv()).await {
-                    Ok(Some(lease)) => burst.push(lease),
+                    Ok(Some((lease, now))) => {
+                        burst.push(lease);
+                        urgent = now;
+                    }
                     Ok(None) | Err(_) => break,
                 }
             }
         }
         while burst.len() < MAX_BURST && !window.is_zero() {
             match rx.try_recv() {
-                Ok(lease) => burst.push(lease),
+                Ok((lease, _)) => burst.push(lease),
                 Err(_) => break,
             }
         }
@@ -844,7 +875,7 @@ mod tests {
         // Gone, as etcd said: answered from memory, nothing sent.
         task.known.learn(1, Renewal::gone(Instant::now()));
         let (reply, mut rx) = oneshot::channel();
-        task.refresh(1, Duration::ZERO, 10, reply);
+        task.refresh(1, Duration::ZERO, 10, true, reply);
         assert!(!rx.try_recv().unwrap().unwrap().alive());
         assert!(task.probes.is_empty() && task.queued.is_empty());
         // Known alive with time to spare: the main stream.
@@ -854,7 +885,7 @@ mod tests {
         };
         task.known.learn(2, fresh);
         let (reply, _rx) = oneshot::channel();
-        task.refresh(2, Duration::ZERO, 10, reply);
+        task.refresh(2, Duration::ZERO, 10, true, reply);
         assert!(task.queued.contains_key(&2), "queued for the main stream");
         // Close to its end (or unknown): probed on a stream of its own.
         let ending = Renewal {
@@ -863,10 +894,49 @@ mod tests {
         };
         task.known.learn(3, ending);
         let (reply, _rx) = oneshot::channel();
-        task.refresh(3, Duration::ZERO, 10, reply);
+        task.refresh(3, Duration::ZERO, 10, true, reply);
         let (reply, _rx) = oneshot::channel();
-        task.refresh(4, Duration::ZERO, 10, reply);
+        task.refresh(4, Duration::ZERO, 10, true, reply);
         assert!(task.probes.contains_key(&3) && task.probes.contains_key(&4));
         assert!(!task.queued.contains_key(&3) && !task.queued.contains_key(&4));
+    }
+
+    /// What the writer has put on the wire so far.
+    macro_rules! wire {
+        ($rx:expr) => {{
+            tokio::task::yield_now().await;
+            tokio::task::yield_now().await;
+            let mut sent = Vec::new();
+            while let Ok(request) = $rx.try_recv() {
+                sent.push(request.id);
+            }
+            sent
+        }};
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn renewals_wait_for_the_next_burst_and_an_acquire_takes_it_at_once() {
+        let (sender, mut wire) = mpsc::channel(MAX_BURST);
+        let keeper = LeaseKeeper { id: 0, sender };
+        let (tx, rx) = mpsc::channel(16);
+        let (events, _events) = mpsc::unbounded_channel();
+        let window = Duration::from_millis(20);
+        tokio::spawn(write(keeper, rx, 1, events, "t".into(), window));
+        // After a quiet spell a renewal's keepalive goes at once.
+        tx.send((1, false)).await.unwrap();
+        assert_eq!(wire!(wire), [1]);
+        // The next waits for the burst 20 ms after that one...
+        tx.send((2, false)).await.unwrap();
+        assert_eq!(wire!(wire), [] as [i64; 0]);
+        tokio::time::advance(Duration::from_millis(5)).await;
+        assert_eq!(wire!(wire), [] as [i64; 0]);
+        // ...unless an acquire's comes, which takes the burst with it.
+        tx.send((3, true)).await.unwrap();
+        assert_eq!(wire!(wire), [2, 3]);
+        tx.send((4, false)).await.unwrap();
+        tx.send((5, false)).await.unwrap();
+        assert_eq!(wire!(wire), [] as [i64; 0]);
+        tokio::time::advance(Duration::from_millis(20)).await;
+        assert_eq!(wire!(wire), [4, 5]);
     }
 }
