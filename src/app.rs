@@ -134,7 +134,8 @@ async fn bind(addr: &str) -> Result<TcpListener, StartError> {
         })
 }
 
-/// Why a router could not start.
+/// Why a router could not start. Each message names the setting or the
+/// address at fault; the error it comes of is its source.
 #[derive(Debug, thiserror::Error)]
 pub enum StartError {
     #[error("cannot listen on {addr}: {source}")]
@@ -145,19 +146,45 @@ pub enum StartError {
     },
     #[error(transparent)]
     Shard(#[from] ConnectError),
-    /// A TLS file named in `[server]` cannot be used.
-    #[error("{0}")]
-    Tls(String),
-    /// A lockId key of `[auth]` cannot be used.
-    #[error("{0}")]
-    Auth(String),
+    /// A TLS file of `[server]`, or a lockId key of `[auth]`, cannot be
+    /// used.
+    #[error(transparent)]
+    Build(#[from] BuildError),
 }
 
-impl From<BuildError> for StartError {
-    fn from(e: BuildError) -> Self {
-        match e {
-            BuildError::Tls(why) => StartError::Tls(why),
-            BuildError::Auth(why) => StartError::Auth(why),
-        }
+#[cfg(test)]
+mod tests {
+    use std::error::Error;
+
+    use super::*;
+
+    #[tokio::test]
+    async fn a_start_error_names_the_problem_and_keeps_its_source() {
+        let settings = Settings::from_toml(
+            r#"
+            [server]
+            listen = "127.0.0.1:0"
+            [[auth.lock_id_keys]]
+            id = "k1"
+            secret_file = "/nonexistent/lockid.key"
+            [[shards]]
+            name = "a"
+            endpoints = ["http://127.0.0.1:1"]
+            "#,
+        )
+        .unwrap();
+        let Err(e) = Application::build(settings).await else {
+            panic!("started with an unreadable key file");
+        };
+        let shown = e.to_string();
+        assert!(
+            shown.contains("auth.lock_id_keys \"k1\"") && shown.contains("/nonexistent/lockid.key"),
+            "{shown}"
+        );
+        assert!(matches!(e, StartError::Build(BuildError::Auth(_))), "{e:?}");
+        let io = std::iter::successors(e.source(), |e| (*e).source())
+            .find_map(|e| e.downcast_ref::<std::io::Error>())
+            .expect("the read's io::Error is in the chain");
+        assert_eq!(io.kind(), std::io::ErrorKind::NotFound);
     }
 }

@@ -19,9 +19,9 @@ use governor::clock::{Clock, DefaultClock};
 use governor::{DefaultDirectRateLimiter, Quota, RateLimiter};
 use sha2::{Digest, Sha256};
 
-use crate::config::{AuthSettings, PrincipalSettings};
+use crate::config::{AuthSettings, ConfigError, PrincipalSettings};
 use crate::token::lease_tag::LeaseTag;
-use crate::token::lock_id::Sealer;
+use crate::token::lock_id::{BadKeys, Sealer};
 
 /// Why a request was refused here; `http::error` maps each to its status.
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
@@ -39,6 +39,25 @@ pub enum AuthError {
         per_sec: u32,
         retry_after: Duration,
     },
+}
+
+/// Why `[auth]` cannot be put in force (a start fails, a reload is
+/// refused). Each message names the setting.
+#[derive(Debug, thiserror::Error)]
+pub enum AuthSetupError {
+    /// A lockId key's secret cannot be read or decoded.
+    #[error(transparent)]
+    Secret(#[from] ConfigError),
+    /// Keys that cannot seal lockIds.
+    #[error("auth.{0}")]
+    Keys(#[source] BadKeys),
+    /// Two principals whose names hash to one lease tag: their locks'
+    /// leases and quota counts would be one.
+    #[error(
+        "auth.principals {first:?} and {second:?} would share a lease tag \
+         (their names hash alike), and so their locks' leases and quota counts: rename one"
+    )]
+    SharedLeaseTag { first: String, second: String },
 }
 
 /// A caller of the lock API, as requests are checked against it.
@@ -172,7 +191,7 @@ pub struct Principals {
 impl Principals {
     /// The principals of `auth`; refused when two of them share a lease
     /// tag and either has a quota (their counts would be one).
-    pub fn new(auth: &AuthSettings, admin_token: Option<&str>) -> Result<Self, String> {
+    pub fn new(auth: &AuthSettings, admin_token: Option<&str>) -> Result<Self, AuthSetupError> {
         let mut by_token = HashMap::new();
         let mut by_identity = HashMap::new();
         let mut tags: HashMap<LeaseTag, &PrincipalSettings> = HashMap::new();
@@ -180,11 +199,10 @@ impl Principals {
             // The tag confines a principal's lockIds to its own leases and
             // counts its quotas: two principals may not share one.
             if let Some(other) = tags.insert(LeaseTag::of(&p.name), p) {
-                return Err(format!(
-                    "auth.principals {:?} and {:?} would share a lease tag \
-                     (their names hash alike), and so their locks' leases and quota counts: rename one",
-                    other.name, p.name
-                ));
+                return Err(AuthSetupError::SharedLeaseTag {
+                    first: other.name.clone(),
+                    second: p.name.clone(),
+                });
             }
             let principal = Arc::new(Principal::new(p));
             let hashes = p.token_sha256.iter().filter_map(|h| hex::decode(h).ok());
@@ -260,11 +278,10 @@ impl Principals {
     }
 }
 
-/// The sealer `auth` configures, reading its key files now. The error
-/// names the setting.
-pub fn sealer(auth: &AuthSettings) -> Result<Sealer, String> {
-    let secrets = auth.lock_id_secrets().map_err(|e| e.to_string())?;
-    Sealer::new(&secrets, auth.accept_unsigned_lock_ids).map_err(|e| format!("auth.{e}"))
+/// The sealer `auth` configures, reading its key files now.
+pub fn sealer(auth: &AuthSettings) -> Result<Sealer, AuthSetupError> {
+    let secrets = auth.lock_id_secrets()?;
+    Sealer::new(&secrets, auth.accept_unsigned_lock_ids).map_err(AuthSetupError::Keys)
 }
 
 /// A new random bearer token and its SHA-256 (hex), for `token_sha256`.
@@ -333,7 +350,12 @@ mod tests {
             .expect("a collision among 100,000 names");
         let both = settings(vec![principal(&a, "token-a"), principal(&b, "token-b")]);
         let refused = Principals::new(&both, None).err().expect("refused");
-        assert!(refused.contains(&a) && refused.contains(&b), "{refused}");
+        assert!(
+            matches!(&refused, AuthSetupError::SharedLeaseTag { first, second } if (first, second) == (&a, &b)),
+            "{refused}"
+        );
+        let shown = refused.to_string();
+        assert!(shown.contains(&a) && shown.contains(&b), "{shown}");
         assert!(Principals::new(&settings(vec![principal(&a, "token-a")]), None).is_ok());
     }
 

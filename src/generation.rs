@@ -21,10 +21,11 @@ use std::sync::Arc;
 use arc_swap::ArcSwap;
 use rustls::ServerConfig;
 
-use crate::auth::Principals;
+use crate::auth::{AuthSetupError, Principals};
 use crate::config::{HttpTimeouts, Settings};
 use crate::locks::{Active, Locks, Quotas};
 use crate::placement::topology::Router;
+use crate::tls::TlsError;
 
 /// Everything a config makes for the running process.
 pub struct Generation {
@@ -53,11 +54,11 @@ pub struct Front {
 #[derive(Debug, thiserror::Error)]
 pub enum BuildError {
     /// A TLS file named in `[server]`.
-    #[error("{0}")]
-    Tls(String),
+    #[error(transparent)]
+    Tls(#[from] TlsError),
     /// A lockId key of `[auth]`, or principals that cannot be told apart.
-    #[error("{0}")]
-    Auth(String),
+    #[error(transparent)]
+    Auth(#[from] AuthSetupError),
 }
 
 impl Generation {
@@ -85,10 +86,9 @@ impl Generation {
 
 /// What `settings` make without the shards, their files read now.
 fn read(settings: &Settings) -> Result<(Front, crate::token::lock_id::Sealer), BuildError> {
-    let tls = crate::tls::load(&settings.server).map_err(BuildError::Tls)?;
-    let sealer = crate::auth::sealer(&settings.auth).map_err(BuildError::Auth)?;
-    let principals = Principals::new(&settings.auth, settings.admin.token.as_deref())
-        .map_err(BuildError::Auth)?
+    let tls = crate::tls::load(&settings.server)?;
+    let sealer = crate::auth::sealer(&settings.auth)?;
+    let principals = Principals::new(&settings.auth, settings.admin.token.as_deref())?
         .with_admin_hosts(&settings.admin.allowed_hosts);
     let front = Front {
         tls,
@@ -136,18 +136,27 @@ pub fn start_only_changes(old: &Settings, new: &Settings) -> Vec<&'static str> {
     .collect()
 }
 
+/// A change a reload refuses: it needs a restart.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+pub enum RestartNeeded {
+    #[error("turning TLS on or off takes a restart; certificates and keys reload")]
+    Tls,
+    #[error(
+        "etcd.prefix changes only when the router restarts (and moves every lock: see docs/design.md)"
+    )]
+    Prefix,
+}
+
 /// Why `new` cannot replace `old` by a reload at all: the change needs a
 /// restart, and a reload that asks for it is refused.
-pub fn refused_change(old: &Settings, new: &Settings) -> Option<&'static str> {
+pub fn refused_change(old: &Settings, new: &Settings) -> Option<RestartNeeded> {
     // Validation holds a certificate and its key together, so the
     // certificate alone says whether the listener speaks TLS.
     if old.server.tls_cert_file.is_some() != new.server.tls_cert_file.is_some() {
-        return Some("turning TLS on or off takes a restart; certificates and keys reload");
+        return Some(RestartNeeded::Tls);
     }
     if old.etcd.prefix != new.etcd.prefix {
-        return Some(
-            "etcd.prefix changes only when the router restarts (and moves every lock: see docs/design.md)",
-        );
+        return Some(RestartNeeded::Prefix);
     }
     None
 }
@@ -261,12 +270,17 @@ mod tests {
             let asked = std::sync::atomic::AtomicBool::new(false);
             let router = async {
                 asked.store(true, std::sync::atomic::Ordering::Relaxed);
-                Err::<Arc<Router>, BuildError>(BuildError::Auth("unreachable".into()))
+                Err::<Arc<Router>, BuildError>(BuildError::Auth(AuthSetupError::SharedLeaseTag {
+                    first: "unreachable".into(),
+                    second: "unreachable".into(),
+                }))
             };
             let Err(e) = Generation::build(&s, Default::default(), router).await else {
                 panic!("{what}: built");
             };
             assert!(e.to_string().contains(what), "{what}: {e}");
+            // The file's own error (io, PEM) is kept as the source.
+            assert!(std::error::Error::source(&e).is_some(), "{what}: {e:?}");
             assert!(!asked.into_inner(), "{what}: the router was asked for");
         }
     }
@@ -305,9 +319,11 @@ mod tests {
             "",
         );
         let moved = Settings::from_toml(&BASE.replace("/lockrouter", "/elsewhere")).unwrap();
-        assert!(refused_change(&plain, &tls).is_some_and(|w| w.contains("TLS")));
-        assert!(refused_change(&tls, &plain).is_some_and(|w| w.contains("TLS")));
-        assert!(refused_change(&plain, &moved).is_some_and(|w| w.contains("etcd.prefix")));
+        assert_eq!(refused_change(&plain, &tls), Some(RestartNeeded::Tls));
+        assert_eq!(refused_change(&tls, &plain), Some(RestartNeeded::Tls));
+        assert_eq!(refused_change(&plain, &moved), Some(RestartNeeded::Prefix));
+        assert!(RestartNeeded::Tls.to_string().contains("TLS"));
+        assert!(RestartNeeded::Prefix.to_string().contains("etcd.prefix"));
         assert_eq!(refused_change(&tls, &rotated), None, "certificates reload");
         assert_eq!(
             refused_change(&plain, &settings("access_log = true", "")),

@@ -17,6 +17,7 @@
 //! new router may grant; routers still on the old ring then fail their
 //! acquire txns' compare and refuse to grant.
 
+use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
@@ -24,35 +25,61 @@ use std::time::Duration;
 use tokio_util::sync::CancellationToken;
 
 use crate::config::{ConfigError, Settings};
-use crate::generation::{self, BuildError, Generation, InForce};
+use crate::generation::{self, BuildError, Generation, InForce, RestartNeeded};
 use crate::placement::migration::{self, BumpRequest, Refused};
 use crate::placement::ring::Ring;
 use crate::placement::topology::{self, ConnectError, Router, ShardPool};
 
-/// Why a reload was refused. Nothing changed.
+/// Why a reload was refused. Nothing changed. Each message names the
+/// problem; the error it comes of is its source.
 #[derive(Debug, thiserror::Error)]
 pub enum ReloadError {
     #[error("this router was started without a config file")]
     NoFile,
     #[error(transparent)]
     Config(#[from] ConfigError),
-    /// The reload cannot happen now (an open migration, a shard down);
-    /// a later try may succeed.
-    #[error("{0}")]
-    Refused(String),
+    /// The migration or the epoch bump cannot happen now (a shard down, a
+    /// record moved on); a later try may succeed.
+    #[error(transparent)]
+    Refused(#[from] Refused),
+    /// The router over the new config cannot be made now (a shard it
+    /// names cannot be connected); a later try may succeed.
+    #[error(transparent)]
+    Unserved(ConnectError),
+    /// A placement change while a migration is still open: it waits until
+    /// the moved locks are released from their previous shards.
+    #[error(
+        "a migration to ring {ring} (epoch {epoch}) is still open, moved locks still held on \
+         their previous shards: {held:?}; reload again once it closes"
+    )]
+    MigrationOpen {
+        ring: String,
+        epoch: u64,
+        /// Moved names still held, by previous shard.
+        held: BTreeMap<String, i64>,
+    },
     /// The change needs a restart (it is never applied by a reload).
-    #[error("{0}")]
-    NeedsRestart(String),
+    #[error(transparent)]
+    NeedsRestart(#[from] RestartNeeded),
     /// A TLS or password file a shard's settings name cannot be used
     /// ([`ConnectError::Access`], from [`topology::check_access`]).
     #[error(transparent)]
     ShardAccess(ConnectError),
-    /// A TLS file named in `[server]` cannot be used.
-    #[error("{0}")]
-    Tls(String),
-    /// A lockId key of `[auth]` cannot be used.
-    #[error("{0}")]
-    Auth(String),
+    /// A TLS file of `[server]`, or a lockId key of `[auth]`, cannot be
+    /// used.
+    #[error(transparent)]
+    Build(#[from] BuildError),
+}
+
+impl ReloadError {
+    /// Whether the same file may be put in force later, unchanged (a
+    /// migration closes, a shard comes back): such a reload is tried again.
+    pub fn retry_later(&self) -> bool {
+        matches!(
+            self,
+            Self::Refused(_) | Self::Unserved(_) | Self::MigrationOpen { .. }
+        )
+    }
 }
 
 /// What a reload did.
@@ -71,21 +98,6 @@ pub struct Reloader {
     pool: Arc<ShardPool>,
     /// The settings in force; the async mutex also serialises reloads.
     current: tokio::sync::Mutex<Settings>,
-}
-
-impl From<Refused> for ReloadError {
-    fn from(Refused(why): Refused) -> Self {
-        ReloadError::Refused(why)
-    }
-}
-
-impl From<BuildError> for ReloadError {
-    fn from(e: BuildError) -> Self {
-        match e {
-            BuildError::Tls(why) => ReloadError::Tls(why),
-            BuildError::Auth(why) => ReloadError::Auth(why),
-        }
-    }
 }
 
 impl Reloader {
@@ -110,7 +122,7 @@ impl Reloader {
         let result = self.reload_file().await;
         crate::metrics::config_reload(match &result {
             Ok(_) => "reloaded",
-            Err(ReloadError::Refused(_)) => "refused",
+            Err(e) if e.retry_later() => "refused",
             Err(_) => "invalid",
         });
         match &result {
@@ -152,7 +164,7 @@ impl Reloader {
         // can be put in force.
         let router = async {
             if let Some(why) = generation::refused_change(old, new) {
-                return Err(ReloadError::NeedsRestart(why.into()));
+                return Err(why.into());
             }
             topology::check_access(&new.shards).map_err(ReloadError::ShardAccess)?;
             self.pool.configure(new);
@@ -194,7 +206,7 @@ impl Reloader {
         let serve = || async {
             crate::placement::serve(new, self.pool.clone())
                 .await
-                .map_err(|e| ReloadError::Refused(e.to_string()))
+                .map_err(ReloadError::Unserved)
         };
         if ring.fingerprint() == old.ring.fingerprint() {
             let router = serve().await?;
@@ -202,12 +214,11 @@ impl Reloader {
             return Ok(router);
         }
         if let Some(m) = old.migration() {
-            let held = m.moved_held.lock().expect("moved lock").clone();
-            return Err(ReloadError::Refused(format!(
-                "a migration to ring {} (epoch {}) is still open, moved locks still held on their previous shards: {held:?}; \
-                 reload again once it closes",
-                m.recorded.meta.ring, m.recorded.meta.epoch
-            )));
+            return Err(ReloadError::MigrationOpen {
+                ring: m.recorded.meta.ring.clone(),
+                epoch: m.recorded.meta.epoch,
+                held: m.moved_held.lock().expect("moved lock").clone(),
+            });
         }
         if migration::already_moved(old, new, ring).await? {
             // Another replica opened this migration: follow it.
@@ -245,7 +256,7 @@ impl Reloader {
                 Some(()) = async { match hup.as_mut() { Some(h) => h.recv().await, None => std::future::pending().await } } => {
                     tracing::info!("SIGHUP: reloading the config");
                     let now = self.file_digest().await;
-                    if !matches!(self.reload().await, Err(ReloadError::Refused(_))) {
+                    if !self.reload().await.as_ref().is_err_and(ReloadError::retry_later) {
                         seen = now;
                     }
                 }
@@ -256,7 +267,7 @@ impl Reloader {
                         // Refused for now (a migration still open, a shard
                         // down): tried again at the next poll. An invalid
                         // file is not retried until it changes.
-                        if !matches!(self.reload().await, Err(ReloadError::Refused(_))) {
+                        if !self.reload().await.as_ref().is_err_and(ReloadError::retry_later) {
                             seen = now;
                         }
                     }

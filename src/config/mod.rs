@@ -308,30 +308,26 @@ impl AuthSettings {
         self.lock_id_keys
             .iter()
             .map(|k| {
+                let key = || format!("auth.lock_id_keys {:?}", k.id);
                 let text = match (&k.secret, &k.secret_file) {
                     (Some(s), None) => s.clone(),
-                    (None, Some(path)) => std::fs::read_to_string(path).map_err(|e| {
-                        invalid(format!(
-                            "auth.lock_id_keys {:?}: cannot read secret_file {}: {e}",
-                            k.id,
-                            path.display()
-                        ))
-                    })?,
+                    (None, Some(path)) => {
+                        std::fs::read_to_string(path).map_err(|source| ConfigError::SecretFile {
+                            key: key(),
+                            path: path.clone(),
+                            source,
+                        })?
+                    }
                     _ => {
                         return Err(invalid(format!(
-                            "auth.lock_id_keys {:?} needs exactly one of secret and secret_file",
-                            k.id
+                            "{} needs exactly one of secret and secret_file",
+                            key()
                         )))
                     }
                 };
                 let secret = base64::engine::general_purpose::STANDARD
                     .decode(text.trim())
-                    .map_err(|_| {
-                        invalid(format!(
-                            "auth.lock_id_keys {:?}: the secret is not base64",
-                            k.id
-                        ))
-                    })?;
+                    .map_err(|source| ConfigError::NotBase64 { key: key(), source })?;
                 Ok((k.id.clone(), secret))
             })
             .collect()
@@ -553,6 +549,23 @@ pub enum ConfigError {
     Load(#[from] config::ConfigError),
     #[error("invalid config: {0}")]
     Invalid(String),
+    /// A secret's file that cannot be read.
+    #[error("invalid config: {key}: cannot read secret_file {}: {source}", path.display())]
+    SecretFile {
+        /// The setting that names the file.
+        key: String,
+        path: std::path::PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    /// A secret that is not base64.
+    #[error("invalid config: {key}: the secret is not base64")]
+    NotBase64 {
+        /// The setting that holds the secret.
+        key: String,
+        #[source]
+        source: base64::DecodeError,
+    },
     /// A `LOCKROUTER__…` variable that names no key: said to be a variable,
     /// since the file is where people look first.
     #[error(

@@ -132,11 +132,11 @@ pub struct NoFields {}
 pub async fn reload(state: &AppState) -> api::Answer {
     match state.reloader.reload().await {
         Ok(done) => Ok((json(StatusCode::OK, &done), "reloaded")),
-        Err(ReloadError::Refused(msg) | ReloadError::NeedsRestart(msg)) => Err(ApiError::new(
-            StatusCode::CONFLICT,
-            "failed_precondition",
-            msg,
-        )),
+        // The config is fine; now is not the time, or a reload is not
+        // the way.
+        Err(e) if e.retry_later() || matches!(e, ReloadError::NeedsRestart(_)) => Err(
+            ApiError::new(StatusCode::CONFLICT, "failed_precondition", e.to_string()),
+        ),
         Err(e) => Err(ApiError::invalid(e.to_string())),
     }
 }
