@@ -13,13 +13,13 @@
 use std::collections::HashMap;
 use std::num::NonZeroU32;
 use std::sync::Arc;
-use std::time::Duration;
 
 use governor::clock::{Clock, DefaultClock};
 use governor::{DefaultDirectRateLimiter, Quota, RateLimiter};
 use sha2::{Digest, Sha256};
 
 use crate::config::{AuthSettings, ConfigError, PrincipalSettings};
+use crate::refusal::{Denied, RateLimited};
 use crate::token::lease_tag::LeaseTag;
 use crate::token::lock_id::{BadKeys, Sealer};
 
@@ -30,15 +30,11 @@ pub enum AuthError {
     #[error("{0}")]
     Unauthenticated(String),
     /// A known caller outside what it may do (403).
-    #[error("{0}")]
-    PermissionDenied(String),
+    #[error(transparent)]
+    PermissionDenied(#[from] Denied),
     /// Past the principal's own acquire rate (429).
-    #[error("principal {principal:?} is past {per_sec} acquires/s")]
-    RateLimited {
-        principal: String,
-        per_sec: u32,
-        retry_after: Duration,
-    },
+    #[error(transparent)]
+    RateLimited(#[from] RateLimited),
 }
 
 /// Why `[auth]` cannot be put in force (a start fails, a reload is
@@ -94,10 +90,11 @@ impl Principal {
         if self.prefixes.iter().any(|p| name.starts_with(p.as_str())) {
             return Ok(());
         }
-        Err(AuthError::PermissionDenied(format!(
+        Err(Denied(format!(
             "principal {:?} may not use this name (allowed prefixes: {:?})",
             self.name, self.prefixes
-        )))
+        ))
+        .into())
     }
 
     /// Whether it may acquire `name` as `client_id`, at this moment.
@@ -105,20 +102,18 @@ impl Principal {
         self.may_lock(name)?;
         if let Some(prefix) = &self.client_id_prefix {
             if !client_id.starts_with(prefix.as_str()) {
-                return Err(AuthError::PermissionDenied(format!(
+                return Err(Denied(format!(
                     "principal {:?} must use clientIds starting with {prefix:?}",
                     self.name
-                )));
+                ))
+                .into());
             }
         }
         if let Some((per_sec, limiter)) = &self.rate {
-            limiter
-                .check()
-                .map_err(|not_until| AuthError::RateLimited {
-                    principal: self.name.clone(),
-                    per_sec: *per_sec,
-                    retry_after: not_until.wait_time_from(DefaultClock::default().now()),
-                })?;
+            limiter.check().map_err(|not_until| RateLimited {
+                reason: format!("principal {:?} is past {per_sec} acquires/s", self.name),
+                retry_after: not_until.wait_time_from(DefaultClock::default().now()),
+            })?;
         }
         Ok(())
     }
@@ -313,6 +308,8 @@ fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
 
 #[cfg(test)]
 mod tests {
+    use std::time::Duration;
+
     use super::*;
 
     fn settings(principals: Vec<PrincipalSettings>) -> AuthSettings {
@@ -430,7 +427,7 @@ mod tests {
             .may_acquire("pay/1", "pay-worker")
             .and_then(|_| p.may_acquire("pay/1", "pay-worker"));
         match past {
-            Err(AuthError::RateLimited { retry_after, .. }) => {
+            Err(AuthError::RateLimited(RateLimited { retry_after, .. })) => {
                 assert!(retry_after <= Duration::from_secs(1))
             }
             other => panic!("expected a rate limit, got {other:?}"),

@@ -20,6 +20,7 @@ use std::path::{Path, PathBuf};
 const RANKS: &[(&str, u32)] = &[
     ("config", 0),
     ("task", 0),
+    ("refusal", 0),
     ("metrics", 1),
     ("token", 2),
     ("tls", 2),

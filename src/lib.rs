@@ -4,9 +4,9 @@
 //! # Layout
 //!
 //! Ten layers, each importing only from the layers below it. Bottom to
-//! top: `config` and `task`; `metrics`; `token` and `tls`; `auth` and
-//! `shard`; `placement`; `locks` and `cli`; `generation`; `reload`;
-//! `http`; `app`.
+//! top: `config`, `task` and `refusal`; `metrics`; `token` and `tls`;
+//! `auth` and `shard`; `placement`; `locks` and `cli`; `generation`;
+//! `reload`; `http`; `app`.
 //! `layout.rs` holds these ranks and tests that keep them, and that this
 //! list names every file.
 //!
@@ -33,6 +33,8 @@
 //!   metrics.rs  Prometheus series (leaf)
 //!   task.rs     background tasks that end with their owner, and the
 //!               deadline of the request a task serves (leaf)
+//!   refusal.rs  refusals more than one layer gives: Denied (403) and
+//!               RateLimited (429) (leaf)
 //! ```
 //!
 //! - [`app`]: building and running a router ([`Application`]), and
@@ -54,7 +56,8 @@
 //! Leaf modules, used by any layer: [`config`] (settings), [`token`]
 //! (fencing-token and lockId formats), [`metrics`] (Prometheus series),
 //! [`task`] (background tasks that end with their owner, and a request's
-//! deadline),
+//! deadline), [`refusal`] (the refusals both the principals' checks and
+//! the lock operations give, mapped once to their HTTP answers),
 //! [`tls`] (the main listener's certificates); [`auth`] (principals, by
 //! token or client certificate, and the names each may lock) sits beside
 //! the shard layer.
@@ -75,6 +78,7 @@ pub mod http;
 pub(crate) mod locks;
 pub mod metrics;
 pub(crate) mod placement;
+pub mod refusal;
 pub mod reload;
 pub(crate) mod shard;
 pub mod task;

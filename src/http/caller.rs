@@ -7,6 +7,7 @@ use std::sync::Arc;
 use super::error::ApiError;
 use crate::auth::{AuthError, Credential, Principal, Principals};
 use crate::locks::{Caller, Quota};
+use crate::refusal::Denied;
 
 /// The principal a lock API request acts for; `None` when principals are
 /// not configured, or for an admin's inspect (which sees every name).
@@ -21,8 +22,8 @@ pub fn lock_caller(
     let refused = |msg: &str| Err(AuthError::Unauthenticated(msg.to_string()).into());
     match credential {
         Credential::Principal(p) => Ok(Some(p)),
-        Credential::AdminToken => Err(AuthError::PermissionDenied(
-            "the admin token is not a principal: locks are taken by principals".into(),
+        Credential::AdminToken => Err(Denied::new(
+            "the admin token is not a principal: locks are taken by principals",
         )
         .into()),
         Credential::Unknown => refused("the bearer token names no principal"),

@@ -1,6 +1,7 @@
 //! The one place errors become HTTP responses: a stable snake_case code, the
 //! matching status, and a message for people. Internal details are logged,
-//! never sent.
+//! never sent. A refusal more than one layer gives ([`Denied`],
+//! [`RateLimited`]) is mapped once, whichever layer's error carries it.
 
 use std::time::Duration;
 
@@ -11,6 +12,7 @@ use http_body_util::Full;
 
 use crate::auth::AuthError;
 use crate::locks::{LockError, RETRY_AFTER};
+use crate::refusal::{Denied, RateLimited};
 
 /// An error answer of the v1 API.
 #[derive(Debug)]
@@ -88,17 +90,29 @@ impl ApiError {
     }
 }
 
+impl From<Denied> for ApiError {
+    fn from(Denied(msg): Denied) -> Self {
+        ApiError::forbidden(msg)
+    }
+}
+
+impl From<RateLimited> for ApiError {
+    fn from(e: RateLimited) -> Self {
+        ApiError {
+            retry_after: Some(e.retry_after.max(Duration::from_secs(1))),
+            ..ApiError::new(StatusCode::TOO_MANY_REQUESTS, "rate_limited", e.reason)
+        }
+    }
+}
+
 impl From<AuthError> for ApiError {
     fn from(e: AuthError) -> Self {
         match e {
             AuthError::Unauthenticated(msg) => {
                 ApiError::new(StatusCode::UNAUTHORIZED, "unauthenticated", msg)
             }
-            AuthError::PermissionDenied(msg) => ApiError::forbidden(msg),
-            AuthError::RateLimited { retry_after, .. } => ApiError {
-                retry_after: Some(retry_after.max(Duration::from_secs(1))),
-                ..ApiError::new(StatusCode::TOO_MANY_REQUESTS, "rate_limited", e.to_string())
-            },
+            AuthError::PermissionDenied(denied) => denied.into(),
+            AuthError::RateLimited(limited) => limited.into(),
         }
     }
 }
@@ -107,7 +121,7 @@ impl From<LockError> for ApiError {
     fn from(e: LockError) -> Self {
         match e {
             LockError::InvalidArgument(msg) => ApiError::invalid(msg),
-            LockError::PermissionDenied(msg) => ApiError::forbidden(msg),
+            LockError::PermissionDenied(denied) => denied.into(),
             LockError::ShardUnavailable { shard, detail } => {
                 tracing::debug!(%shard, %detail, "shard unavailable");
                 ApiError {
@@ -119,13 +133,7 @@ impl From<LockError> for ApiError {
                     )
                 }
             }
-            LockError::RateLimited {
-                reason,
-                retry_after,
-            } => ApiError {
-                retry_after: Some(retry_after),
-                ..ApiError::new(StatusCode::TOO_MANY_REQUESTS, "rate_limited", reason)
-            },
+            LockError::RateLimited(limited) => limited.into(),
             LockError::Overloaded { .. } => ApiError {
                 retry_after: Some(RETRY_AFTER),
                 ..ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "overloaded", e.to_string())
@@ -140,5 +148,50 @@ impl From<LockError> for ApiError {
                 )
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use http_body_util::BodyExt;
+
+    use super::*;
+
+    async fn answer(e: ApiError) -> (StatusCode, Option<String>, Bytes) {
+        let resp = e.into_response(Some("r-1"));
+        let retry =
+            (resp.headers().get(header::RETRY_AFTER)).map(|v| v.to_str().unwrap().to_string());
+        let status = resp.status();
+        let body = resp.into_body().collect().await.unwrap().to_bytes();
+        (status, retry, body)
+    }
+
+    #[tokio::test]
+    async fn a_refusal_is_answered_alike_whichever_layer_gives_it() {
+        let denied = Denied::new("principal \"pay\" may not use this name");
+        let by_auth = answer(AuthError::from(denied.clone()).into()).await;
+        let by_locks = answer(LockError::from(denied).into()).await;
+        assert_eq!(by_auth, by_locks);
+        assert_eq!(by_auth.0, StatusCode::FORBIDDEN);
+        assert_eq!(by_auth.1, None);
+        assert_eq!(
+            by_auth.2,
+            r#"{"error":{"code":"permission_denied","message":"principal \"pay\" may not use this name","requestId":"r-1"}}"#
+        );
+
+        // A wait under a second is answered as one second.
+        let limited = RateLimited {
+            reason: "clientId \"w\" is past 3 acquires/s; retry in 200 ms".into(),
+            retry_after: Duration::from_millis(200),
+        };
+        let by_auth = answer(AuthError::from(limited.clone()).into()).await;
+        let by_locks = answer(LockError::from(limited).into()).await;
+        assert_eq!(by_auth, by_locks);
+        assert_eq!(by_auth.0, StatusCode::TOO_MANY_REQUESTS);
+        assert_eq!(by_auth.1.as_deref(), Some("1"));
+        assert_eq!(
+            by_auth.2,
+            r#"{"error":{"code":"rate_limited","message":"clientId \"w\" is past 3 acquires/s; retry in 200 ms","requestId":"r-1"}}"#
+        );
     }
 }

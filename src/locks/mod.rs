@@ -39,6 +39,7 @@ use arc_swap::ArcSwap;
 use crate::config::{Limits, LockDelay};
 use crate::metrics::ShardOp;
 use crate::placement::topology::{NotServing, Router};
+use crate::refusal::{Denied, RateLimited};
 use crate::shard::cache::Held;
 use crate::shard::conn::EtcdError;
 use crate::shard::keepalive::Renewal;
@@ -71,14 +72,11 @@ pub enum LockError {
     #[error("shard {shard} is unavailable: {detail}")]
     ShardUnavailable { shard: String, detail: String },
     /// Past the waiter cap or the caller's acquire rate.
-    #[error("{reason}")]
-    RateLimited {
-        reason: String,
-        retry_after: Duration,
-    },
+    #[error(transparent)]
+    RateLimited(#[from] RateLimited),
     /// The caller's principal may not touch this name or lock.
-    #[error("{0}")]
-    PermissionDenied(String),
+    #[error(transparent)]
+    PermissionDenied(#[from] Denied),
     /// This replica already has its most acquires in flight on the shard
     /// (a slow shard), or in all.
     #[error("shard {shard} is overloaded: {detail}; retry after a second")]
@@ -455,19 +453,18 @@ impl Locks {
         let active = self.active();
         let req = &active.check_acquire(req, caller)?;
         let limited = match &self.per_client {
-            Some(limiter) => {
-                limiter
-                    .check(req.holder.as_str())
-                    .map_err(|wait| LockError::RateLimited {
-                        reason: format!(
-                            "clientId {:?} is past {} acquires/s; retry in {} ms",
-                            req.holder.client_id(),
-                            limiter.per_sec(),
-                            wait.as_millis().max(1)
-                        ),
-                        retry_after: wait.max(Duration::from_secs(1)),
-                    })
-            }
+            Some(limiter) => limiter
+                .check(req.holder.as_str())
+                .map_err(|wait| RateLimited {
+                    reason: format!(
+                        "clientId {:?} is past {} acquires/s; retry in {} ms",
+                        req.holder.client_id(),
+                        limiter.per_sec(),
+                        wait.as_millis().max(1)
+                    ),
+                    retry_after: wait.max(Duration::from_secs(1)),
+                })
+                .map_err(LockError::from),
             None => Ok(()),
         };
         let shard = active.router.shard_for(&req.name).clone();
@@ -734,9 +731,7 @@ impl Active {
             // unsealed lockId edited to name another principal's lease is
             // refused here, before it can renew or release anything.
             if id.owner != name || LeaseTag::in_lease(id.lease) != LeaseTag::of(name) {
-                return Err(LockError::PermissionDenied(
-                    "this lock belongs to another principal".into(),
-                ));
+                return Err(Denied::new("this lock belongs to another principal").into());
             }
         }
         Ok((id, seal))
@@ -816,10 +811,11 @@ fn refused(owner: &Owner, r: quota::Refused) -> LockError {
 
 fn quota_refused(owner: &Owner, quota: &'static str, now: String) -> LockError {
     crate::metrics::quota_refusal(&owner.name, quota);
-    LockError::PermissionDenied(format!(
+    Denied(format!(
         "principal {:?} {now}, its {quota}: release some locks first",
         owner.name
     ))
+    .into()
 }
 
 /// The `key` label of a lockId's seal.

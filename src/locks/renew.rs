@@ -69,8 +69,8 @@ impl Active {
             let (id, seal) = self
                 .open_uncounted(lock_id, *token, caller)
                 .map_err(|e| match e {
-                    LockError::PermissionDenied(m) => {
-                        LockError::PermissionDenied(format!("locks[{i}]: {m}"))
+                    LockError::PermissionDenied(Denied(m)) => {
+                        Denied(format!("locks[{i}]: {m}")).into()
                     }
                     e => invalid(format!("locks[{i}]: {e}")),
                 })?;

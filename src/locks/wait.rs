@@ -22,6 +22,7 @@ use crate::config::LockDelay;
 use crate::locks::{
     epoch_of, lease_end, lock_value, Acquire, Acquired, Active, Expiry, LockError, WaitSlots,
 };
+use crate::refusal::RateLimited;
 use crate::shard::keepalive::Renewal;
 use crate::shard::keys::{name_hash, LockValue, Stored};
 use crate::shard::queue::{Awaited, QueueEntry};
@@ -68,7 +69,7 @@ impl Active {
             .0
             .clone()
             .try_acquire_owned()
-            .map_err(|_| LockError::RateLimited {
+            .map_err(|_| RateLimited {
                 reason: "too many callers are waiting; retry later".into(),
                 retry_after: super::RETRY_AFTER,
             })?;
