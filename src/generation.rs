@@ -10,7 +10,8 @@
 //! the router is made, and a file that cannot be used fails the build
 //! there: a bad config changes nothing, not even the shards' records (a
 //! reload's router may open a migration). [`InForce`] holds the generation
-//! the process runs on; [`InForce::replace`] puts the next in force whole.
+//! the process runs on; [`InForce::replace`] puts the next in force whole,
+//! in one swap.
 //! What a config sets but only a restart changes (the listeners, the
 //! runtime's threads, the bounds sized at start) is named by
 //! [`start_only_changes`], so a reload can say it left them.
@@ -162,10 +163,20 @@ pub fn refused_change(old: &Settings, new: &Settings) -> Option<RestartNeeded> {
 }
 
 /// The generation the process runs on: read by the HTTP layer, replaced
-/// by each reload.
+/// by each reload. Its front and its lock operations are one value,
+/// swapped at once: a reader that loads it sees both halves of one
+/// generation, never the front of one with the lock service of another.
 pub struct InForce {
-    front: ArcSwap<Front>,
-    locks: Arc<Locks>,
+    current: ArcSwap<Current>,
+}
+
+/// A generation as it runs: what [`Generation::build`] made, its lock
+/// service's part within the bounds the process sized at start.
+pub struct Current {
+    /// What the HTTP layer serves with.
+    pub front: Front,
+    /// The lock operations.
+    pub locks: Locks,
 }
 
 impl InForce {
@@ -173,28 +184,31 @@ impl InForce {
     /// flight on one shard (sized at start, as the lock service's bounds
     /// on waiters and on each clientId's rate are, from `first`).
     pub fn new(first: Generation, per_shard: usize) -> Self {
+        let current = Current {
+            front: first.front,
+            locks: Locks::new(first.active, per_shard),
+        };
         Self {
-            front: ArcSwap::from_pointee(first.front),
-            locks: Arc::new(Locks::new(first.active, per_shard)),
+            current: ArcSwap::from_pointee(current),
         }
     }
 
-    /// The front in force.
-    pub fn front(&self) -> arc_swap::Guard<Arc<Front>> {
-        self.front.load()
+    /// The generation in force. A request (or a connection) loads it once
+    /// and works on it throughout.
+    pub fn current(&self) -> Arc<Current> {
+        self.current.load_full()
     }
 
-    /// The lock service, whose part of each generation it swaps itself.
-    pub fn locks(&self) -> &Arc<Locks> {
-        &self.locks
-    }
-
-    /// Puts `next` in force; returns what it replaced (the caller retires
-    /// the old router).
-    pub fn replace(&self, next: Generation) -> (Arc<Front>, Arc<Active>) {
-        let active = self.locks.replace(next.active);
-        let front = self.front.swap(Arc::new(next.front));
-        (front, active)
+    /// Puts `next` in force, front and lock service at once; returns what
+    /// it replaced (the caller retires the old router). Reloads are
+    /// serialised by their caller; the bounds `next` inherits are the
+    /// process's either way.
+    pub fn replace(&self, next: Generation) -> Arc<Current> {
+        let locks = self.current.load().locks.next(next.active);
+        self.current.swap(Arc::new(Current {
+            front: next.front,
+            locks,
+        }))
     }
 }
 
@@ -283,6 +297,63 @@ mod tests {
             assert!(std::error::Error::source(&e).is_some(), "{what}: {e:?}");
             assert!(!asked.into_inner(), "{what}: the router was asked for");
         }
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_reader_never_sees_the_front_of_one_generation_with_the_locks_of_another() {
+        use std::collections::HashSet;
+        use std::sync::atomic::{AtomicBool, Ordering};
+
+        // Generation `id` carries it in both halves: the front's request
+        // deadline and the lock service's longest wait, in ms. The shard
+        // is never reached: the router only needs to exist.
+        let config = |id: u64| {
+            let toml = BASE.replace("2379", "1").replace(
+                "[server]\n",
+                &format!("[server]\nrequest_timeout_ms = {id}\n"),
+            );
+            Settings::from_toml(&format!("{toml}\n[limits]\nmax_wait_ms = {id}\n")).unwrap()
+        };
+        let tasks = tokio_util::sync::CancellationToken::new();
+        let first = config(10);
+        let pool = crate::placement::topology::ShardPool::new(&first, tasks.clone());
+        let router = crate::placement::serve(&first, pool).await.unwrap();
+        let build = |id: u64| {
+            let router = router.clone();
+            async move {
+                let settings = config(id);
+                let router = async { Ok::<_, BuildError>(router) };
+                Generation::build(&settings, Default::default(), router)
+                    .await
+                    .unwrap()
+            }
+        };
+        let in_force = Arc::new(InForce::new(build(10).await, 1));
+        let stop = Arc::new(AtomicBool::new(false));
+        let reader = std::thread::spawn({
+            let (in_force, stop) = (in_force.clone(), stop.clone());
+            move || {
+                let mut seen = HashSet::new();
+                while !stop.load(Ordering::Relaxed) {
+                    let current = in_force.current();
+                    let front = current.front.timeouts.request.as_millis() as u64;
+                    let locks = current.locks.active().limits.max_wait_ms;
+                    assert_eq!(front, locks, "halves of two generations");
+                    seen.insert(front);
+                }
+                seen.len()
+            }
+        });
+        for id in 11..=500 {
+            in_force.replace(build(id).await);
+            tokio::task::yield_now().await;
+        }
+        stop.store(true, Ordering::Relaxed);
+        let seen = reader
+            .join()
+            .expect("the reader saw one generation at a time");
+        assert!(seen > 1, "the reader ran while generations were replaced");
+        tasks.cancel();
     }
 
     #[test]

@@ -154,7 +154,7 @@ impl Reloader {
                 "these settings change only when the router restarts"
             );
         }
-        let active = self.in_force.locks().active();
+        let active = self.in_force.current().locks.active().clone();
         let old_router = &active.router;
         let ring = Ring::new(&new.shards, new.ring.vnodes);
         let placement_changed = ring.fingerprint() != old_router.ring.fingerprint();
@@ -179,10 +179,10 @@ impl Reloader {
                 return Err(e);
             }
         };
-        let (front, replaced) = self.in_force.replace(next);
-        replaced.router.retire();
-        let access_log = self.in_force.front().access_log;
-        if front.access_log != access_log {
+        let access_log = next.front.access_log;
+        let replaced = self.in_force.replace(next);
+        replaced.locks.active().router.retire();
+        if replaced.front.access_log != access_log {
             let now = if access_log { "on" } else { "off" };
             tracing::info!("access log turned {now}");
         }
@@ -233,7 +233,7 @@ impl Reloader {
     /// serialised with reloads.
     pub async fn bump_epoch(&self, req: &BumpRequest) -> Result<u64, ReloadError> {
         let _serialised = self.current.lock().await;
-        let router = self.in_force.locks().active().router.clone();
+        let router = self.in_force.current().locks.active().router.clone();
         Ok(migration::bump_epoch(&router, req).await?)
     }
 

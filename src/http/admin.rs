@@ -316,9 +316,11 @@ pub async fn client(locks: &crate::locks::Locks, client_id: &str, q: ClientQuery
     Ok((json(StatusCode::OK, &body), "ok"))
 }
 
-pub fn ring(state: &AppState) -> (Response<Full<Bytes>>, &'static str) {
-    let router = state.locks().active().router.clone();
-    (json(StatusCode::OK, &RingView::of(&router)), "ok")
+pub fn ring(locks: &crate::locks::Locks) -> (Response<Full<Bytes>>, &'static str) {
+    (
+        json(StatusCode::OK, &RingView::of(&locks.active().router)),
+        "ok",
+    )
 }
 
 #[cfg(test)]

@@ -41,6 +41,8 @@ use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
 
 use crate::auth::PeerIdentity;
+use crate::generation::Current;
+use crate::locks::Locks;
 use crate::metrics as m;
 use error::ApiError;
 
@@ -82,13 +84,13 @@ pub async fn serve(
         let _ = stream.set_nodelay(true);
         // A connection keeps the TLS config and header deadline of the
         // generation in force when it was accepted.
-        let front = state.in_force.front();
+        let current = state.in_force.current();
         let tls = match kind {
-            Listener::Main => front.tls.clone(),
+            Listener::Main => current.front.tls.clone(),
             Listener::MetricsOnly => None,
         };
-        let handshake_within = front.timeouts.header_read;
-        drop(front);
+        let handshake_within = current.front.timeouts.header_read;
+        drop(current);
         let state = state.clone();
         let mut builder = builder.clone();
         builder.http1().header_read_timeout(handshake_within);
@@ -144,7 +146,10 @@ async fn handle(
     let request_id = request_id::of(req.headers());
     let method = req.method().clone();
     let counted = !ui::is_poll(&method, route, req.headers());
-    let mut facts = access::Facts::of(state.in_force.front().access_log);
+    // One generation serves the whole request, whatever a reload puts in
+    // force meanwhile.
+    let current = state.in_force.current();
+    let mut facts = access::Facts::of(current.front.access_log);
     // At info, so that every line logged for the request names it.
     let span = tracing::info_span!(
         "request",
@@ -155,9 +160,11 @@ async fn handle(
     );
     let result = match route {
         Some(route) => {
-            dispatch(&state, route, peer, &who, req, &mut facts, started)
-                .instrument(span.clone())
-                .await
+            dispatch(
+                &state, &current, route, peer, &who, req, &mut facts, started,
+            )
+            .instrument(span.clone())
+            .await
         }
         None => Err(ApiError::not_found()),
     };
@@ -200,10 +207,13 @@ async fn handle(
 /// Runs `route`'s handler: checks its method, who the caller is (the admin
 /// guard for admin routes, a principal for the lock API when principals
 /// are configured), parses its body, and applies the request's deadline.
-/// What the access log says of the request beyond its answer goes in
-/// `facts`; `received`: when the request arrived.
+/// `current`: the generation the request is served by, loaded once. What
+/// the access log says of the request beyond its answer goes in `facts`;
+/// `received`: when the request arrived.
+#[allow(clippy::too_many_arguments)]
 async fn dispatch(
     state: &AppState,
+    current: &Current,
     route: Route,
     peer: SocketAddr,
     who: &PeerIdentity,
@@ -221,7 +231,7 @@ async fn dispatch(
     if !(route.method() == Method::GET && req.method() == Method::HEAD) {
         body::only(&req, route.method(), allow)?;
     }
-    let front = state.in_force.front();
+    let (front, locks) = (&current.front, &current.locks);
     let principals = &front.principals;
     let authorization = req.headers().get(header::AUTHORIZATION);
     let credential = principals.identify(authorization.map(|v| v.as_bytes()), who);
@@ -244,15 +254,13 @@ async fn dispatch(
     }
     // Held until the answer is built; refused at once when full.
     let _slot = state.admission.admit(route)?;
-    let active = state.locks().active();
-    let (max, max_wait) = (active.limits.max_body_bytes, active.limits.max_wait_ms);
-    drop(active);
+    let limits = &locks.active().limits;
+    let (max, max_wait) = (limits.max_body_bytes, limits.max_wait_ms);
     let mut t = front.timeouts;
     let asked = client_timeout(&req)?;
     if let Some(asked) = asked {
         t.request = t.request.min(asked);
     }
-    let locks = state.locks();
     match route {
         Route::Acquire => {
             let body: api::AcquireBody = body::parse(req, max, t.body_read).await?;
@@ -337,7 +345,7 @@ async fn dispatch(
             json(StatusCode::OK, &answers::Health { status: "ok" }),
             "ok",
         )),
-        Route::Readyz => Ok(readyz(state)),
+        Route::Readyz => Ok(readyz(state, locks)),
         Route::AdminReload => {
             let _: admin::NoFields = body::parse_optional(req, max, t.body_read).await?;
             within(t.request, admin::reload(state)).await
@@ -346,7 +354,7 @@ async fn dispatch(
             let body = body::parse_optional(req, max, t.body_read).await?;
             within(t.request, admin::bump_epoch(state, body)).await
         }
-        Route::AdminRing => Ok(admin::ring(state)),
+        Route::AdminRing => Ok(admin::ring(locks)),
         Route::AdminLocks => {
             let query = admin::LocksQuery::parse(req.uri().query())?;
             within(t.request, admin::list_locks(locks, query)).await
@@ -377,7 +385,7 @@ async fn dispatch(
 }
 
 /// Sets `lockrouter_shard_state` to what `/readyz` would say now.
-fn shard_states(locks: &crate::locks::Locks) {
+fn shard_states(locks: &Locks) {
     use crate::placement::topology::ShardState;
     let states: Vec<_> = (locks.active().router.shard_states().into_iter())
         .map(|(name, state)| (name, state.as_str()))
@@ -442,9 +450,8 @@ fn within(
     }
 }
 
-fn readyz(state: &AppState) -> (Response<Full<Bytes>>, &'static str) {
-    let router = state.locks().active().router.clone();
-    let body = answers::Readiness::of(&router, &state.replica);
+fn readyz(state: &AppState, locks: &Locks) -> (Response<Full<Bytes>>, &'static str) {
+    let body = answers::Readiness::of(&locks.active().router, &state.replica);
     if body.ready {
         (json(StatusCode::OK, &body), "ready")
     } else {

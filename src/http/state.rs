@@ -8,7 +8,6 @@ use std::sync::Arc;
 use metrics_exporter_prometheus::PrometheusHandle;
 
 use crate::generation::InForce;
-use crate::locks::Locks;
 use crate::reload::Reloader;
 
 /// What every request handler shares.
@@ -21,11 +20,4 @@ pub struct AppState {
     pub admission: super::admission::Admission,
     /// Who this replica is, for `/readyz` and the status page.
     pub replica: super::answers::Replica,
-}
-
-impl AppState {
-    /// The lock operations.
-    pub fn locks(&self) -> &Arc<Locks> {
-        self.in_force.locks()
-    }
 }

@@ -101,12 +101,12 @@ impl Locks {
         cursor: Option<&str>,
         limit: usize,
     ) -> Result<Page, LockError> {
-        self.active().list_locks(prefix, cursor, limit).await
+        self.active.list_locks(prefix, cursor, limit).await
     }
 
     /// What `holder` holds, and its sessions, on every shard.
     pub async fn client_view(&self, holder: &Holder) -> Result<ClientView, LockError> {
-        self.active().client_view(holder.as_str()).await
+        self.active.client_view(holder.as_str()).await
     }
 }
 

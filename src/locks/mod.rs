@@ -34,8 +34,6 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime};
 
-use arc_swap::ArcSwap;
-
 use crate::config::{Limits, LockDelay};
 use crate::metrics::ShardOp;
 use crate::placement::topology::{NotServing, Router};
@@ -409,39 +407,54 @@ impl Drop for ShardSlot<'_> {
     }
 }
 
-/// The lock operations over the active router. Each request works on one
-/// snapshot of [`Active`], so a reload never changes the ground under it.
+/// The lock operations of one generation: its [`Active`] part within the
+/// bounds the process sized at start. A request works on one `Locks`
+/// throughout, so a reload never changes the ground under it.
 pub struct Locks {
-    active: ArcSwap<Active>,
-    /// Caps concurrent waiting acquires (kept across reloads).
+    active: Arc<Active>,
+    /// Shared by every generation of the process.
+    bounds: Arc<StartBounds>,
+}
+
+/// What the lock operations bound for the process's whole life: sized at
+/// start, kept across reloads.
+struct StartBounds {
+    /// Caps concurrent waiting acquires.
     waiting: WaitSlots,
-    /// Acquires per clientId and second (kept across reloads); `None`: no limit.
+    /// Acquires per clientId and second; `None`: no limit.
     per_client: Option<limit::ClientLimiter>,
     /// Most acquires in flight on one shard, when the ring has several.
     per_shard: usize,
 }
 
 impl Locks {
-    /// `per_shard`: the most acquires this replica keeps in flight on one
-    /// shard of a ring with several (a slow shard then answers 503
-    /// `overloaded` for its own names and leaves the rest of the replica's
-    /// capacity to the others).
+    /// The first generation's. `per_shard`: the most acquires this replica
+    /// keeps in flight on one shard of a ring with several (a slow shard
+    /// then answers 503 `overloaded` for its own names and leaves the rest
+    /// of the replica's capacity to the others); the bounds on waiters and
+    /// on each clientId's rate are `active`'s limits.
     pub fn new(active: Active, per_shard: usize) -> Self {
-        Self {
+        let bounds = StartBounds {
             waiting: WaitSlots::new(active.limits.max_waiters),
             per_client: limit::ClientLimiter::new(active.limits.acquires_per_client_per_sec),
             per_shard: per_shard.max(1),
-            active: ArcSwap::from_pointee(active),
+        };
+        Self {
+            active: Arc::new(active),
+            bounds: Arc::new(bounds),
         }
     }
 
-    pub fn active(&self) -> Arc<Active> {
-        self.active.load_full()
+    /// The next generation's, over `active`, within the same bounds.
+    pub fn next(&self, active: Active) -> Self {
+        Self {
+            active: Arc::new(active),
+            bounds: self.bounds.clone(),
+        }
     }
 
-    /// Installs `active`; returns what it replaced.
-    pub fn replace(&self, active: Active) -> Arc<Active> {
-        self.active.swap(Arc::new(active))
+    pub fn active(&self) -> &Arc<Active> {
+        &self.active
     }
 
     /// Acquires `req.name` for `req.client_id`, acting for `caller`.
@@ -450,9 +463,9 @@ impl Locks {
         req: AcquireRequest,
         caller: Caller<'_>,
     ) -> Result<Acquired, LockError> {
-        let active = self.active();
+        let active = &self.active;
         let req = &active.check_acquire(req, caller)?;
-        let limited = match &self.per_client {
+        let limited = match &self.bounds.per_client {
             Some(limiter) => limiter
                 .check(req.holder.as_str())
                 .map_err(|wait| RateLimited {
@@ -470,13 +483,13 @@ impl Locks {
         let shard = active.router.shard_for(&req.name).clone();
         let latency = shard.conn.metrics().latency(ShardOp::Acquire, req.received);
         let slot = match limited {
-            Ok(()) => self.shard_slot(&active, &shard),
+            Ok(()) => self.shard_slot(active, &shard),
             Err(e) => Err(e),
         };
         let result = match slot {
             Err(e) => Err(e),
             Ok(_slot) if req.wait.is_zero() => active.acquire_now(req).await,
-            Ok(_slot) => active.acquire_waiting(req, &self.waiting).await,
+            Ok(_slot) => active.acquire_waiting(req, &self.bounds.waiting).await,
         };
         let outcome = match &result {
             Ok(Acquired::Granted(_)) => "acquired",
@@ -510,7 +523,7 @@ impl Locks {
             });
         }
         let bound = if active.router.shards.len() > 1 {
-            self.per_shard
+            self.bounds.per_shard
         } else {
             usize::MAX
         };
@@ -536,7 +549,7 @@ impl Locks {
         caller: Caller<'_>,
         received: Instant,
     ) -> Result<RenewOutcome, LockError> {
-        self.active()
+        self.active
             .renew(lock_id, token, ttl_ms, caller, received)
             .await
     }
@@ -548,7 +561,7 @@ impl Locks {
         caller: Caller<'_>,
         received: Instant,
     ) -> Result<Vec<RenewOutcome>, LockError> {
-        self.active().renew_batch(locks, caller, received).await
+        self.active.renew_batch(locks, caller, received).await
     }
 
     /// Extends one lock to a new TTL ([`Active::extend`]); `received` as
@@ -561,7 +574,7 @@ impl Locks {
         caller: Caller<'_>,
         received: Instant,
     ) -> Result<Extended, LockError> {
-        (self.active())
+        (self.active)
             .extend(lock_id, token, ttl_ms, caller, received)
             .await
     }
@@ -572,11 +585,11 @@ impl Locks {
         token: u64,
         caller: Caller<'_>,
     ) -> Result<(), LockError> {
-        self.active().release(lock_id, token, caller).await
+        self.active.release(lock_id, token, caller).await
     }
 
     pub async fn inspect(&self, name: &str) -> Result<Inspection, LockError> {
-        self.active().inspect(name).await
+        self.active.inspect(name).await
     }
 
     /// Takes `name` from its holder; with `only`, only from the grant with
@@ -586,7 +599,7 @@ impl Locks {
         name: &str,
         only: Option<u64>,
     ) -> Result<ForceOutcome, LockError> {
-        self.active().force_release(name, only).await
+        self.active.force_release(name, only).await
     }
 }
 
