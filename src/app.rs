@@ -47,7 +47,7 @@ impl Application {
         };
         let tasks = CancellationToken::new();
         let pool = ShardPool::new(&settings, tasks.clone());
-        let first = Generation::build(&settings, Default::default(), async {
+        let first = Generation::build(&settings, None, async {
             Ok::<_, StartError>(crate::placement::serve(&settings, pool.clone()).await?)
         })
         .await?;

@@ -8,7 +8,8 @@
 //! acquired (the owner sealed into their lockIds); an admin principal may
 //! also call `/admin/v1/*`. With no principals configured, the lock API is
 //! open, as before. The table is built from the config at start and at
-//! each reload, and swapped whole.
+//! each reload, and swapped whole; a principal a reload leaves at the
+//! same acquire rate keeps its limiter, so a reload gives no fresh burst.
 
 use std::collections::HashMap;
 use std::num::NonZeroU32;
@@ -62,18 +63,36 @@ pub struct Principal {
     prefixes: Vec<String>,
     client_id_prefix: Option<String>,
     pub admin: bool,
-    /// Its own acquires per second through this replica, if limited.
-    rate: Option<(u32, DefaultDirectRateLimiter)>,
+    /// Its own acquires per second through this replica, if limited;
+    /// shared with the principal of the same name and rate in the
+    /// generations before and after this one.
+    rate: Option<Arc<Rate>>,
     /// Its bound on locks held at once (0: none).
     pub max_held_locks: u64,
     /// Its bound on sessions holding its locks (0: none).
     pub max_sessions: u64,
 }
 
+/// A principal's acquire rate and what it has used of it.
+struct Rate {
+    per_sec: NonZeroU32,
+    limiter: DefaultDirectRateLimiter,
+}
+
 impl Principal {
-    fn new(p: &PrincipalSettings) -> Self {
-        let rate = NonZeroU32::new(p.acquires_per_sec)
-            .map(|n| (n.get(), RateLimiter::direct(Quota::per_second(n))));
+    /// The principal `p` describes. `before`: the principal of its name in
+    /// the generation this one replaces, whose limiter it keeps if its rate
+    /// is unchanged: a reload gives nobody a fresh burst. A new rate starts
+    /// a new limiter.
+    fn new(p: &PrincipalSettings, before: Option<&Principal>) -> Self {
+        let kept = before.and_then(|b| b.rate.as_ref());
+        let rate = NonZeroU32::new(p.acquires_per_sec).map(|per_sec| match kept {
+            Some(rate) if rate.per_sec == per_sec => rate.clone(),
+            _ => Arc::new(Rate {
+                per_sec,
+                limiter: RateLimiter::direct(Quota::per_second(per_sec)),
+            }),
+        });
         Self {
             name: p.name.clone(),
             prefixes: p.name_prefixes.clone(),
@@ -109,7 +128,7 @@ impl Principal {
                 .into());
             }
         }
-        if let Some((per_sec, limiter)) = &self.rate {
+        if let Some(Rate { per_sec, limiter }) = self.rate.as_deref() {
             limiter.check().map_err(|not_until| RateLimited {
                 reason: format!("principal {:?} is past {per_sec} acquires/s", self.name),
                 retry_after: not_until.wait_time_from(DefaultClock::default().now()),
@@ -173,6 +192,9 @@ pub enum Credential {
 pub struct Principals {
     by_token: HashMap<[u8; 32], Arc<Principal>>,
     by_identity: HashMap<String, Arc<Principal>>,
+    /// Every principal, by name: those of the next generation take over
+    /// their rate limiters.
+    by_name: HashMap<String, Arc<Principal>>,
     /// `admin.token`, compared in constant time.
     admin_token: Option<String>,
     /// Whether any principal is configured (the lock API then needs one).
@@ -187,8 +209,20 @@ impl Principals {
     /// The principals of `auth`; refused when two of them share a lease
     /// tag and either has a quota (their counts would be one).
     pub fn new(auth: &AuthSettings, admin_token: Option<&str>) -> Result<Self, AuthSetupError> {
+        Self::after(None, auth, admin_token)
+    }
+
+    /// The principals of `auth`, replacing `before` (a reload's): each
+    /// principal of the same name and acquire rate there keeps its rate
+    /// limiter, with what it has used of it.
+    pub fn after(
+        before: Option<&Principals>,
+        auth: &AuthSettings,
+        admin_token: Option<&str>,
+    ) -> Result<Self, AuthSetupError> {
         let mut by_token = HashMap::new();
         let mut by_identity = HashMap::new();
+        let mut by_name = HashMap::new();
         let mut tags: HashMap<LeaseTag, &PrincipalSettings> = HashMap::new();
         for p in &auth.principals {
             // The tag confines a principal's lockIds to its own leases and
@@ -199,7 +233,9 @@ impl Principals {
                     second: p.name.clone(),
                 });
             }
-            let principal = Arc::new(Principal::new(p));
+            let before = before.and_then(|b| b.by_name.get(&p.name));
+            let principal = Arc::new(Principal::new(p, before.map(Arc::as_ref)));
+            by_name.insert(p.name.clone(), principal.clone());
             let hashes = p.token_sha256.iter().filter_map(|h| hex::decode(h).ok());
             for hash in hashes.filter_map(|h| <[u8; 32]>::try_from(h).ok()) {
                 by_token.insert(hash, principal.clone());
@@ -211,6 +247,7 @@ impl Principals {
         Ok(Self {
             by_token,
             by_identity,
+            by_name,
             admin_token: admin_token.map(str::to_string),
             enabled: !auth.principals.is_empty(),
             admin_hosts: Vec::new(),
@@ -411,7 +448,7 @@ mod tests {
         p.name_prefixes = vec!["pay/".into(), "refund:".into()];
         p.client_id_prefix = Some("pay-".into());
         p.acquires_per_sec = 2;
-        let p = Principal::new(&p);
+        let p = Principal::new(&p, None);
         p.may_lock("pay/42").unwrap();
         p.may_lock("refund:7").unwrap();
         assert!(matches!(
@@ -432,11 +469,46 @@ mod tests {
             }
             other => panic!("expected a rate limit, got {other:?}"),
         }
-        let none = Principal::new(&PrincipalSettings {
-            name_prefixes: vec![],
-            ..principal("admin", "t")
-        });
+        let none = Principal::new(
+            &PrincipalSettings {
+                name_prefixes: vec![],
+                ..principal("admin", "t")
+            },
+            None,
+        );
         assert!(none.may_lock("").is_err(), "no prefixes: no names");
+    }
+
+    #[test]
+    fn a_reload_keeps_what_each_principal_used_of_an_unchanged_rate() {
+        let limited = |name: &str, per_sec| PrincipalSettings {
+            acquires_per_sec: per_sec,
+            ..principal(name, &format!("tok-{name}"))
+        };
+        let acquire = |table: &Principals, name: &str| {
+            let bearer = format!("Bearer tok-{name}");
+            match table.identify(Some(bearer.as_bytes()), &PeerIdentity::default()) {
+                Credential::Principal(p) => p.may_acquire(&format!("{name}/x"), "w"),
+                _ => panic!("{name} is a principal"),
+            }
+        };
+        let limited_now = |r: Result<(), AuthError>| matches!(r, Err(AuthError::RateLimited(_)));
+        let both = || settings(vec![limited("pay", 1), limited("ship", 1)]);
+        let first = Principals::new(&both(), None).unwrap();
+        acquire(&first, "pay").unwrap();
+        assert!(limited_now(acquire(&first, "pay")));
+        // Reloaded unchanged: pay's burst stays spent, ship's stays whole.
+        let same = Principals::after(Some(&first), &both(), None).unwrap();
+        assert!(limited_now(acquire(&same, "pay")), "a fresh burst");
+        acquire(&same, "ship").unwrap();
+        assert!(limited_now(acquire(&same, "ship")));
+        // A new rate starts a new limiter; so does a principal removed and
+        // added back.
+        let faster = settings(vec![limited("pay", 2)]);
+        let faster = Principals::after(Some(&same), &faster, None).unwrap();
+        acquire(&faster, "pay").unwrap();
+        let back = Principals::after(Some(&faster), &both(), None).unwrap();
+        acquire(&back, "ship").unwrap();
     }
 
     #[test]

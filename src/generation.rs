@@ -24,7 +24,7 @@ use rustls::ServerConfig;
 
 use crate::auth::{AuthSetupError, Principals};
 use crate::config::{HttpTimeouts, Settings};
-use crate::locks::{Active, Locks, Quotas};
+use crate::locks::{Active, Locks};
 use crate::placement::topology::Router;
 use crate::tls::TlsError;
 
@@ -66,17 +66,19 @@ impl Generation {
     /// The generation `settings` describe. Reads the files they name first,
     /// then awaits `router` (start connects; a reload may open a
     /// migration), so that an unusable file fails before the router is
-    /// made. `quotas`: the reservations of the generation this one
-    /// replaces (a new set at start).
+    /// made. `before`: the generation this one replaces (none at start),
+    /// whose quota reservations it shares and whose principals' rate
+    /// limiters it takes over (for each principal whose rate is unchanged).
     pub async fn build<E>(
         settings: &Settings,
-        quotas: Arc<Quotas>,
+        before: Option<&Current>,
         router: impl Future<Output = Result<Arc<Router>, E>>,
     ) -> Result<Self, E>
     where
         E: From<BuildError>,
     {
-        let (front, sealer) = read(settings)?;
+        let (front, sealer) = read(settings, before.map(|b| &b.front.principals))?;
+        let quotas = before.map_or_else(Default::default, |b| b.locks.active().quotas.clone());
         let router = router.await?;
         Ok(Self {
             front,
@@ -85,11 +87,16 @@ impl Generation {
     }
 }
 
-/// What `settings` make without the shards, their files read now.
-fn read(settings: &Settings) -> Result<(Front, crate::token::lock_id::Sealer), BuildError> {
+/// What `settings` make without the shards, their files read now;
+/// `before`: the principals they replace.
+fn read(
+    settings: &Settings,
+    before: Option<&Principals>,
+) -> Result<(Front, crate::token::lock_id::Sealer), BuildError> {
     let tls = crate::tls::load(&settings.server)?;
     let sealer = crate::auth::sealer(&settings.auth)?;
-    let principals = Principals::new(&settings.auth, settings.admin.token.as_deref())?
+    let admin_token = settings.admin.token.as_deref();
+    let principals = Principals::after(before, &settings.auth, admin_token)?
         .with_admin_hosts(&settings.admin.allowed_hosts);
     let front = Front {
         tls,
@@ -245,7 +252,7 @@ mod tests {
     #[test]
     fn a_config_makes_its_front_and_its_sealer() {
         let plain = settings("", "");
-        let (front, _) = read(&plain).unwrap();
+        let (front, _) = read(&plain, None).unwrap();
         assert!(front.tls.is_none());
         assert!(!front.principals.enabled() && !front.principals.has_admin_token());
         assert!(!front.access_log);
@@ -260,14 +267,14 @@ mod tests {
                 key("k1")
             ),
         );
-        let (front, sealer) = read(&full).unwrap();
+        let (front, sealer) = read(&full, None).unwrap();
         assert!(front.access_log);
         assert_eq!(front.timeouts.body_read, Duration::from_millis(300));
         assert_eq!(front.timeouts.request, Duration::from_millis(700));
         assert!(front.principals.enabled() && front.principals.has_admin_token());
         assert!(front.principals.admin_host_allowed("ops.example"));
         assert!(sealer.seals(), "lockIds are sealed under k1");
-        assert!(!read(&plain).unwrap().1.seals());
+        assert!(!read(&plain, None).unwrap().1.seals());
     }
 
     #[tokio::test]
@@ -289,7 +296,7 @@ mod tests {
                     second: "unreachable".into(),
                 }))
             };
-            let Err(e) = Generation::build(&s, Default::default(), router).await else {
+            let Err(e) = Generation::build(&s, None, router).await else {
                 panic!("{what}: built");
             };
             assert!(e.to_string().contains(what), "{what}: {e}");
@@ -299,33 +306,91 @@ mod tests {
         }
     }
 
+    /// A router over a shard that never answers, with the task token that
+    /// stops its shard's tasks: generations need one, these tests never
+    /// reach it.
+    async fn unreachable_router() -> (Arc<Router>, tokio_util::sync::CancellationToken) {
+        let settings = Settings::from_toml(&BASE.replace("2379", "1")).unwrap();
+        let tasks = tokio_util::sync::CancellationToken::new();
+        let pool = crate::placement::topology::ShardPool::new(&settings, tasks.clone());
+        let router = crate::placement::serve(&settings, pool).await.unwrap();
+        (router, tasks)
+    }
+
+    #[tokio::test]
+    async fn a_reload_keeps_each_principals_spent_rate_and_its_reservations() {
+        use sha2::{Digest, Sha256};
+
+        let config = |per_sec: u32| {
+            let hash = hex::encode(Sha256::digest(b"tok-p"));
+            settings(
+                "",
+                &format!(
+                    "{}[[auth.principals]]\nname = \"p\"\ntoken_sha256 = [\"{hash}\"]\n\
+                     name_prefixes = [\"p/\"]\nacquires_per_sec = {per_sec}\n",
+                    key("k1")
+                ),
+            )
+        };
+        let (router, tasks) = unreachable_router().await;
+        let build = |per_sec: u32, before: Option<Arc<Current>>| {
+            let router = router.clone();
+            async move {
+                let settings = config(per_sec);
+                let router = async { Ok::<_, BuildError>(router) };
+                Generation::build(&settings, before.as_deref(), router)
+                    .await
+                    .unwrap()
+            }
+        };
+        let acquire = |current: &Current| {
+            let none = crate::auth::PeerIdentity::default();
+            match current
+                .front
+                .principals
+                .identify(Some(b"Bearer tok-p"), &none)
+            {
+                crate::auth::Credential::Principal(p) => p.may_acquire("p/1", "w"),
+                _ => panic!("p is a principal"),
+            }
+        };
+        let in_force = InForce::new(build(1, None).await, 1);
+        acquire(&in_force.current()).unwrap();
+        assert!(acquire(&in_force.current()).is_err(), "past 1/s");
+        let first = in_force.current();
+        in_force.replace(build(1, Some(first.clone())).await);
+        let next = in_force.current();
+        assert!(acquire(&next).is_err(), "a reload gave a fresh burst");
+        assert!(
+            Arc::ptr_eq(&first.locks.active().quotas, &next.locks.active().quotas),
+            "the quota reservations are shared"
+        );
+        in_force.replace(build(2, Some(next)).await);
+        acquire(&in_force.current()).expect("a new rate, a new limiter");
+        tasks.cancel();
+    }
+
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn a_reader_never_sees_the_front_of_one_generation_with_the_locks_of_another() {
         use std::collections::HashSet;
         use std::sync::atomic::{AtomicBool, Ordering};
 
         // Generation `id` carries it in both halves: the front's request
-        // deadline and the lock service's longest wait, in ms. The shard
-        // is never reached: the router only needs to exist.
+        // deadline and the lock service's longest wait, in ms.
         let config = |id: u64| {
-            let toml = BASE.replace("2379", "1").replace(
+            let toml = BASE.replace(
                 "[server]\n",
                 &format!("[server]\nrequest_timeout_ms = {id}\n"),
             );
             Settings::from_toml(&format!("{toml}\n[limits]\nmax_wait_ms = {id}\n")).unwrap()
         };
-        let tasks = tokio_util::sync::CancellationToken::new();
-        let first = config(10);
-        let pool = crate::placement::topology::ShardPool::new(&first, tasks.clone());
-        let router = crate::placement::serve(&first, pool).await.unwrap();
+        let (router, tasks) = unreachable_router().await;
         let build = |id: u64| {
             let router = router.clone();
             async move {
                 let settings = config(id);
                 let router = async { Ok::<_, BuildError>(router) };
-                Generation::build(&settings, Default::default(), router)
-                    .await
-                    .unwrap()
+                Generation::build(&settings, None, router).await.unwrap()
             }
         };
         let in_force = Arc::new(InForce::new(build(10).await, 1));

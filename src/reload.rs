@@ -154,8 +154,8 @@ impl Reloader {
                 "these settings change only when the router restarts"
             );
         }
-        let active = self.in_force.current().locks.active().clone();
-        let old_router = &active.router;
+        let current = self.in_force.current();
+        let old_router = &current.locks.active().router;
         let ring = Ring::new(&new.shards, new.ring.vnodes);
         let placement_changed = ring.fingerprint() != old_router.ring.fingerprint();
         let mut migration_opened = false;
@@ -172,7 +172,7 @@ impl Reloader {
                 .await
         };
         let before = self.pool.state();
-        let next = match Generation::build(new, active.quotas.clone(), router).await {
+        let next = match Generation::build(new, Some(&current), router).await {
             Ok(next) => next,
             Err(e) => {
                 self.pool.restore(before);

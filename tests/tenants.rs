@@ -4,7 +4,7 @@
 //! sealed lockIds that only their owner can use and nobody can forge.
 //! Every test runs a real router on real etcd.
 
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use base64::Engine;
 use serde_json::json;
@@ -406,6 +406,39 @@ async fn a_principal_past_its_acquire_rate_gets_429() {
     for lock in &held {
         assert_eq!(pay.renew(lock).await.status, 200);
     }
+}
+
+/// A reload leaves a principal's acquire rate as spent as it found it: an
+/// acquire right after a reload is still refused; a new rate starts
+/// afresh.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reload_gives_a_principal_no_fresh_burst() {
+    let etcd = EtcdCluster::single();
+    let at_rate = |per_sec: u32| {
+        auth_toml(&etcd, &key_toml("k1", 1)).replace(
+            "client_id_prefix = \"pay-\"\n",
+            &format!("client_id_prefix = \"pay-\"\nacquires_per_sec = {per_sec}\n"),
+        )
+    };
+    let router = FileRouter::start(&at_rate(1)).await;
+    let (pay, ops) = (router.api.with_bearer(PAY), router.api.with_bearer(OPS));
+    // Its burst of one, spent: the next acquire may pass a second later.
+    let spent = Instant::now();
+    acquire(&pay, "pay/burst-0", "pay-w").await.granted();
+    assert_eq!(
+        code(&acquire(&pay, "pay/burst-1", "pay-w").await),
+        (429, "rate_limited")
+    );
+    assert_eq!(router.reload_as(&ops, &at_rate(1)).await.status, 200);
+    let after = acquire(&pay, "pay/burst-2", "pay-w").await;
+    assert_eq!(
+        code(&after),
+        (429, "rate_limited"),
+        "{} ms after the burst, through the reloaded config: {after:?}",
+        spent.elapsed().as_millis()
+    );
+    assert_eq!(router.reload_as(&ops, &at_rate(2)).await.status, 200);
+    acquire(&pay, "pay/burst-3", "pay-w").await.granted();
 }
 
 /// Quotas count what a principal holds across replicas: with
