@@ -22,7 +22,8 @@ pub struct Application {
     metrics_listener: Option<TcpListener>,
     state: Arc<AppState>,
     grace: Duration,
-    reload_poll: Duration,
+    /// How often the config file is checked for changes; `None`: never.
+    reload_poll: Option<Duration>,
     /// Stops the shard tasks (monitor, keepalive, verification) on drop.
     tasks: CancellationToken,
     /// Folds histogram samples on a timer, scraped or not.
@@ -73,8 +74,8 @@ impl Application {
             listener,
             metrics_listener,
             state,
-            grace: Duration::from_millis(settings.server.shutdown_grace_ms),
-            reload_poll: Duration::from_millis(settings.admin.reload_poll_ms),
+            grace: settings.server.shutdown_grace(),
+            reload_poll: settings.admin.reload_poll(),
             tasks,
             _upkeep: upkeep,
         })
@@ -105,11 +106,8 @@ impl Application {
                 grace,
             ))
         });
-        let poll = if self.reload_poll.is_zero() {
-            Duration::MAX / 4
-        } else {
-            self.reload_poll
-        };
+        // Not polled: SIGHUP and the admin route still reload.
+        let poll = self.reload_poll.unwrap_or(Duration::MAX / 4);
         let watcher = tokio::spawn(
             self.state
                 .reloader

@@ -19,7 +19,7 @@ use governor::clock::{Clock, DefaultClock};
 use governor::{DefaultDirectRateLimiter, Quota, RateLimiter};
 use sha2::{Digest, Sha256};
 
-use crate::config::{AuthSettings, ConfigError, PrincipalSettings};
+use crate::config::{AuthSettings, ConfigError, PrincipalSettings, Secret};
 use crate::refusal::{Denied, RateLimited};
 use crate::token::lease_tag::LeaseTag;
 use crate::token::lock_id::{BadKeys, Sealer};
@@ -196,7 +196,7 @@ pub struct Principals {
     /// their rate limiters.
     by_name: HashMap<String, Arc<Principal>>,
     /// `admin.token`, compared in constant time.
-    admin_token: Option<String>,
+    admin_token: Option<Secret>,
     /// Whether any principal is configured (the lock API then needs one).
     enabled: bool,
     /// `admin.allowed_hosts`: names besides loopback addresses that admin
@@ -248,7 +248,7 @@ impl Principals {
             by_token,
             by_identity,
             by_name,
-            admin_token: admin_token.map(str::to_string),
+            admin_token: admin_token.map(|t| Secret::new(t.to_string())),
             enabled: !auth.principals.is_empty(),
             admin_hosts: Vec::new(),
         })
@@ -291,7 +291,7 @@ impl Principals {
                 return Credential::Unknown;
             };
             if let Some(admin) = &self.admin_token {
-                if constant_time_eq(token, admin.as_bytes()) {
+                if constant_time_eq(token, admin.expose().as_bytes()) {
                     return Credential::AdminToken;
                 }
             }
@@ -313,7 +313,10 @@ impl Principals {
 /// The sealer `auth` configures, reading its key files now.
 pub fn sealer(auth: &AuthSettings) -> Result<Sealer, AuthSetupError> {
     let secrets = auth.lock_id_secrets()?;
-    Sealer::new(&secrets, auth.accept_unsigned_lock_ids).map_err(AuthSetupError::Keys)
+    let keys: Vec<(String, Vec<u8>)> = (secrets.iter())
+        .map(|(id, secret)| (id.clone(), secret.expose().clone()))
+        .collect();
+    Sealer::new(&keys, auth.accept_unsigned_lock_ids).map_err(AuthSetupError::Keys)
 }
 
 /// A new random bearer token and its SHA-256 (hex), for `token_sha256`.

@@ -95,13 +95,13 @@ fn read(
 ) -> Result<(Front, crate::token::lock_id::Sealer), BuildError> {
     let tls = crate::tls::load(&settings.server)?;
     let sealer = crate::auth::sealer(&settings.auth)?;
-    let admin_token = settings.admin.token.as_deref();
+    let admin_token = settings.admin.token.as_ref().map(|t| t.expose().as_str());
     let principals = Principals::after(before, &settings.auth, admin_token)?
         .with_admin_hosts(&settings.admin.allowed_hosts);
     let front = Front {
         tls,
         principals,
-        timeouts: settings.http_timeouts(),
+        timeouts: settings.server.timeouts(),
         access_log: settings.server.access_log,
     };
     Ok((front, sealer))
@@ -256,7 +256,7 @@ mod tests {
         assert!(front.tls.is_none());
         assert!(!front.principals.enabled() && !front.principals.has_admin_token());
         assert!(!front.access_log);
-        assert_eq!(front.timeouts.body_read, plain.http_timeouts().body_read);
+        assert_eq!(front.timeouts.body_read, plain.server.timeouts().body_read);
 
         let hash = "ab".repeat(32);
         let full = settings(

@@ -29,7 +29,10 @@
 //!   tls.rs      the main listener's certificates (rustls), swapped on reload
 //!   auth.rs     principals: who is calling and what it may do
 //!   cli/        exec, plan, capacity, ops, conn, output, views, target
-//!   config/     settings, and keys: every key they accept (leaf)
+//!   config/     settings by section (server, etcd, limits, admin, auth,
+//!               locks, shards), each with its durations and validation;
+//!               secret (never shown), validate, and keys: every key they
+//!               accept (leaf)
 //!   metrics.rs  Prometheus series (leaf)
 //!   task.rs     background tasks that end with their owner, and the
 //!               deadline of the request a task serves (leaf)

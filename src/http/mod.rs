@@ -255,7 +255,7 @@ async fn dispatch(
     // Held until the answer is built; refused at once when full.
     let _slot = state.admission.admit(route)?;
     let limits = &locks.active().limits;
-    let (max, max_wait) = (limits.max_body_bytes, limits.max_wait_ms);
+    let (max, max_wait) = (limits.max_body_bytes, limits.max_wait());
     let mut t = front.timeouts;
     let asked = client_timeout(&req)?;
     if let Some(asked) = asked {
@@ -268,7 +268,7 @@ async fn dispatch(
             if let Some(p) = &principal {
                 p.may_acquire(body.name(), body.client_id())?;
             }
-            let wait = Duration::from_millis(body.wait_ms().min(max_wait));
+            let wait = Duration::from_millis(body.wait_ms()).min(max_wait);
             let deadline = match asked {
                 // The caller's deadline bounds the whole request, wait included.
                 Some(asked) if wait >= asked => {

@@ -350,7 +350,7 @@ impl Active {
             router,
             limits: settings.limits.clone(),
             keepalive: KeepalivePolicy::of(&settings.etcd),
-            renewal_budget: Duration::from_millis(settings.server.renewal_budget_ms),
+            renewal_budget: settings.server.renewal_budget(),
             lock_delay: settings.locks.lock_delay,
             sealer,
             quotas,
@@ -376,7 +376,7 @@ pub struct KeepalivePolicy {
 impl KeepalivePolicy {
     pub fn of(etcd: &crate::config::EtcdSettings) -> Self {
         Self {
-            coalesce: Duration::from_millis(etcd.keepalive_coalesce_ms),
+            coalesce: etcd.keepalive_coalesce(),
             below_pct: etcd.keepalive_below_pct,
         }
     }

@@ -40,9 +40,9 @@ struct Intervals {
 /// router is gone.
 pub fn start(router: &Arc<Router>, settings: &Settings) -> crate::task::TaskGuard {
     let cancel = CancellationToken::new();
-    let count = Duration::from_millis(settings.etcd.count_interval_ms);
+    let count = settings.etcd.count_interval();
     let every = Intervals {
-        health: Duration::from_millis(settings.etcd.health_interval_ms),
+        health: settings.etcd.health_interval(),
         count,
         sweep: count * SWEEP_EVERY_COUNTS,
     };

@@ -161,9 +161,9 @@ impl PoolSettings {
     fn of(s: &Settings) -> Self {
         Self {
             prefix: s.etcd.prefix.clone(),
-            timeout: s.request_timeout(),
-            connect_timeout: Duration::from_millis(s.etcd.connect_timeout_ms),
-            keepalive_burst: Duration::from_millis(s.etcd.keepalive_burst_ms),
+            timeout: s.etcd.request_timeout(),
+            connect_timeout: s.etcd.connect_timeout(),
+            keepalive_burst: s.etcd.keepalive_burst(),
         }
     }
 }

@@ -19,7 +19,7 @@ use etcd_client::{Certificate, ConnectOptions, Identity, TlsOptions};
 use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::{CertificateDer, PrivateKeyDer};
 
-use crate::config::ShardSettings;
+use crate::config::{Secret, ShardSettings};
 
 /// What the router connects to a shard with.
 #[derive(Clone, PartialEq, Eq)]
@@ -44,12 +44,12 @@ struct TlsFiles {
 #[derive(Clone, PartialEq, Eq)]
 pub struct User {
     pub name: String,
-    password: String,
+    password: Secret,
 }
 
 impl User {
     pub fn credentials(&self) -> (String, String) {
-        (self.name.clone(), self.password.clone())
+        (self.name.clone(), self.password.expose().clone())
     }
 }
 
@@ -123,7 +123,7 @@ impl Access {
                 }
                 Some(User {
                     name: name.clone(),
-                    password: password.to_string(),
+                    password: Secret::new(password.to_string()),
                 })
             }
             _ => None,

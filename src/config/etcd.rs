@@ -1,0 +1,163 @@
+//! `[etcd]`: how the router talks to every shard (the key prefix, the
+//! deadlines, the probes' and counts' intervals, how keepalives coalesce),
+//! and the durations they give.
+
+use std::time::Duration;
+
+use serde::Deserialize;
+
+use super::validate::{invalid, ConfigError};
+
+#[derive(Debug, Clone, Deserialize, serde::Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct EtcdSettings {
+    /// Key prefix used on every shard; lockrouter owns everything below it.
+    #[serde(default = "defaults::prefix")]
+    pub prefix: String,
+    /// Deadline of one etcd request; past it the shard is reported unavailable.
+    #[serde(default = "defaults::request_timeout_ms")]
+    pub request_timeout_ms: u64,
+    /// Deadline for opening a connection to an etcd endpoint.
+    #[serde(default = "defaults::connect_timeout_ms")]
+    pub connect_timeout_ms: u64,
+    /// How often each shard is probed for health and ring state.
+    #[serde(default = "defaults::health_interval_ms")]
+    pub health_interval_ms: u64,
+    /// Renewals of one lease within this window share one keepalive
+    /// (capped at a tenth of the lease TTL).
+    #[serde(default = "defaults::keepalive_coalesce_ms")]
+    pub keepalive_coalesce_ms: u64,
+    /// A session lease is sent a keepalive only when less than this
+    /// percentage of its TTL is known to be left (100: at every renewal,
+    /// coalesced as above); renewals in between are answered with the time
+    /// the lease really has.
+    #[serde(default = "defaults::keepalive_below_pct")]
+    pub keepalive_below_pct: u8,
+    /// Keepalive bursts on a shard's main stream are at least this many ms
+    /// apart: a keepalive that finds none sent within it, or that an acquire
+    /// waits on, goes at once; a renewal's else waits for the next burst
+    /// with every other that comes meanwhile (one HTTP/2 frame, which etcd
+    /// reads once); 0: each alone.
+    #[serde(default = "defaults::keepalive_burst_ms")]
+    pub keepalive_burst_ms: u64,
+    /// How often active locks per shard are counted (a count-only range).
+    #[serde(default = "defaults::count_interval_ms")]
+    pub count_interval_ms: u64,
+}
+
+/// Least time between two barriers of the lock-key cache on one shard (a
+/// constant, not a setting). Renewals tolerate a few ms of waiting (they
+/// come every third of a TTL); etcd pays for every barrier with a raft
+/// write. Under load this caps barriers at 50/s per shard and replica,
+/// whatever the renewal rate; a renewal that finds no barrier sent in the
+/// last 20 ms gets one at once. Kept here, below every layer, so that the
+/// cache (`shard/cache.rs`) and the capacity model (`cli/capacity.rs`)
+/// read the one value.
+pub const BARRIER_SPACING: Duration = Duration::from_millis(20);
+
+impl EtcdSettings {
+    /// Deadline of one etcd request.
+    pub fn request_timeout(&self) -> Duration {
+        Duration::from_millis(self.request_timeout_ms)
+    }
+
+    /// Deadline for opening a connection to an etcd endpoint.
+    pub fn connect_timeout(&self) -> Duration {
+        Duration::from_millis(self.connect_timeout_ms)
+    }
+
+    /// How often each shard is probed.
+    pub fn health_interval(&self) -> Duration {
+        Duration::from_millis(self.health_interval_ms)
+    }
+
+    /// How often the lock keys on each shard are counted.
+    pub fn count_interval(&self) -> Duration {
+        Duration::from_millis(self.count_interval_ms)
+    }
+
+    /// Renewals of one lease this close share one keepalive.
+    pub fn keepalive_coalesce(&self) -> Duration {
+        Duration::from_millis(self.keepalive_coalesce_ms)
+    }
+
+    /// How long a burst of keepalives gathers (zero: each goes alone).
+    pub fn keepalive_burst(&self) -> Duration {
+        Duration::from_millis(self.keepalive_burst_ms)
+    }
+
+    pub(super) fn validate(&self) -> Result<(), ConfigError> {
+        let p = &self.prefix;
+        if p.is_empty() || p.ends_with('/') || p.chars().any(char::is_control) {
+            return Err(invalid(format!(
+                "etcd.prefix {p:?} must be non-empty, printable and not end with '/'"
+            )));
+        }
+        for (key, v) in [
+            ("etcd.request_timeout_ms", self.request_timeout_ms),
+            ("etcd.connect_timeout_ms", self.connect_timeout_ms),
+            ("etcd.health_interval_ms", self.health_interval_ms),
+            ("etcd.count_interval_ms", self.count_interval_ms),
+            (
+                "etcd.keepalive_coalesce_ms",
+                self.keepalive_coalesce_ms.max(10),
+            ),
+        ] {
+            if !(10..=600_000).contains(&v) {
+                return Err(invalid(format!("{key} = {v} must be 10..=600000")));
+            }
+        }
+        // Below 40 %, a client renewing every third of its TTL could find
+        // its lease with less than a third left and lose it before its
+        // next renewal.
+        if !(40..=100).contains(&self.keepalive_below_pct) {
+            return Err(invalid(format!(
+                "etcd.keepalive_below_pct = {} must be 40..=100",
+                self.keepalive_below_pct
+            )));
+        }
+        Ok(())
+    }
+}
+
+impl Default for EtcdSettings {
+    fn default() -> Self {
+        Self {
+            prefix: defaults::prefix(),
+            request_timeout_ms: defaults::request_timeout_ms(),
+            connect_timeout_ms: defaults::connect_timeout_ms(),
+            health_interval_ms: defaults::health_interval_ms(),
+            keepalive_burst_ms: defaults::keepalive_burst_ms(),
+            keepalive_coalesce_ms: defaults::keepalive_coalesce_ms(),
+            keepalive_below_pct: defaults::keepalive_below_pct(),
+            count_interval_ms: defaults::count_interval_ms(),
+        }
+    }
+}
+
+mod defaults {
+    pub fn prefix() -> String {
+        "/lockrouter".into()
+    }
+    pub fn request_timeout_ms() -> u64 {
+        3_000
+    }
+    pub fn connect_timeout_ms() -> u64 {
+        1_000
+    }
+    pub fn health_interval_ms() -> u64 {
+        1_000
+    }
+    pub fn keepalive_coalesce_ms() -> u64 {
+        1_000
+    }
+    pub fn keepalive_burst_ms() -> u64 {
+        20
+    }
+    pub fn keepalive_below_pct() -> u8 {
+        50
+    }
+    pub fn count_interval_ms() -> u64 {
+        10_000
+    }
+}
