@@ -100,6 +100,12 @@ pub struct RouterCounters {
     /// cache could not vouch.
     pub renewal_checks_cache: f64,
     pub renewal_checks_read: f64,
+    /// Bursts the main keepalive streams wrote (one HTTP/2 frame each),
+    /// and the keepalives in them.
+    #[serde(default)]
+    pub keepalive_bursts: f64,
+    #[serde(default)]
+    pub keepalives_in_bursts: f64,
 }
 
 impl RouterCounters {
@@ -123,6 +129,8 @@ impl RouterCounters {
                 "lockrouter_renewal_checks_total",
                 &[("by", "read")],
             ),
+            keepalive_bursts: metrics::sum(text, "lockrouter_keepalive_burst_size_count", &[]),
+            keepalives_in_bursts: metrics::sum(text, "lockrouter_keepalive_burst_size_sum", &[]),
         }
     }
 
@@ -138,6 +146,8 @@ impl RouterCounters {
             cache_barriers: self.cache_barriers - o.cache_barriers,
             renewal_checks_cache: self.renewal_checks_cache - o.renewal_checks_cache,
             renewal_checks_read: self.renewal_checks_read - o.renewal_checks_read,
+            keepalive_bursts: self.keepalive_bursts - o.keepalive_bursts,
+            keepalives_in_bursts: self.keepalives_in_bursts - o.keepalives_in_bursts,
         }
     }
 

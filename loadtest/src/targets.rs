@@ -212,11 +212,12 @@ fn hold(h: &Record, cfg: &Config, cpus: usize) -> Vec<Target> {
         return out;
     }
     let note = format!(
-        "steady window: {:.0} lock renewals/s ({:.1}% checked by the cache), {:.0} barriers/s, {:.0} keepalives/s",
+        "steady window: {:.0} lock renewals/s ({:.1}% checked by the cache), {:.0} barriers/s, {:.0} keepalives/s, {:.1} keepalives per burst (HTTP/2 frame)",
         checks / w.seconds,
         100.0 * w.router.renewal_checks_cache / checks,
         w.router.cache_barriers / w.seconds,
-        w.etcd.lease_renewals / w.seconds
+        w.etcd.lease_renewals / w.seconds,
+        w.router.keepalives_in_bursts / w.router.keepalive_bursts.max(1.0)
     );
     for (name, part, limit) in [
         (

@@ -17,7 +17,8 @@
 //! values, `txn.rs` holds the calls on one lock name (grants, releases,
 //! lost holders), `records.rs` those on the shard's own records (ring,
 //! identity, epoch reservation) and the identity check, `scan.rs` the
-//! paged range reads (counts, moved names, the sweep of lost holders), and
+//! paged range reads (counts, moved names, the sweep of lost holders) on
+//! the paging of `pages.rs` (which also keeps where the paced sweep is), and
 //! [`queue`] the queue of waiting acquires of a name (a waiter's entry,
 //! the grant at its head, the watch a waiter sleeps on).
 
@@ -34,6 +35,7 @@ pub mod keepalive;
 pub mod keys;
 pub mod login;
 pub mod name;
+mod pages;
 pub mod pressure;
 pub mod queue;
 mod records;
@@ -160,7 +162,7 @@ pub struct Shard {
     /// Its renewals' recent latency: acquires are shed first.
     pub pressure: pressure::Pressure,
     /// Where the paced sweep of lost holders is.
-    sweep: std::sync::Mutex<scan::Sweep>,
+    sweep: std::sync::Mutex<pages::Sweep>,
 }
 
 impl Shard {
