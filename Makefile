@@ -133,6 +133,8 @@ bench: prereqs-bench
 	@# docs/capacity.md compares what each costs), beside the run above.
 	LOCKROUTER_ETCD_BIN=$(ETCD35_BIN) ./target/release/lockrouter-loadtest --profile full \
 		--scenarios direct,naive,barrier,uncontested,latency,hold --out target/bench/etcd-3.5
+	@# Both runs' targets in one table, a column per release: target/bench/compare.md.
+	./target/release/lockrouter-loadtest --compare target/bench,target/bench/etcd-3.5 --out target/bench
 
 bench-smoke: prereqs-bench
 	cargo build -p lockrouter --bin lockrouter

@@ -20,12 +20,13 @@
 //! - `bench`: the run; `paired`: the paired rounds of router and
 //!   baselines; `single`: the scenarios that run once.
 //! - `report`: records and files; `targets`: the targets; `checks`: what
-//!   `--check` insists on.
+//!   `--check` insists on; `compare`: earlier runs' targets side by side.
 
 mod api;
 mod attack;
 mod bench;
 mod checks;
+mod compare;
 mod idle;
 mod options;
 mod paired;
@@ -45,7 +46,20 @@ use std::process::ExitCode;
 use clap::Parser;
 
 fn main() -> ExitCode {
-    let cfg = match options::Cli::parse().config() {
+    let cli = options::Cli::parse();
+    if !cli.compare.is_empty() {
+        return match compare::write(&cli.compare, &cli.out) {
+            Ok(path) => {
+                println!("wrote {}", path.display());
+                ExitCode::SUCCESS
+            }
+            Err(e) => {
+                eprintln!("lockrouter-loadtest: {e:#}");
+                ExitCode::from(2)
+            }
+        };
+    }
+    let cfg = match cli.config() {
         Ok(c) => c,
         Err(e) => {
             eprintln!("lockrouter-loadtest: {e:#}");

@@ -58,6 +58,11 @@ pub struct Cli {
     /// Exit non-zero on any request error, 5xx, or accounting that does not add up.
     #[arg(long)]
     pub check: bool,
+    /// Run nothing: put the targets of these earlier runs' output
+    /// directories side by side (each named by its etcd release) in
+    /// `compare.md` under `--out`. Give two or more.
+    #[arg(long, value_delimiter = ',')]
+    pub compare: Vec<PathBuf>,
     /// Give up (and stop everything) after this many minutes in all.
     #[arg(long)]
     pub max_minutes: Option<u64>,
