@@ -462,6 +462,43 @@ async fn a_silent_member_costs_renewals_little() {
     assert!(hedged > 0.0, "nothing was hedged: the silence did not bite");
 }
 
+/// The lock-key cache answers a renewal only once it has applied a barrier
+/// written after the renewal began. Here the member a replica's cache
+/// watches through goes silent right after another replica released the
+/// lock: the barrier is answered through another member, but the watch
+/// brings neither the release nor the barrier. A renewal must then see
+/// the release (409, by the cache once it has the barrier, or by a read
+/// once it gives up waiting), never the lock as the stale cache holds it.
+/// Each member is silenced in turn, twice, so some rounds silence the
+/// member the watch is on.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_renewal_never_trusts_a_cache_whose_watch_went_silent() {
+    let etcd = EtcdCluster::start(3);
+    let proxies = proxies_for(&etcd).await;
+    let direct = TestRouter::start(&[&etcd]).await;
+    let proxied = TestRouter::with_toml(&proxied_toml("127.0.0.1:0", &proxies, 1_000)).await;
+    for round in 0..6 {
+        let member = round % 3;
+        let lock = direct
+            .api
+            .must_acquire(&format!("watched-{round}"), 30_000, "W")
+            .await;
+        // The proxied replica's cache has the lock.
+        let renewed = proxied.api.renew(&lock).await;
+        assert_eq!(renewed.status, 200, "round {round}: {renewed:?}");
+        proxies[member].set_silent(true);
+        assert_eq!(direct.api.release(&lock).await.status, 204);
+        let late = proxied.api.renew(&lock).await;
+        assert_ne!(
+            late.status, 200,
+            "round {round}, member {member} silent: a renewal after the release succeeded: {late:?}"
+        );
+        proxies[member].set_silent(false);
+        // The silenced member back in rotation, the cache loaded again.
+        sleep_ms(1_500).await;
+    }
+}
+
 /// Waits for [`renewer`]s: none may have lost a lock by its own clock.
 /// Prints their renew-batch latencies.
 pub(crate) async fn judge_renewers(
