@@ -225,15 +225,7 @@ mod tests {
 
     use super::*;
 
-    const BASE: &str = r#"
-        [server]
-        listen = "127.0.0.1:8080"
-        [etcd]
-        prefix = "/lockrouter"
-        [[shards]]
-        name = "a"
-        endpoints = ["http://127.0.0.1:2379"]
-    "#;
+    use crate::config::tests::MINIMAL as BASE;
 
     /// `BASE` with `server` lines at the top of `[server]` and `rest`
     /// appended.

@@ -158,10 +158,10 @@ fn check_env_keys(names: impl Iterator<Item = std::ffi::OsString>) -> Result<(),
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
 
-    pub(super) const MINIMAL: &str = r#"
+    pub(crate) const MINIMAL: &str = r#"
         [server]
         listen = "127.0.0.1:8080"
         [etcd]

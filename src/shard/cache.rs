@@ -23,7 +23,7 @@ use tokio::sync::{mpsc, oneshot, watch};
 use tokio_util::sync::CancellationToken;
 
 use super::conn::{EtcdConn, EtcdError};
-use super::keys::{Keys, NameHash};
+use super::keys::{hash_of_hex, Keys, NameHash};
 use super::verify::IdentityCell;
 use crate::config::BARRIER_SPACING;
 use crate::token::lease_tag::LeaseTag;
@@ -421,7 +421,7 @@ async fn load(source: &Source, state: &State) -> Result<i64, EtcdError> {
         let more = resp.more();
         let kvs = resp.take_kvs();
         for kv in &kvs {
-            if let Some(hash) = hash_of(&kv.key()[prefix..]) {
+            if let Some(hash) = hash_of_hex(&kv.key()[prefix..]) {
                 keys.insert(hash, (kv.create_revision(), kv.lease()));
             }
         }
@@ -486,7 +486,11 @@ async fn follow(
             for event in resp.events() {
                 let Some(kv) = event.kv() else { continue };
                 last = Some(kv.mod_revision());
-                let Some(hash) = kv.key().strip_prefix(start.as_slice()).and_then(hash_of) else {
+                let Some(hash) = kv
+                    .key()
+                    .strip_prefix(start.as_slice())
+                    .and_then(hash_of_hex)
+                else {
                     continue; // the barrier key
                 };
                 match event.event_type() {
@@ -519,13 +523,6 @@ fn silent(state: &State, last_message: Instant) -> Option<i64> {
     (applied < revision && quiet && answered.elapsed() > SILENT_WATCH).then_some(revision)
 }
 
-/// The name hash of a lock key's hex suffix.
-fn hash_of(hex: &[u8]) -> Option<NameHash> {
-    let mut hash = NameHash::default();
-    hex::decode_to_slice(hex, &mut hash).ok()?;
-    Some(hash)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -556,14 +553,5 @@ mod tests {
         t.remove(&h("3"));
         t.remove(&h("4"));
         assert!(t.tags.is_empty() && t.keys.is_empty());
-    }
-
-    #[test]
-    fn lock_key_suffixes_parse_back_to_their_hash() {
-        let hash = crate::shard::keys::name_hash("process_order:42");
-        let hex = hex::encode(hash);
-        assert_eq!(hash_of(hex.as_bytes()), Some(hash));
-        assert_eq!(hash_of(b"short"), None);
-        assert_eq!(hash_of(&[b'z'; 32]), None);
     }
 }

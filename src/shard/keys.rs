@@ -31,6 +31,14 @@ use crate::config::ShardSettings;
 
 pub use crate::token::lock_id::NameHash;
 
+/// The name hash a key's 32-hex-digit suffix spells (a lock key's, a held
+/// record's), or `None` for any other suffix.
+pub fn hash_of_hex(hex: &[u8]) -> Option<NameHash> {
+    let mut hash = NameHash::default();
+    hex::decode_to_slice(hex, &mut hash).ok()?;
+    Some(hash)
+}
+
 pub fn name_hash(name: &str) -> NameHash {
     let digest = Sha256::digest(name.as_bytes());
     let mut out = [0u8; 16];
@@ -343,6 +351,15 @@ impl Recorded {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn key_suffixes_parse_back_to_their_hash() {
+        let hash = super::name_hash("process_order:42");
+        let hex = hex::encode(hash);
+        assert_eq!(super::hash_of_hex(hex.as_bytes()), Some(hash));
+        assert_eq!(super::hash_of_hex(b"short"), None);
+        assert_eq!(super::hash_of_hex(&[b'z'; 32]), None);
+    }
+
     use super::*;
 
     #[test]

@@ -6,7 +6,7 @@
 use etcd_client::{GetOptions, KeyValue};
 
 use super::conn::EtcdError;
-use super::keys::{NameHash, Stored};
+use super::keys::{hash_of_hex, NameHash, Stored};
 use super::pages::{hash_position, Pages, SPACE};
 use super::{NameKeys, Shard};
 
@@ -220,13 +220,6 @@ impl Shard {
     }
 }
 
-/// The name hash a key's 32-hex-digit suffix spells.
-fn hash_of_hex(hex: &[u8]) -> Option<NameHash> {
-    let mut hash = NameHash::default();
-    hex::decode_to_slice(hex, &mut hash).ok()?;
-    Some(hash)
-}
-
 /// The name recorded in a lock key, held record or lock-delay.
 fn name_of(value: &[u8]) -> Option<String> {
     #[derive(serde::Deserialize)]
@@ -234,16 +227,4 @@ fn name_of(value: &[u8]) -> Option<String> {
         name: String,
     }
     serde_json::from_slice::<Named>(value).ok().map(|n| n.name)
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn a_held_key_suffix_is_its_name_hash() {
-        let hash = crate::shard::keys::name_hash("order-42");
-        assert_eq!(hash_of_hex(hex::encode(hash).as_bytes()), Some(hash));
-        assert_eq!(hash_of_hex(b"not hex"), None);
-    }
 }

@@ -200,8 +200,9 @@ impl Shard {
                     return; // the shard is struggling: the pass starts again later
                 }
             }
-            Ok(None) => return,
-            Err(_) => return,
+            // The pass is over, or the shard failed the read: a new pass
+            // starts at its time.
+            Ok(None) | Err(_) => return,
         }
         self.sweep.lock().expect("sweep lock").keep(pages);
     }
