@@ -147,6 +147,10 @@ pub struct Cli {
     /// for etcd's own defaults. Default: see `ETCD_GO_ENV` in stack.rs.
     #[arg(long)]
     pub etcd_go_env: Vec<String>,
+    /// etcd serves Go's pprof on its client URL (`/debug/pprof/`), for
+    /// profiling a window with `go tool pprof`; the URLs are printed.
+    #[arg(long)]
+    pub etcd_pprof: bool,
     /// The router's `server.worker_threads` (default 0: one per core).
     #[arg(long)]
     pub router_worker_threads: Option<usize>,
@@ -304,7 +308,7 @@ impl Cli {
             overload_s: self.overload_s.unwrap_or(pick(smoke, 5, 20)).max(1),
             overload_factor: self.overload_factor.unwrap_or(2.0),
             overload_max_in_flight: self.overload_max_in_flight,
-            etcd_go_env: crate::stack::etcd_go_env(&self.etcd_go_env)?,
+            etcd_go_env: crate::stack::etcd_go_env(&self.etcd_go_env, self.etcd_pprof)?,
             router_worker_threads: crate::stack::router_worker_threads(
                 self.router_worker_threads.unwrap_or(0),
             ),

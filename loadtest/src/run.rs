@@ -76,6 +76,15 @@ pub async fn run_all(cfg: &Config) -> Result<Vec<String>> {
         stack.placement.router,
         stack.placement.loadgen
     );
+    if cfg
+        .etcd_go_env
+        .iter()
+        .any(|(k, _)| k == "ETCD_ENABLE_PPROF")
+    {
+        for url in stack.endpoints() {
+            eprintln!("etcd pprof: {url}/debug/pprof/profile?seconds=20");
+        }
+    }
     let (shared, records) = match Bench::new(cfg, &stack, "shared").run().await {
         Ok(x) => x,
         Err(e) => {

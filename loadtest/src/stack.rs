@@ -53,26 +53,34 @@ pub const ETCD_GO_ENV: &[(&str, &str)] = &[("GOGC", "400"), ("GOMEMLIMIT", "4GiB
 static GO_ENV: std::sync::OnceLock<Vec<(String, String)>> = std::sync::OnceLock::new();
 
 /// Reads `--etcd-go-env` (empty: [`ETCD_GO_ENV`]; `none`: no settings) and
-/// keeps it for every etcd this run starts.
-pub fn etcd_go_env(given: &[String]) -> Result<Vec<(String, String)>> {
-    let env: Vec<(String, String)> = match given {
+/// keeps it for every etcd this run starts, with `ETCD_ENABLE_PPROF=true`
+/// added when `pprof` (etcd then serves Go's profiles on its client URL).
+/// Each argument may hold several settings separated by white space
+/// (`"GOGC=400 GOMEMLIMIT=4GiB"`); a value never does, so such an argument
+/// is never taken as one setting with a value Go would ignore.
+pub fn etcd_go_env(given: &[String], pprof: bool) -> Result<Vec<(String, String)>> {
+    let pairs: Vec<&str> = given.iter().flat_map(|a| a.split_whitespace()).collect();
+    let mut env: Vec<(String, String)> = match pairs[..] {
         [] => ETCD_GO_ENV
             .iter()
             .map(|(k, v)| (k.to_string(), v.to_string()))
             .collect(),
-        [none] if none == "none" => Vec::new(),
-        pairs => pairs
+        ["none"] => Vec::new(),
+        _ => pairs
             .iter()
             .map(|p| match p.split_once('=') {
-                Some((k, v)) if k.starts_with("GO") && !v.is_empty() => {
+                Some((k, v)) if k.starts_with("GO") && !v.is_empty() && !v.contains('=') => {
                     Ok((k.to_string(), v.to_string()))
                 }
                 _ => Err(anyhow::anyhow!(
-                    "--etcd-go-env {p:?}: expected a Go runtime setting as KEY=VALUE (GOGC=400), or none"
+                    "--etcd-go-env {p:?}: expected Go runtime settings as KEY=VALUE (GOGC=400), or none"
                 )),
             })
             .collect::<Result<_>>()?,
     };
+    if pprof {
+        env.push(("ETCD_ENABLE_PPROF".into(), "true".into()));
+    }
     let _ = GO_ENV.set(env.clone());
     Ok(env)
 }
@@ -284,4 +292,38 @@ fn config_toml(port: u16, shards: &[EtcdCluster], max_in_flight: Option<usize>) 
         "[server]\nlisten = \"127.0.0.1:{port}\"\nworker_threads = {workers}\n{bound}\n[etcd]\nprefix = \"/lockrouter\"\n{etcd}\n[admin]\nreload_poll_ms = 0\n"
     );
     header + &shards_toml(&shards.iter().collect::<Vec<_>>())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn pairs(env: &[(String, String)]) -> Vec<(&str, &str)> {
+        env.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect()
+    }
+
+    #[test]
+    fn settings_in_one_argument_are_each_their_own() {
+        let env = etcd_go_env(&["GOGC=400 GOMEMLIMIT=4GiB".into()], false).unwrap();
+        assert_eq!(pairs(&env), [("GOGC", "400"), ("GOMEMLIMIT", "4GiB")]);
+        let env = etcd_go_env(&["GOGC=200".into(), "GOMAXPROCS=1".into()], true).unwrap();
+        assert_eq!(
+            pairs(&env),
+            [
+                ("GOGC", "200"),
+                ("GOMAXPROCS", "1"),
+                ("ETCD_ENABLE_PPROF", "true")
+            ]
+        );
+    }
+
+    #[test]
+    fn defaults_none_and_nonsense() {
+        let env = etcd_go_env(&[], false).unwrap();
+        assert_eq!(pairs(&env), ETCD_GO_ENV);
+        assert!(etcd_go_env(&["none".into()], false).unwrap().is_empty());
+        for bad in ["GOGC", "GOGC=", "PATH=/x", "GOGC=400=1"] {
+            assert!(etcd_go_env(&[bad.into()], false).is_err(), "{bad}");
+        }
+    }
 }
