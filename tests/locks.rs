@@ -253,12 +253,10 @@ async fn keepalives_that_come_together_leave_in_bursts() {
 
 /// A session lease is sent a keepalive only once less than half its TTL is
 /// left (`etcd.keepalive_below_pct`, 50 by default): a renewal before that,
-/// and an acquire on a session its client's renewals keep alive, is one
-/// etcd request for the lock and nothing for the lease, answered with the
-/// time the lease really has, never more; the first renewal past half the
-/// TTL keeps the lease alive again. A session only acquires keep alive
-/// (its locks released at once) is kept alive by them, coalesced, as
-/// before: letting it run out would cost a grant and a revoke.
+/// and an acquire, is one etcd request for the lock and nothing for the
+/// lease, answered with the time the lease really has, never more. The
+/// first renewal or acquire past half the TTL keeps the lease alive again,
+/// also for a client that only acquires (its locks released at once).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_session_lease_is_kept_alive_only_when_half_its_ttl_is_gone() {
     use lockrouter_testkit::metrics::sum;
@@ -283,8 +281,9 @@ async fn a_session_lease_is_kept_alive_only_when_half_its_ttl_is_gone() {
         first.body["lockId"].as_str().unwrap().to_string(),
         first.body["fencingToken"].as_u64().unwrap(),
     );
-    let idle = api.must_acquire("idle-1", 4_000, "B").await;
-    api.release(&idle).await;
+    let idle = api.acquire("idle-1", 4_000, "B").await;
+    assert_eq!(idle.body["acquired"], true, "{idle:?}");
+    api.release(&idle.granted()).await;
     // Past the coalescing window (a tenth of the TTL), well before half.
     tokio::time::sleep(Duration::from_millis(700)).await;
     let before = sent().await;
@@ -294,23 +293,20 @@ async fn a_session_lease_is_kept_alive_only_when_half_its_ttl_is_gone() {
         expires(&renewed) <= expires(&first),
         "{first:?} {renewed:?}"
     );
-    // A second lock on the session A's renewals keep alive: one txn, no
-    // keepalive, and no more time than the session lease has.
+    // A second lock on A's session: one txn, no keepalive, and no more
+    // time than the session lease has.
     let second = api.acquire("half-2", 4_000, "A").await;
     assert_eq!(second.body["acquired"], true, "{second:?}");
     assert!(expires(&second) <= expires(&first), "{first:?} {second:?}");
+    // B only acquires: the same.
+    let idle_2 = api.acquire("idle-2", 4_000, "B").await;
+    assert_eq!(idle_2.body["acquired"], true, "{idle_2:?}");
+    assert!(expires(&idle_2) <= expires(&idle), "{idle:?} {idle_2:?}");
+    api.release(&idle_2.granted()).await;
     assert_eq!(
         sent().await - before,
         0.0,
         "a keepalive with more than half the TTL left"
-    );
-    // B only acquires: its session is kept alive by its acquires.
-    api.must_acquire("idle-2", 4_000, "B").await;
-    // (The first keepalive also opens the shard's keepalive stream, which
-    // sends one of its own.)
-    assert!(
-        sent().await - before >= 1.0,
-        "no keepalive for an idle session"
     );
     // Past half the TTL, a renewal sends one and reports a fresh lease.
     tokio::time::sleep(Duration::from_millis(1_600)).await;
@@ -322,13 +318,22 @@ async fn a_session_lease_is_kept_alive_only_when_half_its_ttl_is_gone() {
         "no keepalive with less than half the TTL left"
     );
     assert!(expires(&late) > 3_000, "{late:?}");
-    // The lease lives on: both locks outlive the first lease's TTL.
+    // So does B's next acquire, on a session only its acquires keep alive.
+    let before = sent().await;
+    let idle_3 = api.acquire("idle-3", 4_000, "B").await;
+    assert_eq!(idle_3.body["acquired"], true, "{idle_3:?}");
+    assert!(
+        sent().await - before >= 1.0,
+        "no keepalive for an acquire with less than half the TTL left"
+    );
+    assert!(expires(&idle_3) > 3_000, "{idle_3:?}");
+    // The leases live on: the locks outlive the first leases' TTL.
     tokio::time::sleep(Duration::from_millis(2_000)).await;
     assert_eq!(api.renew(&lock).await.status, 200);
-    assert_eq!(
-        api.acquire("half-2", 4_000, "C").await.body["acquired"],
-        false
-    );
+    for name in ["half-2", "idle-3"] {
+        let other = api.acquire(name, 4_000, "C").await;
+        assert_eq!(other.body["acquired"], false, "{name}: {other:?}");
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

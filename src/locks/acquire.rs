@@ -86,7 +86,7 @@ impl Active {
                     self.new_session(shard, ttl_secs, owner, reservation.as_ref())
                 })
                 .await?;
-            let window = self.acquire_window(shard, &session);
+            let window = self.window(session.ttl_secs);
             let sent = Instant::now();
             // The txn is applied within the etcd deadline or fails; with a
             // TTL shorter than that, half the TTL (a txn slower than that

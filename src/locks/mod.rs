@@ -609,24 +609,10 @@ impl Active {
         Ok(validate::ttl_secs(&self.limits, ttl_ms)?)
     }
 
-    /// A renewal of a lease of `ttl_secs` confirmed less than this ago
-    /// sends no keepalive ([`KeepalivePolicy::window`]).
+    /// A renewal or an acquire on a lease of `ttl_secs` confirmed less
+    /// than this ago sends no keepalive ([`KeepalivePolicy::window`]).
     pub(crate) fn window(&self, ttl_secs: u32) -> Duration {
         self.keepalive.window(ttl_secs)
-    }
-
-    /// The same for an acquire on `session`: the renewal window if its
-    /// client's renewals keep it alive (one came within half a TTL), else
-    /// only the coalescing window. A session that only acquires keep alive
-    /// (its locks released at once) would otherwise run out between them,
-    /// and a new one costs etcd a grant and a revoke, more than keepalives.
-    pub(crate) fn acquire_window(&self, shard: &Shard, session: &SessionLease) -> Duration {
-        let half_ttl = Duration::from_millis(u64::from(session.ttl_secs) * 500);
-        if shard.sessions.renewed_within(session.id, half_ttl) {
-            self.keepalive.window(session.ttl_secs)
-        } else {
-            self.keepalive.coalescing(session.ttl_secs)
-        }
     }
 
     /// What a grant on `shard` compares, if it may grant now.

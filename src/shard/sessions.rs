@@ -96,16 +96,6 @@ impl Sessions {
             .insert(lease, Instant::now());
     }
 
-    /// Whether a lock on `lease` was renewed through this router less than
-    /// `within` ago: its client's renewals keep the lease alive.
-    pub fn renewed_within(&self, lease: i64, within: Duration) -> bool {
-        self.renewed
-            .lock()
-            .expect("renewed lock")
-            .get(&lease)
-            .is_some_and(|at| at.elapsed() < within)
-    }
-
     /// Drops slots neither acquired through nor renewed for two TTLs plus
     /// `grace`; returns how many remain.
     pub fn sweep(&self, grace: Duration) -> usize {
