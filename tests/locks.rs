@@ -336,6 +336,44 @@ async fn a_session_lease_is_kept_alive_only_when_half_its_ttl_is_gone() {
     }
 }
 
+/// A session that only acquires kept alive, and that ran out (by its last
+/// confirmed keepalive) before the client's next acquire, is replaced by a
+/// new one at once: asking etcd of the old lease would wait, if it expired,
+/// until etcd revoked it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_acquire_on_a_session_that_ran_out_grants_a_new_one_without_asking_etcd() {
+    use lockrouter_testkit::metrics::sum;
+    let etcd = EtcdCluster::single();
+    // A shard name of its own: the metrics recorder is shared by every test
+    // in this process.
+    let toml = lockrouter_testkit::config::config_toml(&[&etcd], "127.0.0.1:0", "")
+        .replace("\nname = \"a\"\n", "\nname = \"lapsed\"\n");
+    let router = TestRouter::with_toml(&toml).await;
+    let api = &router.api;
+    let count = |rpc: &'static str| async move {
+        sum(
+            &api.metrics().await,
+            "lockrouter_etcd_requests_total",
+            &[("shard", "lapsed"), ("rpc", rpc)],
+        )
+    };
+    let first = api.must_acquire("lapse-1", 2_000, "L").await;
+    assert_eq!(api.release(&first).await.status, 204);
+    // Past the 2 s the session's grant gave it.
+    tokio::time::sleep(Duration::from_millis(2_300)).await;
+    let (grants, keepalives) = (count("LeaseGrant").await, count("LeaseKeepAlive").await);
+    let second = api.acquire("lapse-2", 2_000, "L").await;
+    assert_eq!(second.body["acquired"], true, "{second:?}");
+    let left = second.body["expiresInMs"].as_u64().unwrap();
+    assert!(left > 1_500, "a fresh session's lock: {second:?}");
+    assert_eq!(count("LeaseGrant").await - grants, 1.0, "one new session");
+    assert_eq!(
+        count("LeaseKeepAlive").await - keepalives,
+        0.0,
+        "the run-out session was asked about"
+    );
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn reacquire_by_the_holder_is_idempotent() {
     let etcd = EtcdCluster::single();

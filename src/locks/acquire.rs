@@ -80,12 +80,25 @@ impl Active {
             let reservation = self.reserve_lock(req.owner.as_ref())?;
             let value = lock_value(req, &g.ring)?;
             let owner = req.owner.as_ref();
-            let session = shard
-                .sessions
-                .get_or_grant(req.holder.as_str(), ttl_secs, || {
-                    self.new_session(shard, ttl_secs, owner, reservation.as_ref())
-                })
-                .await?;
+            let get_session = || {
+                shard
+                    .sessions
+                    .get_or_grant(req.holder.as_str(), ttl_secs, || {
+                        self.new_session(shard, ttl_secs, owner, reservation.as_ref())
+                    })
+            };
+            let mut session = get_session().await?;
+            if !shard.keepalive.lasts(session.id, Duration::ZERO) {
+                // Past the end its last confirmed keepalive gave it: a
+                // session only acquires kept alive, and none came in time.
+                // A new one costs a grant; asking etcd of the old one would
+                // wait, if it has expired, until etcd revokes it.
+                shard
+                    .sessions
+                    .invalidate(req.holder.as_str(), ttl_secs, session.id)
+                    .await;
+                session = get_session().await?;
+            }
             let window = self.window(session.ttl_secs);
             let sent = Instant::now();
             // The txn is applied within the etcd deadline or fails; with a
