@@ -23,8 +23,9 @@
 //!   locks/      acquire, wait, limit, quota, renew, extend, release, inspect,
 //!               force, listing, validate
 //!   placement/  ring, topology, migration, monitor
-//!   shard/      conn, access, login, keys, name, txn, queue, commit, records,
-//!               scan, pages, cache, sessions, keepalive, verify, pressure
+//!   shard/      conn, access, login, keys, name, txn, leases, renewal, queue,
+//!               commit, records, scan, pages, cache, sessions, keepalive,
+//!               verify, pressure
 //!   token/      fencing, lock_id, lease_tag
 //!   tls.rs      the main listener's certificates (rustls), swapped on reload
 //!   auth.rs     principals: who is calling and what it may do

@@ -8,10 +8,8 @@ use super::validate::check_text;
 use super::*;
 use crate::config::LockDelay;
 use crate::shard::conn::EtcdError;
-use crate::shard::keepalive::Renewal;
 use crate::shard::keys::{name_hash, LockValue, Stored};
-use crate::shard::sessions::SessionLease;
-use crate::shard::{AcquireTxn, Grantable, NameKeys, Shard};
+use crate::shard::{AcquireTxn, Grantable, NameKeys, Renewal, SessionGrant, SessionLease, Shard};
 use crate::token::lock_id::LockId;
 
 /// What one attempt of a grant txn came to.
@@ -57,7 +55,7 @@ impl Active {
     pub(crate) async fn acquire_now(&self, req: &Acquire) -> Result<Acquired, LockError> {
         let ttl_secs = req.ttl_secs;
         let shard = self.router.shard_for(&req.name);
-        tracing::Span::current().record("shard", shard.name.as_str());
+        tracing::Span::current().record("shard", shard.name());
         let k = shard.name_keys(&name_hash(&req.name));
         let mut replace_held = None;
         // Retried when the session lease expired between the cache and the
@@ -80,74 +78,25 @@ impl Active {
             let reservation = self.reserve_lock(req.owner.as_ref())?;
             let value = lock_value(req, &g.ring)?;
             let owner = req.owner.as_ref();
-            let get_session = || {
-                shard
-                    .sessions
-                    .get_or_grant(req.holder.as_str(), ttl_secs, || {
-                        self.new_session(shard, ttl_secs, owner, reservation.as_ref())
-                    })
-            };
-            let mut session = get_session().await?;
-            if !shard.keepalive.lasts(session.id, Duration::ZERO) {
-                // Past the end its last confirmed keepalive gave it: a
-                // session only acquires kept alive, and none came in time.
-                // A new one costs a grant; asking etcd of the old one would
-                // wait, if it has expired, until etcd revokes it.
-                shard
-                    .sessions
-                    .invalidate(req.holder.as_str(), ttl_secs, session.id)
-                    .await;
-                session = get_session().await?;
-            }
+            let session = shard
+                .session(req.holder.as_str(), ttl_secs, owner.map(|o| o.tag), || {
+                    self.admit_session(owner, reservation.as_ref())
+                })
+                .await?;
             let window = self.window(session.ttl_secs);
             let sent = Instant::now();
-            // The txn is applied within the etcd deadline or fails; with a
-            // TTL shorter than that, half the TTL (a txn slower than that
-            // only risks a refusal, never a double grant).
-            let margin = shard
-                .conn
-                .timeout()
-                .min(Duration::from_millis(u64::from(ttl_secs) * 500));
-            let (txn, renewal) = if shard.keepalive.lasts(session.id, margin) {
-                tokio::join!(
-                    shard.acquire_txn(&k, &value, session.id, &g, replace_held),
-                    shard.keepalive.refresh(session.id, window, ttl_secs),
-                )
-            } else {
-                // The session's client was idle: its lease may have run out
-                // without etcd having revoked it yet, and etcd would still
-                // attach a key to it (which then goes with the lease and
-                // leaves a held record that looks like a lost holder). Renew
-                // first; only a live lease gets the txn.
-                let renewal = shard
-                    .keepalive
-                    .refresh(session.id, window, ttl_secs)
-                    .await?;
-                if renewal.alive() {
-                    let txn = shard
-                        .acquire_txn(&k, &value, session.id, &g, replace_held)
-                        .await;
-                    (txn, Ok(renewal))
-                } else {
-                    (Err(EtcdError::LeaseNotFound), Ok(renewal))
-                }
+            let grant = shard.grant_on_session(&k, &value, &session, window, &g, replace_held);
+            let (txn, renewal) = match grant.await? {
+                // Forgotten: the next attempt gets a new session.
+                SessionGrant::SessionGone => continue,
+                SessionGrant::Answered(txn, renewal) => (txn, renewal),
             };
-            let lease_gone = matches!(txn, Err(EtcdError::LeaseNotFound))
-                || matches!(renewal, Ok(r) if !r.alive());
-            if lease_gone {
-                // If the txn did create the key, it went with the lease.
-                shard
-                    .sessions
-                    .invalidate(req.holder.as_str(), ttl_secs, session.id)
-                    .await;
-                continue;
-            }
-            if let (Ok(AcquireTxn::Granted { revision }), Some(r)) = (&txn, reservation) {
+            if let (AcquireTxn::Granted { revision }, Some(r)) = (&txn, reservation) {
                 r.granted(shard, *revision);
             }
             let own = (session, renewal);
             match self
-                .settle(shard, &k, req.holder.as_str(), txn?, sent, own, &g)
+                .settle(shard, &k, req.holder.as_str(), txn, sent, own, &g)
                 .await?
             {
                 Attempt::Done(answer) => return Ok(answer),
@@ -180,7 +129,7 @@ impl Active {
         client_id: &str,
         g: &Grantable,
     ) -> Result<Option<Acquired>, LockError> {
-        if shard.cache.hint(&k.hash).is_none() {
+        if !shard.cache_shows_held(&k.hash) {
             return Ok(None);
         }
         let sent = Instant::now();
@@ -191,7 +140,7 @@ impl Active {
             return Ok(None); // the txn finds out what changed
         }
         let answered = state.lock.is_some() || state.delay.is_some();
-        crate::metrics::acquire_read_first(&shard.name, answered);
+        crate::metrics::acquire_read_first(shard.name(), answered);
         match (state.lock, state.delay) {
             (Some(holder), _) => self
                 .held(shard, client_id, holder, k, None, sent)
@@ -217,7 +166,7 @@ impl Active {
         Ok(Attempt::Done(match txn {
             AcquireTxn::Granted { revision } => {
                 let lock = LockId {
-                    shard: shard.name.as_str().into(),
+                    shard: shard.name().into(),
                     epoch: epoch_of(&g.ring)?,
                     ttl_secs: session.ttl_secs,
                     lease: session.id,
@@ -298,7 +247,7 @@ impl Active {
             return Ok(None);
         };
         let previous = migration.previous_shard(name);
-        if previous.name == shard.name {
+        if previous.name() == shard.name() {
             return Ok(None);
         }
         check_up(previous)?;
@@ -365,7 +314,7 @@ impl Active {
                     None => {
                         let ttl = v.ttl.max(2);
                         let window = self.window(ttl);
-                        shard.keepalive.refresh(holder.lease(), window, ttl).await?
+                        shard.renew_lease(holder.lease(), window, ttl).await?
                     }
                 };
                 if !renewal.alive() {
@@ -378,7 +327,7 @@ impl Active {
                     ttl => ttl,
                 };
                 let lock = LockId {
-                    shard: shard.name.as_str().into(),
+                    shard: shard.name().into(),
                     epoch: u16::try_from(v.epoch)
                         .map_err(|_| LockError::Internal("epoch out of range".into()))?,
                     ttl_secs,

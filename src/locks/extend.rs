@@ -23,7 +23,7 @@ impl Active {
         let id = self.open(lock_id, token, caller)?;
         let ttl_secs = self.ttl_secs(ttl_ms)?;
         let shard = self.shard_of(&id)?;
-        let _latency = shard.conn.metrics().latency(ShardOp::Renew, received);
+        let _latency = shard.metrics().latency(ShardOp::Renew, received);
         check_up(&shard)?;
         if ttl_secs == id.ttl_secs {
             let outcome = self.renew_on(&shard, &[&id], true).await.pop();
@@ -61,11 +61,12 @@ impl Active {
             let mut value: LockValue = serde_json::from_slice(lock.value())
                 .map_err(|e| LockError::Internal(format!("a lock key's value: {e}")))?;
             value.ttl = ttl_secs;
+            // Not reserved in the owner's `max_sessions` (the lock count does
+            // not change; the cache counts the session once the lock is on
+            // it): `docs/design.md`, "Extend".
+            let tag = owner.as_ref().map(|o| o.tag);
             let session = shard
-                .sessions
-                .get_or_grant(&value.client, ttl_secs, || {
-                    self.new_session(&shard, ttl_secs, owner.as_ref(), None)
-                })
+                .session(&value.client, ttl_secs, tag, || Ok::<_, LockError>(()))
                 .await?;
             // The lease is confirmed alive before the lock moves onto it, and
             // the expiry answered counts from this keepalive's send: the key
@@ -73,20 +74,13 @@ impl Active {
             // lease, which the read found still carrying it.
             let sent = Instant::now();
             let window = self.keepalive.coalescing(ttl_secs);
-            let renewal = shard
-                .keepalive
-                .refresh(session.id, window, ttl_secs)
-                .await?;
-            let moved = match renewal.alive() {
-                true => {
-                    let was = (&lock, state.held.as_ref());
-                    (shard.move_lock(&k, was, &value, session.id, &identity)).await
-                }
-                false => Err(EtcdError::LeaseNotFound),
+            let Some(renewal) = shard.keep_session(&value.client, &session, window).await? else {
+                continue; // gone, and forgotten: the next try gets another
             };
+            let was = (&lock, state.held.as_ref());
+            let moved = (shard.move_lock(&k, was, &value, session.id, &identity)).await;
             match moved {
                 Ok(true) => {
-                    shard.sessions.touch(session.id);
                     let lock = LockId {
                         ttl_secs,
                         lease: session.id,
@@ -98,9 +92,7 @@ impl Active {
                 // Changed since the read: read again, which tells.
                 Ok(false) => {}
                 Err(EtcdError::LeaseNotFound) => {
-                    (shard.sessions)
-                        .invalidate(&value.client, ttl_secs, session.id)
-                        .await;
+                    shard.forget_session(&value.client, &session).await
                 }
                 Err(e) => return Err(e.into()),
             }

@@ -57,7 +57,7 @@ impl Active {
                 .released()
             {
                 return Ok(ForceOutcome::Released(Forced {
-                    shard: place.name.clone(),
+                    shard: place.name().to_string(),
                     fencing_token,
                     client_id: value.client,
                 }));

@@ -14,11 +14,11 @@ impl Active {
     /// go).
     pub(crate) fn places(&self, name: &str) -> Vec<Arc<Shard>> {
         let shard = self.router.shard_for(name);
-        tracing::Span::current().record("shard", shard.name.as_str());
+        tracing::Span::current().record("shard", shard.name());
         let mut places = vec![shard.clone()];
         if let Some(m) = self.router.migration() {
             let previous = m.previous_shard(name);
-            if previous.name != shard.name {
+            if previous.name() != shard.name() {
                 places.push(previous.clone());
             }
         }
@@ -31,7 +31,7 @@ impl Active {
         &self,
         place: &Shard,
         k: &crate::shard::NameKeys,
-    ) -> Result<crate::shard::name::NameState, LockError> {
+    ) -> Result<crate::shard::NameState, LockError> {
         check_identity(place)?;
         let state = place.read_name(k).await?;
         if state.identity != place.verified_identity() {
@@ -62,7 +62,7 @@ impl Active {
                 let expires = Expiry(expires.0.max(Instant::now()));
                 let at = Some(value.at).filter(|ms| *ms > 0);
                 return Ok(Inspection {
-                    shard: place.name.clone(),
+                    shard: place.name().to_string(),
                     holder: Some((token, expires)),
                     client_id: Some(value.client),
                     acquired_at: at.map(|ms| UNIX_EPOCH + Duration::from_millis(ms)),
@@ -72,7 +72,7 @@ impl Active {
             }
         }
         Ok(Inspection {
-            shard: places[0].name.clone(),
+            shard: places[0].name().to_string(),
             holder: None,
             client_id: None,
             acquired_at: None,

@@ -136,7 +136,7 @@ impl Active {
         leases.dedup();
         let shards = self.router.all_shards();
         let reads = leases.into_iter().map(|(name, lease)| {
-            let shard = shards.iter().find(|s| s.name == name).cloned();
+            let shard = shards.iter().find(|s| s.name() == name).cloned();
             async move {
                 let Some(shard) = shard else {
                     return Ok((name, lease, None));
@@ -168,21 +168,21 @@ impl Active {
     ) -> Result<Page, LockError> {
         let cursor = cursor.map(Cursor::decode).transpose()?;
         let mut shards = self.router.all_shards();
-        shards.sort_by(|a, b| a.name.cmp(&b.name));
-        shards.dedup_by(|a, b| a.name == b.name);
+        shards.sort_by(|a, b| a.name().cmp(b.name()));
+        shards.dedup_by(|a, b| a.name() == b.name());
         let mut locks = Vec::new();
         let mut scanned = 0;
         for shard in shards {
             let mut after = match &cursor {
-                Some(c) if shard.name < c.shard => continue,
-                Some(c) if shard.name == c.shard && !c.after.is_empty() => Some(c.after.clone()),
+                Some(c) if shard.name() < c.shard.as_str() => continue,
+                Some(c) if shard.name() == c.shard && !c.after.is_empty() => Some(c.after.clone()),
                 _ => None,
             };
             check_identity(&shard)?;
             loop {
                 if locks.len() >= limit || scanned >= SCAN_PER_PAGE {
                     let next = Cursor {
-                        shard: shard.name.clone(),
+                        shard: shard.name().to_string(),
                         after: after.unwrap_or_default(),
                     };
                     return Ok(Page {
@@ -246,7 +246,7 @@ impl Active {
                     l.expires = Some(expires);
                 }
                 view.sessions.push(SessionView {
-                    shard: shard.name.clone(),
+                    shard: shard.name().to_string(),
                     lease,
                     ttl_secs,
                     expires,
@@ -270,7 +270,7 @@ fn listed(shard: &Shard, kv: &Stored) -> Option<Listed> {
     Some(Listed {
         fencing_token: fencing::token(value.epoch, kv.create_revision())?,
         name: value.name,
-        shard: shard.name.clone(),
+        shard: shard.name().to_string(),
         holder: value.client,
         ttl_secs: value.ttl,
         lease: kv.lease(),

@@ -38,12 +38,9 @@ use crate::config::{Limits, LockDelay};
 use crate::metrics::ShardOp;
 use crate::placement::topology::{NotServing, Router};
 use crate::refusal::{Denied, RateLimited};
-use crate::shard::cache::Held;
 use crate::shard::conn::EtcdError;
-use crate::shard::keepalive::Renewal;
 use crate::shard::keys::{LockValue, Recorded, Stored};
-use crate::shard::sessions::SessionLease;
-use crate::shard::{Grantable, Shard};
+use crate::shard::{AcquireSlot, Busy, Grantable, Held, Renewal, Shard};
 use crate::token::lease_tag::LeaseTag;
 use crate::token::lock_id::{LockId, Seal, Sealer};
 pub use quota::Quotas;
@@ -398,15 +395,6 @@ impl KeepalivePolicy {
     }
 }
 
-/// An acquire in flight on a shard, given back when dropped.
-struct ShardSlot<'a>(&'a std::sync::atomic::AtomicUsize);
-
-impl Drop for ShardSlot<'_> {
-    fn drop(&mut self) {
-        self.0.fetch_sub(1, std::sync::atomic::Ordering::AcqRel);
-    }
-}
-
 /// The lock operations of one generation: its [`Active`] part within the
 /// bounds the process sized at start. A request works on one `Locks`
 /// throughout, so a reload never changes the ground under it.
@@ -481,7 +469,7 @@ impl Locks {
             None => Ok(()),
         };
         let shard = active.router.shard_for(&req.name).clone();
-        let latency = shard.conn.metrics().latency(ShardOp::Acquire, req.received);
+        let latency = shard.metrics().latency(ShardOp::Acquire, req.received);
         let slot = match limited {
             Ok(()) => self.shard_slot(active, &shard),
             Err(e) => Err(e),
@@ -504,39 +492,33 @@ impl Locks {
                 return result;
             }
         };
-        shard.conn.metrics().acquire(outcome);
+        shard.metrics().acquire(outcome);
         result
     }
 
-    /// A slot among the acquires in flight on `shard`, when the ring has
-    /// several shards.
+    /// A slot among the acquires in flight on `shard`, bounded when the
+    /// ring has several shards.
     fn shard_slot<'a>(
         &self,
         active: &Active,
         shard: &'a Shard,
-    ) -> Result<ShardSlot<'a>, LockError> {
-        use std::sync::atomic::Ordering;
-        if shard.pressure.shedding(Instant::now()) {
-            return Err(LockError::Overloaded {
-                shard: shard.name.clone(),
-                detail: "its renewals are slow, and renewals come first".into(),
-            });
-        }
+    ) -> Result<AcquireSlot<'a>, LockError> {
         let bound = if active.router.shards.len() > 1 {
             self.bounds.per_shard
         } else {
             usize::MAX
         };
-        shard
-            .acquiring
-            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| {
-                (n < bound).then_some(n + 1)
-            })
-            .map(|_| ShardSlot(&shard.acquiring))
-            .map_err(|in_flight| LockError::Overloaded {
-                shard: shard.name.clone(),
-                detail: format!("{in_flight} acquires in flight through this router, its limit"),
-            })
+        let detail = match shard.admit_acquire(bound, Instant::now()) {
+            Ok(slot) => return Ok(slot),
+            Err(Busy::Shedding) => "its renewals are slow, and renewals come first".into(),
+            Err(Busy::Full(in_flight)) => {
+                format!("{in_flight} acquires in flight through this router, its limit")
+            }
+        };
+        Err(LockError::Overloaded {
+            shard: shard.name().to_string(),
+            detail,
+        })
     }
 
     /// Renews one lock; `received`: when the request arrived (its latency
@@ -664,23 +646,6 @@ pub(crate) fn epoch_of(ring: &Recorded) -> Result<u16, LockError> {
         .map_err(|_| LockError::Internal("ring epoch out of range".into()))
 }
 
-/// A new session lease, its id carrying `tag` (a principal's).
-pub(crate) async fn grant_session(
-    shard: &Shard,
-    ttl_secs: u32,
-    tag: Option<LeaseTag>,
-) -> Result<SessionLease, EtcdError> {
-    let sent_at = Instant::now();
-    let (id, granted) = shard.grant_with(ttl_secs, tag).await?;
-    crate::metrics::session_granted(&shard.name);
-    let renewal = Renewal {
-        sent_at,
-        ttl_secs: granted,
-    };
-    shard.keepalive.seed(id, renewal);
-    Ok(SessionLease { id, ttl_secs })
-}
-
 impl Active {
     /// The answer to a grant (or re-acquire) to `holder`, confirmed by a txn
     /// sent at `sent`; the lockId names the holder's principal.
@@ -746,7 +711,7 @@ impl Active {
             .all_shards()
             .iter()
             .try_fold(Held::default(), |total, shard| {
-                let h = shard.cache.held(tag)?;
+                let h = shard.held_by(tag)?;
                 Some(Held {
                     locks: total.locks + h.locks,
                     sessions: total.sessions + h.sessions,
@@ -774,21 +739,19 @@ impl Active {
             .map_err(|r| refused(o, r))
     }
 
-    /// A new session lease for the acquire on `shard`, its id carrying the
-    /// owner's tag, reserved in the owner's `max_sessions` first (refused
-    /// at it).
-    pub(crate) async fn new_session(
+    /// Admits a new session lease for an acquire of `owner`'s (the hook of
+    /// [`Shard::session`]): reserves it in the owner's `max_sessions` first
+    /// (refused at it).
+    pub(crate) fn admit_session(
         &self,
-        shard: &Shard,
-        ttl_secs: u32,
         owner: Option<&Owner>,
         reservation: Option<&quota::Reservation>,
-    ) -> Result<SessionLease, LockError> {
+    ) -> Result<(), LockError> {
         if let (Some(r), Some(o)) = (reservation, owner) {
             r.add_session(|| self.held_by(o.tag))
                 .map_err(|r| refused(o, r))?;
         }
-        Ok(grant_session(shard, ttl_secs, owner.map(|o| o.tag)).await?)
+        Ok(())
     }
 }
 
@@ -826,7 +789,7 @@ pub(crate) fn seal_label(seal: Seal<'_>) -> &str {
 }
 
 pub(crate) fn check_up(shard: &Shard) -> Result<(), LockError> {
-    if shard.conn.is_up() {
+    if shard.is_up() {
         Ok(())
     } else {
         Err(unavailable(shard, "the shard does not answer"))
@@ -847,7 +810,7 @@ pub(crate) fn check_identity(shard: &Shard) -> Result<(), LockError> {
 
 pub(crate) fn unavailable(shard: &Shard, detail: &str) -> LockError {
     LockError::ShardUnavailable {
-        shard: shard.name.clone(),
+        shard: shard.name().to_string(),
         detail: detail.to_string(),
     }
 }

@@ -21,8 +21,7 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use crate::shard::cache::Held;
-use crate::shard::Shard;
+use crate::shard::{Held, Shard};
 use crate::token::lease_tag::LeaseTag;
 
 /// Longest a granted reservation waits for its cache (a cache that stops
@@ -56,7 +55,7 @@ impl Slot {
     /// Counted by the shard's cache by now (or given up on).
     fn counted(&self) -> bool {
         self.granted.as_ref().is_some_and(|(shard, revision, at)| {
-            shard.cache.applied() >= *revision || at.elapsed() > SEEN_BOUND
+            shard.cache_has_seen(*revision) || at.elapsed() > SEEN_BOUND
         })
     }
 }

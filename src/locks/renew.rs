@@ -11,10 +11,8 @@ use futures::future::join_all;
 
 use super::*;
 use crate::metrics::{Latency, ShardOp};
-use crate::shard::cache::{Entry, Vouched};
 use crate::shard::conn::EtcdError;
-use crate::shard::keepalive::Renewal;
-use crate::shard::Shard;
+use crate::shard::{Entry, Renewal, Shard};
 use crate::token::lock_id::LockId;
 
 impl Active {
@@ -38,7 +36,7 @@ impl Active {
         }
         // A shard no longer in any ring was drained: the lock is gone.
         let shard = self.shard_of(&id)?;
-        let _latency = shard.conn.metrics().latency(ShardOp::Renew, received);
+        let _latency = shard.metrics().latency(ShardOp::Renew, received);
         check_up(&shard)?;
         // A renew that names its TTL asks for the lease renewed now (an
         // SDK's `extend`): a keepalive unless one was confirmed within the
@@ -88,7 +86,7 @@ impl Active {
             let entry = by_shard.entry(id.shard.as_str()).or_insert_with(|| {
                 let shard = self.shard_of(id).ok();
                 let latency =
-                    (shard.as_ref()).map(|s| s.conn.metrics().latency(ShardOp::Renew, received));
+                    (shard.as_ref()).map(|s| s.metrics().latency(ShardOp::Renew, received));
                 (shard, Vec::new(), latency)
             });
             entry.1.push(i);
@@ -97,7 +95,7 @@ impl Active {
         let groups = join_all(by_shard.values().map(|(shard, at, _)| {
             let ids = &ids;
             async move {
-                let Some(shard) = shard.as_ref().filter(|s| s.conn.is_up()) else {
+                let Some(shard) = shard.as_ref().filter(|s| s.is_up()) else {
                     return (at, None);
                 };
                 let group: Vec<&LockId> = at.iter().map(|&i| &ids[i]).collect();
@@ -134,7 +132,8 @@ impl Active {
         extend: bool,
     ) -> Vec<Result<RenewOutcome, EtcdError>> {
         let sent = Instant::now();
-        let entries = check_keys(shard, ids).await;
+        let hashes: Vec<_> = ids.iter().map(|id| id.name_hash).collect();
+        let entries = shard.lock_entries(&hashes).await;
         let mine = |id: &LockId, entry: &Result<Option<Entry>, EtcdError>| matches!(entry, Ok(Some(e)) if *e == (id.revision, id.lease));
         // One keepalive per lease a lock of the request was verified on.
         let mut verified: HashMap<i64, u32> = HashMap::new();
@@ -149,20 +148,15 @@ impl Active {
             } else {
                 self.window(ttl)
             };
-            shard.keepalive.refresh_in_burst(lease, window, ttl)
+            shard.renew_session(lease, window, ttl)
         }))
         .await;
         let renewals: HashMap<i64, Result<Renewal, EtcdError>> =
             verified.keys().copied().zip(answers).collect();
-        for (&lease, renewal) in &renewals {
-            if matches!(renewal, Ok(r) if r.alive()) {
-                shard.sessions.touch(lease);
-            }
-        }
         let now = Instant::now();
-        if shard.pressure.renewal(now - sent, self.renewal_budget, now) {
+        if shard.note_renewal(now - sent, self.renewal_budget, now) {
             tracing::warn!(
-                shard = %shard.name,
+                shard = %shard.name(),
                 took_ms = (now - sent).as_millis() as u64,
                 budget_ms = self.renewal_budget.as_millis() as u64,
                 "renewals are slow: acquires of the shard's names are refused for a second"
@@ -192,27 +186,3 @@ impl Active {
 /// does not know it), their places in the batch, and the batch's latency
 /// on it.
 type ShardGroup = (Option<Arc<Shard>>, Vec<usize>, Option<Latency>);
-
-/// The (create revision, lease) of each lock's key, or `None` if it is
-/// gone, as of a moment after this call began.
-async fn check_keys(shard: &Shard, ids: &[&LockId]) -> Vec<Result<Option<Entry>, EtcdError>> {
-    let hashes: Vec<_> = ids.iter().map(|id| id.name_hash).collect();
-    match shard.cache.lookup(&hashes).await {
-        Ok(Vouched::Entries(entries)) => {
-            shard.conn.metrics().renewal_check("cache", ids.len());
-            entries.into_iter().map(Ok).collect()
-        }
-        Err(e) => vec![Err(e); ids.len()],
-        Ok(Vouched::Unsure) => {
-            shard.conn.metrics().renewal_check("read", ids.len());
-            let reads = ids
-                .iter()
-                .map(|id| shard.verifier.get(shard.keys.lock(&id.name_hash)));
-            join_all(reads)
-                .await
-                .into_iter()
-                .map(|r| r.map(|kv| kv.map(|kv| (kv.create_revision(), kv.lease()))))
-                .collect()
-        }
-    }
-}

@@ -23,11 +23,9 @@ use crate::locks::{
     epoch_of, lease_end, lock_value, Acquire, Acquired, Active, Expiry, LockError, WaitSlots,
 };
 use crate::refusal::RateLimited;
-use crate::shard::keepalive::Renewal;
 use crate::shard::keys::{name_hash, LockValue, Stored};
 use crate::shard::queue::{Awaited, QueueEntry};
-use crate::shard::sessions::SessionLease;
-use crate::shard::{AcquireTxn, Shard};
+use crate::shard::{AcquireTxn, Renewal, SessionLease, Shard};
 use crate::token::lock_id::LockId;
 
 /// When the waiter next renews the session and its entry.
@@ -87,7 +85,7 @@ impl Active {
                 }
                 return Ok(answer);
             }
-            let w = waiting.get_or_insert_with(|| crate::metrics::Waiting::start(&shard.name));
+            let w = waiting.get_or_insert_with(|| crate::metrics::Waiting::start(shard.name()));
             if self.moved(&req.name, &shard) {
                 // Held where no queue exists (its previous shard): retry.
                 tokio::time::sleep(Duration::from_millis(20)).await;
@@ -105,7 +103,7 @@ impl Active {
     fn moved(&self, name: &str, shard: &Shard) -> bool {
         self.router
             .migration()
-            .is_some_and(|m| m.previous_shard(name).name != shard.name)
+            .is_some_and(|m| m.previous_shard(name).name() != shard.name())
     }
 
     /// Waits in the name's queue on `shard`; `None` if a migration moved the
@@ -122,10 +120,10 @@ impl Active {
         // acquire that does not wait), and again at each grant below.
         let session = {
             let reservation = self.reserve_lock(req.owner.as_ref())?;
+            let owner = req.owner.as_ref();
             shard
-                .sessions
-                .get_or_grant(req.holder.as_str(), ttl_secs, || {
-                    self.new_session(shard, ttl_secs, req.owner.as_ref(), reservation.as_ref())
+                .session(req.holder.as_str(), ttl_secs, owner.map(|o| o.tag), || {
+                    self.admit_session(owner, reservation.as_ref())
                 })
                 .await?
         };
@@ -166,20 +164,13 @@ impl Active {
                         r.granted(shard, revision);
                     }
                     let window = self.window(ttl_secs);
-                    let renewal = shard
-                        .keepalive
-                        .refresh(alive.session.id, window, ttl_secs)
-                        .await?;
-                    if !renewal.alive() {
+                    let session = shard.keep_session(req.holder.as_str(), &alive.session, window);
+                    let Some(renewal) = session.await? else {
                         // The session ran out right after: the lock went with it.
-                        shard
-                            .sessions
-                            .invalidate(req.holder.as_str(), ttl_secs, alive.session.id)
-                            .await;
                         return Ok(Some(Acquired::Held(Expiry(Instant::now()))));
-                    }
+                    };
                     let lock = LockId {
-                        shard: shard.name.as_str().into(),
+                        shard: shard.name().into(),
                         epoch: epoch_of(&g.ring)?,
                         ttl_secs,
                         lease: alive.session.id,
@@ -263,23 +254,17 @@ impl Active {
         let now = Instant::now();
         let ttl = alive.session.ttl_secs;
         if now >= alive.session_due {
-            let renewal = shard
-                .keepalive
-                .refresh(alive.session.id, self.window(ttl), ttl)
-                .await?;
-            if !renewal.alive() {
-                shard
-                    .sessions
-                    .invalidate(req.holder.as_str(), ttl, alive.session.id)
-                    .await;
+            let window = self.window(ttl);
+            let session = shard.keep_session(req.holder.as_str(), &alive.session, window);
+            let Some(renewal) = session.await? else {
                 return Ok(false);
-            }
+            };
             alive.session_due = KeepAlive::due_after(now, &renewal, ttl);
         }
         if now >= alive.entry_due {
             let ttl = entry.ttl_secs();
             let window = self.window(ttl);
-            let renewal = shard.keepalive.refresh(entry.lease(), window, ttl).await?;
+            let renewal = shard.renew_lease(entry.lease(), window, ttl).await?;
             if !renewal.alive() {
                 return Ok(false);
             }

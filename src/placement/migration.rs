@@ -105,7 +105,7 @@ pub async fn follow(router: &Router, open: &Recorded) -> bool {
     for shard in migration
         .shards
         .iter()
-        .filter(|s| !router.shards.iter().any(|c| c.name == s.name))
+        .filter(|s| !router.shards.iter().any(|c| c.name() == s.name()))
     {
         if let Ok(probe) = shard.probe().await {
             let state = shard.verify(&probe, fp).await;
@@ -125,8 +125,8 @@ pub async fn maybe_close(router: &Router, migration: &Migration) {
         let fenced = matches!(shard.read_ring().await, Ok(Some(r)) if r.meta.ring == router.ring.fingerprint());
         match (fenced, moved_names_left(router, shard).await) {
             (true, Ok(n)) => {
-                m::migration_moved_held(&shard.name, n);
-                held.insert(shard.name.clone(), n);
+                m::migration_moved_held(shard.name(), n);
+                held.insert(shard.name().to_string(), n);
                 total += n;
             }
             _ => return, // unknown: keep the migration open
@@ -157,7 +157,7 @@ pub async fn maybe_close(router: &Router, migration: &Migration) {
     if everywhere {
         tracing::info!(ring = %closed.meta.ring, epoch = closed.meta.epoch, "migration closed: no moved name is held on its previous shard");
         for shard in &migration.shards {
-            m::migration_moved_held(&shard.name, 0);
+            m::migration_moved_held(shard.name(), 0);
         }
         // The shards' known records first: detaching the migration while they
         // still showed the open one would refuse grants until the next round.
@@ -175,23 +175,9 @@ async fn moved_names_left(
     router: &Router,
     shard: &Shard,
 ) -> Result<i64, crate::shard::conn::EtcdError> {
-    let here = shard.name.clone();
-    let mut moved = |name: &str| router.ring.shard_name(name) != here;
-    let k = &shard.keys;
-    let locks = shard.hashes_where(k.locks_range(), &mut moved).await?;
-    let held = shard.hashes_where(k.held_range(), &mut moved).await?;
-    let delays = shard.hashes_where(k.delay_range(), &mut moved).await?;
-    // A held record without its lock key is a lost holder: set its
-    // lock-delay now rather than at the next sweep, so the close is not
-    // held up by it longer than the delay itself.
-    let lost: Vec<&Vec<u8>> = held.iter().filter(|h| !locks.contains(h)).collect();
-    if !lost.is_empty() {
-        shard.sweep_lost(router.lock_delay).await;
-    }
-    // A held lock has a lock key and a held record: count names, not keys.
-    let names: std::collections::HashSet<Vec<u8>> =
-        locks.into_iter().chain(held).chain(delays).collect();
-    Ok(names.len() as i64)
+    let here = shard.name();
+    let moved = |name: &str| router.ring.shard_name(name) != here;
+    shard.names_left(moved, router.lock_delay).await
 }
 
 /// A ring replacement guarded by the identity verified on `shard`.
@@ -227,7 +213,7 @@ pub async fn already_moved(old: &Router, new: &Settings, ring: &Ring) -> Result<
     for shard in old
         .shards
         .iter()
-        .filter(|o| !new.shards.iter().any(|s| s.name == o.name))
+        .filter(|o| !new.shards.iter().any(|s| s.name == o.name()))
     {
         if let Ok(recorded) = shard.read_ring().await {
             if recorded.is_none_or(|r| r.meta.ring != ring.fingerprint()) {
@@ -272,7 +258,7 @@ pub async fn open(old: &Router, new: &Settings, ring: &Ring) -> Result<(), Refus
     for s in new
         .shards
         .iter()
-        .filter(|s| !old.shards.iter().any(|o| o.name == s.name))
+        .filter(|s| !old.shards.iter().any(|o| o.name() == s.name))
     {
         let shard = old.pool.get(s).await.map_err(|e| Refused(e.to_string()))?;
         shards.push((shard, true));
@@ -290,7 +276,7 @@ pub async fn open(old: &Router, new: &Settings, ring: &Ring) -> Result<(), Refus
                 if base.is_some_and(|b| b != r.meta.epoch) {
                     return refuse(format!(
                         "shard {} records another epoch than its peers",
-                        shard.name
+                        shard.name()
                     ));
                 }
                 base = Some(r.meta.epoch);
@@ -307,7 +293,7 @@ pub async fn open(old: &Router, new: &Settings, ring: &Ring) -> Result<(), Refus
                 };
                 return refuse(format!(
                     "{role} {} records {what:?}, which a migration from {from} cannot start from",
-                    shard.name
+                    shard.name()
                 ));
             }
         }
@@ -358,12 +344,12 @@ pub async fn bump_epoch(router: &Router, req: &BumpRequest) -> Result<u64, Refus
         shards.extend(
             m.shards
                 .iter()
-                .filter(|s| !router.shards.iter().any(|c| c.name == s.name))
+                .filter(|s| !router.shards.iter().any(|c| c.name() == s.name()))
                 .cloned(),
         );
     }
     for name in &req.reinitialize {
-        if !shards.iter().any(|s| &s.name == name) {
+        if !shards.iter().any(|s| s.name() == name) {
             return refuse(format!(
                 "reinitialize names {name:?}, which is not a shard of this router"
             ));
@@ -382,13 +368,13 @@ pub async fn bump_epoch(router: &Router, req: &BumpRequest) -> Result<u64, Refus
             Some(r) if r.meta.ring == fp && !router.follows(r) => {
                 return refuse(format!(
                     "shard {} records a migration this router has not attached yet; retry in a moment",
-                    shard.name
+                    shard.name()
                 ))
             }
             Some(r) if r.meta.ring != fp && previous.as_ref().is_none_or(|p| p.ring != r.meta.ring) => {
                 return refuse(format!(
                     "shard {} records ring {} (epoch {}), neither this router's ring nor the one it migrates from",
-                    shard.name, r.meta.ring, r.meta.epoch
+                    shard.name(), r.meta.ring, r.meta.epoch
                 ))
             }
             _ => {}
@@ -466,10 +452,10 @@ async fn change_epoch(steps: &[Step], new: &Recorded) -> Result<(), String> {
             Ok(false) => {
                 return Err(format!(
                     "shard {} changed since it was read (another bump or migration?); epoch {} is skipped, retry",
-                    step.shard.name, new.meta.epoch
+                    step.shard.name(), new.meta.epoch
                 ))
             }
-            Err(e) => return Err(format!("{}: {e}", step.shard.name)),
+            Err(e) => return Err(format!("{}: {e}", step.shard.name())),
         }
     }
     for step in steps {
@@ -487,11 +473,11 @@ async fn change_epoch(steps: &[Step], new: &Recorded) -> Result<(), String> {
             Ok(other) => {
                 return Err(format!(
                     "{} now records {:?}",
-                    step.shard.name,
+                    step.shard.name(),
                     other.map(|r| r.meta)
                 ))
             }
-            Err(e) => return Err(format!("{}: {e}", step.shard.name)),
+            Err(e) => return Err(format!("{}: {e}", step.shard.name())),
         }
     }
     Ok(())
@@ -506,32 +492,33 @@ fn bump_identity(
     probe: &Probe,
     req: &BumpRequest,
 ) -> Result<IdentityGuard, Refused> {
-    let current = Identity::new(&shard.name, probe.cluster_id);
+    let current = Identity::new(shard.name(), probe.cluster_id);
     match &probe.identity {
-        Some(Ok((id, bytes))) if id.shard == shard.name => Ok(if *id == current {
+        Some(Ok((id, bytes))) if id.shard == shard.name() => Ok(if *id == current {
             IdentityGuard::Verified(bytes.clone())
         } else {
             IdentityGuard::Replace(bytes.clone(), current.to_bytes())
         }),
         Some(Ok((id, _))) => refuse(format!(
             "the cluster at shard {}'s endpoints is shard {:?}: fix this router's config",
-            shard.name, id.shard
+            shard.name(),
+            id.shard
         )),
         Some(Err(_)) => refuse(format!(
             "shard {} records an unreadable identity",
-            shard.name
+            shard.name()
         )),
         None if probe.ring.is_some() => refuse(format!(
             "shard {} records no identity yet; retry in a moment",
-            shard.name
+            shard.name()
         )),
-        None if req.reinitialize.contains(&shard.name) => {
+        None if req.reinitialize.iter().any(|n| n == shard.name()) => {
             Ok(IdentityGuard::Create(current.to_bytes()))
         }
         None => refuse(format!(
             "shard {} records nothing: if it lost its data, bump with {{\"reinitialize\": [{:?}]}} \
              after checking that this router's endpoints for it are right",
-            shard.name, shard.name
+            shard.name(), shard.name()
         )),
     }
 }
@@ -539,13 +526,13 @@ fn bump_identity(
 /// How a migration's opening treats a shard's identity: an old shard must
 /// carry the identity this router verified; a joining shard gets one.
 fn opening_identity(shard: &Shard, probe: &Probe, joining: bool) -> Result<IdentityGuard, Refused> {
-    let current = Identity::new(&shard.name, probe.cluster_id);
+    let current = Identity::new(shard.name(), probe.cluster_id);
     match &probe.identity {
         Some(Ok((id, bytes))) if *id == current => Ok(IdentityGuard::Verified(bytes.clone())),
         None if joining => Ok(IdentityGuard::Create(current.to_bytes())),
         _ => refuse(format!(
             "shard {}'s identity is not verified (see the router log); a migration needs every shard's",
-            shard.name
+            shard.name()
         )),
     }
 }

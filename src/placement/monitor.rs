@@ -77,14 +77,13 @@ async fn run(router: Weak<Router>, every: Intervals, cancel: CancellationToken) 
 async fn tick(router: &Router, count_due: bool, sweep_every: Duration) {
     let fp = router.ring.fingerprint().to_string();
     let shards = &router.shards;
-    join_all(router.all_shards().iter().map(|s| s.conn.check_version())).await;
+    join_all(router.all_shards().iter().map(|s| s.check_version())).await;
     let probes = join_all(shards.iter().map(|s| s.probe())).await;
     let mut states = Vec::with_capacity(shards.len());
     let mut fresh = true;
     for (shard, probe) in shards.iter().zip(&probes) {
         match probe {
             Ok(p) => {
-                shard.conn.set_up(true);
                 fresh &= p.ring.is_none() && p.identity.is_none() && p.reservation.is_none();
                 states.push(Some(shard.verify(p, &fp).await));
             }
@@ -119,12 +118,12 @@ async fn tick(router: &Router, count_due: bool, sweep_every: Duration) {
         log_ring_change(shard, &shard.ring_state(), state, &fp);
         match state {
             RingState::Ready(r) | RingState::Mismatch(r) => m::ring_state(
-                &shard.name,
+                shard.name(),
                 r.meta.epoch,
                 matches!(state, RingState::Ready(_)),
             ),
             // Not grantable: the ring is not ok, whatever was recorded.
-            RingState::Absent | RingState::Identity(_) => m::ring_ok(&shard.name, false),
+            RingState::Absent | RingState::Identity(_) => m::ring_ok(shard.name(), false),
             RingState::Unknown => {}
         }
         shard.set_ring_state(state.clone());
@@ -151,7 +150,7 @@ async fn tick(router: &Router, count_due: bool, sweep_every: Duration) {
     m::migration_open(migration.is_some());
     if migration.is_none() {
         for shard in &router.shards {
-            m::migration_moved_held(&shard.name, 0);
+            m::migration_moved_held(shard.name(), 0);
         }
     }
     if count_due {
@@ -160,12 +159,12 @@ async fn tick(router: &Router, count_due: bool, sweep_every: Duration) {
         // session of the shard (a profile with 10K clients put 6% of the
         // router's CPU in a sweep on every health tick).
         for shard in router.all_shards() {
-            m::session_leases(&shard.name, shard.sessions.sweep(Duration::from_secs(60)));
+            m::session_leases(shard.name(), shard.sweep_sessions(Duration::from_secs(60)));
         }
         count_locks(router).await;
     }
     let up = router.all_shards();
-    let up = up.iter().filter(|s| s.conn.is_up());
+    let up = up.iter().filter(|s| s.is_up());
     join_all(up.map(|s| s.sweep_step(router.lock_delay, sweep_every))).await;
 }
 
@@ -192,10 +191,10 @@ async fn initialise(
         by: Reservation::fresh(1).by,
     };
     let mut order: Vec<usize> = (0..shards.len()).collect();
-    order.sort_by(|&a, &b| shards[a].name.cmp(&shards[b].name));
+    order.sort_by(|&a, &b| shards[a].name().cmp(shards[b].name()));
     for i in order {
         let Ok(probe) = &probes[i] else { break };
-        let identity = Identity::new(&shards[i].name, probe.cluster_id);
+        let identity = Identity::new(shards[i].name(), probe.cluster_id);
         match shards[i].initialise(&fresh, &identity, &reservation).await {
             Ok(true) => {
                 shards[i].set_verified_identity(Some(identity.to_bytes()));
@@ -217,11 +216,11 @@ async fn count_locks(router: &Router) {
     let shards = router.all_shards();
     let mut unsure = Vec::new();
     for shard in shards.iter() {
-        let cached = shard.cache.len();
-        m::cache_state(&shard.name, cached);
+        let cached = shard.cached_locks();
+        m::cache_state(shard.name(), cached);
         match cached {
-            Some(n) => m::active_locks(&shard.name, n as i64),
-            None if shard.conn.is_up() => unsure.push(shard),
+            Some(n) => m::active_locks(shard.name(), n as i64),
+            None if shard.is_up() => unsure.push(shard),
             None => {}
         }
     }
@@ -233,7 +232,7 @@ async fn count_locks(router: &Router) {
     .await;
     for (shard, count) in counts {
         if let Ok(n) = count {
-            m::active_locks(&shard.name, n);
+            m::active_locks(shard.name(), n);
         }
     }
 }

@@ -217,9 +217,9 @@ impl ShardFacts {
             _ => (None, None),
         };
         Self {
-            name: s.name.clone(),
+            name: s.name().to_string(),
             role,
-            up: s.conn.is_up(),
+            up: s.is_up(),
             recorded_ring,
             recorded_epoch,
             weight,
@@ -377,11 +377,11 @@ impl Router {
 
     /// A shard of this ring or of the open migration's previous ring.
     pub fn shard_named(&self, name: &str) -> Option<Arc<Shard>> {
-        if let Some(s) = self.shards.iter().find(|s| s.name == name) {
+        if let Some(s) = self.shards.iter().find(|s| s.name() == name) {
             return Some(s.clone());
         }
         let migration = self.migration();
-        migration.and_then(|m| m.shards.iter().find(|s| s.name == name).cloned())
+        migration.and_then(|m| m.shards.iter().find(|s| s.name() == name).cloned())
     }
 
     pub fn migration(&self) -> Option<Arc<Migration>> {
@@ -405,7 +405,7 @@ impl Router {
     /// What a grant on `shard` compares (its recorded ring and verified
     /// identity), if it may grant.
     pub fn grantable(&self, shard: &Shard) -> Result<Grantable, NotServing> {
-        if !shard.conn.is_up() {
+        if !shard.is_up() {
             return Err(NotServing::Down);
         }
         let ring = match self.ring_state_of(shard) {
@@ -511,7 +511,7 @@ impl Router {
             let draining = m
                 .shards
                 .iter()
-                .filter(|s| !self.shards.iter().any(|c| c.name == s.name));
+                .filter(|s| !self.shards.iter().any(|c| c.name() == s.name()));
             facts.extend(draining.map(|s| ShardFacts::of(s, "draining", None)));
         }
         facts
@@ -522,7 +522,7 @@ impl Router {
         self.shards
             .iter()
             .map(|s| {
-                let state = if !s.conn.is_up() {
+                let state = if !s.is_up() {
                     ShardState::Unreachable
                 } else {
                     match self.ring_state_of(s) {
@@ -542,7 +542,7 @@ impl Router {
                         }
                     }
                 };
-                (s.name.clone(), state)
+                (s.name().to_string(), state)
             })
             .collect()
     }
@@ -589,7 +589,7 @@ impl Router {
         let mut all = self.shards.clone();
         if let Some(m) = self.migration() {
             for s in &m.shards {
-                if !all.iter().any(|a| a.name == s.name) {
+                if !all.iter().any(|a| a.name() == s.name()) {
                     all.push(s.clone());
                 }
             }
@@ -614,14 +614,14 @@ pub fn log_ring_change(shard: &Shard, old: &RingState, new: &RingState, ours: &s
     }
     match new {
         RingState::Ready(r) => tracing::info!(
-            shard = %shard.name,
+            shard = %shard.name(),
             epoch = r.meta.epoch,
             ring = %r.meta.ring,
             migrating = r.meta.previous.is_some(),
             "shard records this router's ring"
         ),
         RingState::Mismatch(r) => tracing::error!(
-            shard = %shard.name,
+            shard = %shard.name(),
             recorded_ring = %r.meta.ring,
             recorded_epoch = r.meta.epoch,
             our_ring = %ours,
@@ -630,16 +630,16 @@ pub fn log_ring_change(shard: &Shard, old: &RingState, new: &RingState, ours: &s
              changed without a rebalance; refusing to grant on this shard"
         ),
         RingState::Absent => tracing::warn!(
-            shard = %shard.name,
+            shard = %shard.name(),
             "the shard records no ring; it is initialised only when every shard is reachable \
              and none has ever been used, or by a migration or an epoch bump"
         ),
         RingState::Identity(why) => tracing::error!(
-            shard = %shard.name,
+            shard = %shard.name(),
             problem = %why.detail(),
             "the etcd cluster at this shard's endpoints is not shard {:?}: check the endpoints \
              in this router's config; refusing to grant, renew or release on it",
-            shard.name
+            shard.name()
         ),
         RingState::Unknown => {}
     }

@@ -235,8 +235,6 @@ impl LockCache {
             .copied()
     }
 
-    /// The locks and sessions of `tag` on the shard as the cache has them
-    /// now (no barrier), while it vouches.
     /// Whether each of `hashes` has a lock key, as of a revision at or
     /// after `revision`; `None` when the cache cannot say (loading, broken,
     /// or not yet at `revision`). Not a barrier: for candidates that a txn
@@ -247,6 +245,8 @@ impl LockCache {
         ready.then(|| hashes.iter().map(|h| table.keys.contains_key(h)).collect())
     }
 
+    /// The locks and sessions of `tag` on the shard as the cache has them
+    /// now (no barrier), while it vouches.
     pub fn held(&self, tag: LeaseTag) -> Option<Held> {
         let table = self.state.keys.read().expect("cache lock");
         self.state

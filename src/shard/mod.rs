@@ -1,5 +1,13 @@
 //! A shard: one etcd cluster, and every etcd call lockrouter makes to it.
 //!
+//! The layers above see a [`Shard`] only through its methods, which speak
+//! locks: grant a name on a client's session, keep a session alive or
+//! forget it, check and renew locks, release, queue and wait, read and
+//! write the shard's own records. Its fields are private to this module,
+//! so no layer above names its connection, its keys, its caches or its
+//! background helpers, and none makes an etcd call of its own; what to do
+//! with an answer (retry, wait, refuse, which quota applies) is theirs.
+//!
 //! Besides its connection ([`conn`], with the TLS and etcd user of
 //! [`access`], whose tokens [`login`] keeps), a shard owns the background
 //! helpers that make the hot paths cheap (the multiplexed keepalive stream
@@ -14,13 +22,17 @@
 //! never grant here.
 //!
 //! The calls themselves: [`name`] builds the txns of one lock name as
-//! values, `txn.rs` holds the calls on one lock name (grants, releases,
-//! lost holders), `records.rs` those on the shard's own records (ring,
-//! identity, epoch reservation) and the identity check, `scan.rs` the
-//! paged range reads (counts, moved names, the sweep of lost holders) on
-//! the paging of `pages.rs` (which also keeps where the paced sweep is), and
-//! [`queue`] the queue of waiting acquires of a name (a waiter's entry,
-//! the grant at its head, the watch a waiter sleeps on).
+//! values and says how their answers read, `txn.rs` holds the calls on one
+//! lock name (the grant on a client's session, releases, lost holders),
+//! [`leases`] those on leases (a client's session lease, got or granted
+//! with a quota's hook, kept alive, forgotten; a keepalive of any lease),
+//! [`renewal`] what a renewal asks (that lock keys are still theirs, the
+//! keepalive of the sessions they ride on), `records.rs` the calls on the
+//! shard's own records (ring, identity, epoch reservation) and the identity
+//! check, `scan.rs` the paged range reads (counts, moved names, the sweep
+//! of lost holders) on the paging of `pages.rs` (which also keeps where the
+//! paced sweep is), and [`queue`] the queue of waiting acquires of a name
+//! (a waiter's entry, the grant at its head, the watch a waiter sleeps on).
 
 use std::sync::RwLock;
 
@@ -28,28 +40,35 @@ use etcd_client::{LeaseTimeToLiveOptions, Txn, TxnResponse};
 use tokio_util::sync::CancellationToken;
 
 pub mod access;
-pub mod cache;
-pub mod commit;
+mod cache;
+mod commit;
 pub mod conn;
-pub mod keepalive;
+mod keepalive;
 pub mod keys;
+mod leases;
 pub mod login;
 pub mod name;
 mod pages;
-pub mod pressure;
+mod pressure;
 pub mod queue;
 mod records;
+mod renewal;
 mod scan;
-pub mod sessions;
+mod sessions;
 mod txn;
-pub mod verify;
+mod verify;
 
+use crate::token::lease_tag::LeaseTag;
 use cache::LockCache;
+pub use cache::{Entry, Held};
 use commit::Committer;
 use conn::{EtcdConn, EtcdError};
 use keepalive::Keepalive;
+pub use keepalive::Renewal;
 use keys::{Identity, Keys, NameHash, Recorded, Reservation, Stored};
-pub use name::{AcquireTxn, Grantable, NameKeys, ReleaseTxn};
+pub use name::{AcquireTxn, Grantable, NameKeys, NameState, ReleaseTxn, SessionGrant};
+pub use pressure::{AcquireSlot, Busy};
+pub use sessions::SessionLease;
 use sessions::Sessions;
 use verify::{IdentityCell, Verifier};
 
@@ -140,17 +159,26 @@ impl IdentityGuard {
     }
 }
 
+/// One etcd cluster, as the layers above see it: the lock-level calls on
+/// it (grants, renewals, releases, the waiting queue, its records), never
+/// its parts. Every field is private to this module.
 pub struct Shard {
-    pub name: String,
-    pub conn: EtcdConn,
-    pub keys: Keys,
-    pub keepalive: Keepalive,
-    pub verifier: Verifier,
+    /// The shard's name in the ring.
+    name: String,
+    /// Every etcd call goes through it (deadlines, error classes, health).
+    conn: EtcdConn,
+    /// Where lockrouter's keys live under the configured prefix.
+    keys: Keys,
+    /// Coalesced keepalives of every lease the router renews here.
+    keepalive: Keepalive,
+    /// Batched reads of lock keys, for when `cache` cannot vouch.
+    verifier: Verifier,
     /// The lock keys, for renewals (falls back to `verifier`).
-    pub cache: LockCache,
+    cache: LockCache,
     /// Group commit of grants and releases.
     committer: Committer,
-    pub sessions: Sessions,
+    /// Each client's session lease per TTL, shared by its acquires.
+    sessions: Sessions,
     /// std `RwLock`: read on every acquire, written by the monitor, never
     /// held across an await.
     ring: RwLock<RingState>,
@@ -158,9 +186,9 @@ pub struct Shard {
     identity: IdentityCell,
     /// Acquires (and inspects) of this shard's names in flight in this
     /// replica: bounded, so one slow shard cannot take every slot.
-    pub acquiring: std::sync::atomic::AtomicUsize,
+    acquiring: std::sync::atomic::AtomicUsize,
     /// Its renewals' recent latency: acquires are shed first.
-    pub pressure: pressure::Pressure,
+    pressure: pressure::Pressure,
     /// Where the paced sweep of lost holders is.
     sweep: std::sync::Mutex<pages::Sweep>,
 }
@@ -197,6 +225,65 @@ impl Shard {
         }
     }
 
+    /// The shard's name in the ring.
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// Whether the shard answered its last call.
+    pub fn is_up(&self) -> bool {
+        self.conn.is_up()
+    }
+
+    /// The shard's hot metric series.
+    pub fn metrics(&self) -> &crate::metrics::ShardMetrics {
+        self.conn.metrics()
+    }
+
+    /// Once per connection: logs the etcd release that answers, and warns
+    /// of one with known bugs (see [`conn::release_risk`]).
+    pub async fn check_version(&self) {
+        self.conn.check_version().await
+    }
+
+    /// A place for one more acquire of this shard's names, unless the
+    /// shard sheds acquires at `now` (its renewals are slow) or `bound`
+    /// acquires are in flight on it already.
+    pub fn admit_acquire(
+        &self,
+        bound: usize,
+        now: std::time::Instant,
+    ) -> Result<AcquireSlot<'_>, Busy> {
+        if self.pressure.shedding(now) {
+            return Err(Busy::Shedding);
+        }
+        AcquireSlot::take(&self.acquiring, bound).map_err(Busy::Full)
+    }
+
+    /// Whether the cache shows `hash`'s name held now: a hint with no
+    /// barrier, which may be stale either way (an acquire reads such a name
+    /// before it writes; the txn decides).
+    pub fn cache_shows_held(&self, hash: &NameHash) -> bool {
+        self.cache.hint(hash).is_some()
+    }
+
+    /// Whether the cache has applied every change up to `revision` (its
+    /// counts included).
+    pub fn cache_has_seen(&self, revision: i64) -> bool {
+        self.cache.applied() >= revision
+    }
+
+    /// What the principal of `tag` holds on the shard, as the cache counts
+    /// it now; `None` while it cannot (loading, or its watch broke).
+    pub fn held_by(&self, tag: LeaseTag) -> Option<Held> {
+        self.cache.held(tag)
+    }
+
+    /// Lock keys on the shard as the cache counts them, while it vouches.
+    pub fn cached_locks(&self) -> Option<usize> {
+        self.cache.len()
+    }
+
     pub fn ring_state(&self) -> RingState {
         self.ring.read().expect("ring lock").clone()
     }
@@ -225,7 +312,7 @@ impl Shard {
     }
 
     /// Linearizable read of one key.
-    pub async fn get(&self, key: &[u8]) -> Result<Option<Stored>, EtcdError> {
+    async fn get(&self, key: &[u8]) -> Result<Option<Stored>, EtcdError> {
         let mut kv = self.conn.client().kv_client();
         let mut resp = self.conn.call("Range", kv.get(key, None)).await?;
         Ok(resp.take_kvs().into_iter().next().map(Stored::from))
@@ -233,14 +320,14 @@ impl Shard {
 
     /// Grants a lease; returns its id and the TTL etcd granted (which may
     /// be above the one asked for: etcd raises TTLs to its minimum).
-    pub async fn grant(&self, ttl_secs: u32) -> Result<(i64, i64), EtcdError> {
+    async fn grant(&self, ttl_secs: u32) -> Result<(i64, i64), EtcdError> {
         self.grant_with(ttl_secs, None).await
     }
 
     /// [`Shard::grant`], with an id carrying `tag` (see [`sessions`]). An
     /// id already in use (a chance of one in 2^39 per lease of the tag)
     /// fails the grant, and the acquire answers 500; a retry gets another.
-    pub async fn grant_with(
+    async fn grant_with(
         &self,
         ttl_secs: u32,
         tag: Option<crate::token::lease_tag::LeaseTag>,
@@ -266,7 +353,7 @@ impl Shard {
     }
 
     /// Revokes a lease (a waiter's own lease when its wait ends).
-    pub async fn revoke(&self, lease: i64) -> Result<(), EtcdError> {
+    async fn revoke(&self, lease: i64) -> Result<(), EtcdError> {
         let mut client = self.conn.client().lease_client();
         match self.conn.call("LeaseRevoke", client.revoke(lease)).await {
             Ok(_) | Err(EtcdError::LeaseNotFound) => Ok(()),
@@ -274,7 +361,7 @@ impl Shard {
         }
     }
 
-    pub(crate) async fn txn(&self, txn: Txn) -> Result<TxnResponse, EtcdError> {
+    async fn txn(&self, txn: Txn) -> Result<TxnResponse, EtcdError> {
         let mut kv = self.conn.client().kv_client();
         self.conn.call("Txn", kv.txn(txn)).await
     }

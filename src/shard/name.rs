@@ -9,6 +9,8 @@ use etcd_client::{
     Compare, CompareOp, DeleteOptions, PutOptions, Txn, TxnOp, TxnOpResponse, TxnResponse,
 };
 
+use super::conn::EtcdError;
+use super::keepalive::Renewal;
 use super::keys::{HeldValue, Keys, LockValue, NameHash, Recorded, Stored};
 
 /// What a grant compares: the ring and the identity the router verified.
@@ -52,6 +54,16 @@ pub enum AcquireTxn {
     RingChanged(Option<Recorded>),
     /// The shard's identity is not the one the router verified.
     IdentityChanged,
+}
+
+/// What a grant on a client's session lease came to.
+#[derive(Debug)]
+pub enum SessionGrant {
+    /// The session lease is gone, and forgotten (the holder's next acquire
+    /// gets a new one). A lock key the txn may have created went with it.
+    SessionGone,
+    /// The grant txn's answer, and the renewal of the session sent with it.
+    Answered(AcquireTxn, Result<Renewal, EtcdError>),
 }
 
 /// What a lock name looks like on a shard (one read-only txn).

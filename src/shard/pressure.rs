@@ -9,7 +9,12 @@
 //! in the current quarter second, went over the budget, the shard refuses
 //! acquires (503 `overloaded`) for [`SHED_FOR`]; every slow renewal while
 //! shedding extends it. Renewals and releases are never refused by this.
+//!
+//! Besides, the acquires of a shard's names in flight in this replica are
+//! counted, so that a bound on them (the lock layer's) keeps one slow shard
+//! from taking every slot.
 
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
@@ -68,6 +73,37 @@ impl Pressure {
     pub fn shedding(&self, now: Instant) -> bool {
         let w = self.inner.lock().expect("pressure lock");
         w.shed_until.is_some_and(|until| until > now)
+    }
+}
+
+/// Why a shard does not take another acquire now.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Busy {
+    /// Its renewals are slow, and renewals come first.
+    Shedding,
+    /// This many acquires are in flight on it through this replica: the
+    /// bound.
+    Full(usize),
+}
+
+/// An acquire in flight on a shard, counted until dropped.
+pub struct AcquireSlot<'a>(&'a AtomicUsize);
+
+impl<'a> AcquireSlot<'a> {
+    /// One more of the acquires `in_flight` counts, unless `bound` are in
+    /// flight already (then their number).
+    pub fn take(in_flight: &'a AtomicUsize, bound: usize) -> Result<Self, usize> {
+        in_flight
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| {
+                (n < bound).then_some(n + 1)
+            })
+            .map(|_| Self(in_flight))
+    }
+}
+
+impl Drop for AcquireSlot<'_> {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::AcqRel);
     }
 }
 

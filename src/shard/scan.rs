@@ -9,12 +9,38 @@ use super::conn::EtcdError;
 use super::keys::{hash_of_hex, NameHash, Stored};
 use super::pages::{hash_position, Pages, SPACE};
 use super::{NameKeys, Shard};
+use crate::config::LockDelay;
 
 impl Shard {
+    /// How many names satisfying `wanted` are still on the shard: held,
+    /// lost without a lock-delay set yet, or waiting one out (a migration's
+    /// moved names on their previous shard). Lost holders among them get
+    /// their lock-delay now (with lock-delay off, are forgotten) rather
+    /// than at the next sweep, so that whoever waits for these names to go
+    /// waits no longer than the delay itself.
+    pub async fn names_left(
+        &self,
+        mut wanted: impl FnMut(&str) -> bool,
+        lock_delay: LockDelay,
+    ) -> Result<i64, EtcdError> {
+        let k = &self.keys;
+        let locks = self.hashes_where(k.locks_range(), &mut wanted).await?;
+        let held = self.hashes_where(k.held_range(), &mut wanted).await?;
+        let delays = self.hashes_where(k.delay_range(), &mut wanted).await?;
+        // A held record without its lock key is a lost holder.
+        if held.iter().any(|h| !locks.contains(h)) {
+            self.sweep_lost(lock_delay).await;
+        }
+        // A held lock has a lock key and a held record: count names, not keys.
+        let names: std::collections::HashSet<Vec<u8>> =
+            locks.into_iter().chain(held).chain(delays).collect();
+        Ok(names.len() as i64)
+    }
+
     /// The hex name hashes of the keys in `[start, end)` (lock keys, held
     /// records or lock-delays) whose names satisfy `wanted`, reading every
     /// key at one revision, a page at a time (no raft writes).
-    pub async fn hashes_where(
+    async fn hashes_where(
         &self,
         (start, end): (Vec<u8>, Vec<u8>),
         wanted: &mut impl FnMut(&str) -> bool,

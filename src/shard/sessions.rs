@@ -118,14 +118,6 @@ impl Sessions {
         renewed.retain(|lease, _| live.contains(lease));
         slots.len()
     }
-
-    pub fn len(&self) -> usize {
-        self.slots.lock().expect("sessions lock").len()
-    }
-
-    pub fn is_empty(&self) -> bool {
-        self.len() == 0
-    }
 }
 
 #[cfg(test)]

@@ -13,7 +13,9 @@ use super::conn::EtcdError;
 use super::keys::{HeldValue, LockValue, Stored};
 use super::name::{
     grant_ops, name_reads, read_name, AcquireTxn, Grantable, NameKeys, NameState, ReleaseTxn,
+    SessionGrant,
 };
+use super::sessions::SessionLease;
 use super::Shard;
 use crate::config::LockDelay;
 
@@ -41,6 +43,53 @@ impl Shard {
         self.committer
             .acquire(k, value, lease, g, replace_held)
             .await
+    }
+
+    /// The whole grant of `k`'s name to `value.client` on its `session`:
+    /// the grant txn ([`Shard::acquire_txn`]) with the session kept alive
+    /// alongside (a keepalive unless one was confirmed less than `window`
+    /// ago).
+    ///
+    /// A session known to outlast the txn goes with it, concurrently. The
+    /// txn is applied within the etcd deadline or fails; with a TTL shorter
+    /// than that, half the TTL (a txn slower than that only risks a
+    /// refusal, never a double grant). Any other session (its client was
+    /// idle) is renewed first, and only a live lease gets the txn: a lease
+    /// that ran out without etcd having revoked it yet would still take a
+    /// key, which then goes with the lease and leaves a held record that
+    /// looks like a lost holder.
+    pub async fn grant_on_session(
+        &self,
+        k: &NameKeys,
+        value: &LockValue,
+        session: &SessionLease,
+        window: Duration,
+        g: &Grantable,
+        replace_held: Option<i64>,
+    ) -> Result<SessionGrant, EtcdError> {
+        let (lease, ttl_secs) = (session.id, session.ttl_secs);
+        let margin = (self.conn.timeout()).min(Duration::from_millis(u64::from(ttl_secs) * 500));
+        let (txn, renewal) = if self.keepalive.lasts(lease, margin) {
+            tokio::join!(
+                self.acquire_txn(k, value, lease, g, replace_held),
+                self.keepalive.refresh(lease, window, ttl_secs),
+            )
+        } else {
+            let renewal = self.keepalive.refresh(lease, window, ttl_secs).await?;
+            if renewal.alive() {
+                let txn = self.acquire_txn(k, value, lease, g, replace_held).await;
+                (txn, Ok(renewal))
+            } else {
+                (Err(EtcdError::LeaseNotFound), Ok(renewal))
+            }
+        };
+        let lease_gone =
+            matches!(txn, Err(EtcdError::LeaseNotFound)) || matches!(renewal, Ok(r) if !r.alive());
+        if lease_gone {
+            self.forget_session(&value.client, session).await;
+            return Ok(SessionGrant::SessionGone);
+        }
+        Ok(SessionGrant::Answered(txn?, renewal))
     }
 
     /// One linearizable read of a name's keys and the shard's ring and
@@ -112,7 +161,8 @@ impl Shard {
     /// carries `identity`. A put keeps a key's create revision, so the lock
     /// keeps its fencing token. Returns whether it moved; a failed compare
     /// means the lock changed (released, expired, taken, or moved by
-    /// another call): read again.
+    /// another call): read again. A lock moved onto `lease` counts as a
+    /// renewal of it ([`Shard::sweep_sessions`]).
     pub async fn move_lock(
         &self,
         k: &NameKeys,
@@ -129,7 +179,11 @@ impl Shard {
                 Compare::value(self.keys.identity(), CompareOp::Equal, identity.to_vec()),
             ])
             .and_then(grant_ops(k, value, lease));
-        Ok(self.txn(txn).await?.succeeded())
+        let moved = self.txn(txn).await?.succeeded();
+        if moved {
+            self.sessions.touch(lease);
+        }
+        Ok(moved)
     }
 
     /// Sets the lock-delay of a lost holder's name: grants a lease of `ttl`

@@ -1,0 +1,110 @@
+//! The leases the lock layer holds on a shard, as it asks for them: each
+//! client's session lease (got from the session cache of [`sessions`], or
+//! granted once a quota's hook allows it; kept alive; forgotten once
+//! found gone), and the keepalive of any lease, through the coalescing
+//! stream of [`keepalive`].
+//!
+//! A session's grant counts as its first keepalive, so an acquire right
+//! after it sends none. A session is forgotten only when etcd says its
+//! lease is gone: the next acquire of its client then grants another.
+//!
+//! [`sessions`]: super::sessions
+//! [`keepalive`]: super::keepalive
+
+use std::time::{Duration, Instant};
+
+use super::conn::EtcdError;
+use super::keepalive::Renewal;
+use super::sessions::SessionLease;
+use super::Shard;
+use crate::token::lease_tag::LeaseTag;
+
+impl Shard {
+    /// The session lease of `holder` for locks of `ttl_secs` on this shard,
+    /// which its acquires here share. Without one, a new lease is granted
+    /// (its id carrying `tag`) once `admit` allows it: a quota's hook, whose
+    /// refusal is the answer, with nothing granted. Concurrent first
+    /// acquires of one holder share one grant. A session past the end its
+    /// last confirmed keepalive (or grant) gave it is replaced at once: a
+    /// session only acquires kept alive, and none came in time. A new one
+    /// costs a grant; asking etcd of the old one would wait, if it has
+    /// expired, until etcd revokes it.
+    pub async fn session<E: From<EtcdError>>(
+        &self,
+        holder: &str,
+        ttl_secs: u32,
+        tag: Option<LeaseTag>,
+        admit: impl Fn() -> Result<(), E>,
+    ) -> Result<SessionLease, E> {
+        let grant = || async {
+            admit()?;
+            Ok::<_, E>(self.grant_session(ttl_secs, tag).await?)
+        };
+        let session = self.sessions.get_or_grant(holder, ttl_secs, grant).await?;
+        if self.keepalive.lasts(session.id, Duration::ZERO) {
+            return Ok(session);
+        }
+        self.forget_session(holder, &session).await;
+        self.sessions.get_or_grant(holder, ttl_secs, grant).await
+    }
+
+    /// A new session lease; its grant counts as its first keepalive.
+    async fn grant_session(
+        &self,
+        ttl_secs: u32,
+        tag: Option<LeaseTag>,
+    ) -> Result<SessionLease, EtcdError> {
+        let sent_at = Instant::now();
+        let (id, granted) = self.grant_with(ttl_secs, tag).await?;
+        crate::metrics::session_granted(&self.name);
+        let renewal = Renewal {
+            sent_at,
+            ttl_secs: granted,
+        };
+        self.keepalive.seed(id, renewal);
+        Ok(SessionLease { id, ttl_secs })
+    }
+
+    /// Forgets `holder`'s `session`, found gone, so that its next acquire
+    /// gets a new one.
+    pub async fn forget_session(&self, holder: &str, session: &SessionLease) {
+        (self.sessions)
+            .invalidate(holder, session.ttl_secs, session.id)
+            .await;
+    }
+
+    /// Keeps `holder`'s `session` alive ([`Shard::renew_lease`]); `None`
+    /// if its lease is gone, and then the session is forgotten.
+    pub async fn keep_session(
+        &self,
+        holder: &str,
+        session: &SessionLease,
+        window: Duration,
+    ) -> Result<Option<Renewal>, EtcdError> {
+        let renewal = (self.renew_lease(session.id, window, session.ttl_secs)).await?;
+        if renewal.alive() {
+            return Ok(Some(renewal));
+        }
+        self.forget_session(holder, session).await;
+        Ok(None)
+    }
+
+    /// Renews `lease` unless a keepalive for it is in flight or was
+    /// confirmed less than `window` ago, and answers what the router then
+    /// knows of it. A keepalive it sends goes out at once: its caller waits
+    /// on it.
+    pub async fn renew_lease(
+        &self,
+        lease: i64,
+        window: Duration,
+        ttl_secs: u32,
+    ) -> Result<Renewal, EtcdError> {
+        self.keepalive.refresh(lease, window, ttl_secs).await
+    }
+
+    /// Forgets the sessions neither acquired through nor renewed for two
+    /// TTLs plus `grace`; returns how many remain.
+    pub fn sweep_sessions(&self, grace: Duration) -> usize {
+        self.sessions.sweep(grace)
+    }
+}
