@@ -1,15 +1,12 @@
 //! Waiting acquire (`waitMs > 0`): first come, first served, through the
 //! name's queue on its shard, which holds across router replicas. What the
 //! queue is in etcd (a waiter's entry on a lease of its own, the grant txn
-//! at its head, the watch a waiter sleeps on) is the shard's
-//! (`shard/queue.rs`); this file is the policy: the cap on waiters and on
-//! `waitMs`, when to queue, keeping the waiter's leases alive, when to give
-//! up, and what each answer of the head's grant means for the caller. A
-//! non-waiting acquire fails while anyone is queued (no barging, see
-//! `shard/name.rs`).
-//!
-//! While it waits, the router keeps the client's session lease and the
-//! entry's lease alive, every third of their TTL, whatever wakes it.
+//! at its head, the watch a waiter sleeps on, the keepalives of the
+//! waiter's leases) is the shard's (`shard/queue.rs`, a `Waiter`); this
+//! file is the policy: the cap on waiters and on `waitMs`, when to queue,
+//! the quotas a waiter is held to, when to give up, and what each answer
+//! of the head's grant means for the caller. A non-waiting acquire fails
+//! while anyone is queued (no barging, see `shard/name.rs`).
 //!
 //! During an open migration a moved name may still be held on its previous
 //! shard, where no queue exists: such waits retry every few milliseconds
@@ -24,36 +21,9 @@ use crate::locks::{
 };
 use crate::refusal::RateLimited;
 use crate::shard::keys::{name_hash, LockValue, Stored};
-use crate::shard::queue::{Awaited, QueueEntry};
-use crate::shard::{AcquireTxn, Renewal, SessionLease, Shard};
+use crate::shard::queue::Awaited;
+use crate::shard::{AcquireTxn, Shard};
 use crate::token::lock_id::LockId;
-
-/// When the waiter next renews the session and its entry.
-struct KeepAlive {
-    session: SessionLease,
-    session_due: Instant,
-    entry_due: Instant,
-}
-
-impl KeepAlive {
-    fn every(ttl_secs: u32) -> Duration {
-        Duration::from_millis(u64::from(ttl_secs) * 1000 / 3)
-    }
-
-    fn next_due(&self) -> Instant {
-        self.session_due.min(self.entry_due)
-    }
-
-    /// When to look at a lease again after `renewal`: a third of its TTL
-    /// later, or sooner if less than a third would be left by then (a
-    /// renewal that sent no keepalive answers the time the lease has), so
-    /// its keepalive always goes out with a third of the TTL to spare.
-    fn due_after(now: Instant, renewal: &Renewal, ttl_secs: u32) -> Instant {
-        let every = Self::every(ttl_secs);
-        let early = renewal.deadline().checked_sub(every).unwrap_or(now);
-        (now + every).min(early).max(now)
-    }
-}
 
 impl Active {
     /// Acquire that waits up to `req.wait_ms`, first come first served.
@@ -115,6 +85,7 @@ impl Active {
         shard: &Arc<Shard>,
         deadline: Instant,
     ) -> Result<Option<Acquired>, LockError> {
+        let holder = req.holder.as_str();
         let k = shard.name_keys(&name_hash(&req.name));
         // A principal at its quota is refused before it queues (as an
         // acquire that does not wait), and again at each grant below.
@@ -122,50 +93,34 @@ impl Active {
             let reservation = self.reserve_lock(req.owner.as_ref())?;
             let owner = req.owner.as_ref();
             shard
-                .session(req.holder.as_str(), ttl_secs, owner.map(|o| o.tag), || {
+                .session(holder, ttl_secs, owner.map(|o| o.tag), || {
                     self.admit_session(owner, reservation.as_ref())
                 })
                 .await?
         };
-        let entry = shard.enqueue(&k, req.holder.as_str()).await?;
-        let now = Instant::now();
-        let mut alive = KeepAlive {
-            session,
-            session_due: now,
-            entry_due: now + KeepAlive::every(entry.ttl_secs()),
-        };
+        let mut waiter = shard.enqueue(k, holder, session).await?;
         let mut last_holder = None;
         let mut replace_held = None;
-        let mut watch = shard.watch_queue(&k, &entry).await?;
         loop {
-            if !self.keep_alive(shard, req, &entry, &mut alive).await? {
+            if !waiter.keep_alive(holder, |ttl| self.window(ttl)).await? {
                 return Ok(Some(Acquired::Held(Expiry(Instant::now()))));
             }
             let g = self.grantable(shard)?;
             if self.moved(&req.name, shard) {
-                return Ok(None); // dropping the entry leaves the queue
+                return Ok(None); // dropping the waiter leaves the queue
             }
             let value = lock_value(req, &g.ring)?;
             let reservation = self.reserve_lock(req.owner.as_ref())?;
             let sent = Instant::now();
-            let step = shard
-                .head_grant_txn(
-                    &k,
-                    &value,
-                    alive.session.id,
-                    &g,
-                    &entry,
-                    replace_held.take(),
-                )
-                .await?;
+            let step = waiter.grant(&value, &g, replace_held.take()).await?;
             let awaited = match step {
                 AcquireTxn::Granted { revision } => {
                     if let Some(r) = reservation {
                         r.granted(shard, revision);
                     }
                     let window = self.window(ttl_secs);
-                    let session = shard.keep_session(req.holder.as_str(), &alive.session, window);
-                    let Some(renewal) = session.await? else {
+                    let session = waiter.session();
+                    let Some(renewal) = shard.keep_session(holder, session, window).await? else {
                         // The session ran out right after: the lock went with it.
                         return Ok(Some(Acquired::Held(Expiry(Instant::now()))));
                     };
@@ -173,12 +128,12 @@ impl Active {
                         shard: shard.name().into(),
                         epoch: epoch_of(&g.ring)?,
                         ttl_secs,
-                        lease: alive.session.id,
+                        lease: session.id,
                         revision,
-                        name_hash: k.hash,
+                        name_hash: waiter.keys().hash,
                         owner: Default::default(),
                     };
-                    let granted = self.grant(lock, req.holder.as_str(), &renewal, sent)?;
+                    let granted = self.grant(lock, holder, &renewal, sent)?;
                     return Ok(Some(Acquired::Granted(granted)));
                 }
                 // Our entry's lease ended (it could not be kept alive).
@@ -191,20 +146,18 @@ impl Active {
                     self.router.identity_changed(shard);
                     continue;
                 }
-                AcquireTxn::Held(holder) | AcquireTxn::Behind(_, Some(holder))
-                    if holds(&holder, req.holder.as_str()) =>
-                {
+                AcquireTxn::Held(kv) | AcquireTxn::Behind(_, Some(kv)) if holds(&kv, holder) => {
                     // The caller's own client holds the name (granted through
                     // another request): the answer is that grant.
-                    let held = self.held(shard, req.holder.as_str(), holder, &k, None, sent);
+                    let held = self.held(shard, holder, kv, waiter.keys(), None, sent);
                     return held.await.map(Some);
                 }
-                AcquireTxn::Held(holder) => {
-                    last_holder = Some(holder);
+                AcquireTxn::Held(kv) => {
+                    last_holder = Some(kv);
                     Awaited::Holder
                 }
-                AcquireTxn::Behind(ahead, holder) => {
-                    last_holder = holder.or(last_holder);
+                AcquireTxn::Behind(ahead, kv) => {
+                    last_holder = kv.or(last_holder);
                     Awaited::Ahead(ahead)
                 }
                 AcquireTxn::Delayed(delay) => {
@@ -212,7 +165,7 @@ impl Active {
                     Awaited::Delay
                 }
                 AcquireTxn::Lost(held) => {
-                    match self.lost(shard, &k, &held, &g.identity).await? {
+                    match self.lost(shard, waiter.keys(), &held, &g.identity).await? {
                         Some(_) => {}
                         None if self.lock_delay == LockDelay::Off => {
                             replace_held = Some(held.mod_revision());
@@ -224,83 +177,23 @@ impl Active {
                 // Free and first, yet the txn failed: something changed.
                 AcquireTxn::Queued => Awaited::Nothing,
             };
-            let now = Instant::now();
-            if now >= deadline {
+            if Instant::now() >= deadline {
                 break;
             }
-            // Wake for the deletion, the deadline, or to keep the session
-            // and the entry alive; whatever woke it, the next txn reads
-            // the name afresh.
-            let until = deadline.min(alive.next_due());
-            watch.until_gone(shard, awaited, until).await?;
+            // Wakes for the deletion, the deadline, or to keep the session
+            // and the entry alive; whatever woke it, the next txn reads the
+            // name afresh.
+            waiter.sleep(awaited, deadline).await?;
         }
-        drop(entry);
+        drop(waiter);
         match last_holder {
             Some(h) => Ok(Some(Acquired::Held(lease_end(shard, &h).await?))),
             None => Ok(Some(Acquired::Held(Expiry(Instant::now())))),
         }
-    }
-
-    /// Renews the client's session and the entry's lease if a third of
-    /// their TTL has passed since they were last renewed, whatever woke the
-    /// waiter. False if the session is gone (the client's locks with it).
-    async fn keep_alive(
-        &self,
-        shard: &Shard,
-        req: &Acquire,
-        entry: &QueueEntry,
-        alive: &mut KeepAlive,
-    ) -> Result<bool, LockError> {
-        let now = Instant::now();
-        let ttl = alive.session.ttl_secs;
-        if now >= alive.session_due {
-            let window = self.window(ttl);
-            let session = shard.keep_session(req.holder.as_str(), &alive.session, window);
-            let Some(renewal) = session.await? else {
-                return Ok(false);
-            };
-            alive.session_due = KeepAlive::due_after(now, &renewal, ttl);
-        }
-        if now >= alive.entry_due {
-            let ttl = entry.ttl_secs();
-            let window = self.window(ttl);
-            let renewal = shard.renew_lease(entry.lease(), window, ttl).await?;
-            if !renewal.alive() {
-                return Ok(false);
-            }
-            alive.entry_due = KeepAlive::due_after(now, &renewal, ttl);
-        }
-        Ok(true)
     }
 }
 
 /// Whether the lock key `kv` is held by `client_id`.
 fn holds(kv: &Stored, client_id: &str) -> bool {
     serde_json::from_slice::<LockValue>(kv.value()).is_ok_and(|v| v.client == client_id)
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn a_waiters_lease_is_looked_at_with_a_third_of_its_ttl_to_spare() {
-        let now = Instant::now();
-        let renewed = |ago_ms: u64| Renewal {
-            sent_at: now - Duration::from_millis(ago_ms),
-            ttl_secs: 30,
-        };
-        // Just renewed: a third of the TTL later.
-        assert_eq!(
-            KeepAlive::due_after(now, &renewed(0), 30),
-            now + Duration::from_secs(10)
-        );
-        // Answered from a keepalive 12 s old (18 s left): when 10 s are left.
-        assert_eq!(
-            KeepAlive::due_after(now, &renewed(12_000), 30),
-            now + Duration::from_secs(8)
-        );
-        // Less than a third left: at once.
-        assert_eq!(KeepAlive::due_after(now, &renewed(25_000), 30), now);
-    }
 }

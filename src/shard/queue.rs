@@ -1,8 +1,9 @@
 //! The queue of waiting acquires of one name, as it is kept on the shard
 //! (`docs/design.md`, section 13): a waiter's entry, the grant txn of the
-//! waiter at its head, and the watch a waiter sleeps on. When to queue,
-//! how long to wait and what to answer is the lock layer's
-//! (`locks/wait.rs`); what the queue is in etcd is here.
+//! waiter at its head, the watch a waiter sleeps on, and the keepalives of
+//! the waiter's leases. When to queue, how long to wait, when to give up
+//! and what to answer is the lock layer's (`locks/wait.rs`), which holds a
+//! [`Waiter`] while it waits; what the queue is in etcd is here.
 //!
 //! A waiter puts `P/waiters/<hash>/<lease>-<nonce>` on a short lease of its
 //! own (not the client's session: an entry whose put timed out, or whose
@@ -16,6 +17,9 @@
 //! still there and no entry older than its own remains. Others watch their
 //! predecessor's entry; the head watches the lock key (or the lock-delay),
 //! so a release or an expiry hands over at once, with no polling.
+//!
+//! While it waits, a waiter keeps the client's session lease and its
+//! entry's lease alive, every third of their TTL, whatever wakes it.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
@@ -33,6 +37,7 @@ use super::name::{
     classify_refusal, gets, grant_compares, grant_ops, name_reads, name_state, revision,
     AcquireTxn, Grantable, NameKeys, NameState,
 };
+use super::sessions::SessionLease;
 use super::Shard;
 
 /// The TTL of a queue entry's lease: short, so a lost entry clears soon.
@@ -41,7 +46,7 @@ const ENTRY_TTL_SECS: u32 = 5;
 /// A waiter's entry in a name's queue. Its key rides on a lease of its
 /// own, revoked when the entry is dropped (a grant, giving up, the request
 /// being dropped), which deletes the key if the grant did not.
-pub struct QueueEntry {
+struct QueueEntry {
     shard: Arc<Shard>,
     lease: i64,
     ttl_secs: u32,
@@ -59,20 +64,104 @@ impl Drop for QueueEntry {
     }
 }
 
-impl QueueEntry {
-    /// The lease the entry rides on, which the waiter keeps alive.
-    pub fn lease(&self) -> i64 {
-        self.lease
+/// A waiter in a name's queue, held by the lock layer while it waits: its
+/// entry, the client's session lease it is to be granted on, and the watch
+/// it sleeps on. Dropping it leaves the queue.
+pub struct Waiter {
+    k: NameKeys,
+    entry: QueueEntry,
+    watch: QueueWatch,
+    session: SessionLease,
+    /// When the session is next renewed.
+    session_due: Instant,
+    /// When the entry's lease is next renewed.
+    entry_due: Instant,
+}
+
+impl Waiter {
+    /// The keys of the name waited for.
+    pub fn keys(&self) -> &NameKeys {
+        &self.k
     }
 
-    /// The TTL etcd granted the entry's lease.
-    pub fn ttl_secs(&self) -> u32 {
-        self.ttl_secs
+    /// The client's session lease, which a grant puts the lock on.
+    pub fn session(&self) -> &SessionLease {
+        &self.session
+    }
+
+    /// Renews the client's session and the entry's lease, each if a third
+    /// of its TTL has passed since it was last renewed, whatever woke the
+    /// waiter; `window` gives, per TTL, how long a confirmed keepalive
+    /// spares another. False if either is gone (the client's locks with the
+    /// session, which is then forgotten).
+    pub async fn keep_alive(
+        &mut self,
+        holder: &str,
+        window: impl Fn(u32) -> Duration,
+    ) -> Result<bool, EtcdError> {
+        let shard = &self.entry.shard;
+        let now = Instant::now();
+        if now >= self.session_due {
+            let ttl = self.session.ttl_secs;
+            let kept = shard.keep_session(holder, &self.session, window(ttl));
+            let Some(renewal) = kept.await? else {
+                return Ok(false);
+            };
+            self.session_due = due_after(now, &renewal, ttl);
+        }
+        if now >= self.entry_due {
+            let ttl = self.entry.ttl_secs;
+            let renewal = (shard.renew_lease(self.entry.lease, window(ttl), ttl)).await?;
+            if !renewal.alive() {
+                return Ok(false);
+            }
+            self.entry_due = due_after(now, &renewal, ttl);
+        }
+        Ok(true)
+    }
+
+    /// Grants the name to the waiter, on its session, if it is first in
+    /// the queue and the name is grantable ([`Shard::head_grant_txn`]);
+    /// otherwise says what it waits for.
+    pub async fn grant(
+        &self,
+        value: &LockValue,
+        g: &Grantable,
+        replace_held: Option<i64>,
+    ) -> Result<AcquireTxn, EtcdError> {
+        let (k, lease) = (&self.k, self.session.id);
+        (self.entry.shard)
+            .head_grant_txn(k, value, lease, g, &self.entry, replace_held)
+            .await
+    }
+
+    /// Sleeps until what the waiter awaits, or its own entry, is deleted
+    /// ([`Woke::Gone`]), or until `deadline` or the next keepalive of its
+    /// leases is due ([`Woke::Due`]).
+    pub async fn sleep(&mut self, awaited: Awaited, deadline: Instant) -> Result<Woke, EtcdError> {
+        let until = deadline.min(self.session_due).min(self.entry_due);
+        let shard = &self.entry.shard;
+        self.watch.until_gone(shard, awaited, until).await
     }
 }
 
+/// A third of a lease's TTL: how often a waiter renews it.
+fn third(ttl_secs: u32) -> Duration {
+    Duration::from_millis(u64::from(ttl_secs) * 1000 / 3)
+}
+
+/// When to look at a lease again after `renewal`: a third of its TTL
+/// later, or sooner if less than a third would be left by then (a renewal
+/// that sent no keepalive answers the time the lease has), so its
+/// keepalive always goes out with a third of the TTL to spare.
+fn due_after(now: Instant, renewal: &Renewal, ttl_secs: u32) -> Instant {
+    let every = third(ttl_secs);
+    let early = renewal.deadline().checked_sub(every).unwrap_or(now);
+    (now + every).min(early).max(now)
+}
+
 /// What a waiter waits to see go before it looks again (from the answer
-/// of [`Shard::head_grant_txn`]).
+/// of [`Waiter::grant`]).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Awaited {
     /// The name's holder: its lock key.
@@ -87,7 +176,7 @@ pub enum Awaited {
     Nothing,
 }
 
-/// Why [`QueueWatch::until_gone`] returned.
+/// Why [`Waiter::sleep`] returned.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Woke {
     /// What it waited for, or the waiter's own entry, is gone (or may be:
@@ -100,9 +189,34 @@ pub enum Woke {
 static NONCE: AtomicU64 = AtomicU64::new(0);
 
 impl Shard {
-    /// Puts a waiter of `client_id` at the end of the queue of `k`'s name:
-    /// grants the entry's lease, arms its revocation, then puts the key.
+    /// Queues `holder`, whose session lease on this shard is `session`,
+    /// for `k`'s name: puts its entry at the end of the queue and opens the
+    /// watch it sleeps on. The session is kept alive from the first
+    /// [`Waiter::keep_alive`] on; the entry's lease, granted just now, a
+    /// third of its TTL later.
     pub async fn enqueue(
+        self: &Arc<Self>,
+        k: NameKeys,
+        holder: &str,
+        session: SessionLease,
+    ) -> Result<Waiter, EtcdError> {
+        let entry = self.put_entry(&k, holder).await?;
+        let now = Instant::now();
+        let entry_due = now + third(entry.ttl_secs);
+        let watch = QueueWatch::open(self, &k, &entry.key).await?;
+        Ok(Waiter {
+            k,
+            entry,
+            watch,
+            session,
+            session_due: now,
+            entry_due,
+        })
+    }
+
+    /// Puts an entry of `client_id` at the end of the queue of `k`'s name:
+    /// grants the entry's lease, arms its revocation, then puts the key.
+    async fn put_entry(
         self: &Arc<Self>,
         k: &NameKeys,
         client_id: &str,
@@ -142,7 +256,7 @@ impl Shard {
     /// Grants the name to the waiter `mine` if it is first in the queue and
     /// the name is grantable (as [`acquire_txn`](Self::acquire_txn)),
     /// deleting its entry; otherwise says what it waits for.
-    pub async fn head_grant_txn(
+    async fn head_grant_txn(
         &self,
         k: &NameKeys,
         value: &LockValue,
@@ -184,16 +298,6 @@ impl Shard {
         let (me, ahead) = (gets.next().flatten(), gets.next().flatten());
         Ok(head_refusal(state, me, ahead, g))
     }
-
-    /// Opens the one watch stream of a whole wait in `k`'s queue, on the
-    /// lock key and on the waiter's own entry.
-    pub async fn watch_queue(
-        &self,
-        k: &NameKeys,
-        mine: &QueueEntry,
-    ) -> Result<QueueWatch, EtcdError> {
-        QueueWatch::open(self, k, &mine.key).await
-    }
 }
 
 /// One watch stream for a whole wait: on the lock key and the waiter's own
@@ -206,7 +310,7 @@ impl Shard {
 /// begins after the txn that named it is read once more, so a deletion in
 /// between is not missed. Keeping the stream means the head, when the
 /// holder releases, is already watching.
-pub struct QueueWatch {
+struct QueueWatch {
     stream: WatchStream,
     lock_key: Vec<u8>,
     delay_key: Vec<u8>,
@@ -217,6 +321,8 @@ pub struct QueueWatch {
 }
 
 impl QueueWatch {
+    /// Opens the one watch stream of a whole wait in `k`'s queue, on the
+    /// lock key and on the waiter's own entry `mine`.
     async fn open(shard: &Shard, k: &NameKeys, mine: &[u8]) -> Result<Self, EtcdError> {
         let mut client = shard.conn.client().watch_client();
         let stream = shard
@@ -259,7 +365,7 @@ impl QueueWatch {
 
     /// Waits until what the waiter awaits, or its own entry, is deleted
     /// ([`Woke::Gone`]), or until `until` ([`Woke::Due`]).
-    pub async fn until_gone(
+    async fn until_gone(
         &mut self,
         shard: &Shard,
         awaited: Awaited,
@@ -414,6 +520,27 @@ mod tests {
         // Free and first, yet refused: something changed; look again.
         let changed = head_refusal(state(false, "r1"), Some(kv("me")), None, &g);
         assert!(matches!(changed, AcquireTxn::Queued));
+    }
+
+    #[test]
+    fn a_waiters_lease_is_looked_at_with_a_third_of_its_ttl_to_spare() {
+        let now = Instant::now();
+        let renewed = |ago_ms: u64| Renewal {
+            sent_at: now - Duration::from_millis(ago_ms),
+            ttl_secs: 30,
+        };
+        // Just renewed: a third of the TTL later.
+        assert_eq!(
+            due_after(now, &renewed(0), 30),
+            now + Duration::from_secs(10)
+        );
+        // Answered from a keepalive 12 s old (18 s left): when 10 s are left.
+        assert_eq!(
+            due_after(now, &renewed(12_000), 30),
+            now + Duration::from_secs(8)
+        );
+        // Less than a third left: at once.
+        assert_eq!(due_after(now, &renewed(25_000), 30), now);
     }
 
     #[test]
