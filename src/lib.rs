@@ -49,13 +49,15 @@
 //! - [`http`]: the v1 HTTP API: the route table, request bodies, typed
 //!   answers, and the one place errors become responses.
 //! - [`locks`]: the lock operations: acquire (plain and waiting), renew,
-//!   release, inspect, lock-delays of lost holders, input validation.
+//!   release, inspect, lock-delays of lost holders, input validation; the
+//!   policy over the shard's lock-level calls, naming no field of a shard.
 //! - [`placement`]: which shard owns a name: the ring, the router over its
 //!   shards (topology), the migration protocol that changes the shard set,
 //!   and the monitor that follows what the shards record.
 //! - [`shard`]: one etcd cluster: its connection, key layout, every etcd
 //!   transaction, the queues of waiting acquires, session leases,
-//!   keepalives and batched verification.
+//!   keepalives and batched verification, offered to the layers above as
+//!   lock-level calls on a `Shard` whose fields are private.
 //!
 //! Leaf modules, used by any layer: [`config`] (settings), [`token`]
 //! (fencing-token and lockId formats), [`metrics`] (Prometheus series),

@@ -1,7 +1,13 @@
 //! The lock operations: acquire, renew, renew-batch, release and inspect.
 //!
-//! Each is a few etcd calls on the shard that owns the name (or that the
-//! lockId names), with no per-lock state in the router:
+//! Each is a few calls on the shard that owns the name (or that the
+//! lockId names), with no per-lock state in the router. Those calls are
+//! the shard's lock-level operations ([`Shard`]'s methods: a session got
+//! or granted, a grant on it, a check and a keepalive, a release, a place
+//! in a queue); this layer names no field of a shard and makes no etcd
+//! call of its own. It is the policy over them: which limits and quotas
+//! apply, when to retry, how long to wait, and what each outcome answers.
+//! What the operations do in etcd:
 //! - [`acquire`]: one txn that creates the key on the client's session lease
 //!   (with its held record) only if nobody holds the name, no lost holder's
 //!   lock-delay is pending, and the shard still records this router's ring
