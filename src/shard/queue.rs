@@ -68,9 +68,13 @@ impl Drop for QueueEntry {
 /// entry, the client's session lease it is to be granted on, and the watch
 /// it sleeps on. Dropping it leaves the queue.
 pub struct Waiter {
+    /// The keys of the name it waits for.
     k: NameKeys,
+    /// Its place in the queue; revoked (so gone) when the waiter drops.
     entry: QueueEntry,
+    /// The one watch stream of the whole wait.
     watch: QueueWatch,
+    /// The client's session lease, which the head's grant puts the lock on.
     session: SessionLease,
     /// When the session is next renewed.
     session_due: Instant,
