@@ -17,8 +17,7 @@ async fn bad_input_gets_a_clear_4xx() {
     let etcd = EtcdCluster::single();
     // A shard name of its own: every router in this process shares one
     // metrics recorder, and only this router's acquires count below.
-    let toml = lockrouter_testkit::config::config_toml(&[&etcd], "127.0.0.1:0", "")
-        .replace("\nname = \"a\"\n", "\nname = \"bad-input\"\n");
+    let toml = lockrouter_testkit::config::one_named_shard(&etcd, "bad-input", "");
     let router = TestRouter::with_toml(&toml).await;
     let api = &router.api;
     let good = api.must_acquire("good", 5_000, "A").await;

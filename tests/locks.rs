@@ -219,8 +219,7 @@ async fn keepalives_that_come_together_leave_in_bursts() {
         // the metrics recorder is shared by every test in this process, and
         // only this test's bursts count.
         let shard = "bursts";
-        let toml = lockrouter_testkit::config::config_toml(&[&etcd], "127.0.0.1:0", &extra)
-            .replace("\nname = \"a\"\n", &format!("\nname = \"{shard}\"\n"));
+        let toml = lockrouter_testkit::config::one_named_shard(&etcd, shard, &extra);
         let router = TestRouter::with_toml(&toml).await;
         let api = &router.api;
         let locks = join_all((0..200).map(|i| {
@@ -263,8 +262,7 @@ async fn a_session_lease_is_kept_alive_only_when_half_its_ttl_is_gone() {
     let etcd = EtcdCluster::single();
     // A shard name of its own: the metrics recorder is shared by every test
     // in this process, and only this router's keepalives count.
-    let toml = lockrouter_testkit::config::config_toml(&[&etcd], "127.0.0.1:0", "")
-        .replace("\nname = \"a\"\n", "\nname = \"half-ttl\"\n");
+    let toml = lockrouter_testkit::config::one_named_shard(&etcd, "half-ttl", "");
     let router = TestRouter::with_toml(&toml).await;
     let api = &router.api;
     let sent = || async {
@@ -346,8 +344,7 @@ async fn an_acquire_on_a_session_that_ran_out_grants_a_new_one_without_asking_et
     let etcd = EtcdCluster::single();
     // A shard name of its own: the metrics recorder is shared by every test
     // in this process.
-    let toml = lockrouter_testkit::config::config_toml(&[&etcd], "127.0.0.1:0", "")
-        .replace("\nname = \"a\"\n", "\nname = \"lapsed\"\n");
+    let toml = lockrouter_testkit::config::one_named_shard(&etcd, "lapsed", "");
     let router = TestRouter::with_toml(&toml).await;
     let api = &router.api;
     let count = |rpc: &'static str| async move {
@@ -876,8 +873,7 @@ async fn the_lock_key_cache_reports_that_it_vouches_and_what_it_holds() {
     // A shard name of its own: every router in this process reports its
     // gauges to one recorder, and other tests' shard `a` would overwrite them.
     let extra = "count_interval_ms = 200\n";
-    let toml = lockrouter_testkit::config::config_toml(&[&etcd], "127.0.0.1:0", extra)
-        .replace("\nname = \"a\"\n", "\nname = \"vouching\"\n");
+    let toml = lockrouter_testkit::config::one_named_shard(&etcd, "vouching", extra);
     let router = TestRouter::with_toml(&toml).await;
     for i in 0..3 {
         router

@@ -199,8 +199,8 @@ async fn a_three_member_shard_survives_losing_a_member() {
     let mut cluster = EtcdCluster::start(3);
     // A shard name of its own: every router in this process reports its
     // gauges to one recorder, and other tests' shard `a` would overwrite them.
-    let toml = config_toml(&[&cluster], "127.0.0.1:0", "count_interval_ms = 200")
-        .replace("\nname = \"a\"\n", "\nname = \"three\"\n");
+    let toml =
+        lockrouter_testkit::config::one_named_shard(&cluster, "three", "count_interval_ms = 200");
     let router = TestRouter::with_toml(&toml).await;
     let api = &router.api;
     let mut locks = Vec::new();

@@ -6,6 +6,14 @@
 
 use crate::etcd::EtcdCluster;
 
+/// [`config_toml`] for one shard named `shard` on any free port: a name of
+/// its own for tests that read the metrics every router in the process
+/// shares (one recorder), so that only their own router's series count.
+pub fn one_named_shard(etcd: &EtcdCluster, shard: &str, extra: &str) -> String {
+    config_toml(&[etcd], "127.0.0.1:0", extra)
+        .replace("\nname = \"a\"\n", &format!("\nname = \"{shard}\"\n"))
+}
+
 /// TOML for a router listening on `listen` over `shards` named a, b, c, ...,
 /// with short etcd deadlines so tests see failures fast; `extra` goes after
 /// the `[etcd]` keys.
