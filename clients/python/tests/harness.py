@@ -13,6 +13,7 @@ from __future__ import annotations
 import ctypes
 import dataclasses
 import os
+import shutil
 import signal
 import socket
 import ssl
@@ -167,6 +168,7 @@ class Etcd(Process):
             "--election-timeout", "500",
         ]  # fmt: skip
         super().__init__(argv, data / "etcd.log", f"etcd on {client}")
+        self.data_dir = data / "data"
         self.endpoint = client
         self.spawn()
 
@@ -175,6 +177,13 @@ class Etcd(Process):
             return r is not None and r.status_code == 200 and "true" in r.text
 
         self.wait_until(healthy, 20)
+
+    def stop(self) -> None:
+        """Kill, and remove the data dir: etcd preallocates 64 MB of WAL per
+        member, and a run starts over a hundred members. The log stays for
+        a failed test's report."""
+        super().stop()
+        shutil.rmtree(self.data_dir, ignore_errors=True)
 
 
 class Router(Process):
