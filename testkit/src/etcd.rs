@@ -559,6 +559,10 @@ impl EtcdCluster {
             .args(["--initial-cluster", &self.initial_cluster])
             .args(["--initial-cluster-token", "lockrouter-test"])
             .args(["--heartbeat-interval", "50", "--election-timeout", "500"])
+            // As docs/operations.md asks of etcd 3.4 (3.5's default): a
+            // member that comes back from a partition does not force an
+            // election of its own with the term it inflated while away.
+            .arg("--pre-vote")
             .args(tls_args.unwrap_or_default());
         if let Some(port) = m.metrics_port {
             let url = format!("http://{}:{port}", m.client_host);
