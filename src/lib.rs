@@ -21,11 +21,12 @@
 //!   http/       routes, body, answers, api, admin, admission, caller, error,
 //!               request_id, state, ui
 //!   locks/      acquire, wait, limit, quota, renew, extend, release, inspect,
-//!               force, listing, validate
+//!               force, listing, validate; decisions (their unit tests)
 //!   placement/  ring, topology, migration, monitor
 //!   shard/      conn, access, login, keys, name, txn, leases, renewal, queue,
 //!               commit, records, scan, pages, cache, sessions, keepalive,
-//!               verify, pressure
+//!               verify, pressure; ops (the trait the lock layer's
+//!               decisions use), fake (the unit tests' in-memory shard)
 //!   token/      fencing, lock_id, lease_tag
 //!   tls.rs      the main listener's certificates (rustls), swapped on reload
 //!   auth.rs     principals: who is calling and what it may do

@@ -8,15 +8,33 @@ use super::validate::check_text;
 use super::*;
 use crate::config::LockDelay;
 use crate::shard::conn::EtcdError;
-use crate::shard::keys::{name_hash, LockValue, Stored};
+use crate::shard::keys::{name_hash, LockValue, Recorded, Stored};
+use crate::shard::ops::LockShard;
 use crate::shard::{AcquireTxn, Grantable, NameKeys, Renewal, SessionGrant, SessionLease, Shard};
 use crate::token::lock_id::LockId;
+
+/// What a moved name's previous shard said of it during a migration.
+pub(crate) enum Handoff {
+    /// Nothing holds it there: the new shard's grant decides.
+    Free,
+    /// Held there (maybe by the caller), or waiting out a lock-delay.
+    Answered(Acquired),
+    /// The previous shard's cluster is not the one verified.
+    IdentityChanged,
+}
 
 /// What one attempt of a grant txn came to.
 pub(crate) enum Attempt {
     Done(Acquired),
-    /// Try again (the ring, the session or a lost holder's record moved).
+    /// The session lease was gone, and is forgotten: try again on a new one.
+    SessionGone,
+    /// Try again (a lost holder's record moved).
     Again,
+    /// The shard records another ring than the one compared: the router
+    /// is told, and the next attempt compares what it then serves.
+    RingChanged(Option<Recorded>),
+    /// The cluster behind the shard's endpoints is not the one verified.
+    IdentityChanged,
 }
 
 impl Active {
@@ -53,7 +71,6 @@ impl Active {
     /// Acquire without waiting (`waitMs` is not looked at), once
     /// [`Active::check_acquire`] passed.
     pub(crate) async fn acquire_now(&self, req: &Acquire) -> Result<Acquired, LockError> {
-        let ttl_secs = req.ttl_secs;
         let shard = self.router.shard_for(&req.name);
         tracing::Span::current().record("shard", shard.name());
         let k = shard.name_keys(&name_hash(&req.name));
@@ -70,48 +87,66 @@ impl Active {
             {
                 return Ok(answer);
             }
-            if let Some(answer) = self.look_first(shard, &k, req.holder.as_str(), &g).await? {
-                return Ok(answer);
-            }
-            // Not the holder's own re-acquire (that answered above): a new
-            // grant, reserved in the owner's quota until its cache counts it.
-            let reservation = self.reserve_lock(req.owner.as_ref())?;
-            let value = lock_value(req, &g.ring)?;
-            let owner = req.owner.as_ref();
-            let session = shard
-                .session(req.holder.as_str(), ttl_secs, owner.map(|o| o.tag), || {
-                    self.admit_session(owner, reservation.as_ref())
-                })
-                .await?;
-            let window = self.window(session.ttl_secs);
-            let sent = Instant::now();
-            let grant = shard.grant_on_session(&k, &value, &session, window, &g, replace_held);
-            let (txn, renewal) = match grant.await? {
-                // Forgotten: the next attempt gets a new session.
-                SessionGrant::SessionGone => continue,
-                SessionGrant::Answered(txn, renewal) => (txn, renewal),
-            };
-            if let (AcquireTxn::Granted { revision }, Some(r)) = (&txn, reservation) {
-                r.granted(shard, *revision);
-            }
-            let own = (session, renewal);
-            match self
-                .settle(shard, &k, req.holder.as_str(), txn, sent, own, &g)
-                .await?
-            {
+            match self.attempt(shard, req, &k, &g, replace_held).await? {
                 Attempt::Done(answer) => return Ok(answer),
+                // Forgotten: the next attempt gets a new session.
+                Attempt::SessionGone => continue,
                 Attempt::Again => {}
+                Attempt::RingChanged(found) => self.router.ring_changed(shard, found),
+                Attempt::IdentityChanged => self.router.identity_changed(shard),
             }
             replace_held = None;
             if let LockDelay::Off = self.lock_delay {
                 // With lock-delay off, a lost holder's record is replaced.
-                replace_held = self.lost_record(shard, &k).await?;
+                replace_held = self.lost_record(shard.as_ref(), &k).await?;
             }
         }
         Err(unavailable(
-            shard,
+            shard.as_ref(),
             "the shard's ring, session lease or lock records kept changing; retry",
         ))
+    }
+
+    /// One attempt at granting `k`'s name on `shard`, which may grant under
+    /// `g`: the read first of a name the cache shows held, the quota's
+    /// reservation, the holder's session, the grant txn, and what its
+    /// answer means. `replace_held`: a lost holder's record to overwrite
+    /// (lock-delay off).
+    pub(crate) async fn attempt<S: LockShard>(
+        &self,
+        shard: &Arc<S>,
+        req: &Acquire,
+        k: &NameKeys,
+        g: &Grantable,
+        replace_held: Option<i64>,
+    ) -> Result<Attempt, LockError> {
+        let holder = req.holder.as_str();
+        if let Some(answer) = self.look_first(shard.as_ref(), k, holder, g).await? {
+            return Ok(Attempt::Done(answer));
+        }
+        // Not the holder's own re-acquire (that answered above): a new
+        // grant, reserved in the owner's quota until its cache counts it.
+        let reservation = self.reserve_lock(req.owner.as_ref())?;
+        let value = lock_value(req, &g.ring)?;
+        let owner = req.owner.as_ref();
+        let session = shard
+            .session(holder, req.ttl_secs, owner.map(|o| o.tag), || {
+                self.admit_session(owner, reservation.as_ref())
+            })
+            .await?;
+        let window = self.window(session.ttl_secs);
+        let sent = Instant::now();
+        let grant = shard.grant_on_session(k, &value, &session, window, g, replace_held);
+        let (txn, renewal) = match grant.await? {
+            SessionGrant::SessionGone => return Ok(Attempt::SessionGone),
+            SessionGrant::Answered(txn, renewal) => (txn, renewal),
+        };
+        if let (AcquireTxn::Granted { revision }, Some(r)) = (&txn, reservation) {
+            r.granted(shard.clone(), *revision);
+        }
+        let own = (session, renewal);
+        self.settle(shard.as_ref(), k, holder, txn, sent, own, g)
+            .await
     }
 
     /// A name the lock-key cache says is held (a hint, maybe stale) is
@@ -122,9 +157,9 @@ impl Active {
     /// decides. A refusal (or the caller's own grant, as an idempotent
     /// re-acquire) read at the shard the router verified, under the ring it
     /// serves, is what the txn would have answered.
-    async fn look_first(
+    async fn look_first<S: LockShard>(
         &self,
-        shard: &Shard,
+        shard: &S,
         k: &NameKeys,
         client_id: &str,
         g: &Grantable,
@@ -153,9 +188,9 @@ impl Active {
 
     /// Turns a refused grant txn into an answer (or a retry).
     #[allow(clippy::too_many_arguments)]
-    async fn settle(
+    async fn settle<S: LockShard>(
         &self,
-        shard: &Shard,
+        shard: &S,
         k: &NameKeys,
         client_id: &str,
         txn: AcquireTxn,
@@ -189,14 +224,8 @@ impl Active {
             AcquireTxn::Queued | AcquireTxn::Gone | AcquireTxn::Behind(..) => {
                 Acquired::Held(Expiry(Instant::now()))
             }
-            AcquireTxn::RingChanged(found) => {
-                self.router.ring_changed(shard, found);
-                return Ok(Attempt::Again);
-            }
-            AcquireTxn::IdentityChanged => {
-                self.router.identity_changed(shard);
-                return Ok(Attempt::Again);
-            }
+            AcquireTxn::RingChanged(found) => return Ok(Attempt::RingChanged(found)),
+            AcquireTxn::IdentityChanged => return Ok(Attempt::IdentityChanged),
         }))
     }
 
@@ -206,9 +235,9 @@ impl Active {
     /// holder was told of has passed. Returns when the delay ends, or
     /// `None` if the record changed meanwhile (look again). With lock-delay
     /// off, `None` at once: the caller replaces the record.
-    pub(crate) async fn lost(
+    pub(crate) async fn lost<S: LockShard>(
         &self,
-        shard: &Shard,
+        shard: &S,
         k: &NameKeys,
         held: &Stored,
         identity: &[u8],
@@ -222,7 +251,11 @@ impl Active {
 
     /// With lock-delay off: the mod revision of a lost holder's record, to
     /// be replaced by the next grant.
-    async fn lost_record(&self, shard: &Shard, k: &NameKeys) -> Result<Option<i64>, LockError> {
+    pub(crate) async fn lost_record<S: LockShard>(
+        &self,
+        shard: &S,
+        k: &NameKeys,
+    ) -> Result<Option<i64>, LockError> {
         let state = shard.read_name(k).await?;
         Ok(match (state.lock, state.held) {
             (None, Some(held)) => Some(held.mod_revision()),
@@ -252,22 +285,51 @@ impl Active {
         }
         check_up(previous)?;
         let identity = previous.verified_identity().ok_or_else(|| {
-            unavailable(previous, "the shard's identity is not verified yet; retry")
+            unavailable(
+                &**previous,
+                "the shard's identity is not verified yet; retry",
+            )
         })?;
         let pk = previous.name_keys(&k.hash);
-        let sent = Instant::now();
-        let state = previous.read_name(&pk).await?;
-        if state.identity.as_deref() != Some(identity.as_slice()) {
-            self.router.identity_changed(previous);
-            return Err(unavailable(
-                previous,
-                "the cluster behind this shard's endpoints is not this shard",
-            ));
+        let fence = (
+            self.router.ring.fingerprint(),
+            migration.recorded.meta.epoch,
+        );
+        let found = self.handoff_on(previous.as_ref(), client_id, &pk, &identity, fence);
+        match found.await? {
+            Handoff::Free => Ok(None),
+            Handoff::Answered(answer) => Ok(Some(answer)),
+            Handoff::IdentityChanged => {
+                self.router.identity_changed(previous);
+                Err(unavailable(
+                    previous.as_ref(),
+                    "the cluster behind this shard's endpoints is not this shard",
+                ))
+            }
         }
-        let fenced = state.ring.is_some_and(|r| {
-            r.meta.ring == self.router.ring.fingerprint()
-                && r.meta.epoch >= migration.recorded.meta.epoch
-        });
+    }
+
+    /// What a moved name's previous shard says of it: still held there (or
+    /// waiting out a lost holder's lock-delay), or free to be granted on
+    /// its new shard. The previous shard must carry `identity` and record
+    /// a ring at least as new as the migration's (`fence`: its fingerprint
+    /// and epoch), so that nothing can grant the name there any more.
+    pub(crate) async fn handoff_on<S: LockShard>(
+        &self,
+        previous: &S,
+        client_id: &str,
+        pk: &NameKeys,
+        identity: &[u8],
+        (fingerprint, epoch): (&str, u64),
+    ) -> Result<Handoff, LockError> {
+        let sent = Instant::now();
+        let state = previous.read_name(pk).await?;
+        if state.identity.as_deref() != Some(identity) {
+            return Ok(Handoff::IdentityChanged);
+        }
+        let fenced = state
+            .ring
+            .is_some_and(|r| r.meta.ring == fingerprint && r.meta.epoch >= epoch);
         if !fenced {
             return Err(unavailable(
                 previous,
@@ -275,31 +337,30 @@ impl Active {
             ));
         }
         if let Some(kv) = state.lock {
-            return self
-                .held(previous, client_id, kv, &pk, None, sent)
-                .await
-                .map(Some);
+            let held = self.held(previous, client_id, kv, pk, None, sent).await?;
+            return Ok(Handoff::Answered(held));
         }
         if let Some(delay) = state.delay {
-            return Ok(Some(Acquired::Held(lease_end(previous, &delay).await?)));
+            let until = lease_end(previous, &delay).await?;
+            return Ok(Handoff::Answered(Acquired::Held(until)));
         }
         if let Some(held) = state.held {
-            return match self.lost(previous, &pk, &held, &identity).await? {
-                Some(until) => Ok(Some(Acquired::Held(until))),
+            return match self.lost(previous, pk, &held, identity).await? {
+                Some(until) => Ok(Handoff::Answered(Acquired::Held(until))),
                 // Lock-delay off, or the record changed: nothing there can
                 // be granted again (the shard is fenced), so it is free.
-                None => Ok(None),
+                None => Ok(Handoff::Free),
             };
         }
-        Ok(None)
+        Ok(Handoff::Free)
     }
 
     /// The name is held: by the caller (idempotent re-acquire) or by another.
     /// `own` is the renewal of the caller's session on `shard` if the holder
     /// rides on it; `sent` when the request that read the holder was sent.
-    pub(crate) async fn held(
+    pub(crate) async fn held<S: LockShard>(
         &self,
-        shard: &Shard,
+        shard: &S,
         client_id: &str,
         holder: Stored,
         k: &NameKeys,

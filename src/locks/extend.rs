@@ -26,7 +26,7 @@ impl Active {
         let _latency = shard.metrics().latency(ShardOp::Renew, received);
         check_up(&shard)?;
         if ttl_secs == id.ttl_secs {
-            let outcome = self.renew_on(&shard, &[&id], true).await.pop();
+            let outcome = self.renew_on(&*shard, &[&id], true).await.pop();
             return Ok(match outcome.expect("one outcome per lock")? {
                 RenewOutcome::Renewed(expires) => Extended::Moved(Grant {
                     lock_id: lock_id.to_string(),
@@ -42,13 +42,13 @@ impl Active {
         // the lock's records changed between the read and the txn.
         for _ in 0..3 {
             let identity = shard.verified_identity().ok_or_else(|| {
-                unavailable(&shard, "the shard's identity is not verified yet; retry")
+                unavailable(&*shard, "the shard's identity is not verified yet; retry")
             })?;
             let state = shard.read_name(&k).await?;
             if state.identity.as_deref() != Some(identity.as_slice()) {
                 self.router.identity_changed(&shard);
                 return Err(unavailable(
-                    &shard,
+                    &*shard,
                     "the cluster behind this shard's endpoints is not this shard",
                 ));
             }
@@ -98,7 +98,7 @@ impl Active {
             }
         }
         Err(unavailable(
-            &shard,
+            &*shard,
             "the lock's records or its new session lease kept changing; retry",
         ))
     }

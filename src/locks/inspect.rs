@@ -58,7 +58,7 @@ impl Active {
                 // Held while the key exists, whatever etcd's whole-second
                 // TTL says: a lease with 0.9 s left reads as 0 s, and the
                 // name is still refused to others until etcd deletes the key.
-                let expires = lease_end(place, &kv).await?;
+                let expires = lease_end(&**place, &kv).await?;
                 let expires = Expiry(expires.0.max(Instant::now()));
                 let at = Some(value.at).filter(|ms| *ms > 0);
                 return Ok(Inspection {

@@ -28,6 +28,9 @@
 //!   from its holder; [`listing`]: the locks held, page by page, and what
 //!   one client holds; [`validate`]: the input rules.
 //!
+//! The decisions are generic over the shard they run on
+//! ([`LockShard`]): `decisions.rs` tests them against an in-memory shard.
+//!
 //! This file holds the shared types ([`Locks`], [`Active`], errors,
 //! answers); the submodules only add methods to [`Active`].
 //!
@@ -46,6 +49,7 @@ use crate::placement::topology::{NotServing, Router};
 use crate::refusal::{Denied, RateLimited};
 use crate::shard::conn::EtcdError;
 use crate::shard::keys::{LockValue, Recorded, Stored};
+use crate::shard::ops::LockShard;
 use crate::shard::{AcquireSlot, Busy, Grantable, Held, Renewal, Shard};
 use crate::token::lease_tag::LeaseTag;
 use crate::token::lock_id::{LockId, Seal, Sealer};
@@ -625,7 +629,7 @@ impl Active {
 }
 
 /// When the lease of `kv` ends, as far as the router knows now.
-pub(crate) async fn lease_end(shard: &Shard, kv: &Stored) -> Result<Expiry, EtcdError> {
+pub(crate) async fn lease_end<S: LockShard>(shard: &S, kv: &Stored) -> Result<Expiry, EtcdError> {
     let sent = Instant::now();
     let left = shard.time_to_live(kv.lease()).await?;
     Ok(Expiry(sent + Duration::from_secs(left as u64)))
@@ -814,7 +818,7 @@ pub(crate) fn check_identity(shard: &Shard) -> Result<(), LockError> {
     Ok(())
 }
 
-pub(crate) fn unavailable(shard: &Shard, detail: &str) -> LockError {
+pub(crate) fn unavailable<S: LockShard>(shard: &S, detail: &str) -> LockError {
     LockError::ShardUnavailable {
         shard: shard.name().to_string(),
         detail: detail.to_string(),

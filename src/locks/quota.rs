@@ -21,7 +21,8 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use crate::shard::{Held, Shard};
+use crate::shard::ops::CacheCounts;
+use crate::shard::Held;
 use crate::token::lease_tag::LeaseTag;
 
 /// Longest a granted reservation waits for its cache (a cache that stops
@@ -48,7 +49,7 @@ struct Slot {
     /// Whether it also reserved a new session lease.
     session: bool,
     /// Once granted: the shard and revision its cache must apply.
-    granted: Option<(Arc<Shard>, i64, Instant)>,
+    granted: Option<(Arc<dyn CacheCounts>, i64, Instant)>,
 }
 
 impl Slot {
@@ -175,10 +176,10 @@ impl Reservation {
 
     /// The acquire's txn created the lock on `shard` at `revision`: the
     /// reservation stays until that shard's cache has applied it.
-    pub fn granted(mut self, shard: &Arc<Shard>, revision: i64) {
+    pub fn granted(mut self, shard: Arc<dyn CacheCounts>, revision: i64) {
         let mut pending = self.quotas.pending.lock().expect("quota lock");
         if let Some(slot) = pending.slot(self.bounds.tag, self.id) {
-            slot.granted = Some((shard.clone(), revision, Instant::now()));
+            slot.granted = Some((shard, revision, Instant::now()));
             self.kept = true;
         }
     }

@@ -4,7 +4,9 @@
 //! deleted value (`lockrouter_hold_seconds`), without another read.
 
 use super::*;
+use crate::shard::ops::LockShard;
 use crate::shard::ReleaseTxn;
+use crate::token::lock_id::LockId;
 
 impl Active {
     /// After this the name is not held under `lock_id` (released now or
@@ -18,6 +20,15 @@ impl Active {
         let id = self.open(lock_id, token, caller)?;
         let shard = self.shard_of(&id)?;
         check_identity(&shard)?;
+        self.release_on(shard.as_ref(), &id).await
+    }
+
+    /// Releases the lock `id` names on `shard`, which it rides on.
+    pub(crate) async fn release_on<S: LockShard>(
+        &self,
+        shard: &S,
+        id: &LockId,
+    ) -> Result<(), LockError> {
         let k = shard.name_keys(&id.name_hash);
         let done = shard.release_txn(&k, id.revision, id.lease).await?;
         if let ReleaseTxn::Released {

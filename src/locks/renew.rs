@@ -12,6 +12,7 @@ use futures::future::join_all;
 use super::*;
 use crate::metrics::{Latency, ShardOp};
 use crate::shard::conn::EtcdError;
+use crate::shard::ops::LockShard;
 use crate::shard::{Entry, Renewal, Shard};
 use crate::token::lock_id::LockId;
 
@@ -42,7 +43,7 @@ impl Active {
         // SDK's `extend`): a keepalive unless one was confirmed within the
         // coalescing window, whatever is left of the lease.
         let extend = ttl_ms.is_some();
-        let mut outcomes = self.renew_on(&shard, &[&id], extend).await;
+        let mut outcomes = self.renew_on(&*shard, &[&id], extend).await;
         Ok(outcomes.pop().expect("one outcome per lock")?)
     }
 
@@ -99,7 +100,7 @@ impl Active {
                     return (at, None);
                 };
                 let group: Vec<&LockId> = at.iter().map(|&i| &ids[i]).collect();
-                (at, Some(self.renew_on(shard, &group, false).await))
+                (at, Some(self.renew_on(&**shard, &group, false).await))
             }
         }))
         .await;
@@ -125,9 +126,9 @@ impl Active {
     /// answered without a keepalive. `extend`: keep the leases alive now
     /// (within the coalescing window), not only once less than
     /// `keepalive_below_pct` of their TTL is left.
-    pub(super) async fn renew_on(
+    pub(super) async fn renew_on<S: LockShard>(
         &self,
-        shard: &Arc<Shard>,
+        shard: &S,
         ids: &[&LockId],
         extend: bool,
     ) -> Vec<Result<RenewOutcome, EtcdError>> {

@@ -116,7 +116,7 @@ impl Active {
             let awaited = match step {
                 AcquireTxn::Granted { revision } => {
                     if let Some(r) = reservation {
-                        r.granted(shard, revision);
+                        r.granted(shard.clone(), revision);
                     }
                     let window = self.window(ttl_secs);
                     let session = waiter.session();
@@ -149,7 +149,7 @@ impl Active {
                 AcquireTxn::Held(kv) | AcquireTxn::Behind(_, Some(kv)) if holds(&kv, holder) => {
                     // The caller's own client holds the name (granted through
                     // another request): the answer is that grant.
-                    let held = self.held(shard, holder, kv, waiter.keys(), None, sent);
+                    let held = self.held(&**shard, holder, kv, waiter.keys(), None, sent);
                     return held.await.map(Some);
                 }
                 AcquireTxn::Held(kv) => {
@@ -165,7 +165,10 @@ impl Active {
                     Awaited::Delay
                 }
                 AcquireTxn::Lost(held) => {
-                    match self.lost(shard, waiter.keys(), &held, &g.identity).await? {
+                    match self
+                        .lost(&**shard, waiter.keys(), &held, &g.identity)
+                        .await?
+                    {
                         Some(_) => {}
                         None if self.lock_delay == LockDelay::Off => {
                             replace_held = Some(held.mod_revision());
@@ -187,7 +190,7 @@ impl Active {
         }
         drop(waiter);
         match last_holder {
-            Some(h) => Ok(Some(Acquired::Held(lease_end(shard, &h).await?))),
+            Some(h) => Ok(Some(Acquired::Held(lease_end(&**shard, &h).await?))),
             None => Ok(Some(Acquired::Held(Expiry(Instant::now())))),
         }
     }

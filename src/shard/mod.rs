@@ -33,6 +33,10 @@
 //! of lost holders) on the paging of `pages.rs` (which also keeps where the
 //! paced sweep is), and [`queue`] the queue of waiting acquires of a name
 //! (a waiter's entry, the grant at its head, the watch a waiter sleeps on).
+//!
+//! [`ops`] is what the lock layer's decisions ask of a shard, as a trait
+//! ([`LockShard`](ops::LockShard)) that [`Shard`] implements over etcd and
+//! the unit tests' in-memory shard (`fake.rs`) over a map.
 
 use std::sync::RwLock;
 
@@ -48,6 +52,7 @@ pub mod keys;
 mod leases;
 pub mod login;
 pub mod name;
+pub mod ops;
 mod pages;
 mod pressure;
 pub mod queue;

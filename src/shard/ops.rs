@@ -1,0 +1,191 @@
+//! What the lock layer asks of a shard, as a trait: the lock-level
+//! operations its decisions are made over (a session got or granted, a
+//! grant on it, a look at a name, a lost holder's lock-delay, a check of
+//! lock keys and a keepalive of their leases, a release). [`Shard`]
+//! implements it over etcd; the in-memory shard of the unit tests
+//! (`fake.rs`) implements it over a map, so that every decision of
+//! `locks/` can be tested without etcd.
+//!
+//! The lock layer is generic over it, never `dyn`: the real path compiles
+//! to direct calls on [`Shard`], with no dispatch or allocation added per
+//! request. The trait holds only what those decisions call; what only the
+//! real shard does (its records, scans, caches' upkeep, the waiting queue)
+//! stays on [`Shard`] alone.
+
+use std::time::{Duration, Instant};
+
+use super::cache::Entry;
+use super::conn::EtcdError;
+use super::keepalive::Renewal;
+use super::keys::{LockValue, NameHash, Stored};
+use super::name::{Grantable, NameKeys, NameState, ReleaseTxn, SessionGrant};
+use super::sessions::SessionLease;
+use super::Shard;
+use crate::token::lease_tag::LeaseTag;
+
+/// Whether a shard's lock-key cache counts a grant yet: what a quota
+/// reservation waits for ([`Shard::cache_has_seen`]). Object-safe, so a
+/// reservation keeps its shard as `Arc<dyn CacheCounts>` (a clone of the
+/// shard's `Arc`, no allocation).
+pub trait CacheCounts: Send + Sync {
+    fn cache_has_seen(&self, revision: i64) -> bool;
+}
+
+/// A shard as the lock layer's decisions use it. Each method is the
+/// [`Shard`] method of the same name, which documents what it promises.
+pub trait LockShard: CacheCounts + 'static {
+    fn name(&self) -> &str;
+
+    fn name_keys(&self, hash: &NameHash) -> NameKeys;
+
+    /// A hint that `hash`'s name is held ([`Shard::cache_shows_held`]).
+    fn cache_shows_held(&self, hash: &NameHash) -> bool;
+
+    async fn read_name(&self, k: &NameKeys) -> Result<NameState, EtcdError>;
+
+    async fn session<E: From<EtcdError>>(
+        &self,
+        holder: &str,
+        ttl_secs: u32,
+        tag: Option<LeaseTag>,
+        admit: impl Fn() -> Result<(), E>,
+    ) -> Result<SessionLease, E>;
+
+    async fn grant_on_session(
+        &self,
+        k: &NameKeys,
+        value: &LockValue,
+        session: &SessionLease,
+        window: Duration,
+        g: &Grantable,
+        replace_held: Option<i64>,
+    ) -> Result<SessionGrant, EtcdError>;
+
+    async fn renew_lease(
+        &self,
+        lease: i64,
+        window: Duration,
+        ttl_secs: u32,
+    ) -> Result<Renewal, EtcdError>;
+
+    async fn time_to_live(&self, lease: i64) -> Result<i64, EtcdError>;
+
+    async fn set_lock_delay(
+        &self,
+        k: &NameKeys,
+        held: &Stored,
+        identity: &[u8],
+    ) -> Result<(Instant, bool), EtcdError>;
+
+    async fn lock_entries(&self, hashes: &[NameHash]) -> Vec<Result<Option<Entry>, EtcdError>>;
+
+    async fn renew_session(
+        &self,
+        lease: i64,
+        window: Duration,
+        ttl_secs: u32,
+    ) -> Result<Renewal, EtcdError>;
+
+    fn note_renewal(&self, took: Duration, budget: Duration, now: Instant) -> bool;
+
+    async fn release_txn(
+        &self,
+        k: &NameKeys,
+        revision: i64,
+        lease: i64,
+    ) -> Result<ReleaseTxn, EtcdError>;
+}
+
+impl CacheCounts for Shard {
+    fn cache_has_seen(&self, revision: i64) -> bool {
+        Shard::cache_has_seen(self, revision)
+    }
+}
+
+impl LockShard for Shard {
+    fn name(&self) -> &str {
+        Shard::name(self)
+    }
+
+    fn name_keys(&self, hash: &NameHash) -> NameKeys {
+        Shard::name_keys(self, hash)
+    }
+
+    fn cache_shows_held(&self, hash: &NameHash) -> bool {
+        Shard::cache_shows_held(self, hash)
+    }
+
+    async fn read_name(&self, k: &NameKeys) -> Result<NameState, EtcdError> {
+        Shard::read_name(self, k).await
+    }
+
+    async fn session<E: From<EtcdError>>(
+        &self,
+        holder: &str,
+        ttl_secs: u32,
+        tag: Option<LeaseTag>,
+        admit: impl Fn() -> Result<(), E>,
+    ) -> Result<SessionLease, E> {
+        Shard::session(self, holder, ttl_secs, tag, admit).await
+    }
+
+    async fn grant_on_session(
+        &self,
+        k: &NameKeys,
+        value: &LockValue,
+        session: &SessionLease,
+        window: Duration,
+        g: &Grantable,
+        replace_held: Option<i64>,
+    ) -> Result<SessionGrant, EtcdError> {
+        Shard::grant_on_session(self, k, value, session, window, g, replace_held).await
+    }
+
+    async fn renew_lease(
+        &self,
+        lease: i64,
+        window: Duration,
+        ttl_secs: u32,
+    ) -> Result<Renewal, EtcdError> {
+        Shard::renew_lease(self, lease, window, ttl_secs).await
+    }
+
+    async fn time_to_live(&self, lease: i64) -> Result<i64, EtcdError> {
+        Shard::time_to_live(self, lease).await
+    }
+
+    async fn set_lock_delay(
+        &self,
+        k: &NameKeys,
+        held: &Stored,
+        identity: &[u8],
+    ) -> Result<(Instant, bool), EtcdError> {
+        Shard::set_lock_delay(self, k, held, identity).await
+    }
+
+    async fn lock_entries(&self, hashes: &[NameHash]) -> Vec<Result<Option<Entry>, EtcdError>> {
+        Shard::lock_entries(self, hashes).await
+    }
+
+    async fn renew_session(
+        &self,
+        lease: i64,
+        window: Duration,
+        ttl_secs: u32,
+    ) -> Result<Renewal, EtcdError> {
+        Shard::renew_session(self, lease, window, ttl_secs).await
+    }
+
+    fn note_renewal(&self, took: Duration, budget: Duration, now: Instant) -> bool {
+        Shard::note_renewal(self, took, budget, now)
+    }
+
+    async fn release_txn(
+        &self,
+        k: &NameKeys,
+        revision: i64,
+        lease: i64,
+    ) -> Result<ReleaseTxn, EtcdError> {
+        Shard::release_txn(self, k, revision, lease).await
+    }
+}
