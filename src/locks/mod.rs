@@ -55,6 +55,8 @@ use crate::token::lease_tag::LeaseTag;
 use crate::token::lock_id::{LockId, Seal, Sealer};
 pub use quota::Quotas;
 mod acquire;
+#[cfg(test)]
+mod decisions;
 mod extend;
 mod force;
 mod inspect;

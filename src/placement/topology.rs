@@ -350,6 +350,23 @@ impl Router {
         Ok(router)
     }
 
+    /// A router over `settings`' ring with no shard connected: the lock
+    /// layer's unit tests give their decisions in-memory shards directly.
+    #[cfg(test)]
+    pub(crate) fn unconnected(settings: &Settings) -> Arc<Self> {
+        Arc::new(Self {
+            ring: Ring::new(&settings.shards, settings.ring.vnodes),
+            shards: Vec::new(),
+            shard_settings: settings.shards.clone(),
+            vnodes: settings.ring.vnodes,
+            pool: ShardPool::new(settings, CancellationToken::new()),
+            lock_delay: settings.locks.lock_delay,
+            migration: RwLock::new(None),
+            confirmed: AtomicBool::new(false),
+            monitor: Mutex::new(None),
+        })
+    }
+
     /// Hands the router its monitor, which stops when the router retires.
     pub(super) fn watched_by(&self, monitor: crate::task::TaskGuard) {
         *self.monitor.lock().expect("monitor lock") = Some(monitor);

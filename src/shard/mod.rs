@@ -47,6 +47,8 @@ pub mod access;
 mod cache;
 mod commit;
 pub mod conn;
+#[cfg(test)]
+pub(crate) mod fake;
 mod keepalive;
 pub mod keys;
 mod leases;

@@ -1,0 +1,390 @@
+//! Unit tests of the lock operations' decisions, made over the in-memory
+//! shard (`shard/fake.rs`) instead of etcd: what an acquire answers (a free
+//! name, a held one, the holder's own re-acquire, a lost holder's
+//! lock-delay, a principal's quotas, a ring that moved on), what a renewal
+//! answers (live, expired, stolen; a stale lockId renews nothing), what a
+//! release deletes, and how a migration's handoff reads a moved name's
+//! previous shard. The real-etcd tests (`tests/`) prove the wiring and the
+//! faults; these prove the rules, in milliseconds.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use super::acquire::{Attempt, Handoff};
+use super::*;
+use crate::config::LockDelay;
+use crate::placement::topology::Router;
+use crate::shard::fake::{FakeShard, IDENTITY, RING};
+use crate::shard::keys::{name_hash, RingMeta};
+use crate::shard::ops::LockShard;
+
+const TTL: u32 = 10;
+
+fn active() -> Active {
+    let settings =
+        crate::config::Settings::from_toml(crate::config::tests::MINIMAL).expect("a valid config");
+    let router = Router::unconnected(&settings);
+    let quotas = Arc::new(Quotas::default());
+    Active::new(&settings, router, Sealer::unsigned(), quotas)
+}
+
+fn shard(name: &str) -> Arc<FakeShard> {
+    Arc::new(FakeShard::new(name))
+}
+
+/// An acquire of `name` by `client`, acting for `caller`.
+fn acquire_as(caller: Caller<'_>, name: &str, client: &str) -> Acquire {
+    Acquire {
+        name: name.into(),
+        ttl_secs: TTL,
+        holder: Holder::new(caller, client),
+        owner: owner_of(caller),
+        wait: Duration::ZERO,
+        metadata: None,
+        received: Instant::now(),
+    }
+}
+
+fn acquire(name: &str, client: &str) -> Acquire {
+    acquire_as(Caller::Anyone, name, client)
+}
+
+async fn attempt_with(
+    active: &Active,
+    shard: &Arc<FakeShard>,
+    req: &Acquire,
+    replace_held: Option<i64>,
+) -> Result<Attempt, LockError> {
+    let k = shard.name_keys(&name_hash(&req.name));
+    let g = shard.grantable();
+    active.attempt(shard, req, &k, &g, replace_held).await
+}
+
+async fn attempt(active: &Active, shard: &Arc<FakeShard>, req: &Acquire) -> Attempt {
+    attempt_with(active, shard, req, None)
+        .await
+        .unwrap_or_else(|e| panic!("the attempt failed: {e}"))
+}
+
+fn granted(attempt: Attempt) -> Grant {
+    match attempt {
+        Attempt::Done(Acquired::Granted(grant)) => grant,
+        _ => panic!("expected a grant"),
+    }
+}
+
+fn refused(attempt: Attempt) -> Expiry {
+    match attempt {
+        Attempt::Done(Acquired::Held(until)) => until,
+        _ => panic!("expected the name held"),
+    }
+}
+
+fn lock_id(active: &Active, grant: &Grant) -> LockId {
+    active
+        .sealer
+        .open(&grant.lock_id)
+        .expect("our own lockId")
+        .0
+}
+
+/// How far past now `until` is, within a second's slack.
+fn about(until: Expiry, secs: u64) -> bool {
+    let left = until.0.saturating_duration_since(Instant::now());
+    left <= Duration::from_secs(secs) && left + Duration::from_secs(1) >= Duration::from_secs(secs)
+}
+
+#[tokio::test]
+async fn a_free_name_is_granted_on_the_clients_session_under_the_rings_epoch() {
+    let (active, shard) = (active(), shard("a"));
+    let grant = granted(attempt(&active, &shard, &acquire("order-42", "w1")).await);
+    let key = shard.lock_key("order-42").expect("the lock key");
+    let id = lock_id(&active, &grant);
+    assert_eq!((id.shard.as_str(), id.epoch, id.ttl_secs), ("a", 1, TTL));
+    assert_eq!(
+        (id.revision, id.lease),
+        (key.create_revision(), key.lease())
+    );
+    assert_eq!(Some(grant.fencing_token), id.token());
+    assert!(about(grant.expires, u64::from(TTL)));
+}
+
+#[tokio::test]
+async fn a_held_name_is_refused_until_its_holders_lease_ends() {
+    let (active, shard) = (active(), shard("a"));
+    granted(attempt(&active, &shard, &acquire("order-42", "w1")).await);
+    let until = refused(attempt(&active, &shard, &acquire("order-42", "w2")).await);
+    assert!(about(until, u64::from(TTL)));
+    // The cache showed it held: the refusal came from a read, no txn.
+    assert_eq!(shard.grant_txns(), 1);
+}
+
+#[tokio::test]
+async fn a_reacquire_by_the_holder_answers_its_own_grant_again() {
+    let (active, shard) = (active(), shard("a"));
+    let first = granted(attempt(&active, &shard, &acquire("order-42", "w1")).await);
+    let again = granted(attempt(&active, &shard, &acquire("order-42", "w1")).await);
+    assert_eq!(again.fencing_token, first.fencing_token);
+    let (a, b) = (lock_id(&active, &first), lock_id(&active, &again));
+    assert_eq!((a.revision, a.lease), (b.revision, b.lease));
+    assert_eq!(shard.grant_txns(), 1, "idempotent: no second grant");
+    // Its answer vouches for the lease it renewed.
+    assert_eq!(shard.keepalives(a.lease), 1);
+}
+
+#[tokio::test]
+async fn a_lost_holders_name_waits_out_its_lock_delay() {
+    let (active, shard) = (active(), shard("a"));
+    let first = granted(attempt(&active, &shard, &acquire("order-42", "w1")).await);
+    // The holder's lease ends without a release: its key goes, its held
+    // record stays.
+    shard.expire(lock_id(&active, &first).lease);
+    let until = refused(attempt(&active, &shard, &acquire("order-42", "w2")).await);
+    // One TTL of the lost lock, plus one second for rounding.
+    assert!(about(until, u64::from(TTL) + 1));
+    // Still delayed for the next one, and no grant meanwhile.
+    refused(attempt(&active, &shard, &acquire("order-42", "w3")).await);
+    assert!(shard.lock_key("order-42").is_none());
+}
+
+#[tokio::test]
+async fn with_lock_delay_off_a_lost_holders_record_is_replaced_at_once() {
+    let (mut active, shard) = (active(), shard("a"));
+    active.lock_delay = LockDelay::Off;
+    let first = granted(attempt(&active, &shard, &acquire("order-42", "w1")).await);
+    shard.expire(lock_id(&active, &first).lease);
+    let req = acquire("order-42", "w2");
+    assert!(matches!(
+        attempt(&active, &shard, &req).await,
+        Attempt::Again
+    ));
+    let k = shard.name_keys(&name_hash("order-42"));
+    let record = active.lost_record(&*shard, &k).await.expect("a read");
+    assert!(record.is_some(), "the lost holder's record, to replace");
+    let second = granted(
+        attempt_with(&active, &shard, &req, record)
+            .await
+            .expect("grants"),
+    );
+    assert!(second.fencing_token > first.fencing_token);
+}
+
+#[tokio::test]
+async fn a_principal_at_its_max_held_locks_is_refused_before_any_txn() {
+    let (active, shard) = (active(), shard("a"));
+    let quota = Quota {
+        max_held_locks: 1,
+        max_sessions: 0,
+    };
+    let pay = Caller::Principal { name: "pay", quota };
+    granted(attempt(&active, &shard, &acquire_as(pay, "order-1", "w1")).await);
+    // The grant stays reserved until the shard's cache counts it.
+    let second = attempt_with(&active, &shard, &acquire_as(pay, "order-2", "w1"), None).await;
+    assert!(matches!(second, Err(LockError::PermissionDenied(_))));
+    assert_eq!(shard.grant_txns(), 1);
+    // Another principal is not held to it.
+    let ship = Caller::Principal {
+        name: "ship",
+        quota,
+    };
+    granted(attempt(&active, &shard, &acquire_as(ship, "order-2", "w1")).await);
+}
+
+#[tokio::test]
+async fn a_principal_at_its_max_sessions_gets_no_new_session_but_uses_its_own() {
+    let (active, shard) = (active(), shard("a"));
+    let quota = Quota {
+        max_held_locks: 0,
+        max_sessions: 1,
+    };
+    let pay = Caller::Principal { name: "pay", quota };
+    granted(attempt(&active, &shard, &acquire_as(pay, "order-1", "w1")).await);
+    let other = attempt_with(&active, &shard, &acquire_as(pay, "order-2", "w2"), None).await;
+    assert!(matches!(other, Err(LockError::PermissionDenied(_))));
+    // The session w1 has takes more locks.
+    granted(attempt(&active, &shard, &acquire_as(pay, "order-3", "w1")).await);
+}
+
+#[tokio::test]
+async fn a_shard_recording_another_ring_or_identity_grants_nothing() {
+    let (active, shard) = (active(), shard("a"));
+    let req = acquire("order-42", "w1");
+    let k = shard.name_keys(&name_hash("order-42"));
+    let g = shard.grantable();
+    let moved_on = Recorded::new(RingMeta {
+        epoch: 2,
+        ring: "another-ring".into(),
+        previous: None,
+    });
+    shard.set_ring(moved_on.clone());
+    let answer = active.attempt(&shard, &req, &k, &g, None).await;
+    assert!(matches!(answer, Ok(Attempt::RingChanged(Some(r))) if r == moved_on));
+    let other = Grantable {
+        ring: moved_on,
+        identity: b"another cluster".to_vec(),
+    };
+    let answer = active.attempt(&shard, &req, &k, &other, None).await;
+    assert!(matches!(answer, Ok(Attempt::IdentityChanged)));
+    assert!(shard.lock_key("order-42").is_none());
+}
+
+#[tokio::test]
+async fn a_queued_name_is_not_granted_to_a_caller_that_does_not_wait() {
+    let (active, shard) = (active(), shard("a"));
+    shard.queue_waiter("order-42");
+    refused(attempt(&active, &shard, &acquire("order-42", "w1")).await);
+    assert!(shard.lock_key("order-42").is_none());
+}
+
+/// Renews the lock `grant` names on `shard` (a single renew).
+async fn renew(active: &Active, shard: &FakeShard, grant: &Grant) -> RenewOutcome {
+    let id = lock_id(active, grant);
+    let mut outcomes = active.renew_on(shard, &[&id], false).await;
+    outcomes.pop().expect("one outcome").expect("no etcd error")
+}
+
+#[tokio::test]
+async fn a_live_lock_renews_for_no_more_than_its_ttl() {
+    let (active, shard) = (active(), shard("a"));
+    let grant = granted(attempt(&active, &shard, &acquire("order-42", "w1")).await);
+    let RenewOutcome::Renewed(until) = renew(&active, &shard, &grant).await else {
+        panic!("expected renewed");
+    };
+    assert!(about(until, u64::from(TTL)));
+}
+
+#[tokio::test]
+async fn an_expired_lock_is_answered_expired() {
+    let (active, shard) = (active(), shard("a"));
+    let grant = granted(attempt(&active, &shard, &acquire("order-42", "w1")).await);
+    shard.expire(lock_id(&active, &grant).lease);
+    assert!(matches!(
+        renew(&active, &shard, &grant).await,
+        RenewOutcome::Expired
+    ));
+}
+
+#[tokio::test]
+async fn a_stale_lock_id_never_renews_a_later_holders_lock() {
+    let (active, shard) = (active(), shard("a"));
+    let old = granted(attempt(&active, &shard, &acquire("order-42", "w1")).await);
+    active
+        .release_on(&*shard, &lock_id(&active, &old))
+        .await
+        .expect("released");
+    // Another client holds the name now.
+    let later = granted(attempt(&active, &shard, &acquire("order-42", "w2")).await);
+    let lease = lock_id(&active, &later).lease;
+    assert!(matches!(
+        renew(&active, &shard, &old).await,
+        RenewOutcome::Stolen
+    ));
+    assert_eq!(shard.keepalives(lease), 0, "no keepalive on its word");
+    // The same client again, on the same session lease: the old lockId
+    // names that lease but not the new grant's revision.
+    active
+        .release_on(&*shard, &lock_id(&active, &later))
+        .await
+        .expect("released");
+    let mine = granted(attempt(&active, &shard, &acquire("order-42", "w1")).await);
+    let (before, now) = (lock_id(&active, &old), lock_id(&active, &mine));
+    assert_eq!(before.lease, now.lease);
+    let keepalives = shard.keepalives(now.lease);
+    assert!(matches!(
+        renew(&active, &shard, &old).await,
+        RenewOutcome::Stolen
+    ));
+    assert_eq!(shard.keepalives(now.lease), keepalives);
+}
+
+#[tokio::test]
+async fn a_release_deletes_only_the_grant_its_lock_id_names() {
+    let (active, shard) = (active(), shard("a"));
+    let old = granted(attempt(&active, &shard, &acquire("order-42", "w1")).await);
+    let old_id = lock_id(&active, &old);
+    active.release_on(&*shard, &old_id).await.expect("released");
+    assert!(shard.lock_key("order-42").is_none());
+    // Released, not lost: the next client gets the name at once.
+    let later = granted(attempt(&active, &shard, &acquire("order-42", "w2")).await);
+    // Releasing again with the old lockId answers as done, and touches
+    // nothing of the later grant.
+    active.release_on(&*shard, &old_id).await.expect("a no-op");
+    let key = shard.lock_key("order-42").expect("still held");
+    assert_eq!(key.create_revision(), lock_id(&active, &later).revision);
+}
+
+/// A migration whose ring is [`RING`] at `epoch`: what the previous shard
+/// must record to be fenced.
+const FENCE: (&str, u64) = (RING, 1);
+
+async fn handoff(
+    active: &Active,
+    previous: &FakeShard,
+    client: &str,
+    fence: (&str, u64),
+) -> Result<Handoff, LockError> {
+    let pk = previous.name_keys(&name_hash("order-42"));
+    (active.handoff_on(previous, client, &pk, IDENTITY, fence)).await
+}
+
+#[tokio::test]
+async fn a_moved_name_free_on_its_previous_shard_is_left_to_the_new_one() {
+    let (active, previous) = (active(), shard("old"));
+    let found = handoff(&active, &previous, "w1", FENCE).await;
+    assert!(matches!(found, Ok(Handoff::Free)));
+}
+
+#[tokio::test]
+async fn a_moved_name_held_on_its_previous_shard_stays_its_holders() {
+    let (active, previous) = (active(), shard("old"));
+    let grant = granted(attempt(&active, &previous, &acquire("order-42", "w1")).await);
+    let other = handoff(&active, &previous, "w2", FENCE).await;
+    assert!(matches!(other, Ok(Handoff::Answered(Acquired::Held(_)))));
+    // Its holder's re-acquire is answered from there: the same grant.
+    let own = handoff(&active, &previous, "w1", FENCE).await;
+    let Ok(Handoff::Answered(Acquired::Granted(again))) = own else {
+        panic!("expected the holder's own grant");
+    };
+    assert_eq!(again.fencing_token, grant.fencing_token);
+    assert_eq!(lock_id(&active, &again).shard, "old");
+}
+
+#[tokio::test]
+async fn a_moved_names_lost_holder_on_its_previous_shard_delays_it_there() {
+    let (active, previous) = (active(), shard("old"));
+    let grant = granted(attempt(&active, &previous, &acquire("order-42", "w1")).await);
+    previous.expire(lock_id(&active, &grant).lease);
+    let found = handoff(&active, &previous, "w2", FENCE).await;
+    assert!(
+        matches!(found, Ok(Handoff::Answered(Acquired::Held(until))) if about(until, u64::from(TTL) + 1))
+    );
+    // Delayed there from now on.
+    let found = handoff(&active, &previous, "w2", FENCE).await;
+    assert!(matches!(found, Ok(Handoff::Answered(Acquired::Held(_)))));
+}
+
+#[tokio::test]
+async fn with_lock_delay_off_a_moved_names_lost_holder_leaves_it_free() {
+    let (mut active, previous) = (active(), shard("old"));
+    active.lock_delay = LockDelay::Off;
+    let grant = granted(attempt(&active, &previous, &acquire("order-42", "w1")).await);
+    previous.expire(lock_id(&active, &grant).lease);
+    let found = handoff(&active, &previous, "w2", FENCE).await;
+    assert!(matches!(found, Ok(Handoff::Free)));
+}
+
+#[tokio::test]
+async fn a_previous_shard_not_yet_fenced_or_not_itself_answers_nothing() {
+    let (active, previous) = (active(), shard("old"));
+    // It records an older epoch than the migration's: it could still grant.
+    let unfenced = handoff(&active, &previous, "w1", (RING, 2)).await;
+    assert!(matches!(unfenced, Err(LockError::ShardUnavailable { .. })));
+    let other_ring = handoff(&active, &previous, "w1", ("another-ring", 1)).await;
+    assert!(matches!(
+        other_ring,
+        Err(LockError::ShardUnavailable { .. })
+    ));
+    let pk = previous.name_keys(&name_hash("order-42"));
+    let not_itself = (active.handoff_on(&*previous, "w1", &pk, b"another cluster", FENCE)).await;
+    assert!(matches!(not_itself, Ok(Handoff::IdentityChanged)));
+}

@@ -1,0 +1,363 @@
+//! An in-memory shard for the unit tests of the lock layer's decisions: it
+//! answers [`LockShard`] as one etcd cluster would, from a map of keys and
+//! a set of live leases, with no etcd and no time passing unless a test
+//! says so. Its txns compare and write what the real ones do (`name.rs`):
+//! a grant needs the ring and identity compared, no holder, no lock-delay,
+//! no lost holder (unless replaced) and no queued waiter; a release needs
+//! the lockId's create revision and lease. Its cache is exact, but counts
+//! nothing for quotas: a granted reservation stays reserved.
+//!
+//! A test moves the world by hand: [`FakeShard::expire`] ends a lease (and
+//! with it the keys on it, leaving a lost holder's record), and
+//! [`FakeShard::set_ring`] records another ring.
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::Mutex;
+use std::time::{Duration, Instant, SystemTime};
+
+use super::cache::Entry;
+use super::conn::EtcdError;
+use super::keepalive::Renewal;
+use super::keys::{HeldValue, Keys, LockValue, NameHash, Recorded, RingMeta, Stored};
+use super::name::{AcquireTxn, Grantable, NameKeys, NameState, ReleaseTxn, SessionGrant};
+use super::ops::{CacheCounts, LockShard};
+use super::sessions::SessionLease;
+use crate::token::lease_tag::LeaseTag;
+
+/// The ring a fake shard records at first.
+pub const RING: &str = "fake-ring";
+/// Its identity record.
+pub const IDENTITY: &[u8] = b"fake-identity";
+
+/// One in-memory shard.
+pub struct FakeShard {
+    name: String,
+    keys: Keys,
+    /// std `Mutex`: never held across an await (nothing here awaits).
+    state: Mutex<State>,
+}
+
+#[derive(Default)]
+struct State {
+    revision: i64,
+    next_lease: i64,
+    /// Live leases and their TTLs.
+    leases: HashMap<i64, i64>,
+    kv: BTreeMap<Vec<u8>, Stored>,
+    ring: Option<Recorded>,
+    identity: Option<Vec<u8>>,
+    /// Each (holder, TTL)'s session lease.
+    sessions: HashMap<(String, u32), SessionLease>,
+    /// Grant txns sent (each would be a raft write).
+    grant_txns: u32,
+    /// Keepalives asked for, by lease.
+    keepalives: HashMap<i64, u32>,
+}
+
+impl FakeShard {
+    /// A shard recording [`RING`] at epoch 1 and [`IDENTITY`].
+    pub fn new(name: &str) -> Self {
+        let ring = Recorded::new(RingMeta {
+            epoch: 1,
+            ring: RING.into(),
+            previous: None,
+        });
+        let state = State {
+            ring: Some(ring),
+            identity: Some(IDENTITY.to_vec()),
+            next_lease: 1_000,
+            ..State::default()
+        };
+        Self {
+            name: name.into(),
+            keys: Keys::new("/fake"),
+            state: Mutex::new(state),
+        }
+    }
+
+    /// What a grant compares here now.
+    pub fn grantable(&self) -> Grantable {
+        let s = self.lock();
+        Grantable {
+            ring: s.ring.clone().expect("a recorded ring"),
+            identity: s.identity.clone().expect("an identity"),
+        }
+    }
+
+    /// Records another ring (a migration opened, or another router's).
+    pub fn set_ring(&self, ring: Recorded) {
+        self.lock().ring = Some(ring);
+    }
+
+    /// Ends `lease` as etcd's expiry would: the keys on it go, a lock's
+    /// held record stays (its holder is lost).
+    pub fn expire(&self, lease: i64) {
+        let mut s = self.lock();
+        s.leases.remove(&lease);
+        s.kv.retain(|_, kv| kv.lease != lease);
+    }
+
+    /// The lock key of `name`, if held.
+    pub fn lock_key(&self, name: &str) -> Option<Stored> {
+        let k = self.name_keys(&super::keys::name_hash(name));
+        self.lock().kv.get(&k.lock).cloned()
+    }
+
+    /// Puts a waiter's entry in `name`'s queue (on no lease).
+    pub fn queue_waiter(&self, name: &str) {
+        let k = self.name_keys(&super::keys::name_hash(name));
+        let mut key = k.waiters;
+        key.extend_from_slice(b"/w");
+        self.lock().put(key, b"w".to_vec(), 0);
+    }
+
+    /// Keepalives asked of `lease` so far (by renewals and re-acquires).
+    pub fn keepalives(&self, lease: i64) -> u32 {
+        self.lock().keepalives.get(&lease).copied().unwrap_or(0)
+    }
+
+    /// Grant txns sent so far.
+    pub fn grant_txns(&self) -> u32 {
+        self.lock().grant_txns
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, State> {
+        self.state.lock().expect("fake shard lock")
+    }
+}
+
+impl State {
+    fn put(&mut self, key: Vec<u8>, value: Vec<u8>, lease: i64) {
+        self.revision += 1;
+        let create_revision = self
+            .kv
+            .get(&key)
+            .map_or(self.revision, |kv| kv.create_revision);
+        let kv = Stored {
+            key: key.clone(),
+            value,
+            create_revision,
+            mod_revision: self.revision,
+            lease,
+        };
+        self.kv.insert(key, kv);
+    }
+
+    fn grant_lease(&mut self, ttl_secs: i64, id: Option<i64>) -> i64 {
+        self.next_lease += 1;
+        let id = id.unwrap_or(self.next_lease);
+        self.leases.insert(id, ttl_secs);
+        id
+    }
+
+    fn keepalive(&mut self, lease: i64) -> Renewal {
+        *self.keepalives.entry(lease).or_default() += 1;
+        self.renewal(lease)
+    }
+
+    fn renewal(&self, lease: i64) -> Renewal {
+        Renewal {
+            sent_at: Instant::now(),
+            ttl_secs: self.leases.get(&lease).copied().unwrap_or(0),
+        }
+    }
+
+    fn name_state(&self, k: &NameKeys) -> NameState {
+        NameState {
+            lock: self.kv.get(&k.lock).cloned(),
+            held: self.kv.get(&k.held).cloned(),
+            delay: self.kv.get(&k.delay).cloned(),
+            ring: self.ring.clone(),
+            identity: self.identity.clone(),
+        }
+    }
+
+    /// The grant txn of `name.rs`: its compares, then its writes or why not.
+    fn acquire_txn(
+        &mut self,
+        k: &NameKeys,
+        value: &LockValue,
+        lease: i64,
+        g: &Grantable,
+        replace_held: Option<i64>,
+    ) -> AcquireTxn {
+        self.grant_txns += 1;
+        let state = self.name_state(k);
+        if state.identity.as_deref() != Some(g.identity.as_slice()) {
+            return AcquireTxn::IdentityChanged;
+        }
+        if state.ring.as_ref() != Some(&g.ring) {
+            return AcquireTxn::RingChanged(state.ring);
+        }
+        if let Some(kv) = state.lock {
+            return AcquireTxn::Held(kv);
+        }
+        if let Some(kv) = state.delay {
+            return AcquireTxn::Delayed(kv);
+        }
+        if let Some(held) = state.held.filter(|h| Some(h.mod_revision) != replace_held) {
+            return AcquireTxn::Lost(held);
+        }
+        if self.kv.keys().any(|key| key.starts_with(&k.waiters)) {
+            return AcquireTxn::Queued;
+        }
+        let held = HeldValue {
+            name: value.name.clone(),
+            ttl: value.ttl,
+        };
+        let value = serde_json::to_vec(value).expect("LockValue serialises");
+        self.put(k.lock.clone(), value, lease);
+        let revision = self.revision;
+        let held = serde_json::to_vec(&held).expect("HeldValue serialises");
+        self.put(k.held.clone(), held, 0);
+        AcquireTxn::Granted { revision }
+    }
+}
+
+impl CacheCounts for FakeShard {
+    fn cache_has_seen(&self, _revision: i64) -> bool {
+        false
+    }
+}
+
+impl LockShard for FakeShard {
+    fn name(&self) -> &str {
+        &self.name
+    }
+
+    fn name_keys(&self, hash: &NameHash) -> NameKeys {
+        NameKeys {
+            hash: *hash,
+            lock: self.keys.lock(hash),
+            held: self.keys.held(hash),
+            delay: self.keys.delay(hash),
+            waiters: self.keys.waiters(hash),
+        }
+    }
+
+    fn cache_shows_held(&self, hash: &NameHash) -> bool {
+        self.lock().kv.contains_key(&self.keys.lock(hash))
+    }
+
+    async fn read_name(&self, k: &NameKeys) -> Result<NameState, EtcdError> {
+        Ok(self.lock().name_state(k))
+    }
+
+    async fn session<E: From<EtcdError>>(
+        &self,
+        holder: &str,
+        ttl_secs: u32,
+        tag: Option<LeaseTag>,
+        admit: impl Fn() -> Result<(), E>,
+    ) -> Result<SessionLease, E> {
+        let mut s = self.lock();
+        let slot = (holder.to_string(), ttl_secs);
+        if let Some(session) = s.sessions.get(&slot) {
+            if s.leases.contains_key(&session.id) {
+                return Ok(*session);
+            }
+        }
+        admit()?;
+        let id = s.grant_lease(i64::from(ttl_secs), tag.map(LeaseTag::new_lease_id));
+        let session = SessionLease { id, ttl_secs };
+        s.sessions.insert(slot, session);
+        Ok(session)
+    }
+
+    async fn grant_on_session(
+        &self,
+        k: &NameKeys,
+        value: &LockValue,
+        session: &SessionLease,
+        _window: Duration,
+        g: &Grantable,
+        replace_held: Option<i64>,
+    ) -> Result<SessionGrant, EtcdError> {
+        let mut s = self.lock();
+        if !s.leases.contains_key(&session.id) {
+            s.sessions.remove(&(value.client.clone(), session.ttl_secs));
+            return Ok(SessionGrant::SessionGone);
+        }
+        let txn = s.acquire_txn(k, value, session.id, g, replace_held);
+        Ok(SessionGrant::Answered(txn, Ok(s.renewal(session.id))))
+    }
+
+    async fn renew_lease(
+        &self,
+        lease: i64,
+        _window: Duration,
+        _ttl_secs: u32,
+    ) -> Result<Renewal, EtcdError> {
+        Ok(self.lock().keepalive(lease))
+    }
+
+    async fn time_to_live(&self, lease: i64) -> Result<i64, EtcdError> {
+        Ok(self.lock().leases.get(&lease).copied().unwrap_or(0))
+    }
+
+    async fn set_lock_delay(
+        &self,
+        k: &NameKeys,
+        held: &Stored,
+        identity: &[u8],
+    ) -> Result<(Instant, bool), EtcdError> {
+        let mut s = self.lock();
+        let ttl = serde_json::from_slice::<HeldValue>(&held.value).map_or(0, |h| h.ttl);
+        let secs = i64::from(ttl.max(1) + 1);
+        let until = Instant::now() + Duration::from_secs(secs as u64);
+        let unchanged = !s.kv.contains_key(&k.lock)
+            && s.kv.get(&k.held).map(|h| h.mod_revision) == Some(held.mod_revision)
+            && s.identity.as_deref() == Some(identity);
+        if !unchanged {
+            return Ok((until, false));
+        }
+        let lease = s.grant_lease(secs, None);
+        s.kv.remove(&k.held);
+        s.put(k.delay.clone(), held.value.clone(), lease);
+        Ok((until, true))
+    }
+
+    async fn lock_entries(&self, hashes: &[NameHash]) -> Vec<Result<Option<Entry>, EtcdError>> {
+        let s = self.lock();
+        (hashes.iter())
+            .map(|hash| {
+                let kv = s.kv.get(&self.keys.lock(hash));
+                Ok(kv.map(|kv| (kv.create_revision, kv.lease)))
+            })
+            .collect()
+    }
+
+    async fn renew_session(
+        &self,
+        lease: i64,
+        _window: Duration,
+        _ttl_secs: u32,
+    ) -> Result<Renewal, EtcdError> {
+        Ok(self.lock().keepalive(lease))
+    }
+
+    fn note_renewal(&self, _took: Duration, _budget: Duration, _now: Instant) -> bool {
+        false
+    }
+
+    async fn release_txn(
+        &self,
+        k: &NameKeys,
+        revision: i64,
+        lease: i64,
+    ) -> Result<ReleaseTxn, EtcdError> {
+        let mut s = self.lock();
+        let Some(kv) = s.kv.get(&k.lock) else {
+            return Ok(ReleaseTxn::NotHeld);
+        };
+        if (kv.create_revision, kv.lease) != (revision, lease) {
+            return Ok(ReleaseTxn::NotHeld);
+        }
+        let at = serde_json::from_slice::<LockValue>(&kv.value).map_or(0, |v| v.at);
+        s.kv.remove(&k.lock);
+        s.kv.remove(&k.held);
+        s.revision += 1;
+        let granted_at = (at > 0).then(|| SystemTime::UNIX_EPOCH + Duration::from_millis(at));
+        Ok(ReleaseTxn::Released { granted_at })
+    }
+}
