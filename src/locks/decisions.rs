@@ -3,8 +3,9 @@
 //! name, a held one, the holder's own re-acquire, a lost holder's
 //! lock-delay, a principal's quotas, a ring that moved on), what a renewal
 //! answers (live, expired, stolen; a stale lockId renews nothing), what a
-//! release deletes, and how a migration's handoff reads a moved name's
-//! previous shard. The real-etcd tests (`tests/`) prove the wiring and the
+//! release deletes, what a wait in a name's queue comes to (first come,
+//! first served; the caller's own client's grant; its deadline), and how a
+//! migration's handoff reads a moved name's previous shard. The real-etcd tests (`tests/`) prove the wiring and the
 //! faults; these prove the rules, in milliseconds.
 
 use std::sync::Arc;
@@ -15,7 +16,7 @@ use super::*;
 use crate::config::LockDelay;
 use crate::placement::topology::Router;
 use crate::shard::fake::{FakeShard, IDENTITY, RING};
-use crate::shard::keys::{name_hash, RingMeta};
+use crate::shard::keys::{name_hash, Recorded, RingMeta};
 use crate::shard::ops::LockShard;
 
 const TTL: u32 = 10;
@@ -387,4 +388,115 @@ async fn a_previous_shard_not_yet_fenced_or_not_itself_answers_nothing() {
     let pk = previous.name_keys(&name_hash("order-42"));
     let not_itself = (active.handoff_on(&*previous, "w1", &pk, b"another cluster", FENCE)).await;
     assert!(matches!(not_itself, Ok(Handoff::IdentityChanged)));
+}
+
+/// The router's word on a fake shard: it may grant, and no migration
+/// moved the name.
+struct Serving(Arc<FakeShard>);
+
+impl super::wait::Standing for Serving {
+    fn grantable(&self) -> Result<Grantable, LockError> {
+        Ok(self.0.grantable())
+    }
+
+    fn moved(&self) -> bool {
+        false
+    }
+
+    fn ring_changed(&self, _found: Option<Recorded>) {}
+
+    fn identity_changed(&self) {}
+}
+
+/// `client` waits up to `wait` in the queue of `order-42`, as a task.
+fn wait_in_queue(
+    active: &Arc<Active>,
+    shard: &Arc<FakeShard>,
+    client: &'static str,
+    wait: Duration,
+) -> tokio::task::JoinHandle<Result<Option<Acquired>, LockError>> {
+    let (active, shard) = (active.clone(), shard.clone());
+    tokio::spawn(async move {
+        let req = acquire("order-42", client);
+        let deadline = Instant::now() + wait;
+        let standing = Serving(shard.clone());
+        (active.queue(&req, TTL, &shard, deadline, &standing)).await
+    })
+}
+
+/// Lets the waiters run until `n` of them are queued for `order-42`.
+async fn until_queued(shard: &FakeShard, n: usize) {
+    for _ in 0..1_000 {
+        if shard.queued("order-42") == n {
+            return;
+        }
+        tokio::task::yield_now().await;
+    }
+    panic!("{} waiters queued, not {n}", shard.queued("order-42"));
+}
+
+async fn waited(task: tokio::task::JoinHandle<Result<Option<Acquired>, LockError>>) -> Acquired {
+    match task.await.expect("the waiter's task") {
+        Ok(Some(answer)) => answer,
+        Ok(None) => panic!("the name moved"),
+        Err(e) => panic!("the wait failed: {e}"),
+    }
+}
+
+async fn release(active: &Active, shard: &FakeShard, grant: &Grant) {
+    let id = lock_id(active, grant);
+    active.release_on(shard, &id).await.expect("released");
+}
+
+fn grant_of(answer: Acquired) -> Grant {
+    match answer {
+        Acquired::Granted(grant) => grant,
+        Acquired::Held(_) => panic!("expected a grant"),
+    }
+}
+
+#[tokio::test]
+async fn waiters_get_the_name_in_the_order_they_queued() {
+    let (active, shard) = (Arc::new(active()), shard("a"));
+    let holder = granted(attempt(&active, &shard, &acquire("order-42", "h")).await);
+    let first = wait_in_queue(&active, &shard, "w1", Duration::from_secs(5));
+    until_queued(&shard, 1).await;
+    let second = wait_in_queue(&active, &shard, "w2", Duration::from_secs(5));
+    until_queued(&shard, 2).await;
+    release(&active, &shard, &holder).await;
+    let one = grant_of(waited(first).await);
+    assert_eq!(shard.queued("order-42"), 1, "the second still waits");
+    release(&active, &shard, &one).await;
+    let two = grant_of(waited(second).await);
+    assert!(two.fencing_token > one.fencing_token);
+    assert_eq!(shard.queued("order-42"), 0);
+}
+
+#[tokio::test]
+async fn a_waiter_whose_own_client_got_the_name_is_answered_that_grant() {
+    let (active, shard) = (Arc::new(active()), shard("a"));
+    let holder = granted(attempt(&active, &shard, &acquire("order-42", "h")).await);
+    // Two requests of one client wait; the first is granted the name.
+    let first = wait_in_queue(&active, &shard, "w1", Duration::from_secs(5));
+    until_queued(&shard, 1).await;
+    let second = wait_in_queue(&active, &shard, "w1", Duration::from_secs(5));
+    until_queued(&shard, 2).await;
+    release(&active, &shard, &holder).await;
+    let one = grant_of(waited(first).await);
+    let two = grant_of(waited(second).await);
+    assert_eq!(two.fencing_token, one.fencing_token);
+    assert_eq!(shard.queued("order-42"), 0);
+}
+
+#[tokio::test]
+async fn a_waiter_gives_up_at_its_deadline_and_leaves_the_queue() {
+    let (active, shard) = (Arc::new(active()), shard("a"));
+    granted(attempt(&active, &shard, &acquire("order-42", "h")).await);
+    let waiter = wait_in_queue(&active, &shard, "w1", Duration::from_millis(30));
+    let Acquired::Held(until) = waited(waiter).await else {
+        panic!("expected the name held");
+    };
+    // Answered with the holder's expiry, and its entry is gone.
+    assert!(about(until, u64::from(TTL)));
+    assert_eq!(shard.queued("order-42"), 0);
 }

@@ -6,7 +6,10 @@
 //! file is the policy: the cap on waiters and on `waitMs`, when to queue,
 //! the quotas a waiter is held to, when to give up, and what each answer
 //! of the head's grant means for the caller. A non-waiting acquire fails
-//! while anyone is queued (no barging, see `shard/name.rs`).
+//! while anyone is queued (no barging, see `shard/name.rs`). The wait in
+//! the queue is generic over the shard ([`LockShard`]) and asks the router
+//! what it must through [`Standing`], so its decisions are unit-tested on
+//! an in-memory shard.
 //!
 //! During an open migration a moved name may still be held on its previous
 //! shard, where no queue exists: such waits retry every few milliseconds
@@ -20,9 +23,10 @@ use crate::locks::{
     epoch_of, lease_end, lock_value, Acquire, Acquired, Active, Expiry, LockError, WaitSlots,
 };
 use crate::refusal::RateLimited;
-use crate::shard::keys::{name_hash, LockValue, Stored};
+use crate::shard::keys::{name_hash, LockValue, Recorded, Stored};
+use crate::shard::ops::{LockShard, QueueWaiter};
 use crate::shard::queue::Awaited;
-use crate::shard::{AcquireTxn, Shard};
+use crate::shard::{AcquireTxn, Grantable, Shard};
 use crate::token::lock_id::LockId;
 
 impl Active {
@@ -61,7 +65,13 @@ impl Active {
                 tokio::time::sleep(Duration::from_millis(20)).await;
                 continue;
             }
-            if let Some(answer) = self.queue(req, ttl_secs, &shard, deadline).await? {
+            let standing = OnRouter {
+                active: self,
+                shard: &shard,
+                name: &req.name,
+            };
+            let queued = self.queue(req, ttl_secs, &shard, deadline, &standing);
+            if let Some(answer) = queued.await? {
                 w.ended(matches!(answer, Acquired::Granted(_)));
                 return Ok(answer);
             }
@@ -78,12 +88,14 @@ impl Active {
 
     /// Waits in the name's queue on `shard`; `None` if a migration moved the
     /// name meanwhile (then the queue no longer decides who gets it).
-    async fn queue(
+    /// `standing`: what the router says of the shard meanwhile.
+    pub(crate) async fn queue<S: LockShard>(
         &self,
         req: &Acquire,
         ttl_secs: u32,
-        shard: &Arc<Shard>,
+        shard: &Arc<S>,
         deadline: Instant,
+        standing: &impl Standing,
     ) -> Result<Option<Acquired>, LockError> {
         let holder = req.holder.as_str();
         let k = shard.name_keys(&name_hash(&req.name));
@@ -105,8 +117,8 @@ impl Active {
             if !waiter.keep_alive(holder, |ttl| self.window(ttl)).await? {
                 return Ok(Some(Acquired::Held(Expiry(Instant::now()))));
             }
-            let g = self.grantable(shard)?;
-            if self.moved(&req.name, shard) {
+            let g = standing.grantable()?;
+            if standing.moved() {
                 return Ok(None); // dropping the waiter leaves the queue
             }
             let value = lock_value(req, &g.ring)?;
@@ -139,11 +151,11 @@ impl Active {
                 // Our entry's lease ended (it could not be kept alive).
                 AcquireTxn::Gone => return Ok(Some(Acquired::Held(Expiry(Instant::now())))),
                 AcquireTxn::RingChanged(found) => {
-                    self.router.ring_changed(shard, found);
+                    standing.ring_changed(found);
                     continue; // grantable answers 503 if it must
                 }
                 AcquireTxn::IdentityChanged => {
-                    self.router.identity_changed(shard);
+                    standing.identity_changed();
                     continue;
                 }
                 AcquireTxn::Held(kv) | AcquireTxn::Behind(_, Some(kv)) if holds(&kv, holder) => {
@@ -193,6 +205,44 @@ impl Active {
             Some(h) => Ok(Some(Acquired::Held(lease_end(&**shard, &h).await?))),
             None => Ok(Some(Acquired::Held(Expiry(Instant::now())))),
         }
+    }
+}
+
+/// What a wait asks the router of the shard it waits on, each time it
+/// looks again.
+pub(crate) trait Standing {
+    /// What a grant compares, if the shard may grant now.
+    fn grantable(&self) -> Result<Grantable, LockError>;
+    /// Whether an open migration moved the name here from another shard.
+    fn moved(&self) -> bool;
+    /// The shard records another ring than the one compared.
+    fn ring_changed(&self, found: Option<Recorded>);
+    /// The cluster behind the shard's endpoints is not the one verified.
+    fn identity_changed(&self);
+}
+
+/// The router's word on a name's shard.
+struct OnRouter<'a> {
+    active: &'a Active,
+    shard: &'a Shard,
+    name: &'a str,
+}
+
+impl Standing for OnRouter<'_> {
+    fn grantable(&self) -> Result<Grantable, LockError> {
+        self.active.grantable(self.shard)
+    }
+
+    fn moved(&self) -> bool {
+        self.active.moved(self.name, self.shard)
+    }
+
+    fn ring_changed(&self, found: Option<Recorded>) {
+        self.active.router.ring_changed(self.shard, found);
+    }
+
+    fn identity_changed(&self) {
+        self.active.router.identity_changed(self.shard);
     }
 }
 

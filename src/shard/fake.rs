@@ -10,9 +10,14 @@
 //! A test moves the world by hand: [`FakeShard::expire`] ends a lease (and
 //! with it the keys on it, leaving a lost holder's record), and
 //! [`FakeShard::set_ring`] records another ring.
+//!
+//! Its queue of waiters is the real one's: entries ordered by their create
+//! revisions, the head granted only if the name is grantable, a waiter
+//! sleeping until something is deleted (any key: it then looks again) or
+//! its deadline, and leaving the queue when dropped.
 
 use std::collections::{BTreeMap, HashMap};
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime};
 
 use super::cache::Entry;
@@ -20,7 +25,8 @@ use super::conn::EtcdError;
 use super::keepalive::Renewal;
 use super::keys::{HeldValue, Keys, LockValue, NameHash, Recorded, RingMeta, Stored};
 use super::name::{AcquireTxn, Grantable, NameKeys, NameState, ReleaseTxn, SessionGrant};
-use super::ops::{CacheCounts, LockShard};
+use super::ops::{CacheCounts, LockShard, QueueWaiter};
+use super::queue::{Awaited, Woke};
 use super::sessions::SessionLease;
 use crate::token::lease_tag::LeaseTag;
 
@@ -33,8 +39,10 @@ pub const IDENTITY: &[u8] = b"fake-identity";
 pub struct FakeShard {
     name: String,
     keys: Keys,
-    /// std `Mutex`: never held across an await (nothing here awaits).
+    /// std `Mutex`: never held across an await.
     state: Mutex<State>,
+    /// Woken at every deletion, for the waiters.
+    deleted: tokio::sync::Notify,
 }
 
 #[derive(Default)]
@@ -52,6 +60,8 @@ struct State {
     grant_txns: u32,
     /// Keepalives asked for, by lease.
     keepalives: HashMap<i64, u32>,
+    /// Deletions so far (what a sleeping waiter wakes for).
+    deletions: u64,
 }
 
 impl FakeShard {
@@ -72,6 +82,7 @@ impl FakeShard {
             name: name.into(),
             keys: Keys::new("/fake"),
             state: Mutex::new(state),
+            deleted: tokio::sync::Notify::new(),
         }
     }
 
@@ -95,6 +106,18 @@ impl FakeShard {
         let mut s = self.lock();
         s.leases.remove(&lease);
         s.kv.retain(|_, kv| kv.lease != lease);
+        s.deletions += 1;
+        drop(s);
+        self.deleted.notify_waiters();
+    }
+
+    /// Waiters in `name`'s queue.
+    pub fn queued(&self, name: &str) -> usize {
+        let k = self.name_keys(&super::keys::name_hash(name));
+        let s = self.lock();
+        s.kv.keys()
+            .filter(|key| key.starts_with(&k.waiters))
+            .count()
     }
 
     /// The lock key of `name`, if held.
@@ -173,11 +196,13 @@ impl State {
     }
 
     /// The grant txn of `name.rs`: its compares, then its writes or why not.
+    /// `head`: the grant of the queue's head, which others behind it do
+    /// not hold up.
     fn acquire_txn(
         &mut self,
         k: &NameKeys,
         value: &LockValue,
-        lease: i64,
+        (lease, head): (i64, bool),
         g: &Grantable,
         replace_held: Option<i64>,
     ) -> AcquireTxn {
@@ -198,7 +223,7 @@ impl State {
         if let Some(held) = state.held.filter(|h| Some(h.mod_revision) != replace_held) {
             return AcquireTxn::Lost(held);
         }
-        if self.kv.keys().any(|key| key.starts_with(&k.waiters)) {
+        if !head && self.kv.keys().any(|key| key.starts_with(&k.waiters)) {
             return AcquireTxn::Queued;
         }
         let held = HeldValue {
@@ -221,6 +246,8 @@ impl CacheCounts for FakeShard {
 }
 
 impl LockShard for FakeShard {
+    type Waiter = FakeWaiter;
+
     fn name(&self) -> &str {
         &self.name
     }
@@ -278,7 +305,7 @@ impl LockShard for FakeShard {
             s.sessions.remove(&(value.client.clone(), session.ttl_secs));
             return Ok(SessionGrant::SessionGone);
         }
-        let txn = s.acquire_txn(k, value, session.id, g, replace_held);
+        let txn = s.acquire_txn(k, value, (session.id, false), g, replace_held);
         Ok(SessionGrant::Answered(txn, Ok(s.renewal(session.id))))
     }
 
@@ -357,7 +384,133 @@ impl LockShard for FakeShard {
         s.kv.remove(&k.lock);
         s.kv.remove(&k.held);
         s.revision += 1;
+        s.deletions += 1;
+        self.deleted.notify_waiters();
         let granted_at = (at > 0).then(|| SystemTime::UNIX_EPOCH + Duration::from_millis(at));
         Ok(ReleaseTxn::Released { granted_at })
+    }
+
+    async fn keep_session(
+        &self,
+        holder: &str,
+        session: &SessionLease,
+        _window: Duration,
+    ) -> Result<Option<Renewal>, EtcdError> {
+        let mut s = self.lock();
+        let renewal = s.keepalive(session.id);
+        if renewal.alive() {
+            return Ok(Some(renewal));
+        }
+        s.sessions.remove(&(holder.to_string(), session.ttl_secs));
+        Ok(None)
+    }
+
+    async fn enqueue(
+        self: &Arc<Self>,
+        k: NameKeys,
+        holder: &str,
+        session: SessionLease,
+    ) -> Result<FakeWaiter, EtcdError> {
+        let mut s = self.lock();
+        let mut key = k.waiters.clone();
+        key.extend_from_slice(format!("/{}", s.revision + 1).as_bytes());
+        s.put(key.clone(), holder.as_bytes().to_vec(), 0);
+        let seen = s.deletions;
+        Ok(FakeWaiter {
+            shard: self.clone(),
+            k,
+            key,
+            session,
+            seen,
+        })
+    }
+}
+
+/// A waiter in a fake shard's queue; dropping it deletes its entry.
+pub struct FakeWaiter {
+    shard: Arc<FakeShard>,
+    k: NameKeys,
+    /// Its entry's key.
+    key: Vec<u8>,
+    session: SessionLease,
+    /// The shard's deletions when it last woke: any later one wakes it.
+    seen: u64,
+}
+
+impl Drop for FakeWaiter {
+    fn drop(&mut self) {
+        let mut s = self.shard.lock();
+        if s.kv.remove(&self.key).is_some() {
+            s.deletions += 1;
+        }
+        drop(s);
+        self.shard.deleted.notify_waiters();
+    }
+}
+
+impl QueueWaiter for FakeWaiter {
+    fn keys(&self) -> &NameKeys {
+        &self.k
+    }
+
+    fn session(&self) -> &SessionLease {
+        &self.session
+    }
+
+    async fn keep_alive(
+        &mut self,
+        _holder: &str,
+        _window: impl Fn(u32) -> Duration,
+    ) -> Result<bool, EtcdError> {
+        let s = self.shard.lock();
+        Ok(s.leases.contains_key(&self.session.id) && s.kv.contains_key(&self.key))
+    }
+
+    /// The grant txn at the head of the queue (`queue.rs`).
+    async fn grant(
+        &self,
+        value: &LockValue,
+        g: &Grantable,
+        replace_held: Option<i64>,
+    ) -> Result<AcquireTxn, EtcdError> {
+        let mut s = self.shard.lock();
+        let k = &self.k;
+        let Some(mine) = s.kv.get(&self.key).map(|kv| kv.create_revision) else {
+            return Ok(AcquireTxn::Gone);
+        };
+        let ahead = (s.kv.values())
+            .filter(|kv| kv.key.starts_with(&k.waiters) && kv.create_revision < mine)
+            .max_by_key(|kv| kv.create_revision)
+            .map(|kv| kv.key.clone());
+        if let Some(ahead) = ahead {
+            return Ok(AcquireTxn::Behind(ahead, s.kv.get(&k.lock).cloned()));
+        }
+        // First in the queue: granted as a plain acquire would be, but for
+        // its own entry, which the grant deletes.
+        let entry = s.kv.remove(&self.key).expect("its entry");
+        let txn = s.acquire_txn(k, value, (self.session.id, true), g, replace_held);
+        if matches!(txn, AcquireTxn::Granted { .. }) {
+            s.deletions += 1;
+            drop(s);
+            self.shard.deleted.notify_waiters();
+        } else {
+            s.kv.insert(self.key.clone(), entry);
+        }
+        Ok(txn)
+    }
+
+    async fn sleep(&mut self, _awaited: Awaited, deadline: Instant) -> Result<Woke, EtcdError> {
+        let deleted = self.shard.deleted.notified();
+        tokio::pin!(deleted);
+        deleted.as_mut().enable();
+        let now = self.shard.lock().deletions;
+        if now != self.seen {
+            self.seen = now;
+            return Ok(Woke::Gone);
+        }
+        let left = deadline.saturating_duration_since(Instant::now());
+        let woke = tokio::time::timeout(left, deleted).await;
+        self.seen = self.shard.lock().deletions;
+        Ok(if woke.is_ok() { Woke::Gone } else { Woke::Due })
     }
 }

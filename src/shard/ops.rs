@@ -1,7 +1,8 @@
 //! What the lock layer asks of a shard, as a trait: the lock-level
 //! operations its decisions are made over (a session got or granted, a
 //! grant on it, a look at a name, a lost holder's lock-delay, a check of
-//! lock keys and a keepalive of their leases, a release). [`Shard`]
+//! lock keys and a keepalive of their leases, a release, a place in a
+//! name's queue as a [`QueueWaiter`]). [`Shard`]
 //! implements it over etcd; the in-memory shard of the unit tests
 //! (`fake.rs`) implements it over a map, so that every decision of
 //! `locks/` can be tested without etcd.
@@ -9,16 +10,18 @@
 //! The lock layer is generic over it, never `dyn`: the real path compiles
 //! to direct calls on [`Shard`], with no dispatch or allocation added per
 //! request. The trait holds only what those decisions call; what only the
-//! real shard does (its records, scans, caches' upkeep, the waiting queue)
-//! stays on [`Shard`] alone.
+//! real shard does (its records, scans, caches' upkeep, the sweep of lost
+//! holders) stays on [`Shard`] alone.
 
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use super::cache::Entry;
 use super::conn::EtcdError;
 use super::keepalive::Renewal;
 use super::keys::{LockValue, NameHash, Stored};
-use super::name::{Grantable, NameKeys, NameState, ReleaseTxn, SessionGrant};
+use super::name::{AcquireTxn, Grantable, NameKeys, NameState, ReleaseTxn, SessionGrant};
+use super::queue::{Awaited, Waiter, Woke};
 use super::sessions::SessionLease;
 use super::Shard;
 use crate::token::lease_tag::LeaseTag;
@@ -34,6 +37,9 @@ pub trait CacheCounts: Send + Sync {
 /// A shard as the lock layer's decisions use it. Each method is the
 /// [`Shard`] method of the same name, which documents what it promises.
 pub trait LockShard: CacheCounts + 'static {
+    /// A place in a name's queue, held while a caller waits.
+    type Waiter: QueueWaiter;
+
     fn name(&self) -> &str;
 
     fn name_keys(&self, hash: &NameHash) -> NameKeys;
@@ -94,6 +100,75 @@ pub trait LockShard: CacheCounts + 'static {
         revision: i64,
         lease: i64,
     ) -> Result<ReleaseTxn, EtcdError>;
+
+    async fn keep_session(
+        &self,
+        holder: &str,
+        session: &SessionLease,
+        window: Duration,
+    ) -> Result<Option<Renewal>, EtcdError>;
+
+    async fn enqueue(
+        self: &Arc<Self>,
+        k: NameKeys,
+        holder: &str,
+        session: SessionLease,
+    ) -> Result<Self::Waiter, EtcdError>;
+}
+
+/// A waiter in a name's queue as the lock layer's wait uses it. Each
+/// method is the [`Waiter`] method of the same name. Dropping it leaves
+/// the queue.
+pub trait QueueWaiter: Send {
+    fn keys(&self) -> &NameKeys;
+
+    fn session(&self) -> &SessionLease;
+
+    async fn keep_alive(
+        &mut self,
+        holder: &str,
+        window: impl Fn(u32) -> Duration,
+    ) -> Result<bool, EtcdError>;
+
+    async fn grant(
+        &self,
+        value: &LockValue,
+        g: &Grantable,
+        replace_held: Option<i64>,
+    ) -> Result<AcquireTxn, EtcdError>;
+
+    async fn sleep(&mut self, awaited: Awaited, deadline: Instant) -> Result<Woke, EtcdError>;
+}
+
+impl QueueWaiter for Waiter {
+    fn keys(&self) -> &NameKeys {
+        Waiter::keys(self)
+    }
+
+    fn session(&self) -> &SessionLease {
+        Waiter::session(self)
+    }
+
+    async fn keep_alive(
+        &mut self,
+        holder: &str,
+        window: impl Fn(u32) -> Duration,
+    ) -> Result<bool, EtcdError> {
+        Waiter::keep_alive(self, holder, window).await
+    }
+
+    async fn grant(
+        &self,
+        value: &LockValue,
+        g: &Grantable,
+        replace_held: Option<i64>,
+    ) -> Result<AcquireTxn, EtcdError> {
+        Waiter::grant(self, value, g, replace_held).await
+    }
+
+    async fn sleep(&mut self, awaited: Awaited, deadline: Instant) -> Result<Woke, EtcdError> {
+        Waiter::sleep(self, awaited, deadline).await
+    }
 }
 
 impl CacheCounts for Shard {
@@ -103,6 +178,8 @@ impl CacheCounts for Shard {
 }
 
 impl LockShard for Shard {
+    type Waiter = Waiter;
+
     fn name(&self) -> &str {
         Shard::name(self)
     }
@@ -187,5 +264,23 @@ impl LockShard for Shard {
         lease: i64,
     ) -> Result<ReleaseTxn, EtcdError> {
         Shard::release_txn(self, k, revision, lease).await
+    }
+
+    async fn keep_session(
+        &self,
+        holder: &str,
+        session: &SessionLease,
+        window: Duration,
+    ) -> Result<Option<Renewal>, EtcdError> {
+        Shard::keep_session(self, holder, session, window).await
+    }
+
+    async fn enqueue(
+        self: &Arc<Self>,
+        k: NameKeys,
+        holder: &str,
+        session: SessionLease,
+    ) -> Result<Waiter, EtcdError> {
+        Shard::enqueue(self, k, holder, session).await
     }
 }
