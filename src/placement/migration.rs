@@ -19,16 +19,73 @@ use std::sync::{Arc, Mutex};
 use crate::config::{Settings, ShardSettings};
 use crate::metrics as m;
 use crate::placement::ring::Ring;
-use crate::placement::topology::{log_ring_change, Migration, Router};
+use crate::placement::topology::{log_ring_change, ConnectError, Migration, Router};
+use crate::shard::conn::EtcdError;
 use crate::shard::keys::{Identity, PreviousRing, Recorded, Reservation, RingMeta};
 use crate::shard::{classify, IdentityGuard, Probe, RingGuard, RingState, Shard};
 use crate::token::fencing::MAX_EPOCH;
 
 /// Why a migration or a bump cannot happen now (nothing unsafe was
-/// written; a later try may succeed).
+/// written; a later try may succeed). The errors of connections and of
+/// etcd are kept as their sources.
 #[derive(Debug, thiserror::Error)]
-#[error("{0}")]
-pub struct Refused(pub String);
+pub enum Refused {
+    /// A shard of the new config could not be connected to.
+    #[error(transparent)]
+    Connect(#[from] ConnectError),
+    /// A shard did not answer a read the change needs; `needs` says which
+    /// ("" when the error says it all).
+    #[error("{needs}{source}")]
+    Unreachable {
+        needs: &'static str,
+        #[source]
+        source: EtcdError,
+    },
+    /// What the shards record does not allow it now; the message says
+    /// what, and what to do.
+    #[error("{0}")]
+    Records(String),
+    /// A migration's epoch change was written on some shards only: safe
+    /// as it stands (a fenced shard refuses the old ring, and the new one
+    /// is not served until every shard records it), and retried.
+    #[error(
+        "the migration to ring {to} is only partly open ({source}); the reload is retried at the next poll, \
+         or send SIGHUP / POST /admin/v1/reload"
+    )]
+    PartlyOpen {
+        to: String,
+        #[source]
+        source: EpochNotChanged,
+    },
+    /// A bump's epoch change was written on some shards only.
+    #[error(transparent)]
+    NotBumped(EpochNotChanged),
+}
+
+/// Why an epoch change stopped at a shard (the shards before it may have
+/// reserved the epoch or recorded the new meta).
+#[derive(Debug, thiserror::Error)]
+pub enum EpochNotChanged {
+    #[error("shard {shard} changed since it was read (another bump or migration?); epoch {epoch} is skipped, retry")]
+    Changed { shard: String, epoch: u64 },
+    #[error("{shard} now records {now:?}")]
+    RecordsOther {
+        shard: String,
+        now: Option<Box<RingMeta>>,
+    },
+    #[error("{shard}: {source}")]
+    Unreachable {
+        shard: String,
+        #[source]
+        source: EtcdError,
+    },
+}
+
+impl Refused {
+    fn unreachable(needs: &'static str) -> impl FnOnce(EtcdError) -> Self {
+        move |source| Self::Unreachable { needs, source }
+    }
+}
 
 /// The meta that opens a migration from `from`'s ring to `to` at `epoch`.
 pub fn opening_meta(epoch: u64, from: &Router, to: &Ring) -> RingMeta {
@@ -222,11 +279,8 @@ pub async fn already_moved(old: &Router, new: &Settings, ring: &Ring) -> Result<
         }
     }
     for s in &new.shards {
-        let shard = old.pool.get(s).await.map_err(|e| Refused(e.to_string()))?;
-        let recorded = shard
-            .read_ring()
-            .await
-            .map_err(|e| Refused(e.to_string()))?;
+        let shard = old.pool.get(s).await?;
+        let recorded = shard.read_ring().await.map_err(Refused::unreachable(""))?;
         if recorded.is_none_or(|r| r.meta.ring != ring.fingerprint()) {
             return Ok(false);
         }
@@ -260,16 +314,14 @@ pub async fn open(old: &Router, new: &Settings, ring: &Ring) -> Result<(), Refus
         .iter()
         .filter(|s| !old.shards.iter().any(|o| o.name() == s.name))
     {
-        let shard = old.pool.get(s).await.map_err(|e| Refused(e.to_string()))?;
-        shards.push((shard, true));
+        shards.push((old.pool.get(s).await?, true));
     }
     let mut base = None::<u64>;
     let mut steps = Vec::new();
     for (shard, joining) in &shards {
-        let probe = shard
-            .probe()
-            .await
-            .map_err(|e| Refused(format!("a migration needs every shard reachable: {e}")))?;
+        let probe = shard.probe().await.map_err(Refused::unreachable(
+            "a migration needs every shard reachable: ",
+        ))?;
         match (&probe.ring, joining) {
             (Some(r), _) if is_opening(r) => {}
             (Some(r), false) if r.meta.ring == from && r.meta.previous.is_none() => {
@@ -309,14 +361,12 @@ pub async fn open(old: &Router, new: &Settings, ring: &Ring) -> Result<(), Refus
         return refuse(format!("the ring epoch is at its maximum ({MAX_EPOCH})"));
     }
     let opening = Recorded::new(opening_meta(top + 1, old, ring));
-    change_epoch(&steps, &opening).await.map_err(|failure| {
-        // Safe as it stands: a fenced shard refuses the old ring, and
-        // the new ring is not served until every shard records it.
-        Refused(format!(
-            "the migration to ring {to} is only partly open ({failure}); the reload is retried at the next poll, \
-             or send SIGHUP / POST /admin/v1/reload"
-        ))
-    })?;
+    change_epoch(&steps, &opening)
+        .await
+        .map_err(|source| Refused::PartlyOpen {
+            to: to.to_string(),
+            source,
+        })?;
     tracing::info!(from = %from, to = %to, epoch = opening.meta.epoch, "migration open on every shard");
     Ok(())
 }
@@ -357,11 +407,9 @@ pub async fn bump_epoch(router: &Router, req: &BumpRequest) -> Result<u64, Refus
     }
     let mut steps = Vec::new();
     for shard in &shards {
-        let probe = shard.probe().await.map_err(|e| {
-            Refused(format!(
-                "bumping the epoch needs every shard reachable: {e}"
-            ))
-        })?;
+        let probe = (shard.probe().await).map_err(Refused::unreachable(
+            "bumping the epoch needs every shard reachable: ",
+        ))?;
         match &probe.ring {
             // A migration this router has not attached: bumping would
             // drop its `previous` and close it without the closing scan.
@@ -403,7 +451,9 @@ pub async fn bump_epoch(router: &Router, req: &BumpRequest) -> Result<u64, Refus
         ring: fp.to_string(),
         previous,
     });
-    change_epoch(&steps, &new).await.map_err(Refused)?;
+    change_epoch(&steps, &new)
+        .await
+        .map_err(Refused::NotBumped)?;
     for step in &steps {
         step.shard
             .set_verified_identity(Some(step.identity.new_bytes()));
@@ -428,7 +478,7 @@ pub struct BumpRequest {
 }
 
 fn refuse<T>(msg: String) -> Result<T, Refused> {
-    Err(Refused(msg))
+    Err(Refused::Records(msg))
 }
 
 /// One shard's part in an epoch change: what it recorded when read, and
@@ -443,19 +493,24 @@ struct Step {
 /// what each recorded when read), then records `new` on each in order, each
 /// write guarded by that reservation: a later reservation by any other
 /// writer stops this one. Stops at the first failure, naming it.
-async fn change_epoch(steps: &[Step], new: &Recorded) -> Result<(), String> {
+async fn change_epoch(steps: &[Step], new: &Recorded) -> Result<(), EpochNotChanged> {
     let reservation = Reservation::fresh(new.meta.epoch);
     for step in steps {
         let seen = step.probe.reservation.as_ref().map(|(_, b)| b.as_slice());
         match step.shard.reserve_epoch(seen, &reservation).await {
             Ok(true) => {}
             Ok(false) => {
-                return Err(format!(
-                    "shard {} changed since it was read (another bump or migration?); epoch {} is skipped, retry",
-                    step.shard.name(), new.meta.epoch
-                ))
+                return Err(EpochNotChanged::Changed {
+                    shard: step.shard.name().to_string(),
+                    epoch: new.meta.epoch,
+                })
             }
-            Err(e) => return Err(format!("{}: {e}", step.shard.name())),
+            Err(source) => {
+                return Err(EpochNotChanged::Unreachable {
+                    shard: step.shard.name().to_string(),
+                    source,
+                })
+            }
         }
     }
     for step in steps {
@@ -471,13 +526,17 @@ async fn change_epoch(steps: &[Step], new: &Recorded) -> Result<(), String> {
         match step.shard.swap_ring(expected, new, &guard).await {
             Ok(Some(r)) if r == *new => {}
             Ok(other) => {
-                return Err(format!(
-                    "{} now records {:?}",
-                    step.shard.name(),
-                    other.map(|r| r.meta)
-                ))
+                return Err(EpochNotChanged::RecordsOther {
+                    shard: step.shard.name().to_string(),
+                    now: other.map(|r| Box::new(r.meta)),
+                })
             }
-            Err(e) => return Err(format!("{}: {e}", step.shard.name())),
+            Err(source) => {
+                return Err(EpochNotChanged::Unreachable {
+                    shard: step.shard.name().to_string(),
+                    source,
+                })
+            }
         }
     }
     Ok(())
@@ -534,5 +593,48 @@ fn opening_identity(shard: &Shard, probe: &Probe, joining: bool) -> Result<Ident
             "shard {}'s identity is not verified (see the router log); a migration needs every shard's",
             shard.name()
         )),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A refusal reads as it always did, and keeps what stopped it as its
+    /// source for a caller that wants the kind, not the text.
+    #[test]
+    fn a_partly_open_migration_names_the_shard_that_stopped_it() {
+        let stopped = EpochNotChanged::Changed {
+            shard: "b".into(),
+            epoch: 7,
+        };
+        let refused = Refused::PartlyOpen {
+            to: "ring-2".into(),
+            source: stopped,
+        };
+        let text = refused.to_string();
+        assert!(
+            text.starts_with("the migration to ring ring-2 is only partly open (shard b changed since it was read"),
+            "{text}"
+        );
+        assert!(text.contains("epoch 7 is skipped"), "{text}");
+        let source = std::error::Error::source(&refused).expect("a source");
+        assert!(matches!(
+            source.downcast_ref::<EpochNotChanged>(),
+            Some(EpochNotChanged::Changed { epoch: 7, .. })
+        ));
+        let unreachable = Refused::unreachable("a migration needs every shard reachable: ")(
+            EtcdError::Unavailable {
+                shard: "c".into(),
+                detail: "no leader".into(),
+            },
+        );
+        assert!(
+            unreachable
+                .to_string()
+                .starts_with("a migration needs every shard reachable: "),
+            "{unreachable}"
+        );
+        assert!(std::error::Error::source(&unreachable).is_some());
     }
 }

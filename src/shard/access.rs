@@ -12,7 +12,7 @@
 //! files' contents are, so a reload after a certificate or password file
 //! changed connects the shard anew with them (how they are rotated).
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use etcd_client::{Certificate, ConnectOptions, Identity, TlsOptions};
@@ -71,23 +71,57 @@ impl std::fmt::Debug for Access {
 /// A file a shard's settings name cannot be used; the message names the
 /// shard, the setting, the file and the problem.
 #[derive(Debug, Clone, thiserror::Error)]
-#[error("shard {shard:?}: shards[].{setting}: {detail}")]
+#[error("shard {shard:?}: shards[].{setting}: {}: {problem}", path.display())]
 pub struct AccessError {
     pub shard: String,
     pub setting: &'static str,
-    pub detail: String,
+    pub path: PathBuf,
+    #[source]
+    pub problem: FileProblem,
+}
+
+/// What is wrong with a file a shard's settings name. The errors of the
+/// file system and of TLS are kept as they came (shared, so that the
+/// error stays `Clone`).
+#[derive(Debug, Clone, thiserror::Error)]
+pub enum FileProblem {
+    /// It cannot be read.
+    #[error("{0}")]
+    Unreadable(Arc<std::io::Error>),
+    /// A password file that is not UTF-8 text.
+    #[error("not UTF-8 text")]
+    NotText,
+    /// A password file with nothing in it.
+    #[error("it is empty")]
+    Empty,
+    /// A certificate file without a certificate.
+    #[error("no PEM certificate in it")]
+    NoCertificate,
+    /// Its PEM does not parse, or it does not make a TLS client config.
+    #[error("{0}")]
+    Tls(Arc<dyn std::error::Error + Send + Sync>),
+    /// A client key that is not the client certificate's.
+    #[error("does not go with shards[].tls_cert_file: {0}")]
+    KeyMismatch(Arc<rustls::Error>),
+}
+
+impl FileProblem {
+    fn tls(e: impl std::error::Error + Send + Sync + 'static) -> Self {
+        Self::Tls(Arc::new(e))
+    }
 }
 
 impl Access {
     /// Reads and checks the files `shard` names (validated settings).
     pub fn load(shard: &ShardSettings) -> Result<Self, AccessError> {
-        let fail = |setting: &'static str, path: &Path, why: String| AccessError {
+        let fail = |setting: &'static str, path: &Path, problem| AccessError {
             shard: shard.name.clone(),
             setting,
-            detail: format!("{}: {why}", path.display()),
+            path: path.to_path_buf(),
+            problem,
         };
         let read = |setting: &'static str, path: &Path| {
-            std::fs::read(path).map_err(|e| fail(setting, path, e.to_string()))
+            std::fs::read(path).map_err(|e| fail(setting, path, FileProblem::Unreadable(e.into())))
         };
         let tls = match &shard.tls_ca_file {
             None => None,
@@ -115,11 +149,11 @@ impl Access {
             (Some(name), Some(path)) => {
                 let bytes = read("password_file", path)?;
                 let text = String::from_utf8(bytes)
-                    .map_err(|_| fail("password_file", path, "not UTF-8 text".into()))?;
+                    .map_err(|_| fail("password_file", path, FileProblem::NotText))?;
                 let password = text.strip_suffix('\n').unwrap_or(&text);
                 let password = password.strip_suffix('\r').unwrap_or(password);
                 if password.is_empty() {
-                    return Err(fail("password_file", path, "it is empty".into()));
+                    return Err(fail("password_file", path, FileProblem::Empty));
                 }
                 Some(User {
                     name: name.clone(),
@@ -169,35 +203,34 @@ impl TlsFiles {
     /// Builds the TLS client config these files make, as the connection
     /// will (rustls, aws-lc-rs): every PEM parses, the CA has a usable
     /// certificate and the key is the certificate's. Err names the setting.
-    fn check(&self) -> Result<(), (&'static str, String)> {
+    fn check(&self) -> Result<(), (&'static str, FileProblem)> {
         let certs = |setting, pem: &[u8]| {
             let certs = CertificateDer::pem_slice_iter(pem)
                 .collect::<Result<Vec<_>, _>>()
-                .map_err(|e| (setting, e.to_string()))?;
+                .map_err(|e| (setting, FileProblem::tls(e)))?;
             if certs.is_empty() {
-                return Err((setting, "no PEM certificate in it".to_string()));
+                return Err((setting, FileProblem::NoCertificate));
             }
             Ok(certs)
         };
         let mut roots = rustls::RootCertStore::empty();
         for c in certs("tls_ca_file", &self.ca)? {
-            roots.add(c).map_err(|e| ("tls_ca_file", e.to_string()))?;
+            roots
+                .add(c)
+                .map_err(|e| ("tls_ca_file", FileProblem::tls(e)))?;
         }
         let provider = Arc::new(rustls::crypto::aws_lc_rs::default_provider());
         let builder = rustls::ClientConfig::builder_with_provider(provider)
             .with_safe_default_protocol_versions()
-            .map_err(|e| ("tls_ca_file", e.to_string()))?
+            .map_err(|e| ("tls_ca_file", FileProblem::tls(e)))?
             .with_root_certificates(roots);
         if let Some((cert, key)) = &self.identity {
             let chain = certs("tls_cert_file", cert)?;
-            let key =
-                PrivateKeyDer::from_pem_slice(key).map_err(|e| ("tls_key_file", e.to_string()))?;
-            builder.with_client_auth_cert(chain, key).map_err(|e| {
-                (
-                    "tls_key_file",
-                    format!("does not go with shards[].tls_cert_file: {e}"),
-                )
-            })?;
+            let key = PrivateKeyDer::from_pem_slice(key)
+                .map_err(|e| ("tls_key_file", FileProblem::tls(e)))?;
+            builder
+                .with_client_auth_cert(chain, key)
+                .map_err(|e| ("tls_key_file", FileProblem::KeyMismatch(Arc::new(e))))?;
         }
         Ok(())
     }
@@ -248,10 +281,17 @@ mod tests {
         let e = err(&[]);
         assert_eq!(e.setting, "tls_ca_file");
         assert!(e.to_string().contains("missing.pem"), "{e}");
-        assert_eq!(
-            err(&[("ca.pem", "not a certificate")]).setting,
-            "tls_ca_file"
-        );
+        // The file system's error is kept as the source, not only as text.
+        let source = std::error::Error::source(&e).expect("a source");
+        let FileProblem::Unreadable(io) =
+            source.downcast_ref::<FileProblem>().expect("a FileProblem")
+        else {
+            panic!("not Unreadable: {e}");
+        };
+        assert_eq!(io.kind(), std::io::ErrorKind::NotFound);
+        let e = err(&[("ca.pem", "not a certificate")]);
+        assert_eq!(e.setting, "tls_ca_file");
+        assert!(matches!(e.problem, FileProblem::NoCertificate), "{e}");
         let e = err(&[("ca.pem", &ca), ("cert.pem", &cert), ("key.pem", "garbage")]);
         assert_eq!(e.setting, "tls_key_file", "{e}");
         let (_, _, other_key) = pki();
@@ -261,8 +301,10 @@ mod tests {
             ("key.pem", &other_key),
         ]);
         assert_eq!(e.setting, "tls_key_file", "{e}");
+        assert!(matches!(e.problem, FileProblem::KeyMismatch(_)), "{e}");
         let e = err(&[("ca.pem", &ca), ("password", "\n")]);
         assert_eq!(e.setting, "password_file", "{e}");
+        assert!(matches!(e.problem, FileProblem::Empty), "{e}");
     }
 
     #[test]
