@@ -194,4 +194,21 @@ mod tests {
             r#"{"error":{"code":"rate_limited","message":"clientId \"w\" is past 3 acquires/s; retry in 200 ms","requestId":"r-1"}}"#
         );
     }
+
+    /// A corrupt value in etcd is a 500 that says nothing of it to the
+    /// caller; the error keeps serde's as its source, for the log.
+    #[tokio::test]
+    async fn a_corrupt_lock_value_is_an_internal_error_that_keeps_its_source() {
+        let bad = serde_json::from_slice::<serde_json::Value>(b"{not json").unwrap_err();
+        let e = LockError::from(crate::locks::Corrupt::LockValue(bad));
+        let source = std::error::Error::source(&e).expect("the corruption");
+        let inner = std::error::Error::source(source).expect("serde's error");
+        assert!(inner.downcast_ref::<serde_json::Error>().is_some());
+        let (status, retry, body) = answer(e.into()).await;
+        assert_eq!((status, retry), (StatusCode::INTERNAL_SERVER_ERROR, None));
+        assert_eq!(
+            body,
+            r#"{"error":{"code":"internal","message":"internal error; see the router log","requestId":"r-1"}}"#
+        );
+    }
 }

@@ -389,8 +389,7 @@ impl Active {
                 };
                 let lock = LockId {
                     shard: shard.name().into(),
-                    epoch: u16::try_from(v.epoch)
-                        .map_err(|_| LockError::Internal("epoch out of range".into()))?,
+                    epoch: u16::try_from(v.epoch).map_err(|_| Corrupt::Epoch(v.epoch))?,
                     ttl_secs,
                     lease: holder.lease(),
                     revision: holder.create_revision(),

@@ -58,8 +58,8 @@ impl Active {
             if (lock.create_revision(), lock.lease()) != (id.revision, id.lease) {
                 return Ok(Extended::Refused(RenewOutcome::Stolen));
             }
-            let mut value: LockValue = serde_json::from_slice(lock.value())
-                .map_err(|e| LockError::Internal(format!("a lock key's value: {e}")))?;
+            let mut value: LockValue =
+                serde_json::from_slice(lock.value()).map_err(Corrupt::LockValue)?;
             value.ttl = ttl_secs;
             // Not reserved in the owner's `max_sessions` (the lock count does
             // not change; the cache counts the session once the lock is on

@@ -39,10 +39,13 @@ impl Active {
             let k = place.name_keys(&hash);
             let state = self.read_verified(place, &k).await?;
             let Some(kv) = state.lock else { continue };
-            let value: LockValue = serde_json::from_slice(kv.value())
-                .map_err(|e| LockError::Internal(format!("unreadable lock value: {e}")))?;
-            let fencing_token = fencing::token(value.epoch, kv.create_revision())
-                .ok_or_else(|| LockError::Internal("token out of range".into()))?;
+            let value: LockValue =
+                serde_json::from_slice(kv.value()).map_err(Corrupt::LockValue)?;
+            let fencing_token =
+                fencing::token(value.epoch, kv.create_revision()).ok_or(Corrupt::Token {
+                    epoch: value.epoch,
+                    revision: kv.create_revision(),
+                })?;
             if only.is_some_and(|token| token != fencing_token) {
                 return Ok(ForceOutcome::OtherGrant { fencing_token });
             }

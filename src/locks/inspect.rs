@@ -51,10 +51,13 @@ impl Active {
         for place in &places {
             let state = self.read_verified(place, &place.name_keys(&hash)).await?;
             if let Some(kv) = state.lock {
-                let value: LockValue = serde_json::from_slice(kv.value())
-                    .map_err(|e| LockError::Internal(format!("unreadable lock value: {e}")))?;
-                let token = fencing::token(value.epoch, kv.create_revision())
-                    .ok_or_else(|| LockError::Internal("token out of range".into()))?;
+                let value: LockValue =
+                    serde_json::from_slice(kv.value()).map_err(Corrupt::LockValue)?;
+                let token =
+                    fencing::token(value.epoch, kv.create_revision()).ok_or(Corrupt::Token {
+                        epoch: value.epoch,
+                        revision: kv.create_revision(),
+                    })?;
                 // Held while the key exists, whatever etcd's whole-second
                 // TTL says: a lease with 0.9 s left reads as 0 s, and the
                 // name is still refused to others until etcd deletes the key.

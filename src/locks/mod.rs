@@ -94,7 +94,27 @@ pub enum LockError {
     Etcd(#[source] EtcdError),
     /// Something the router found that it never writes (a corrupt value).
     #[error("internal error: {0}")]
-    Internal(String),
+    Internal(#[source] Corrupt),
+}
+
+/// What the router found in etcd that it never writes there.
+#[derive(Debug, thiserror::Error)]
+pub enum Corrupt {
+    /// A lock key's value is not a lock value; serde's error is the source.
+    #[error("unreadable lock value: {0}")]
+    LockValue(#[source] serde_json::Error),
+    /// A ring epoch that no fencing token can carry.
+    #[error("ring epoch {0} out of range")]
+    Epoch(u64),
+    /// A fencing token that would not fit its bits (epoch, revision).
+    #[error("fencing token out of range (epoch {epoch}, revision {revision})")]
+    Token { epoch: u64, revision: i64 },
+}
+
+impl From<Corrupt> for LockError {
+    fn from(c: Corrupt) -> Self {
+        Self::Internal(c)
+    }
 }
 
 impl From<EtcdError> for LockError {
@@ -654,8 +674,7 @@ pub(crate) fn lock_value(req: &Acquire, ring: &Recorded) -> Result<LockValue, Lo
 }
 
 pub(crate) fn epoch_of(ring: &Recorded) -> Result<u16, LockError> {
-    u16::try_from(ring.meta.epoch)
-        .map_err(|_| LockError::Internal("ring epoch out of range".into()))
+    u16::try_from(ring.meta.epoch).map_err(|_| Corrupt::Epoch(ring.meta.epoch).into())
 }
 
 impl Active {
@@ -668,9 +687,10 @@ impl Active {
         renewal: &Renewal,
         sent: Instant,
     ) -> Result<Grant, LockError> {
-        let fencing_token = lock
-            .token()
-            .ok_or_else(|| LockError::Internal("fencing token out of range".into()))?;
+        let fencing_token = lock.token().ok_or(Corrupt::Token {
+            epoch: lock.epoch.into(),
+            revision: lock.revision,
+        })?;
         lock.owner = split_holder(holder).0.into();
         Ok(Grant {
             lock_id: self.sealer.seal(&lock),
