@@ -253,13 +253,7 @@ impl LockShard for FakeShard {
     }
 
     fn name_keys(&self, hash: &NameHash) -> NameKeys {
-        NameKeys {
-            hash: *hash,
-            lock: self.keys.lock(hash),
-            held: self.keys.held(hash),
-            delay: self.keys.delay(hash),
-            waiters: self.keys.waiters(hash),
-        }
+        NameKeys::new(&self.keys, hash)
     }
 
     fn cache_shows_held(&self, hash: &NameHash) -> bool {

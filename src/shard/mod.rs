@@ -309,13 +309,7 @@ impl Shard {
     }
 
     pub fn name_keys(&self, hash: &NameHash) -> NameKeys {
-        NameKeys {
-            hash: *hash,
-            lock: self.keys.lock(hash),
-            held: self.keys.held(hash),
-            delay: self.keys.delay(hash),
-            waiters: self.keys.waiters(hash),
-        }
+        NameKeys::new(&self.keys, hash)
     }
 
     /// Linearizable read of one key.

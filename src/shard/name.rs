@@ -31,6 +31,19 @@ pub struct NameKeys {
     pub waiters: Vec<u8>,
 }
 
+impl NameKeys {
+    /// The keys of the name hashed to `hash` under `keys`' prefix.
+    pub fn new(keys: &Keys, hash: &NameHash) -> Self {
+        Self {
+            hash: *hash,
+            lock: keys.lock(hash),
+            held: keys.held(hash),
+            delay: keys.delay(hash),
+            waiters: keys.waiters(hash),
+        }
+    }
+}
+
 /// Outcome of a grant txn (plain or at the head of the queue).
 #[derive(Debug)]
 pub enum AcquireTxn {
