@@ -196,7 +196,7 @@ fn describe() {
     );
     describe_histogram!(
         "lockrouter_keepalive_burst_size",
-        "keepalives the main stream's writer sent back to back in one burst (one HTTP/2 frame as a rule)"
+        "keepalives a main keepalive stream's writer sent back to back in one burst (one HTTP/2 frame as a rule)"
     );
     describe_histogram!(
         "lockrouter_commit_batch_size",
@@ -567,10 +567,16 @@ pub fn migration_open(open: bool) {
     gauge!("lockrouter_migration_open").set(if open { 1.0 } else { 0.0 });
 }
 
-/// The main keepalive stream's writer handed `n` keepalives to the stream
-/// back to back (one HTTP/2 frame, as a rule).
-pub fn keepalive_burst(shard: &str, n: usize) {
-    histogram!("lockrouter_keepalive_burst_size", "shard" => shard.to_string()).record(n as f64);
+/// Main keepalive stream `stream` of a shard (0 up to
+/// `etcd.keepalive_streams`) had its writer hand `n` keepalives to it back
+/// to back (one HTTP/2 frame, as a rule).
+pub fn keepalive_burst(shard: &str, stream: usize, n: usize) {
+    histogram!(
+        "lockrouter_keepalive_burst_size",
+        "shard" => shard.to_string(),
+        "stream" => stream.to_string()
+    )
+    .record(n as f64);
 }
 
 pub fn keepalive_sent(shard: &str) {

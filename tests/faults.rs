@@ -420,6 +420,19 @@ pub(crate) async fn renewer(
 /// (seen from the router only: the members still reach each other).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_silent_member_costs_renewals_little() {
+    silent_members_cost_renewals_little(1).await;
+}
+
+/// The same with three keepalive streams per shard, opened on the members
+/// in turn: whichever member is silenced, some stream is on it, and its
+/// leases move to a fresh stream on another member while the other
+/// streams carry on.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_silent_member_costs_renewals_little_with_three_keepalive_streams() {
+    silent_members_cost_renewals_little(3).await;
+}
+
+async fn silent_members_cost_renewals_little(keepalive_streams: usize) {
     let etcd = EtcdCluster::start(3);
     let proxies = proxies_for(&etcd).await;
     // Every renewal keeps its lease alive (as before keepalive_below_pct):
@@ -427,8 +440,14 @@ async fn a_silent_member_costs_renewals_little() {
     // and half a 2 s lease leaves the renewers no room for that.
     let toml = proxied_toml("127.0.0.1:0", &proxies, 3_000).replace(
         "health_interval_ms = 200\n",
-        "health_interval_ms = 200\nkeepalive_below_pct = 100\n",
+        &format!(
+            "health_interval_ms = 200\nkeepalive_below_pct = 100\nkeepalive_streams = {keepalive_streams}\n"
+        ),
     );
+    // A shard name of its own: the metrics recorder is shared by every
+    // test in this process.
+    let shard = format!("silent-{keepalive_streams}");
+    let toml = toml.replace("name = \"a\"", &format!("name = \"{shard}\""));
     assert!(toml.contains("keepalive_below_pct = 100"));
     let router = TestRouter::with_toml(&toml).await;
     let leader = etcd.leader().await.expect("a leader");
@@ -460,6 +479,17 @@ async fn a_silent_member_costs_renewals_little() {
         "lockrouter_etcd_hedged_requests_total",
     );
     assert!(hedged > 0.0, "nothing was hedged: the silence did not bite");
+    if keepalive_streams == 3 {
+        // Three streams on three members: two of them were silenced, and
+        // their keepalives went to another member (a stream moved, or a
+        // probe hedged).
+        let moved = lockrouter_testkit::metrics::sum(
+            &router.api.metrics().await,
+            "lockrouter_etcd_hedged_requests_total",
+            &[("shard", shard.as_str()), ("rpc", "LeaseKeepAlive")],
+        );
+        assert!(moved >= 2.0, "{moved} keepalives moved off a silent member");
+    }
 }
 
 /// The lock-key cache answers a renewal only once it has applied a barrier

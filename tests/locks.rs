@@ -250,6 +250,52 @@ async fn keepalives_that_come_together_leave_in_bursts() {
     }
 }
 
+/// With `etcd.keepalive_streams = 4` a shard keeps four main keepalive
+/// streams and every lease on one of them: 200 clients' session leases
+/// renewed at once use all four, and every renewal is answered; a second
+/// round (each lease on the stream it took before) as well.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn keepalives_spread_over_several_streams() {
+    use lockrouter_testkit::metrics::sum;
+    let etcd = EtcdCluster::single();
+    let extra = "keepalive_streams = 4\nkeepalive_coalesce_ms = 0\nkeepalive_below_pct = 100\n";
+    let shard = "streams";
+    let toml = lockrouter_testkit::config::one_named_shard(&etcd, shard, extra);
+    let router = TestRouter::with_toml(&toml).await;
+    let api = &router.api;
+    let locks = join_all((0..200).map(|i| {
+        let api = api.clone();
+        async move {
+            api.must_acquire(&format!("stream-{i}"), 10_000, &format!("c{i}"))
+                .await
+        }
+    }))
+    .await;
+    let before = api.metrics().await;
+    for round in 0..2 {
+        let renewed = join_all(locks.iter().map(|l| api.renew(l))).await;
+        assert!(
+            renewed.iter().all(|r| r.status == 200),
+            "round {round}: {renewed:?}"
+        );
+    }
+    let after = api.metrics().await;
+    let mut total = 0.0;
+    for stream in ["0", "1", "2", "3"] {
+        let on = [("shard", shard), ("stream", stream)];
+        let sent = sum(&after, "lockrouter_keepalive_burst_size_sum", &on)
+            - sum(&before, "lockrouter_keepalive_burst_size_sum", &on);
+        assert!(sent >= 10.0, "stream {stream} carried {sent} keepalives");
+        total += sent;
+    }
+    assert!(total >= 400.0, "{total} keepalives for 400 renewals");
+    let on = [("shard", shard), ("stream", "4")];
+    assert_eq!(
+        sum(&after, "lockrouter_keepalive_burst_size_count", &on),
+        0.0
+    );
+}
+
 /// A session lease is sent a keepalive only once less than half its TTL is
 /// left (`etcd.keepalive_below_pct`, 50 by default): a renewal before that,
 /// and an acquire, is one etcd request for the lock and nothing for the

@@ -140,3 +140,86 @@ async fn mass_expiry_and_stale_renewals_never_stall_live_renewals() {
     // Bounded well below the TTL: a stalled stream would show seconds.
     assert!(p99 < Duration::from_millis(1_000), "live renew p99 {p99:?}");
 }
+
+/// Keepalives received by etcd member `i` so far (its own gRPC metrics).
+fn keepalives_at(etcd: &EtcdCluster, i: usize) -> f64 {
+    let text = etcd.metrics_text(i).expect("member metrics");
+    lockrouter_testkit::metrics::sum(
+        &text,
+        "grpc_server_msg_received_total",
+        &[("grpc_method", "LeaseKeepAlive")],
+    )
+}
+
+/// Renews `locks` until `rounds` renewals of each have been answered 200,
+/// and returns how many keepalives each member received meanwhile.
+async fn renew_rounds(
+    api: &Api,
+    etcd: &EtcdCluster,
+    locks: &[(String, u64)],
+    rounds: usize,
+) -> Vec<f64> {
+    let before: Vec<f64> = (0..3).map(|i| keepalives_at(etcd, i)).collect();
+    for round in 0..rounds {
+        let renewed = join_all(locks.iter().map(|l| api.renew(l))).await;
+        assert!(
+            renewed.iter().all(|r| r.status == 200),
+            "round {round}: {renewed:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    (0..3).map(|i| keepalives_at(etcd, i) - before[i]).collect()
+}
+
+/// A follower forwards every keepalive to the leader in an HTTP request of
+/// its own (tens of times the leader's CPU per keepalive), so the main
+/// keepalive streams go to the leader, and follow it when leadership
+/// moves: with three streams and a three-member shard, the renewals'
+/// keepalives reach the leader, not the followers, before and after etcd
+/// is asked to move its leadership.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn keepalive_streams_go_to_the_leader_and_follow_it() {
+    let etcd = EtcdCluster::start(3);
+    let extra = "keepalive_streams = 3\nkeepalive_coalesce_ms = 0\nkeepalive_below_pct = 100\n";
+    let router = TestRouter::with_toml(&lockrouter_testkit::config::config_toml(
+        &[&etcd],
+        "127.0.0.1:0",
+        extra,
+    ))
+    .await;
+    let api = &router.api;
+    let locks = join_all((0..60).map(|i| {
+        let api = api.clone();
+        async move {
+            api.must_acquire(&format!("led-{i}"), 10_000, &format!("c{i}"))
+                .await
+        }
+    }))
+    .await;
+    // The member probes (every 250 ms) find the leader; a stream opened
+    // before that moves once nothing is in flight on it.
+    tokio::time::sleep(Duration::from_millis(1_000)).await;
+    renew_rounds(api, &etcd, &locks, 3).await;
+    for leadership in 0..2 {
+        let leader = etcd.leader().await.expect("a leader");
+        let got = renew_rounds(api, &etcd, &locks, 5).await;
+        let total: f64 = got.iter().sum();
+        assert!(total >= 300.0, "{got:?}: fewer keepalives than renewals");
+        let at_followers = total - got[leader];
+        assert!(
+            at_followers <= total * 0.05,
+            "leadership {leadership}, leader {leader}: keepalives per member {got:?}"
+        );
+        // Move the leadership to the next member and wait for the router's
+        // probes to see it.
+        let target = (leader + 1) % 3;
+        let mut to = etcd.member_client(target).await;
+        // (status answers with the member's own id in its header)
+        let id = to.status().await.unwrap().header().unwrap().member_id();
+        let mut from = etcd.member_client(leader).await;
+        from.move_leader(id).await.expect("leadership moved");
+        assert_eq!(etcd.leader().await, Some(target));
+        tokio::time::sleep(Duration::from_millis(1_000)).await;
+        renew_rounds(api, &etcd, &locks, 2).await;
+    }
+}

@@ -40,6 +40,12 @@ pub struct EtcdSettings {
     /// reads once); 0: each alone.
     #[serde(default = "defaults::keepalive_burst_ms")]
     pub keepalive_burst_ms: u64,
+    /// Keepalive streams per shard, each lease always on the same one.
+    /// etcd answers a stream's keepalives one at a time, and 3.4.31 and
+    /// 3.5.13 on first check their leadership with a quorum for each, so
+    /// one stream carries at most one keepalive per quorum round trip.
+    #[serde(default = "defaults::keepalive_streams")]
+    pub keepalive_streams: usize,
     /// How often active locks per shard are counted (a count-only range).
     #[serde(default = "defaults::count_interval_ms")]
     pub count_interval_ms: u64,
@@ -116,9 +122,19 @@ impl EtcdSettings {
                 self.keepalive_below_pct
             )));
         }
+        if !(1..=MAX_KEEPALIVE_STREAMS).contains(&self.keepalive_streams) {
+            return Err(invalid(format!(
+                "etcd.keepalive_streams = {} must be 1..={MAX_KEEPALIVE_STREAMS}",
+                self.keepalive_streams
+            )));
+        }
         Ok(())
     }
 }
+
+/// Most keepalive streams per shard: each is a gRPC stream etcd keeps and a
+/// task in the router.
+const MAX_KEEPALIVE_STREAMS: usize = 16;
 
 impl Default for EtcdSettings {
     fn default() -> Self {
@@ -128,6 +144,7 @@ impl Default for EtcdSettings {
             connect_timeout_ms: defaults::connect_timeout_ms(),
             health_interval_ms: defaults::health_interval_ms(),
             keepalive_burst_ms: defaults::keepalive_burst_ms(),
+            keepalive_streams: defaults::keepalive_streams(),
             keepalive_coalesce_ms: defaults::keepalive_coalesce_ms(),
             keepalive_below_pct: defaults::keepalive_below_pct(),
             count_interval_ms: defaults::count_interval_ms(),
@@ -153,6 +170,9 @@ mod defaults {
     }
     pub fn keepalive_burst_ms() -> u64 {
         20
+    }
+    pub fn keepalive_streams() -> usize {
+        1
     }
     pub fn keepalive_below_pct() -> u8 {
         50

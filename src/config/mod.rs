@@ -265,5 +265,24 @@ pub(crate) mod tests {
             &format!("{MINIMAL}\n[limits]\nmin_ttl_ms = 1000"),
             "min_ttl_ms",
         );
+        for streams in [0, 17] {
+            let text = MINIMAL.replace(
+                "prefix = \"/lockrouter\"",
+                &format!("prefix = \"/lockrouter\"\nkeepalive_streams = {streams}"),
+            );
+            rejects(&text, "etcd.keepalive_streams");
+        }
+        let four = MINIMAL.replace(
+            "prefix = \"/lockrouter\"",
+            "prefix = \"/lockrouter\"\nkeepalive_streams = 4",
+        );
+        assert_eq!(
+            Settings::from_toml(&four).unwrap().etcd.keepalive_streams,
+            4
+        );
+        assert_eq!(
+            Settings::from_toml(MINIMAL).unwrap().etcd.keepalive_streams,
+            1
+        );
     }
 }

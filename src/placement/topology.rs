@@ -21,7 +21,7 @@ use crate::placement::ring::Ring;
 use crate::shard::access::{Access, AccessError};
 use crate::shard::conn::{ClientError, EtcdConn};
 use crate::shard::keys::Recorded;
-use crate::shard::{classify, Grantable, IdentityProblem, RingState, Shard};
+use crate::shard::{classify, Grantable, IdentityProblem, KeepaliveSettings, RingState, Shard};
 
 /// Live shard connections, shared by successive routers of one process so
 /// a reload keeps sessions, keepalive streams and connections. Holds weak
@@ -52,8 +52,9 @@ struct PoolSettings {
     prefix: String,
     timeout: Duration,
     connect_timeout: Duration,
-    /// How long a keepalive burst gathers (`etcd.keepalive_burst_ms`).
-    keepalive_burst: Duration,
+    /// How keepalives go out (`etcd.keepalive_burst_ms`,
+    /// `etcd.keepalive_streams`).
+    keepalive: KeepaliveSettings,
 }
 
 impl ShardPool {
@@ -148,7 +149,7 @@ impl ShardPool {
                 shard: name.to_string(),
                 source,
             })?;
-        let shard = Arc::new(Shard::new(conn, &s.prefix, s.keepalive_burst, &self.cancel));
+        let shard = Arc::new(Shard::new(conn, &s.prefix, s.keepalive, &self.cancel));
         self.shards
             .lock()
             .expect("pool lock")
@@ -163,7 +164,10 @@ impl PoolSettings {
             prefix: s.etcd.prefix.clone(),
             timeout: s.etcd.request_timeout(),
             connect_timeout: s.etcd.connect_timeout(),
-            keepalive_burst: s.etcd.keepalive_burst(),
+            keepalive: KeepaliveSettings {
+                burst: s.etcd.keepalive_burst(),
+                streams: s.etcd.keepalive_streams,
+            },
         }
     }
 }

@@ -1,9 +1,10 @@
-//! Coalesced lease keepalives: one shared gRPC stream per shard for leases
-//! known to be alive, and isolated probes for the rest.
+//! Coalesced lease keepalives: a few shared gRPC streams per shard for
+//! leases known to be alive, and isolated probes for the rest.
 //!
 //! etcd-client's `lease_keep_alive(id)` opens a stream per lease, but etcd's
-//! KeepAlive stream accepts any lease id, so one task per shard owns a single
-//! *main* stream and multiplexes every live lease over it. Renewals of one
+//! KeepAlive stream accepts any lease id, so a task per *main* stream (one
+//! per shard unless `etcd.keepalive_streams` asks for more, each lease
+//! always on the same one) multiplexes many leases over it. Renewals of one
 //! lease are coalesced: while a keepalive for it is in flight, or one was
 //! confirmed less than the caller's window ago, no new keepalive is sent.
 //!
@@ -60,6 +61,8 @@ const SILENT_STREAM: Duration = Duration::from_millis(150);
 /// Most keepalives in one burst: etcd-client's stream takes 100 before it
 /// makes a sender wait.
 const MAX_BURST: usize = 100;
+/// How long a stream is not moved back to the leader it failed on.
+const SHUN_FOR: Duration = Duration::from_secs(5);
 /// How often in-flight keepalives are looked at.
 const TICK: Duration = Duration::from_millis(25);
 /// How often expired renewals and old dead leases are forgotten (a sweep
@@ -208,32 +211,48 @@ impl Known {
     }
 }
 
-/// Handle to the shard's keepalive task; dropping it stops the task.
+/// How a shard's keepalives go out.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct KeepaliveSettings {
+    /// How long a main stream's writer gathers keepalives after the first
+    /// of a burst (0: each is sent as it comes).
+    pub burst: Duration,
+    /// Main streams per shard (`etcd.keepalive_streams`), each with a task
+    /// of its own; a lease always goes on the same one.
+    pub streams: usize,
+}
+
+/// Handle to the shard's keepalive tasks, one per main stream; dropping it
+/// stops them.
+///
+/// Why several streams: etcd answers one stream's keepalives one after the
+/// other, and etcd 3.4.31 and 3.5.13 on first make each wait for a check
+/// that its member still leads (a ReadIndex round to a quorum), so one
+/// stream carries at most one keepalive per round trip to a quorum. Each
+/// lease is kept on one stream, chosen by its id ([`lane_of`]), so what a
+/// stream's task learns of a lease is all there is to learn, and the
+/// streams share nothing.
 pub struct Keepalive {
-    tx: mpsc::Sender<Msg>,
-    known: Arc<Known>,
-    /// Longest a caller waits for an answer (a fail-over may send twice).
-    deadline: Duration,
-    conn: EtcdConn,
-    _task: crate::task::TaskGuard,
+    lanes: Vec<Lane>,
+}
+
+/// The index of the stream that carries `lease`, of `lanes`: etcd numbers
+/// the leases a member grants in sequence, so the id is mixed first.
+fn lane_of(lease: i64, lanes: usize) -> usize {
+    let mixed = (lease as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15) >> 32;
+    (mixed % lanes as u64) as usize
 }
 
 impl Keepalive {
-    /// `burst`: how long the main stream's writer gathers keepalives after
-    /// the first of a burst (0: each is sent as it comes).
-    pub fn start(conn: EtcdConn, burst: Duration, cancel: CancellationToken) -> Self {
-        let (tx, rx) = mpsc::channel(4096);
-        let deadline = conn.timeout() * 2;
-        let known = Arc::new(Known::default());
-        let task = Task::new(conn.clone(), known.clone(), burst);
-        let task = tokio::spawn(task.run(rx, cancel.clone()));
-        Self {
-            tx,
-            known,
-            deadline,
-            conn,
-            _task: crate::task::TaskGuard::new(task, cancel),
-        }
+    pub fn start(conn: EtcdConn, settings: KeepaliveSettings, cancel: CancellationToken) -> Self {
+        let lanes = (0..settings.streams.max(1))
+            .map(|lane| Lane::start(conn.clone(), lane, settings.burst, cancel.child_token()))
+            .collect();
+        Self { lanes }
+    }
+
+    fn lane(&self, lease: i64) -> &Lane {
+        &self.lanes[lane_of(lease, self.lanes.len())]
     }
 
     /// Renews `lease` unless a keepalive for it is in flight or was sent less
@@ -246,7 +265,7 @@ impl Keepalive {
         window: Duration,
         ttl_secs: u32,
     ) -> Result<Renewal, EtcdError> {
-        self.ask(lease, window, ttl_secs, true).await
+        self.lane(lease).ask(lease, window, ttl_secs, true).await
     }
 
     /// [`Keepalive::refresh`] for renewals: a keepalive it sends may wait
@@ -258,7 +277,45 @@ impl Keepalive {
         window: Duration,
         ttl_secs: u32,
     ) -> Result<Renewal, EtcdError> {
-        self.ask(lease, window, ttl_secs, false).await
+        self.lane(lease).ask(lease, window, ttl_secs, false).await
+    }
+
+    /// Whether `lease` is known to stay alive for at least `margin` more,
+    /// by its last confirmed renewal, with no keepalive sent.
+    pub fn lasts(&self, lease: i64, margin: Duration) -> bool {
+        self.lane(lease).known.lasts(lease, Instant::now() + margin)
+    }
+
+    /// A lease was just granted: its grant counts as a keepalive.
+    pub fn seed(&self, lease: i64, renewal: Renewal) {
+        self.lane(lease).known.learn(lease, renewal);
+    }
+}
+
+/// One main stream's task, and what it learnt.
+struct Lane {
+    tx: mpsc::Sender<Msg>,
+    known: Arc<Known>,
+    /// Longest a caller waits for an answer (a fail-over may send twice).
+    deadline: Duration,
+    conn: EtcdConn,
+    _task: crate::task::TaskGuard,
+}
+
+impl Lane {
+    fn start(conn: EtcdConn, lane: usize, burst: Duration, cancel: CancellationToken) -> Self {
+        let (tx, rx) = mpsc::channel(4096);
+        let deadline = conn.timeout() * 2;
+        let known = Arc::new(Known::default());
+        let task = Task::new(conn.clone(), lane, known.clone(), burst);
+        let task = tokio::spawn(task.run(rx, cancel.clone()));
+        Self {
+            tx,
+            known,
+            deadline,
+            conn,
+            _task: crate::task::TaskGuard::new(task, cancel),
+        }
     }
 
     async fn ask(
@@ -291,17 +348,6 @@ impl Keepalive {
                 detail: "no keepalive answer in time".into(),
             }),
         }
-    }
-
-    /// Whether `lease` is known to stay alive for at least `margin` more,
-    /// by its last confirmed renewal, with no keepalive sent.
-    pub fn lasts(&self, lease: i64, margin: Duration) -> bool {
-        self.known.lasts(lease, Instant::now() + margin)
-    }
-
-    /// A lease was just granted: its grant counts as a keepalive.
-    pub fn seed(&self, lease: i64, renewal: Renewal) {
-        self.known.learn(lease, renewal);
     }
 
     fn stopped(&self) -> EtcdError {
@@ -346,10 +392,15 @@ struct Queued {
 
 struct Task {
     conn: EtcdConn,
+    /// Which of the shard's main streams this task keeps (for metrics).
+    lane: usize,
     main: Main,
     generation: u64,
     /// The member the main stream was opened on (shards with several).
     main_member: Option<usize>,
+    /// The member a stream last failed on, and when: not moved back to
+    /// for [`SHUN_FOR`] even if it leads.
+    failed_on: Option<(usize, Instant)>,
     /// The last answer on the main stream, or when it opened.
     last_answer: Instant,
     inflight: HashMap<i64, Inflight>,
@@ -368,13 +419,15 @@ struct Task {
 }
 
 impl Task {
-    fn new(conn: EtcdConn, known: Arc<Known>, burst: Duration) -> Self {
+    fn new(conn: EtcdConn, lane: usize, known: Arc<Known>, burst: Duration) -> Self {
         let (events_tx, events_rx) = mpsc::unbounded_channel();
         Self {
             conn,
+            lane,
             main: Main::Closed,
             generation: 0,
             main_member: None,
+            failed_on: None,
             last_answer: Instant::now(),
             inflight: HashMap::new(),
             queued: HashMap::new(),
@@ -493,9 +546,15 @@ impl Task {
         self.generation += 1;
         let generation = self.generation;
         self.main = Main::Opening { generation };
-        // On a member of its own, in turn, never the one a silent stream
+        // On the leader (a follower forwards each keepalive to it, one at a
+        // time), else on a member in turn; never the one a silent stream
         // was on while another is in rotation.
-        let member = self.conn.member(self.main_member);
+        let now = Instant::now();
+        let avoid = match self.failed_on {
+            Some((m, at)) if now.saturating_duration_since(at) < SHUN_FOR => Some(m),
+            _ => self.main_member,
+        };
+        let member = self.conn.keepalive_member(avoid);
         self.main_member = member.as_ref().map(|(i, _)| *i);
         let client = member.map_or_else(|| self.conn.client().clone(), |(_, c)| c);
         let (conn, events) = (self.conn.clone(), self.events_tx.clone());
@@ -606,7 +665,7 @@ impl Task {
                     rx,
                     generation,
                     self.events_tx.clone(),
-                    self.conn.shard().to_string(),
+                    (self.conn.shard().to_string(), self.lane),
                     self.burst,
                 ));
                 self.fresh = Some((generation, stream));
@@ -671,6 +730,21 @@ impl Task {
         let Some(current) = self.main_generation() else {
             return;
         };
+        // The stream is on a member that no longer leads (or never did: no
+        // leader was known when it opened): closed once nothing is in
+        // flight on it, and the next keepalive opens one on the leader.
+        let leader = self.conn.leader().filter(|&l| {
+            // Not back to a member a stream just failed on, which may
+            // still be in rotation until the next probes.
+            !matches!(self.failed_on, Some((m, at)) if m == l && now.saturating_duration_since(at) < SHUN_FOR)
+        });
+        if leader.is_some() && self.main_member.is_some() && leader != self.main_member {
+            if self.inflight.is_empty() {
+                tracing::debug!(shard = %self.conn.shard(), from = ?self.main_member, to = ?leader, "keepalive stream moves to the leader");
+                self.stop_main();
+            }
+            return;
+        }
         let silent = now.saturating_duration_since(self.last_answer) > SILENT_STREAM
             && self
                 .inflight
@@ -689,6 +763,9 @@ impl Task {
     /// are reported unavailable. The re-send's instant counts for the
     /// deadline, and only the new stream's answer completes it.
     fn fail_over(&mut self, detail: &str) {
+        if let Some(member) = self.main_member {
+            self.failed_on = Some((member, Instant::now()));
+        }
         self.stop_main();
         let pending: Vec<(i64, Inflight)> = self.inflight.drain().collect();
         for (lease, inflight) in pending {
@@ -745,7 +822,7 @@ async fn write(
     mut rx: mpsc::Receiver<(i64, bool)>,
     generation: u64,
     events: mpsc::UnboundedSender<Event>,
-    shard: String,
+    (shard, lane): (String, usize),
     window: Duration,
 ) {
     let mut burst = Vec::with_capacity(MAX_BURST);
@@ -775,7 +852,7 @@ async fn write(
             }
         }
         last_burst = Some(tokio::time::Instant::now());
-        m::keepalive_burst(&shard, burst.len());
+        m::keepalive_burst(&shard, lane, burst.len());
         for lease in burst.drain(..) {
             keeper.id = lease;
             if let Err(e) = keeper.keep_alive().await {
@@ -814,7 +891,24 @@ mod tests {
         let conn = EtcdConn::connect("t", &access, second, second)
             .await
             .expect("connecting is lazy");
-        Task::new(conn, Arc::default(), Duration::from_millis(2))
+        Task::new(conn, 0, Arc::default(), Duration::from_millis(2))
+    }
+
+    #[test]
+    fn a_lease_always_takes_one_stream_and_sequential_ids_spread_over_all() {
+        // etcd numbers a member's leases in sequence under its own prefix.
+        let base = 0x694d_8f2a_0000_0000_i64;
+        for lanes in 1..=8 {
+            let mut count = vec![0usize; lanes];
+            for id in base..base + 8_000 {
+                let lane = lane_of(id, lanes);
+                assert_eq!(lane, lane_of(id, lanes), "stable");
+                count[lane] += 1;
+            }
+            let (least, most) = (count.iter().min().unwrap(), count.iter().max().unwrap());
+            assert!(*least * 10 >= most * 8, "{lanes} streams: {count:?}");
+        }
+        assert_eq!(lane_of(-1, 3), lane_of(-1, 3));
     }
 
     #[tokio::test]
@@ -921,7 +1015,7 @@ mod tests {
         let (tx, rx) = mpsc::channel(16);
         let (events, _events) = mpsc::unbounded_channel();
         let window = Duration::from_millis(20);
-        tokio::spawn(write(keeper, rx, 1, events, "t".into(), window));
+        tokio::spawn(write(keeper, rx, 1, events, ("t".into(), 0), window));
         // After a quiet spell a renewal's keepalive goes at once.
         tx.send((1, false)).await.unwrap();
         assert_eq!(wire!(wire), [1]);

@@ -71,7 +71,7 @@ pub use cache::{Entry, Held};
 use commit::Committer;
 use conn::{EtcdConn, EtcdError};
 use keepalive::Keepalive;
-pub use keepalive::Renewal;
+pub use keepalive::{KeepaliveSettings, Renewal};
 use keys::{Identity, Keys, NameHash, Recorded, Reservation, Stored};
 pub use name::{AcquireTxn, Grantable, NameKeys, NameState, ReleaseTxn, SessionGrant};
 pub use pressure::{AcquireSlot, Busy};
@@ -201,18 +201,18 @@ pub struct Shard {
 }
 
 impl Shard {
-    /// `burst`: how long its keepalive writer gathers a burst (0: none).
+    /// `keepalive`: how its keepalives go out (bursts, streams).
     pub fn new(
         conn: EtcdConn,
         prefix: &str,
-        burst: std::time::Duration,
+        keepalive: KeepaliveSettings,
         cancel: &CancellationToken,
     ) -> Self {
         let keys = Keys::new(prefix);
         let identity = IdentityCell::default();
         Self {
             name: conn.shard().to_string(),
-            keepalive: Keepalive::start(conn.clone(), burst, cancel.child_token()),
+            keepalive: Keepalive::start(conn.clone(), keepalive, cancel.child_token()),
             verifier: Verifier::start(
                 conn.clone(),
                 keys.identity(),

@@ -834,6 +834,19 @@ impl EtcdCluster {
             .await
             .unwrap()
     }
+
+    /// A client of member `i` alone (as [`EtcdCluster::client`] otherwise):
+    /// for calls only that member may answer, such as moving leadership
+    /// off it.
+    pub async fn member_client(&self, i: usize) -> etcd_client::Client {
+        let options = match &self.auth {
+            Some(a) => self.options().with_user("root", a.root_password.as_str()),
+            None => self.options(),
+        };
+        etcd_client::Client::connect([&self.endpoints()[i]], Some(options))
+            .await
+            .unwrap()
+    }
 }
 
 /// Runs `f` to completion on a runtime of its own, on a thread of its own.
