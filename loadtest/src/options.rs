@@ -159,6 +159,11 @@ pub struct Cli {
     /// `keepalive_burst_ms=20`, `keepalive_below_pct=70`.
     #[arg(long)]
     pub router_etcd: Vec<String>,
+    /// Members of every etcd shard (default 1; 3 or 5 as deployments run
+    /// them). etcd's CPU is then all members' together; its counters are
+    /// member 0's.
+    #[arg(long)]
+    pub etcd_members: Option<usize>,
 }
 
 /// Resolved sizes of one run.
@@ -216,6 +221,8 @@ pub struct Config {
     pub router_worker_threads: usize,
     /// `--router-etcd` settings, one TOML line each.
     pub router_etcd: Vec<String>,
+    /// Members of every etcd shard.
+    pub etcd_members: usize,
     /// `overload`: clientIds of its lock lives (warm pool).
     pub overload_clients: usize,
     /// `overload`: clients holding locks through it, locks each, and their
@@ -313,6 +320,7 @@ impl Cli {
                 self.router_worker_threads.unwrap_or(0),
             ),
             router_etcd: crate::stack::router_etcd(&self.router_etcd)?,
+            etcd_members: crate::stack::etcd_members(self.etcd_members.unwrap_or(1))?,
             overload_clients: pick(smoke, 100, 1_000),
             overload_holders: pick(smoke, 10, 50),
             overload_locks_per_holder: pick(smoke, 10, 100),

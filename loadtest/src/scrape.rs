@@ -190,7 +190,8 @@ impl Snapshot {
             etcd: stack
                 .shards
                 .iter()
-                .filter_map(|s| s.pid(0).and_then(cpu_seconds))
+                .flat_map(crate::stack::member_pids)
+                .filter_map(cpu_seconds)
                 .sum(),
             machine: machine_busy_seconds(),
         };

@@ -95,6 +95,23 @@ pub fn router_worker_threads(n: usize) -> usize {
     n
 }
 
+/// Members of every etcd shard this run starts (`--etcd-members`).
+static MEMBERS: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
+
+/// Keeps `--etcd-members` for every shard this run starts: 1, 3 or 5.
+pub fn etcd_members(n: usize) -> Result<usize> {
+    if ![1, 3, 5].contains(&n) {
+        anyhow::bail!("--etcd-members {n}: a shard runs 1, 3 or 5 members");
+    }
+    let _ = MEMBERS.set(n);
+    Ok(n)
+}
+
+/// The processes of every member of `shard`.
+pub fn member_pids(shard: &EtcdCluster) -> impl Iterator<Item = u32> + '_ {
+    (0..shard.endpoints().len()).filter_map(|i| shard.pid(i))
+}
+
 /// `--router-etcd` lines for every router this run starts.
 static ROUTER_ETCD: std::sync::OnceLock<Vec<String>> = std::sync::OnceLock::new();
 
@@ -162,10 +179,8 @@ impl Stack {
         pinning::pin(me, &split.etcd, false)?;
         let shards = start_shards(shards)?;
         let router = start_router_on(router_bin, &shards, None, split)?;
-        for s in &shards {
-            if let Some(pid) = s.pid(0) {
-                pinning::ensure(pid, &split.etcd)?;
-            }
+        for pid in shards.iter().flat_map(member_pids) {
+            pinning::ensure(pid, &split.etcd)?;
         }
         let mut stack = Self::assemble(router, shards, Some(restore));
         stack.split = Some(split.clone());
@@ -225,11 +240,15 @@ impl Stack {
     }
 }
 
-/// `n` single-node etcd clusters, each started from this thread.
+/// `n` etcd clusters of `--etcd-members` members (1 by default), each
+/// started from this thread.
 fn start_shards(n: usize) -> Result<Vec<EtcdCluster>> {
     let shards = (0..n)
         .map(|_| {
-            let mut builder = EtcdCluster::builder(1).args(ETCD_FLAGS).die_with_parent();
+            let members = MEMBERS.get().copied().unwrap_or(1);
+            let mut builder = EtcdCluster::builder(members)
+                .args(ETCD_FLAGS)
+                .die_with_parent();
             for (k, v) in GO_ENV.get().into_iter().flatten() {
                 builder = builder.env(k, v);
             }
