@@ -738,11 +738,11 @@ impl Task {
             // still be in rotation until the next probes.
             !matches!(self.failed_on, Some((m, at)) if m == l && now.saturating_duration_since(at) < SHUN_FOR)
         });
-        if leader.is_some() && self.main_member.is_some() && leader != self.main_member {
-            if self.inflight.is_empty() {
-                tracing::debug!(shard = %self.conn.shard(), from = ?self.main_member, to = ?leader, "keepalive stream moves to the leader");
-                self.stop_main();
-            }
+        let elsewhere =
+            leader.is_some() && self.main_member.is_some() && leader != self.main_member;
+        if elsewhere && self.inflight.is_empty() {
+            tracing::debug!(shard = %self.conn.shard(), from = ?self.main_member, to = ?leader, "keepalive stream moves to the leader");
+            self.stop_main();
             return;
         }
         let silent = now.saturating_duration_since(self.last_answer) > SILENT_STREAM
