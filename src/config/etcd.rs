@@ -41,9 +41,9 @@ pub struct EtcdSettings {
     #[serde(default = "defaults::keepalive_burst_ms")]
     pub keepalive_burst_ms: u64,
     /// Keepalive streams per shard, each lease always on the same one.
-    /// etcd answers a stream's keepalives one at a time, and 3.4.31 and
-    /// 3.5.13 on first check their leadership with a quorum for each, so
-    /// one stream carries at most one keepalive per quorum round trip.
+    /// etcd answers a stream's keepalives one at a time (and 3.4.31 and
+    /// 3.5.13 on first may check the leader's leadership with a quorum
+    /// before each), so more streams help where that loop is the limit.
     #[serde(default = "defaults::keepalive_streams")]
     pub keepalive_streams: usize,
     /// How often active locks per shard are counted (a count-only range).

@@ -226,9 +226,10 @@ pub struct KeepaliveSettings {
 /// stops them.
 ///
 /// Why several streams: etcd answers one stream's keepalives one after the
-/// other, and etcd 3.4.31 and 3.5.13 on first make each wait for a check
-/// that its member still leads (a ReadIndex round to a quorum), so one
-/// stream carries at most one keepalive per round trip to a quorum. Each
+/// other, and etcd 3.4.31 and 3.5.13 on first may make each wait for a
+/// check that its member still leads (a ReadIndex round to a quorum;
+/// 3.5.16 skips it while its raft ticks are recent), so one stream's rate
+/// is bounded by that loop (docs/capacity.md, "Keepalive streams"). Each
 /// lease is kept on one stream, chosen by its id ([`lane_of`]), so what a
 /// stream's task learns of a lease is all there is to learn, and the
 /// streams share nothing.
