@@ -229,6 +229,14 @@ impl EtcdConn {
         (live.contains(&member.endpoint) && member.login.is_ready()).then_some(i)
     }
 
+    /// Sets the member the probes found leading (tests of what follows it).
+    #[cfg(test)]
+    pub fn set_leader(&self, leader: Option<usize>) {
+        self.inner
+            .leader
+            .store(leader.unwrap_or(NO_LEADER), Ordering::Relaxed);
+    }
+
     /// A member's own client for a keepalive stream: the leader's unless it
     /// is `avoid` (etcd answers keepalives only on the leader: a follower
     /// forwards each one to it in an HTTP request of its own, which cost

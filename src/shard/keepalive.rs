@@ -895,6 +895,90 @@ mod tests {
         Task::new(conn, 0, Arc::default(), Duration::from_millis(2))
     }
 
+    /// A task over three members that are never reached (port 9), with
+    /// its main stream "open" on member `on`, nothing sent on it yet.
+    async fn open_on_member(on: usize) -> Task {
+        let endpoints: Vec<String> = (1..=3).map(|i| format!("http://127.0.0.{i}:9")).collect();
+        let second = Duration::from_secs(1);
+        let access = crate::shard::access::Access::plain(&endpoints);
+        let conn = EtcdConn::connect("t", &access, second, second)
+            .await
+            .expect("connecting is lazy");
+        let mut task = Task::new(conn, 0, Arc::default(), Duration::from_millis(2));
+        let (writer, _rx) = mpsc::channel(1);
+        task.main = Main::Open {
+            generation: 1,
+            writer,
+            writer_task: tokio::spawn(async {}),
+        };
+        task.main_member = Some(on);
+        task.last_answer = Instant::now();
+        task
+    }
+
+    fn in_flight(
+        task: &mut Task,
+        lease: i64,
+        sent_at: Instant,
+    ) -> oneshot::Receiver<Result<Renewal, EtcdError>> {
+        let (reply, rx) = oneshot::channel();
+        let inflight = Inflight {
+            sent_at,
+            generation: 1,
+            waiters: vec![reply],
+            retried: false,
+        };
+        task.inflight.insert(lease, inflight);
+        rx
+    }
+
+    #[tokio::test]
+    async fn a_stream_off_the_leader_moves_once_nothing_is_in_flight_on_it() {
+        // On the leader: stays.
+        let mut task = open_on_member(1).await;
+        task.conn.set_leader(Some(1));
+        task.on_tick();
+        assert_eq!(task.main_generation(), Some(1));
+        // On a follower with a keepalive in flight: stays until answered.
+        let mut task = open_on_member(0).await;
+        task.conn.set_leader(Some(1));
+        let _rx = in_flight(&mut task, 7, Instant::now());
+        task.on_tick();
+        assert_eq!(task.main_generation(), Some(1), "closed under a waiter");
+        task.on_event(Event::Response {
+            generation: 1,
+            id: 7,
+            ttl: 30,
+        });
+        task.on_tick();
+        assert_eq!(task.main_generation(), None, "moved once idle");
+        // No leader known: stays where it is.
+        let mut task = open_on_member(0).await;
+        task.conn.set_leader(None);
+        task.on_tick();
+        assert_eq!(task.main_generation(), Some(1));
+        // The leader is the member a stream just failed on: not back to it.
+        let mut task = open_on_member(0).await;
+        task.conn.set_leader(Some(1));
+        task.failed_on = Some((1, Instant::now()));
+        task.on_tick();
+        assert_eq!(task.main_generation(), Some(1));
+    }
+
+    #[tokio::test]
+    async fn a_stream_waiting_to_move_is_still_watched_for_silence() {
+        let mut task = open_on_member(0).await;
+        task.conn.set_leader(Some(1));
+        let long_ago = Instant::now() - SILENT_STREAM * 2;
+        task.last_answer = long_ago;
+        let _rx = in_flight(&mut task, 7, long_ago);
+        task.on_tick();
+        // Failed over: the stream is closed and its keepalive sent again.
+        assert_eq!(task.failed_on.map(|(m, _)| m), Some(0));
+        assert!(task.inflight.is_empty());
+        assert!(task.queued.get(&7).is_some_and(|q| q.retried));
+    }
+
     #[test]
     fn a_lease_always_takes_one_stream_and_sequential_ids_spread_over_all() {
         // etcd numbers a member's leases in sequence under its own prefix.
