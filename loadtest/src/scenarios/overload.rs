@@ -347,16 +347,17 @@ async fn holder(user: &mut GooseUser, ctx: &Overload) {
         return;
     }
     let client = format!("{}-h{me}", ctx.tag);
-    let Some((mut locks, first_sent)) = take_locks(user, ctx, me, &client).await else {
+    let ttl = Duration::from_millis(ctx.holder_ttl_ms);
+    let period = ttl / 3;
+    let Some((mut locks, mut confirmed)) = take_locks(user, ctx, me, &client, period).await else {
         return;
     };
     add(&ctx.counts.holder_locks, locks.len() as u64);
-    let ttl = Duration::from_millis(ctx.holder_ttl_ms);
-    let period = ttl / 3;
     // Real clients are not in step: the first renewal falls anywhere in
-    // the period.
-    let mut next = Instant::now() + period.mul_f64(rand::random_range(0.2..1.0));
-    let mut confirmed = first_sent;
+    // the period, and no later than a period after the last confirmation
+    // (the first acquire, or a renewal while the holder took its locks).
+    let mut next =
+        (Instant::now() + period.mul_f64(rand::random_range(0.2..1.0))).min(confirmed + period);
     while !ctx.stopped() && !locks.is_empty() {
         let now = Instant::now();
         if now < next {
@@ -390,17 +391,30 @@ async fn holder(user: &mut GooseUser, ctx: &Overload) {
     }
 }
 
-/// Acquires the holder's locks (retrying what fails; nothing else runs
-/// yet); returns them and when the first was asked for.
+/// Acquires the holder's locks (retrying what fails), renewing those it
+/// already holds every `period` meanwhile, as a client must (taking a
+/// hundred locks one by one can outlast their TTL when the router is
+/// busy); returns them and when the holder last had them all confirmed:
+/// its last renewal's send, or its first acquire's.
 async fn take_locks(
     user: &mut GooseUser,
     ctx: &Overload,
     me: usize,
     client: &str,
+    period: Duration,
 ) -> Option<(Vec<Held>, Instant)> {
     let mut locks = Vec::with_capacity(ctx.locks_per_holder);
-    let mut first = None;
+    let mut confirmed: Option<Instant> = None;
     for j in 0..ctx.locks_per_holder {
+        if let Some(at) = confirmed.filter(|at| at.elapsed() >= period) {
+            let sent = Instant::now();
+            if let Renewal::Confirmed = renew(user, ctx, &mut locks).await {
+                if sent - at > Duration::from_millis(ctx.holder_ttl_ms) {
+                    add(&ctx.counts.locks_lapsed, locks.len() as u64);
+                }
+                confirmed = Some(sent);
+            }
+        }
         let body = json!({
             "name": format!("{}:h{me}:{j}", ctx.tag),
             "ttlMs": ctx.holder_ttl_ms,
@@ -414,7 +428,7 @@ async fn take_locks(
             let a = api::send(user, &ctx.hold_stats, ACQUIRE, &body).await;
             match a.as_ref().map(|a| (a.status, granted(&a.text))) {
                 Some((200, Some(lock))) => {
-                    first.get_or_insert(sent);
+                    confirmed.get_or_insert(sent);
                     locks.push(lock);
                     break;
                 }
@@ -429,7 +443,7 @@ async fn take_locks(
             tokio::time::sleep(Duration::from_millis(100)).await;
         }
     }
-    Some((locks, first.unwrap_or_else(Instant::now)))
+    Some((locks, confirmed.unwrap_or_else(Instant::now)))
 }
 
 enum Renewal {
