@@ -82,6 +82,14 @@ impl Keys {
         self.name_key("delay", hash, "")
     }
 
+    /// The name hash a held record's key ends in; the all-zero hash if
+    /// its suffix is not one (the router writes none such, and no name's
+    /// records sit at the zero hash, so the txns over them change nothing).
+    pub fn hash_of_held(&self, key: &[u8]) -> NameHash {
+        let (start, _) = self.held_range();
+        hash_of_hex(&key[start.len().min(key.len())..]).unwrap_or_default()
+    }
+
     /// Start and end (exclusive) of the range of held records.
     pub fn held_range(&self) -> (Vec<u8>, Vec<u8>) {
         self.range("held")
@@ -384,6 +392,22 @@ mod tests {
             ),
             (7, 9, 42)
         );
+    }
+
+    #[test]
+    fn a_held_records_key_gives_its_names_hash_and_a_bad_one_the_zero_hash() {
+        let keys = Keys::new("/lockrouter");
+        let hash = name_hash("process_order:42");
+        assert_eq!(keys.hash_of_held(&keys.held(&hash)), hash);
+        let zero = NameHash::default();
+        for bad in [
+            &b"/lockrouter/held/zz"[..],
+            b"/lockrouter/held/",
+            b"/lockrouter/held/0123456789abcdef0123456789abcdeg",
+            b"/x",
+        ] {
+            assert_eq!(keys.hash_of_held(bad), zero, "{bad:?}");
+        }
     }
 
     /// The keys are on every shard's disk: building them differently must

@@ -159,18 +159,7 @@ impl Shard {
 
     /// The name keys of the name a held record belongs to.
     pub fn keys_of_held(&self, held: &Stored) -> NameKeys {
-        let (start, _) = self.keys.held_range();
-        let hex = &held.key()[start.len().min(held.key().len())..];
-        let mut hash = [0u8; 16];
-        for (i, byte) in hash.iter_mut().enumerate() {
-            let pair = hex
-                .get(2 * i..2 * i + 2)
-                .and_then(|p| std::str::from_utf8(p).ok());
-            *byte = pair
-                .and_then(|p| u8::from_str_radix(p, 16).ok())
-                .unwrap_or(0);
-        }
-        self.name_keys(&hash)
+        self.name_keys(&self.keys.hash_of_held(held.key()))
     }
 
     /// Up to `limit` lock keys, with values, in key order, after the lock
