@@ -126,12 +126,12 @@ impl Active {
         }
         // Not the holder's own re-acquire (that answered above): a new
         // grant, reserved in the owner's quota until its cache counts it.
-        let reservation = self.reserve_lock(req.owner.as_ref())?;
+        let reservation = self.reserve_lock(shard.as_ref(), req.owner.as_ref())?;
         let value = lock_value(req, &g.ring)?;
         let owner = req.owner.as_ref();
         let session = shard
             .session(holder, req.ttl_secs, owner.map(|o| o.tag), || {
-                self.admit_session(owner, reservation.as_ref())
+                self.admit_session(shard.as_ref(), owner, reservation.as_ref())
             })
             .await?;
         let window = self.window(session.ttl_secs);

@@ -1,12 +1,13 @@
 //! Unit tests of the lock operations' decisions, made over the in-memory
 //! shard (`shard/fake.rs`) instead of etcd: what an acquire answers (a free
 //! name, a held one, the holder's own re-acquire, a lost holder's
-//! lock-delay, a principal's quotas, a ring that moved on), what a renewal
-//! answers (live, expired, stolen; a stale lockId renews nothing), what a
-//! release deletes, what a wait in a name's queue comes to (first come,
-//! first served; the caller's own client's grant; its deadline), and how a
-//! migration's handoff reads a moved name's previous shard. The real-etcd tests (`tests/`) prove the wiring and the
-//! faults; these prove the rules, in milliseconds.
+//! lock-delay, a principal's quotas, freed again by a release or an expiry,
+//! a ring that moved on), what a renewal answers (live, expired, stolen; a
+//! stale lockId renews nothing), what a release deletes, what a wait in a
+//! name's queue comes to (first come, first served; the caller's own
+//! client's grant; its deadline), and how a migration's handoff reads a
+//! moved name's previous shard. The real-etcd tests (`tests/`) prove the
+//! wiring and the faults; these prove the rules, in milliseconds.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -179,7 +180,7 @@ async fn a_principal_at_its_max_held_locks_is_refused_before_any_txn() {
     };
     let pay = Caller::Principal { name: "pay", quota };
     granted(attempt(&active, &shard, &acquire_as(pay, "order-1", "w1")).await);
-    // The grant stays reserved until the shard's cache counts it.
+    // The shard's cache counts the grant.
     let second = attempt_with(&active, &shard, &acquire_as(pay, "order-2", "w1"), None).await;
     assert!(matches!(second, Err(LockError::PermissionDenied(_))));
     assert_eq!(shard.grant_txns(), 1);
@@ -204,6 +205,68 @@ async fn a_principal_at_its_max_sessions_gets_no_new_session_but_uses_its_own() 
     assert!(matches!(other, Err(LockError::PermissionDenied(_))));
     // The session w1 has takes more locks.
     granted(attempt(&active, &shard, &acquire_as(pay, "order-3", "w1")).await);
+}
+
+/// `pay`, a principal with `quota`.
+fn pay(quota: Quota) -> Caller<'static> {
+    Caller::Principal { name: "pay", quota }
+}
+
+fn denied(answer: Result<Attempt, LockError>) -> bool {
+    matches!(answer, Err(LockError::PermissionDenied(_)))
+}
+
+#[tokio::test]
+async fn a_principals_released_lock_no_longer_counts_in_its_max_held_locks() {
+    let (active, shard) = (active(), shard("a"));
+    let pay = pay(Quota {
+        max_held_locks: 2,
+        max_sessions: 0,
+    });
+    let one = granted(attempt(&active, &shard, &acquire_as(pay, "order-1", "w1")).await);
+    granted(attempt(&active, &shard, &acquire_as(pay, "order-2", "w2")).await);
+    let third = acquire_as(pay, "order-3", "w1");
+    assert!(denied(attempt_with(&active, &shard, &third, None).await));
+    release(&active, &shard, &one).await;
+    granted(attempt(&active, &shard, &third).await);
+    // At its bound again.
+    let fourth = acquire_as(pay, "order-4", "w1");
+    assert!(denied(attempt_with(&active, &shard, &fourth, None).await));
+    assert_eq!(shard.grant_txns(), 3);
+}
+
+#[tokio::test]
+async fn a_principals_expired_lock_no_longer_counts_in_its_max_held_locks() {
+    let (active, shard) = (active(), shard("a"));
+    let pay = pay(Quota {
+        max_held_locks: 1,
+        max_sessions: 0,
+    });
+    let lost = granted(attempt(&active, &shard, &acquire_as(pay, "order-1", "w1")).await);
+    let next = acquire_as(pay, "order-2", "w1");
+    assert!(denied(attempt_with(&active, &shard, &next, None).await));
+    // Its lease ends: the key goes, and the cache uncounts it.
+    shard.expire(lock_id(&active, &lost).lease);
+    granted(attempt(&active, &shard, &next).await);
+}
+
+#[tokio::test]
+async fn a_session_holding_no_lock_no_longer_counts_in_max_sessions() {
+    let (active, shard) = (active(), shard("a"));
+    let pay = pay(Quota {
+        max_held_locks: 0,
+        max_sessions: 1,
+    });
+    let one = granted(attempt(&active, &shard, &acquire_as(pay, "order-1", "w1")).await);
+    let other = acquire_as(pay, "order-2", "w2");
+    assert!(denied(attempt_with(&active, &shard, &other, None).await));
+    // Counted are the sessions locks ride on: w1's holds none once released.
+    release(&active, &shard, &one).await;
+    let two = granted(attempt(&active, &shard, &other).await);
+    assert_ne!(lock_id(&active, &one).lease, lock_id(&active, &two).lease);
+    // w2's is the one now: a third client gets no session.
+    let again = acquire_as(pay, "order-3", "w3");
+    assert!(denied(attempt_with(&active, &shard, &again, None).await));
 }
 
 #[tokio::test]

@@ -735,26 +735,27 @@ impl Active {
 }
 
 impl Active {
-    /// What `tag` holds on every shard of this router (the previous ring's
-    /// included), as the lock-key caches count it now; `None` while a cache
-    /// cannot say (loading, or its watch broke).
-    fn held_by(&self, tag: LeaseTag) -> Option<Held> {
-        self.router
-            .all_shards()
-            .iter()
-            .try_fold(Held::default(), |total, shard| {
-                let h = shard.held_by(tag)?;
-                Some(Held {
-                    locks: total.locks + h.locks,
-                    sessions: total.sessions + h.sessions,
-                })
+    /// What `tag` holds on `shard` (where an acquire grants) and on every
+    /// other shard of this router (the previous ring's included), as the
+    /// lock-key caches count it now; `None` while a cache cannot say
+    /// (loading, or its watch broke).
+    fn held_by<S: LockShard>(&self, shard: &S, tag: LeaseTag) -> Option<Held> {
+        let all = self.router.all_shards();
+        let mut others = all.iter().filter(|s| s.name() != shard.name());
+        others.try_fold(shard.held_by(tag)?, |total, s| {
+            let h = s.held_by(tag)?;
+            Some(Held {
+                locks: total.locks + h.locks,
+                sessions: total.sessions + h.sessions,
             })
+        })
     }
 
     /// Reserves a new lock in `owner`'s quota (see [`quota`]); `None`
     /// when it has none. Refused (403) at its `max_held_locks`.
-    pub(crate) fn reserve_lock(
+    pub(crate) fn reserve_lock<S: LockShard>(
         &self,
+        shard: &S,
         owner: Option<&Owner>,
     ) -> Result<Option<quota::Reservation>, LockError> {
         let Some(o) = owner.filter(|o| o.quota.max_held_locks + o.quota.max_sessions > 0) else {
@@ -766,7 +767,7 @@ impl Active {
             max_sessions: o.quota.max_sessions,
         };
         self.quotas
-            .reserve_lock(bounds, || self.held_by(o.tag))
+            .reserve_lock(bounds, || self.held_by(shard, o.tag))
             .map(Some)
             .map_err(|r| refused(o, r))
     }
@@ -774,13 +775,14 @@ impl Active {
     /// Admits a new session lease for an acquire of `owner`'s (the hook of
     /// [`Shard::session`]): reserves it in the owner's `max_sessions` first
     /// (refused at it).
-    pub(crate) fn admit_session(
+    pub(crate) fn admit_session<S: LockShard>(
         &self,
+        shard: &S,
         owner: Option<&Owner>,
         reservation: Option<&quota::Reservation>,
     ) -> Result<(), LockError> {
         if let (Some(r), Some(o)) = (reservation, owner) {
-            r.add_session(|| self.held_by(o.tag))
+            r.add_session(|| self.held_by(shard, o.tag))
                 .map_err(|r| refused(o, r))?;
         }
         Ok(())

@@ -102,11 +102,11 @@ impl Active {
         // A principal at its quota is refused before it queues (as an
         // acquire that does not wait), and again at each grant below.
         let session = {
-            let reservation = self.reserve_lock(req.owner.as_ref())?;
+            let reservation = self.reserve_lock(shard.as_ref(), req.owner.as_ref())?;
             let owner = req.owner.as_ref();
             shard
                 .session(holder, ttl_secs, owner.map(|o| o.tag), || {
-                    self.admit_session(owner, reservation.as_ref())
+                    self.admit_session(shard.as_ref(), owner, reservation.as_ref())
                 })
                 .await?
         };
@@ -122,7 +122,7 @@ impl Active {
                 return Ok(None); // dropping the waiter leaves the queue
             }
             let value = lock_value(req, &g.ring)?;
-            let reservation = self.reserve_lock(req.owner.as_ref())?;
+            let reservation = self.reserve_lock(shard.as_ref(), req.owner.as_ref())?;
             let sent = Instant::now();
             let step = waiter.grant(&value, &g, replace_held.take()).await?;
             let awaited = match step {

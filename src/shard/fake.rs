@@ -4,8 +4,11 @@
 //! says so. Its txns compare and write what the real ones do (`name.rs`):
 //! a grant needs the ring and identity compared, no holder, no lock-delay,
 //! no lost holder (unless replaced) and no queued waiter; a release needs
-//! the lockId's create revision and lease. Its cache is exact, but counts
-//! nothing for quotas: a granted reservation stays reserved.
+//! the lockId's create revision and lease. Its cache is exact: it has seen
+//! every revision it committed, and counts for quotas what the real one
+//! counts (`cache.rs`): per lease tag, the lock keys and the distinct
+//! leases they ride on. A release or an expiry uncounts a lock at once,
+//! and a quota's reservation of a grant is given back at its next count.
 //!
 //! A test moves the world by hand: [`FakeShard::expire`] ends a lease (and
 //! with it the keys on it, leaving a lost holder's record), and
@@ -20,7 +23,7 @@ use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime};
 
-use super::cache::Entry;
+use super::cache::{Entry, Held};
 use super::conn::EtcdError;
 use super::keepalive::Renewal;
 use super::keys::{HeldValue, Keys, LockValue, NameHash, Recorded, RingMeta, Stored};
@@ -240,8 +243,25 @@ impl State {
 }
 
 impl CacheCounts for FakeShard {
-    fn cache_has_seen(&self, _revision: i64) -> bool {
-        false
+    fn cache_has_seen(&self, revision: i64) -> bool {
+        revision <= self.lock().revision
+    }
+
+    /// Counted from the lock keys, as the real cache counts them.
+    fn held_by(&self, tag: LeaseTag) -> Option<Held> {
+        let (start, end) = self.keys.locks_range();
+        let s = self.lock();
+        let locks = (s.kv.range(start..end))
+            .map(|(_, kv)| kv.lease)
+            .filter(|&lease| LeaseTag::in_lease(lease) == tag);
+        let mut leases: Vec<i64> = locks.collect();
+        let count = leases.len() as u64;
+        leases.sort_unstable();
+        leases.dedup();
+        Some(Held {
+            locks: count,
+            sessions: leases.len() as u64,
+        })
     }
 }
 
@@ -271,14 +291,18 @@ impl LockShard for FakeShard {
         tag: Option<LeaseTag>,
         admit: impl Fn() -> Result<(), E>,
     ) -> Result<SessionLease, E> {
-        let mut s = self.lock();
         let slot = (holder.to_string(), ttl_secs);
-        if let Some(session) = s.sessions.get(&slot) {
-            if s.leases.contains_key(&session.id) {
-                return Ok(*session);
+        {
+            let s = self.lock();
+            if let Some(session) = s.sessions.get(&slot) {
+                if s.leases.contains_key(&session.id) {
+                    return Ok(*session);
+                }
             }
         }
+        // Unlocked: the quota's hook reads this shard's counts.
         admit()?;
+        let mut s = self.lock();
         let id = s.grant_lease(i64::from(ttl_secs), tag.map(LeaseTag::new_lease_id));
         let session = SessionLease { id, ttl_secs };
         s.sessions.insert(slot, session);

@@ -16,7 +16,7 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use super::cache::Entry;
+use super::cache::{Entry, Held};
 use super::conn::EtcdError;
 use super::keepalive::Renewal;
 use super::keys::{LockValue, NameHash, Stored};
@@ -26,12 +26,15 @@ use super::sessions::SessionLease;
 use super::Shard;
 use crate::token::lease_tag::LeaseTag;
 
-/// Whether a shard's lock-key cache counts a grant yet: what a quota
-/// reservation waits for ([`Shard::cache_has_seen`]). Object-safe, so a
-/// reservation keeps its shard as `Arc<dyn CacheCounts>` (a clone of the
-/// shard's `Arc`, no allocation).
+/// What a shard's lock-key cache counts for quotas: whether it counts a
+/// grant yet, what a quota reservation waits for
+/// ([`Shard::cache_has_seen`]), and what a principal holds on the shard
+/// ([`Shard::held_by`]). Object-safe, so a reservation keeps its shard as
+/// `Arc<dyn CacheCounts>` (a clone of the shard's `Arc`, no allocation).
 pub trait CacheCounts: Send + Sync {
     fn cache_has_seen(&self, revision: i64) -> bool;
+
+    fn held_by(&self, tag: LeaseTag) -> Option<Held>;
 }
 
 /// A shard as the lock layer's decisions use it. Each method is the
@@ -174,6 +177,10 @@ impl QueueWaiter for Waiter {
 impl CacheCounts for Shard {
     fn cache_has_seen(&self, revision: i64) -> bool {
         Shard::cache_has_seen(self, revision)
+    }
+
+    fn held_by(&self, tag: LeaseTag) -> Option<Held> {
+        Shard::held_by(self, tag)
     }
 }
 
