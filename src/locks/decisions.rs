@@ -3,14 +3,17 @@
 //! name, a held one, the holder's own re-acquire, a lost holder's
 //! lock-delay, a principal's quotas, freed again by a release or an expiry,
 //! a ring that moved on), what a renewal answers (live, expired, stolen; a
-//! stale lockId renews nothing), what a release deletes, what a wait in a
-//! name's queue comes to (first come, first served; the caller's own
-//! client's grant; its deadline), and how a migration's handoff reads a
-//! moved name's previous shard. The real-etcd tests (`tests/`) prove the
-//! wiring and the faults; these prove the rules, in milliseconds.
+//! stale lockId renews nothing), what an extend moves (the same token on a
+//! session of the new TTL; a stale lockId moves nothing), what a release
+//! deletes, what an inspect shows, what a force-release takes (and what it
+//! spares), what a wait in a name's queue comes to (first come, first
+//! served; the caller's own client's grant; its deadline), and how a
+//! migration's handoff reads a moved name's previous shard. The real-etcd
+//! tests (`tests/`) prove the wiring and the faults; these prove the
+//! rules, in milliseconds.
 
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::{Duration, Instant, SystemTime};
 
 use super::acquire::{Attempt, Handoff};
 use super::*;
@@ -562,4 +565,217 @@ async fn a_waiter_gives_up_at_its_deadline_and_leaves_the_queue() {
     // Answered with the holder's expiry, and its entry is gone.
     assert!(about(until, u64::from(TTL)));
     assert_eq!(shard.queued("order-42"), 0);
+}
+
+/// Extends the lock `grant` names on `shard` to `ttl_secs`, on a shard
+/// that is what the router verified.
+async fn extend(active: &Active, shard: &FakeShard, grant: &Grant, ttl_secs: u32) -> Extended {
+    let id = lock_id(active, grant);
+    let sealed = (grant.lock_id.as_str(), grant.fencing_token);
+    let verified = || panic!("the shard is the one verified");
+    (active.extend_on(shard, &id, sealed, ttl_secs, None, verified))
+        .await
+        .unwrap_or_else(|e| panic!("the extend failed: {e}"))
+}
+
+#[tokio::test]
+async fn an_extended_lock_keeps_its_token_on_a_session_of_its_new_ttl() {
+    let (active, shard) = (active(), shard("a"));
+    let grant = granted(attempt(&active, &shard, &acquire("order-42", "w1")).await);
+    let before = lock_id(&active, &grant);
+    let Extended::Moved(moved) = extend(&active, &shard, &grant, 30).await else {
+        panic!("expected the lock moved");
+    };
+    assert_eq!(moved.fencing_token, grant.fencing_token);
+    assert!(about(moved.expires, 30));
+    let after = lock_id(&active, &moved);
+    assert_eq!((after.ttl_secs, after.revision), (30, before.revision));
+    assert_ne!(after.lease, before.lease);
+    let key = shard.lock_key("order-42").expect("still held");
+    assert_eq!(
+        (key.create_revision(), key.lease()),
+        (before.revision, after.lease)
+    );
+    // The old lockId names a lease the lock no longer rides on.
+    assert!(matches!(
+        renew(&active, &shard, &grant).await,
+        RenewOutcome::Stolen
+    ));
+    let RenewOutcome::Renewed(until) = renew(&active, &shard, &moved).await else {
+        panic!("expected the new lockId renewed");
+    };
+    assert!(about(until, 30));
+    // Lost from now on, it is delayed for its new TTL.
+    shard.expire(after.lease);
+    let until = refused(attempt(&active, &shard, &acquire("order-42", "w2")).await);
+    assert!(about(until, 31));
+}
+
+#[tokio::test]
+async fn an_extend_to_the_same_ttl_renews_under_the_same_lock_id() {
+    let (active, shard) = (active(), shard("a"));
+    let grant = granted(attempt(&active, &shard, &acquire("order-42", "w1")).await);
+    let Extended::Moved(again) = extend(&active, &shard, &grant, TTL).await else {
+        panic!("expected the lock renewed");
+    };
+    assert_eq!(again.lock_id, grant.lock_id);
+    assert_eq!(again.fencing_token, grant.fencing_token);
+    assert!(about(again.expires, u64::from(TTL)));
+    assert_eq!(shard.keepalives(lock_id(&active, &grant).lease), 1);
+}
+
+#[tokio::test]
+async fn an_extend_of_a_stale_lock_id_refuses_and_renews_or_moves_nothing() {
+    let (active, shard) = (active(), shard("a"));
+    let old = granted(attempt(&active, &shard, &acquire("order-42", "w1")).await);
+    release(&active, &shard, &old).await;
+    assert!(matches!(
+        extend(&active, &shard, &old, 30).await,
+        Extended::Refused(RenewOutcome::Expired)
+    ));
+    let later = granted(attempt(&active, &shard, &acquire("order-42", "w2")).await);
+    let key = shard.lock_key("order-42").expect("held by w2");
+    for ttl in [30, TTL] {
+        assert!(matches!(
+            extend(&active, &shard, &old, ttl).await,
+            Extended::Refused(RenewOutcome::Stolen)
+        ));
+    }
+    assert_eq!(shard.lock_key("order-42"), Some(key));
+    let lease = lock_id(&active, &later).lease;
+    assert_eq!(shard.keepalives(lease), 0, "no keepalive on its word");
+}
+
+#[tokio::test]
+async fn an_extend_on_a_shard_that_is_not_itself_moves_nothing() {
+    let (active, shard) = (active(), shard("a"));
+    let grant = granted(attempt(&active, &shard, &acquire("order-42", "w1")).await);
+    shard.set_identity(b"another cluster");
+    let id = lock_id(&active, &grant);
+    let told = std::cell::Cell::new(false);
+    let sealed = (grant.lock_id.as_str(), grant.fencing_token);
+    let answer = active.extend_on(&*shard, &id, sealed, 30, None, || told.set(true));
+    assert!(matches!(
+        answer.await,
+        Err(LockError::ShardUnavailable { .. })
+    ));
+    assert!(told.get(), "the router is told");
+    assert_eq!(shard.lock_key("order-42").expect("held").lease(), id.lease);
+}
+
+/// What inspect answers of `name` on `shard`, its own shard.
+async fn inspect(active: &Active, shard: &FakeShard, name: &str) -> Inspection {
+    let hash = name_hash(name);
+    let state = shard.read_name(&shard.name_keys(&hash)).await;
+    let lock = state.expect("a read").lock;
+    (active.inspect_on(shard, shard, &hash, lock))
+        .await
+        .unwrap_or_else(|e| panic!("the inspect failed: {e}"))
+}
+
+#[tokio::test]
+async fn inspect_shows_the_holder_its_token_expiry_and_metadata() {
+    let (active, shard) = (active(), shard("a"));
+    let mut req = acquire("order-42", "w1");
+    req.metadata = Some(serde_json::json!({ "job": 7 }));
+    let asked = SystemTime::now();
+    let grant = granted(attempt(&active, &shard, &req).await);
+    shard.queue_waiter("order-42");
+    let seen = inspect(&active, &shard, "order-42").await;
+    let Some((token, expires)) = seen.holder else {
+        panic!("expected a holder");
+    };
+    assert_eq!(token, grant.fencing_token);
+    assert!(about(expires, u64::from(TTL)));
+    assert_eq!(seen.client_id.as_deref(), Some("w1"));
+    assert_eq!(seen.metadata, req.metadata);
+    let at = seen.acquired_at.expect("when it was granted");
+    assert!(at + Duration::from_millis(1) >= asked && at <= SystemTime::now());
+    assert_eq!((seen.shard.as_str(), seen.waiters), ("a", 1));
+}
+
+#[tokio::test]
+async fn inspect_shows_no_holder_of_a_released_or_lost_lock() {
+    let (active, shard) = (active(), shard("a"));
+    let released = granted(attempt(&active, &shard, &acquire("order-1", "w1")).await);
+    release(&active, &shard, &released).await;
+    let lost = granted(attempt(&active, &shard, &acquire("order-2", "w2")).await);
+    shard.expire(lock_id(&active, &lost).lease);
+    for name in ["order-1", "order-2"] {
+        let seen = inspect(&active, &shard, name).await;
+        assert!(seen.holder.is_none() && seen.client_id.is_none(), "{name}");
+        assert_eq!((seen.shard.as_str(), seen.waiters), ("a", 0));
+    }
+}
+
+/// What a force-release of `name` on `shard` does, with `only`.
+async fn force(shard: &FakeShard, name: &str, only: Option<u64>) -> Option<ForceOutcome> {
+    let k = shard.name_keys(&name_hash(name));
+    let lock = shard.read_name(&k).await.expect("a read").lock;
+    (active().force_on(shard, &k, lock, only))
+        .await
+        .unwrap_or_else(|e| panic!("the force-release failed: {e}"))
+}
+
+#[tokio::test]
+async fn a_forced_name_is_granted_next_under_a_larger_token() {
+    let (active, shard) = (active(), shard("a"));
+    let first = granted(attempt(&active, &shard, &acquire("order-42", "w1")).await);
+    let Some(ForceOutcome::Released(forced)) = force(&shard, "order-42", None).await else {
+        panic!("expected the lock taken");
+    };
+    assert_eq!(
+        (forced.shard.as_str(), forced.fencing_token),
+        ("a", first.fencing_token)
+    );
+    assert_eq!(forced.client_id, "w1");
+    assert!(shard.lock_key("order-42").is_none());
+    assert!(matches!(
+        renew(&active, &shard, &first).await,
+        RenewOutcome::Expired
+    ));
+    // Taken, not lost: no lock-delay.
+    let next = granted(attempt(&active, &shard, &acquire("order-42", "w2")).await);
+    assert!(next.fencing_token > first.fencing_token);
+    // The former holder's release touches nothing of it.
+    release(&active, &shard, &first).await;
+    let key = shard.lock_key("order-42").expect("held by w2");
+    assert_eq!(key.create_revision(), lock_id(&active, &next).revision);
+    assert!(force(&shard, "order-43", None).await.is_none(), "free");
+}
+
+#[tokio::test]
+async fn a_force_release_naming_another_grants_token_takes_nothing() {
+    let (active, shard) = (active(), shard("a"));
+    let grant = granted(attempt(&active, &shard, &acquire("order-42", "w1")).await);
+    let key = shard.lock_key("order-42");
+    let other = force(&shard, "order-42", Some(grant.fencing_token + 1)).await;
+    assert!(matches!(
+        other,
+        Some(ForceOutcome::OtherGrant { fencing_token }) if fencing_token == grant.fencing_token
+    ));
+    assert_eq!(shard.lock_key("order-42"), key);
+    let own = force(&shard, "order-42", Some(grant.fencing_token)).await;
+    assert!(matches!(own, Some(ForceOutcome::Released(_))));
+    assert!(shard.lock_key("order-42").is_none());
+}
+
+#[tokio::test]
+async fn a_force_release_read_before_its_holder_let_go_spares_the_next_grant() {
+    let (active, shard) = (active(), shard("a"));
+    let first = granted(attempt(&active, &shard, &acquire("order-42", "w1")).await);
+    let k = shard.name_keys(&name_hash("order-42"));
+    let read = shard.read_name(&k).await.expect("a read").lock;
+    release(&active, &shard, &first).await;
+    let next = granted(attempt(&active, &shard, &acquire("order-42", "w2")).await);
+    let answer = active.force_on(&*shard, &k, read, None).await;
+    assert!(matches!(answer, Ok(None)));
+    let key = shard.lock_key("order-42").expect("held by w2");
+    assert_eq!(key.create_revision(), lock_id(&active, &next).revision);
+}
+
+#[tokio::test]
+async fn a_force_release_naming_a_token_never_issued_is_invalid() {
+    let answer = active().force_release("order-42", Some(0)).await;
+    assert!(matches!(answer, Err(LockError::InvalidArgument(_))));
 }

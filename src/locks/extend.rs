@@ -6,6 +6,7 @@
 use std::time::Instant;
 
 use super::*;
+use crate::token::lock_id::LockId;
 
 impl Active {
     /// Moves the lock of `lock_id` onto its client's session lease of
@@ -25,8 +26,27 @@ impl Active {
         let shard = self.shard_of(&id)?;
         let _latency = shard.metrics().latency(ShardOp::Renew, received);
         check_up(&shard)?;
+        let owner = owner_of(caller);
+        let identity_changed = || self.router.identity_changed(&shard);
+        let sealed = (lock_id, token);
+        (self.extend_on(&*shard, &id, sealed, ttl_secs, owner, identity_changed)).await
+    }
+
+    /// Moves the lock `id` names on `shard` (its lockId and token as the
+    /// caller sent them: `sealed`) onto `owner`'s client's session lease
+    /// of `ttl_secs`; `identity_changed` tells the router that the cluster
+    /// behind the shard's endpoints is not the one verified.
+    pub(crate) async fn extend_on<S: LockShard>(
+        &self,
+        shard: &S,
+        id: &LockId,
+        (lock_id, token): (&str, u64),
+        ttl_secs: u32,
+        owner: Option<Owner>,
+        identity_changed: impl Fn(),
+    ) -> Result<Extended, LockError> {
         if ttl_secs == id.ttl_secs {
-            let outcome = self.renew_on(&*shard, &[&id], true).await.pop();
+            let outcome = self.renew_on(shard, &[id], true).await.pop();
             return Ok(match outcome.expect("one outcome per lock")? {
                 RenewOutcome::Renewed(expires) => Extended::Moved(Grant {
                     lock_id: lock_id.to_string(),
@@ -36,19 +56,18 @@ impl Active {
                 refused => Extended::Refused(refused),
             });
         }
-        let owner = owner_of(caller);
         let k = shard.name_keys(&id.name_hash);
         // Retried when the session lease of the new TTL turned out gone, or
         // the lock's records changed between the read and the txn.
         for _ in 0..3 {
             let identity = shard.verified_identity().ok_or_else(|| {
-                unavailable(&*shard, "the shard's identity is not verified yet; retry")
+                unavailable(shard, "the shard's identity is not verified yet; retry")
             })?;
             let state = shard.read_name(&k).await?;
             if state.identity.as_deref() != Some(identity.as_slice()) {
-                self.router.identity_changed(&shard);
+                identity_changed();
                 return Err(unavailable(
-                    &*shard,
+                    shard,
                     "the cluster behind this shard's endpoints is not this shard",
                 ));
             }
@@ -84,7 +103,7 @@ impl Active {
                     let lock = LockId {
                         ttl_secs,
                         lease: session.id,
-                        ..id
+                        ..id.clone()
                     };
                     let grant = self.grant(lock, &value.client, &renewal, sent)?;
                     return Ok(Extended::Moved(grant));
@@ -98,7 +117,7 @@ impl Active {
             }
         }
         Err(unavailable(
-            &*shard,
+            shard,
             "the lock's records or its new session lease kept changing; retry",
         ))
     }

@@ -13,7 +13,9 @@
 
 use super::validate::check_text;
 use super::*;
-use crate::shard::keys::{name_hash, LockValue};
+use crate::shard::keys::{name_hash, LockValue, Stored};
+use crate::shard::ops::LockShard;
+use crate::shard::NameKeys;
 use crate::token::fencing;
 
 impl Active {
@@ -38,36 +40,47 @@ impl Active {
         for place in &self.places(name) {
             let k = place.name_keys(&hash);
             let state = self.read_verified(place, &k).await?;
-            let Some(kv) = state.lock else { continue };
-            let value: LockValue =
-                serde_json::from_slice(kv.value()).map_err(Corrupt::LockValue)?;
-            let fencing_token =
-                fencing::token(value.epoch, kv.create_revision()).ok_or(Corrupt::Token {
-                    epoch: value.epoch,
-                    revision: kv.create_revision(),
-                })?;
-            if only.is_some_and(|token| token != fencing_token) {
-                return Ok(ForceOutcome::OtherGrant { fencing_token });
+            if let Some(done) = self.force_on(&**place, &k, state.lock, only).await? {
+                return Ok(done);
             }
-            // The txn compares the create revision (the token's, when one
-            // was given: they are equal here) and the lease: only the grant
-            // read is deleted. Not counted in lockrouter_hold_seconds: a
-            // holder's own releases are; force-releases have a counter of
-            // their own.
-            if place
-                .release_txn(&k, kv.create_revision(), kv.lease())
-                .await?
-                .released()
-            {
-                return Ok(ForceOutcome::Released(Forced {
-                    shard: place.name().to_string(),
-                    fencing_token,
-                    client_id: value.client,
-                }));
-            }
-            // Released or expired between the read and the txn: that
-            // grant holds it no more.
         }
         Ok(ForceOutcome::Free)
+    }
+
+    /// Takes `lock`, the lock key of `k`'s name as read on `place`, from
+    /// its holder; with `only`, only if it is the grant with that token.
+    /// `None`: nothing held the name there (or its holder let go since).
+    pub(crate) async fn force_on<S: LockShard>(
+        &self,
+        place: &S,
+        k: &NameKeys,
+        lock: Option<Stored>,
+        only: Option<u64>,
+    ) -> Result<Option<ForceOutcome>, LockError> {
+        let Some(kv) = lock else { return Ok(None) };
+        let value: LockValue = serde_json::from_slice(kv.value()).map_err(Corrupt::LockValue)?;
+        let fencing_token =
+            fencing::token(value.epoch, kv.create_revision()).ok_or(Corrupt::Token {
+                epoch: value.epoch,
+                revision: kv.create_revision(),
+            })?;
+        if only.is_some_and(|token| token != fencing_token) {
+            return Ok(Some(ForceOutcome::OtherGrant { fencing_token }));
+        }
+        // The txn compares the create revision (the token's, when one was
+        // given: they are equal here) and the lease: only the grant read is
+        // deleted. Not counted in lockrouter_hold_seconds: a holder's own
+        // releases are; force-releases have a counter of their own.
+        let released = place.release_txn(k, kv.create_revision(), kv.lease());
+        if !released.await?.released() {
+            // Released or expired between the read and the txn: that grant
+            // holds it no more.
+            return Ok(None);
+        }
+        Ok(Some(ForceOutcome::Released(Forced {
+            shard: place.name().to_string(),
+            fencing_token,
+            client_id: value.client,
+        })))
     }
 }

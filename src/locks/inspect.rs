@@ -5,7 +5,8 @@ use std::time::{Duration, Instant, UNIX_EPOCH};
 
 use super::validate::check_text;
 use super::*;
-use crate::shard::keys::{name_hash, LockValue, NameHash};
+use crate::shard::keys::{name_hash, LockValue, NameHash, Stored};
+use crate::shard::ops::LockShard;
 use crate::token::fencing;
 
 impl Active {
@@ -51,42 +52,51 @@ impl Active {
         for place in &places {
             let state = self.read_verified(place, &place.name_keys(&hash)).await?;
             if let Some(kv) = state.lock {
-                let value: LockValue =
-                    serde_json::from_slice(kv.value()).map_err(Corrupt::LockValue)?;
-                let token =
-                    fencing::token(value.epoch, kv.create_revision()).ok_or(Corrupt::Token {
-                        epoch: value.epoch,
-                        revision: kv.create_revision(),
-                    })?;
-                // Held while the key exists, whatever etcd's whole-second
-                // TTL says: a lease with 0.9 s left reads as 0 s, and the
-                // name is still refused to others until etcd deletes the key.
-                let expires = lease_end(&**place, &kv).await?;
-                let expires = Expiry(expires.0.max(Instant::now()));
-                let at = Some(value.at).filter(|ms| *ms > 0);
-                return Ok(Inspection {
-                    shard: place.name().to_string(),
-                    holder: Some((token, expires)),
-                    client_id: Some(value.client),
-                    acquired_at: at.map(|ms| UNIX_EPOCH + Duration::from_millis(ms)),
-                    metadata: value.meta,
-                    waiters: self.waiters(&places[0], &hash).await?,
-                });
+                return self.inspect_on(&**place, &places[0], &hash, Some(kv)).await;
             }
         }
-        Ok(Inspection {
-            shard: places[0].name().to_string(),
-            holder: None,
-            client_id: None,
-            acquired_at: None,
-            metadata: None,
-            waiters: self.waiters(&places[0], &hash).await?,
-        })
+        self.inspect_on(&*places[0], &places[0], &hash, None).await
     }
 
-    /// Waiting acquires queued for the name of `hash` on `shard` (the
-    /// name's own shard: the only one with a queue for it).
-    async fn waiters(&self, shard: &Shard, hash: &NameHash) -> Result<u64, LockError> {
-        Ok(shard.queue_len(&shard.name_keys(hash)).await?)
+    /// What `lock`, the name's lock key as read on `place` (`None`: held
+    /// nowhere), shows of its holder, with the waiters queued on `own`
+    /// (the name's own shard: the only one with a queue for it).
+    pub(crate) async fn inspect_on<S: LockShard>(
+        &self,
+        place: &S,
+        own: &S,
+        hash: &NameHash,
+        lock: Option<Stored>,
+    ) -> Result<Inspection, LockError> {
+        let queue = own.name_keys(hash);
+        let Some(kv) = lock else {
+            return Ok(Inspection {
+                shard: own.name().to_string(),
+                holder: None,
+                client_id: None,
+                acquired_at: None,
+                metadata: None,
+                waiters: own.queue_len(&queue).await?,
+            });
+        };
+        let value: LockValue = serde_json::from_slice(kv.value()).map_err(Corrupt::LockValue)?;
+        let token = fencing::token(value.epoch, kv.create_revision()).ok_or(Corrupt::Token {
+            epoch: value.epoch,
+            revision: kv.create_revision(),
+        })?;
+        // Held while the key exists, whatever etcd's whole-second TTL says:
+        // a lease with 0.9 s left reads as 0 s, and the name is still
+        // refused to others until etcd deletes the key.
+        let expires = lease_end(place, &kv).await?;
+        let expires = Expiry(expires.0.max(Instant::now()));
+        let at = Some(value.at).filter(|ms| *ms > 0);
+        Ok(Inspection {
+            shard: place.name().to_string(),
+            holder: Some((token, expires)),
+            client_id: Some(value.client),
+            acquired_at: at.map(|ms| UNIX_EPOCH + Duration::from_millis(ms)),
+            metadata: value.meta,
+            waiters: own.queue_len(&queue).await?,
+        })
     }
 }

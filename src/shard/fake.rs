@@ -11,8 +11,10 @@
 //! and a quota's reservation of a grant is given back at its next count.
 //!
 //! A test moves the world by hand: [`FakeShard::expire`] ends a lease (and
-//! with it the keys on it, leaving a lost holder's record), and
-//! [`FakeShard::set_ring`] records another ring.
+//! with it the keys on it, leaving a lost holder's record),
+//! [`FakeShard::set_ring`] records another ring and
+//! [`FakeShard::set_identity`] another identity (the router verified
+//! [`IDENTITY`]).
 //!
 //! Its queue of waiters is the real one's: entries ordered by their create
 //! revisions, the head granted only if the name is grantable, a waiter
@@ -101,6 +103,11 @@ impl FakeShard {
     /// Records another ring (a migration opened, or another router's).
     pub fn set_ring(&self, ring: Recorded) {
         self.lock().ring = Some(ring);
+    }
+
+    /// Records another identity (the endpoints reach another cluster).
+    pub fn set_identity(&self, identity: &[u8]) {
+        self.lock().identity = Some(identity.to_vec());
     }
 
     /// Ends `lease` as etcd's expiry would: the keys on it go, a lock's
@@ -229,16 +236,22 @@ impl State {
         if !head && self.kv.keys().any(|key| key.starts_with(&k.waiters)) {
             return AcquireTxn::Queued;
         }
+        self.grant_writes(k, value, lease);
+        let revision = self.kv[&k.lock].create_revision;
+        AcquireTxn::Granted { revision }
+    }
+
+    /// The writes of a grant (`name.rs`, `grant_ops`): the lock key on
+    /// `lease` and its held record. A put keeps a key's create revision.
+    fn grant_writes(&mut self, k: &NameKeys, value: &LockValue, lease: i64) {
         let held = HeldValue {
             name: value.name.clone(),
             ttl: value.ttl,
         };
         let value = serde_json::to_vec(value).expect("LockValue serialises");
         self.put(k.lock.clone(), value, lease);
-        let revision = self.revision;
         let held = serde_json::to_vec(&held).expect("HeldValue serialises");
         self.put(k.held.clone(), held, 0);
-        AcquireTxn::Granted { revision }
     }
 }
 
@@ -274,6 +287,10 @@ impl LockShard for FakeShard {
 
     fn name_keys(&self, hash: &NameHash) -> NameKeys {
         NameKeys::new(&self.keys, hash)
+    }
+
+    fn verified_identity(&self) -> Option<Vec<u8>> {
+        Some(IDENTITY.to_vec())
     }
 
     fn cache_shows_held(&self, hash: &NameHash) -> bool {
@@ -385,6 +402,31 @@ impl LockShard for FakeShard {
         false
     }
 
+    /// The move txn of `txn.rs`: the grant's writes on `lease`, if the lock
+    /// key and held record are the versions read and the identity holds.
+    async fn move_lock(
+        &self,
+        k: &NameKeys,
+        (lock, held_was): (&Stored, Option<&Stored>),
+        value: &LockValue,
+        lease: i64,
+        identity: &[u8],
+    ) -> Result<bool, EtcdError> {
+        let mut s = self.lock();
+        let version = |key: &Vec<u8>| s.kv.get(key).map_or(0, |kv| kv.mod_revision);
+        let unchanged = version(&k.lock) == lock.mod_revision
+            && version(&k.held) == held_was.map_or(0, |h| h.mod_revision)
+            && s.identity.as_deref() == Some(identity);
+        if !unchanged {
+            return Ok(false);
+        }
+        if !s.leases.contains_key(&lease) {
+            return Err(EtcdError::LeaseNotFound);
+        }
+        s.grant_writes(k, value, lease);
+        Ok(true)
+    }
+
     async fn release_txn(
         &self,
         k: &NameKeys,
@@ -406,6 +448,17 @@ impl LockShard for FakeShard {
         self.deleted.notify_waiters();
         let granted_at = (at > 0).then(|| SystemTime::UNIX_EPOCH + Duration::from_millis(at));
         Ok(ReleaseTxn::Released { granted_at })
+    }
+
+    async fn forget_session(&self, holder: &str, session: &SessionLease) {
+        let mut s = self.lock();
+        let slot = (holder.to_string(), session.ttl_secs);
+        if s.sessions
+            .get(&slot)
+            .is_some_and(|had| had.id == session.id)
+        {
+            s.sessions.remove(&slot);
+        }
     }
 
     async fn keep_session(
@@ -441,6 +494,12 @@ impl LockShard for FakeShard {
             session,
             seen,
         })
+    }
+
+    async fn queue_len(&self, k: &NameKeys) -> Result<u64, EtcdError> {
+        let s = self.lock();
+        let entries = s.kv.keys().filter(|key| key.starts_with(&k.waiters));
+        Ok(entries.count() as u64)
     }
 }
 

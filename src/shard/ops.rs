@@ -1,8 +1,9 @@
 //! What the lock layer asks of a shard, as a trait: the lock-level
 //! operations its decisions are made over (a session got or granted, a
 //! grant on it, a look at a name, a lost holder's lock-delay, a check of
-//! lock keys and a keepalive of their leases, a release, a place in a
-//! name's queue as a [`QueueWaiter`]). [`Shard`]
+//! lock keys and a keepalive of their leases, a lock moved onto another
+//! session, a release, a place in a name's queue as a [`QueueWaiter`] and
+//! a count of the queue). [`Shard`]
 //! implements it over etcd; the in-memory shard of the unit tests
 //! (`fake.rs`) implements it over a map, so that every decision of
 //! `locks/` can be tested without etcd.
@@ -46,6 +47,8 @@ pub trait LockShard: CacheCounts + 'static {
     fn name(&self) -> &str;
 
     fn name_keys(&self, hash: &NameHash) -> NameKeys;
+
+    fn verified_identity(&self) -> Option<Vec<u8>>;
 
     /// A hint that `hash`'s name is held ([`Shard::cache_shows_held`]).
     fn cache_shows_held(&self, hash: &NameHash) -> bool;
@@ -97,12 +100,23 @@ pub trait LockShard: CacheCounts + 'static {
 
     fn note_renewal(&self, took: Duration, budget: Duration, now: Instant) -> bool;
 
+    async fn move_lock(
+        &self,
+        k: &NameKeys,
+        was: (&Stored, Option<&Stored>),
+        value: &LockValue,
+        lease: i64,
+        identity: &[u8],
+    ) -> Result<bool, EtcdError>;
+
     async fn release_txn(
         &self,
         k: &NameKeys,
         revision: i64,
         lease: i64,
     ) -> Result<ReleaseTxn, EtcdError>;
+
+    async fn forget_session(&self, holder: &str, session: &SessionLease);
 
     async fn keep_session(
         &self,
@@ -117,6 +131,8 @@ pub trait LockShard: CacheCounts + 'static {
         holder: &str,
         session: SessionLease,
     ) -> Result<Self::Waiter, EtcdError>;
+
+    async fn queue_len(&self, k: &NameKeys) -> Result<u64, EtcdError>;
 }
 
 /// A waiter in a name's queue as the lock layer's wait uses it. Each
@@ -195,6 +211,10 @@ impl LockShard for Shard {
         Shard::name_keys(self, hash)
     }
 
+    fn verified_identity(&self) -> Option<Vec<u8>> {
+        Shard::verified_identity(self)
+    }
+
     fn cache_shows_held(&self, hash: &NameHash) -> bool {
         Shard::cache_shows_held(self, hash)
     }
@@ -264,6 +284,17 @@ impl LockShard for Shard {
         Shard::note_renewal(self, took, budget, now)
     }
 
+    async fn move_lock(
+        &self,
+        k: &NameKeys,
+        was: (&Stored, Option<&Stored>),
+        value: &LockValue,
+        lease: i64,
+        identity: &[u8],
+    ) -> Result<bool, EtcdError> {
+        Shard::move_lock(self, k, was, value, lease, identity).await
+    }
+
     async fn release_txn(
         &self,
         k: &NameKeys,
@@ -271,6 +302,10 @@ impl LockShard for Shard {
         lease: i64,
     ) -> Result<ReleaseTxn, EtcdError> {
         Shard::release_txn(self, k, revision, lease).await
+    }
+
+    async fn forget_session(&self, holder: &str, session: &SessionLease) {
+        Shard::forget_session(self, holder, session).await
     }
 
     async fn keep_session(
@@ -289,5 +324,9 @@ impl LockShard for Shard {
         session: SessionLease,
     ) -> Result<Waiter, EtcdError> {
         Shard::enqueue(self, k, holder, session).await
+    }
+
+    async fn queue_len(&self, k: &NameKeys) -> Result<u64, EtcdError> {
+        Shard::queue_len(self, k).await
     }
 }
