@@ -29,7 +29,9 @@
 //!               decisions use), fake (the unit tests' in-memory shard)
 //!   token/      fencing, lock_id, lease_tag
 //!   tls.rs      the main listener's certificates (rustls), swapped on reload
-//!   auth.rs     principals: who is calling and what it may do
+//!   auth/       principals: who is calling and what it may do; peer
+//!               (a client certificate's identities), keygen (new
+//!               tokens and keys)
 //!   cli/        exec, plan, capacity, ops, conn, output, views, target
 //!   config/     settings by section (server, etcd, limits, admin, auth,
 //!               locks, shards), each with its durations and validation;

@@ -10,6 +10,9 @@
 //! open, as before. The table is built from the config at start and at
 //! each reload, and swapped whole; a principal a reload leaves at the
 //! same acquire rate keeps its limiter, so a reload gives no fresh burst.
+//!
+//! [`peer`] reads the identities a client certificate carries;
+//! [`keygen`] makes the tokens and keys `lockrouter auth` prints.
 
 use std::collections::HashMap;
 use std::num::NonZeroU32;
@@ -23,6 +26,12 @@ use crate::config::{AuthSettings, ConfigError, PrincipalSettings, Secret};
 use crate::refusal::{Denied, RateLimited};
 use crate::token::lease_tag::LeaseTag;
 use crate::token::lock_id::{BadKeys, Sealer};
+
+mod keygen;
+mod peer;
+
+pub use keygen::{new_key, new_token};
+pub use peer::PeerIdentity;
 
 /// Why a request was refused here; `http::error` maps each to its status.
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
@@ -135,44 +144,6 @@ impl Principal {
             })?;
         }
         Ok(())
-    }
-}
-
-/// The identities a client certificate carries: its DNS and URI subject
-/// alternative names and its subject's common names. Read once per
-/// connection; empty without a client certificate.
-#[derive(Debug, Default, Clone, PartialEq, Eq)]
-pub struct PeerIdentity {
-    pub names: Vec<String>,
-}
-
-impl PeerIdentity {
-    /// The identities of the first (end-entity) certificate of `chain`.
-    /// The TLS layer has verified the chain; an unparsable certificate
-    /// carries no identity.
-    pub fn of(chain: Option<&[rustls::pki_types::CertificateDer<'_>]>) -> Self {
-        use x509_parser::extensions::GeneralName;
-        let Some(cert) = chain.and_then(|c| c.first()) else {
-            return Self::default();
-        };
-        let Ok((_, cert)) = x509_parser::parse_x509_certificate(cert.as_ref()) else {
-            return Self::default();
-        };
-        let mut names: Vec<String> = Vec::new();
-        if let Ok(Some(san)) = cert.subject_alternative_name() {
-            for name in &san.value.general_names {
-                match name {
-                    GeneralName::DNSName(n) | GeneralName::URI(n) => names.push(n.to_string()),
-                    _ => {}
-                }
-            }
-        }
-        for cn in cert.subject().iter_common_name() {
-            if let Ok(cn) = cn.as_str() {
-                names.push(cn.to_string());
-            }
-        }
-        Self { names }
     }
 }
 
@@ -317,29 +288,6 @@ pub fn sealer(auth: &AuthSettings) -> Result<Sealer, AuthSetupError> {
         .map(|(id, secret)| (id.clone(), secret.expose().clone()))
         .collect();
     Sealer::new(&keys, auth.accept_unsigned_lock_ids).map_err(AuthSetupError::Keys)
-}
-
-/// A new random bearer token and its SHA-256 (hex), for `token_sha256`.
-pub fn new_token() -> (String, String) {
-    use base64::Engine;
-    let token = base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(random_bytes());
-    let hash = hex::encode(Sha256::digest(token.as_bytes()));
-    (token, hash)
-}
-
-/// A new random lockId key, base64 as `auth.lock_id_keys` takes it.
-pub fn new_key() -> String {
-    use base64::Engine;
-    base64::engine::general_purpose::STANDARD.encode(random_bytes())
-}
-
-fn random_bytes() -> [u8; 32] {
-    let mut b = [0u8; 32];
-    rustls::crypto::aws_lc_rs::default_provider()
-        .secure_random
-        .fill(&mut b)
-        .expect("the system's random source works");
-    b
 }
 
 fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
