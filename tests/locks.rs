@@ -222,14 +222,9 @@ async fn keepalives_that_come_together_leave_in_bursts() {
         let toml = lockrouter_testkit::config::one_named_shard(&etcd, shard, &extra);
         let router = TestRouter::with_toml(&toml).await;
         let api = &router.api;
-        let locks = join_all((0..200).map(|i| {
-            let api = api.clone();
-            async move {
-                api.must_acquire(&format!("burst-{burst_ms}-{i}"), 10_000, &format!("c{i}"))
-                    .await
-            }
-        }))
-        .await;
+        let locks = api
+            .must_acquire_each(&format!("burst-{burst_ms}"), 200, 10_000)
+            .await;
         let before = api.metrics().await;
         let renewed = join_all(locks.iter().map(|l| api.renew(l))).await;
         assert!(renewed.iter().all(|r| r.status == 200), "{renewed:?}");
@@ -263,14 +258,7 @@ async fn keepalives_spread_over_several_streams() {
     let toml = lockrouter_testkit::config::one_named_shard(&etcd, shard, extra);
     let router = TestRouter::with_toml(&toml).await;
     let api = &router.api;
-    let locks = join_all((0..200).map(|i| {
-        let api = api.clone();
-        async move {
-            api.must_acquire(&format!("stream-{i}"), 10_000, &format!("c{i}"))
-                .await
-        }
-    }))
-    .await;
+    let locks = api.must_acquire_each("stream", 200, 10_000).await;
     let before = api.metrics().await;
     for round in 0..2 {
         let renewed = join_all(locks.iter().map(|l| api.renew(l))).await;

@@ -188,14 +188,7 @@ async fn keepalive_streams_go_to_the_leader_and_follow_it() {
     ))
     .await;
     let api = &router.api;
-    let locks = join_all((0..60).map(|i| {
-        let api = api.clone();
-        async move {
-            api.must_acquire(&format!("led-{i}"), 10_000, &format!("c{i}"))
-                .await
-        }
-    }))
-    .await;
+    let locks = api.must_acquire_each("led", 60, 10_000).await;
     // The member probes (every 250 ms) find the leader; a stream opened
     // before that moves once nothing is in flight on it.
     tokio::time::sleep(Duration::from_millis(1_000)).await;

@@ -154,6 +154,21 @@ impl Api {
         )
     }
 
+    /// Clients `c0`, `c1`, ... each acquire one name, `{prefix}-0`,
+    /// `{prefix}-1`, ..., all at once (`n` sessions); asserts every grant.
+    pub async fn must_acquire_each(
+        &self,
+        prefix: &str,
+        n: usize,
+        ttl_ms: u64,
+    ) -> Vec<(String, u64)> {
+        let acquires = (0..n).map(|i| async move {
+            let (name, client) = (format!("{prefix}-{i}"), format!("c{i}"));
+            self.must_acquire(&name, ttl_ms, &client).await
+        });
+        futures::future::join_all(acquires).await
+    }
+
     pub async fn renew(&self, lock: &(String, u64)) -> Reply {
         self.post(
             "/api/v1/locks/renew",
