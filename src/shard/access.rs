@@ -15,7 +15,7 @@
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use etcd_client::{Certificate, ConnectOptions, Identity, TlsOptions};
+use etcd_client::ConnectOptions;
 use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::{CertificateDer, PrivateKeyDer};
 
@@ -183,27 +183,37 @@ impl Access {
         self.user.as_ref()
     }
 
-    /// `base` with this shard's TLS, and with expired tokens renewed by
-    /// etcd-client when a user is set (the first token is asked for by
-    /// [`Login`](super::login::Login), not at connect).
-    pub fn options(&self, base: ConnectOptions) -> ConnectOptions {
-        let mut options = base.with_auto_token_refresh(self.user.is_some());
-        if let Some(tls) = &self.tls {
-            let mut t = TlsOptions::new().ca_certificate(Certificate::from_pem(&tls.ca));
-            if let Some((cert, key)) = &tls.identity {
-                t = t.identity(Identity::from_pem(cert, key));
-            }
-            options = options.with_tls(t);
-        }
-        options
+    /// The options of every client to this shard: expired tokens are
+    /// renewed by etcd-client when a user is set (the first token is asked
+    /// for by [`Login`](super::login::Login), not at connect).
+    pub fn options(&self) -> ConnectOptions {
+        ConnectOptions::new().with_auto_token_refresh(self.user.is_some())
+    }
+
+    /// The TLS client config of `https://` endpoints (`None` for
+    /// `http://`), from files [`Access::load`] checked; Err names the
+    /// setting.
+    pub fn tls_config(
+        &self,
+    ) -> Result<Option<Arc<rustls::ClientConfig>>, (&'static str, FileProblem)> {
+        self.tls
+            .as_ref()
+            .map(|tls| tls.client_config().map(Arc::new))
+            .transpose()
     }
 }
 
 impl TlsFiles {
-    /// Builds the TLS client config these files make, as the connection
-    /// will (rustls, aws-lc-rs): every PEM parses, the CA has a usable
-    /// certificate and the key is the certificate's. Err names the setting.
+    /// Checks that these files make a TLS client config (see
+    /// [`TlsFiles::client_config`]). Err names the setting.
     fn check(&self) -> Result<(), (&'static str, FileProblem)> {
+        self.client_config().map(|_| ())
+    }
+
+    /// The TLS client config these files make (rustls, aws-lc-rs, ALPN
+    /// `h2`): every PEM parses, the CA has a usable certificate and the
+    /// key is the certificate's. Err names the setting.
+    fn client_config(&self) -> Result<rustls::ClientConfig, (&'static str, FileProblem)> {
         let certs = |setting, pem: &[u8]| {
             let certs = CertificateDer::pem_slice_iter(pem)
                 .collect::<Result<Vec<_>, _>>()
@@ -224,15 +234,18 @@ impl TlsFiles {
             .with_safe_default_protocol_versions()
             .map_err(|e| ("tls_ca_file", FileProblem::tls(e)))?
             .with_root_certificates(roots);
-        if let Some((cert, key)) = &self.identity {
+        let mut config = if let Some((cert, key)) = &self.identity {
             let chain = certs("tls_cert_file", cert)?;
             let key = PrivateKeyDer::from_pem_slice(key)
                 .map_err(|e| ("tls_key_file", FileProblem::tls(e)))?;
             builder
                 .with_client_auth_cert(chain, key)
-                .map_err(|e| ("tls_key_file", FileProblem::KeyMismatch(Arc::new(e))))?;
-        }
-        Ok(())
+                .map_err(|e| ("tls_key_file", FileProblem::KeyMismatch(Arc::new(e))))?
+        } else {
+            builder.with_no_client_auth()
+        };
+        config.alpn_protocols = vec![b"h2".to_vec()];
+        Ok(config)
     }
 }
 

@@ -13,10 +13,11 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, Weak};
 use std::time::{Duration, Instant};
 
-use etcd_client::{Client, ConnectOptions};
+use etcd_client::Client;
 
-use super::access::Access;
+use super::access::{Access, FileProblem};
 use super::login::{AuthProblem, Login};
+use super::wire::Wire;
 use crate::metrics as m;
 
 /// How long an idempotent request (a read, a barrier) waits for its first
@@ -83,23 +84,34 @@ pub enum EtcdError {
 }
 
 /// A shard's etcd client could not be built: a malformed endpoint that
-/// passed validation, or a TLS setup error. Prints as etcd-client's error,
-/// which it keeps as its source.
+/// passed validation, or TLS files that no longer make a client config.
 #[derive(Debug, thiserror::Error)]
-#[error(transparent)]
-pub struct ClientError(#[from] etcd_client::Error);
+pub enum ClientError {
+    /// Prints as etcd-client's error, which it keeps as its source.
+    #[error(transparent)]
+    Etcd(#[from] etcd_client::Error),
+    #[error("shards[].{setting}: {problem}")]
+    Tls {
+        setting: &'static str,
+        #[source]
+        problem: FileProblem,
+    },
+}
 
 struct Inner {
     shard: String,
     metrics: m::ShardMetrics,
     client: Client,
+    /// The members' connections under every client.
+    wire: Wire,
     /// `client`'s token for the shard's etcd user.
     login: Login,
     /// One single-endpoint client per member, to probe members one by one
     /// (only for shards with several endpoints).
     members: Vec<Member>,
-    /// Members currently in `client`'s balanced channel. etcd-client keeps
-    /// sending to a dead member, so dead ones are taken out until they answer.
+    /// Members currently in `client`'s rotation (the wire's). A call sent
+    /// to a dead member waits out its deadline, so dead ones are taken out
+    /// until they answer.
     in_rotation: Mutex<HashSet<String>>,
     /// Round-robin cursor over `members` for hedges and keepalive streams.
     next_member: AtomicUsize,
@@ -131,9 +143,11 @@ pub struct EtcdConn {
 }
 
 impl EtcdConn {
-    /// Builds the client; no connection is made (nor token asked for)
+    /// Builds the clients; no connection is made (nor token asked for)
     /// until the first call, so a shard that is down at start-up does not
-    /// stop the router.
+    /// stop the router. Every client goes out on one [`Wire`]: one
+    /// connection per member, shared by the balanced client and each
+    /// member's own.
     pub async fn connect(
         shard: &str,
         access: &Access,
@@ -141,21 +155,18 @@ impl EtcdConn {
         connect_timeout: Duration,
     ) -> Result<Self, ClientError> {
         let endpoints = &access.endpoints;
-        let options = access.options(
-            ConnectOptions::new()
-                .with_connect_timeout(connect_timeout)
-                // HTTP/2 pings notice a dead member even when no call is running.
-                .with_keep_alive(Duration::from_secs(1), Duration::from_secs(1))
-                .with_keep_alive_while_idle(true),
-        );
+        let tls = access
+            .tls_config()
+            .map_err(|(setting, problem)| ClientError::Tls { setting, problem })?;
+        let wire = Wire::new(shard, endpoints, tls, connect_timeout)?;
         let user = || access.user().cloned();
-        let client = Client::connect(endpoints, Some(options.clone())).await?;
+        let client = wire.client(access.options()).await?;
         let mut members = Vec::new();
         if endpoints.len() > 1 {
-            for ep in endpoints {
+            for (i, ep) in endpoints.iter().enumerate() {
                 members.push(Member {
                     endpoint: ep.clone(),
-                    client: Client::connect([ep], Some(options.clone())).await?,
+                    client: wire.member(i).client(access.options()).await?,
                     login: Login::quiet(shard, user()),
                 });
             }
@@ -166,6 +177,7 @@ impl EtcdConn {
                 shard: shard.to_string(),
                 metrics: m::ShardMetrics::new(shard),
                 client,
+                wire,
                 login: Login::new(shard, user()),
                 members,
                 in_rotation: Mutex::new(endpoints.iter().cloned().collect()),
@@ -368,7 +380,7 @@ impl EtcdConn {
         if !serving.iter().any(|ok| *ok) {
             return;
         }
-        for ((ep, _, _), ok) in answers.into_iter().zip(serving) {
+        for (i, ((ep, _, _), ok)) in answers.into_iter().zip(serving).enumerate() {
             let change = {
                 let mut live = self.inner.in_rotation.lock().expect("members lock");
                 if ok && live.insert(ep.clone()) {
@@ -379,15 +391,14 @@ impl EtcdConn {
                     None
                 }
             };
-            let client = &self.inner.client;
             match change {
                 Some(true) => {
                     tracing::info!(shard = %self.inner.shard, member = %ep, "member answers again");
-                    let _ = client.add_endpoint(ep).await;
+                    self.inner.wire.set_serving(i, true);
                 }
                 Some(false) => {
                     tracing::warn!(shard = %self.inner.shard, member = %ep, "member does not answer, or is cut off from its leader; sending to the others");
-                    let _ = client.remove_endpoint(ep).await;
+                    self.inner.wire.set_serving(i, false);
                 }
                 None => {}
             }

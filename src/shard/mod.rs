@@ -64,6 +64,7 @@ mod scan;
 mod sessions;
 mod txn;
 mod verify;
+mod wire;
 
 use crate::token::lease_tag::LeaseTag;
 use cache::LockCache;
