@@ -123,6 +123,10 @@ impl Wire {
         tls: Option<Arc<rustls::ClientConfig>>,
         connect_timeout: Duration,
     ) -> Result<Self, etcd_client::Error> {
+        if endpoints.is_empty() {
+            let why = format!("shard {shard}: no endpoints");
+            return Err(etcd_client::Error::InvalidArgs(why));
+        }
         let links = endpoints
             .iter()
             .map(|ep| Link::new(shard, ep, tls.clone(), connect_timeout).map(Arc::new))
