@@ -45,12 +45,12 @@ impl Active {
         req: AcquireRequest,
         caller: Caller<'_>,
     ) -> Result<Acquire, LockError> {
-        check_text("name", &req.name, self.limits.max_name_bytes)?;
+        let name = self.lock_name(req.name)?;
         check_text("clientId", &req.client_id, self.limits.max_client_id_bytes)?;
         if let Some(meta) = &req.metadata {
             validate::check_metadata(meta, self.limits.max_metadata_bytes)?;
         }
-        let ttl_secs = self.ttl_secs(req.ttl_ms)?;
+        let ttl = self.ttl(req.ttl_ms)?;
         if req.wait_ms > self.limits.max_wait_ms {
             return Err(invalid(format!(
                 "waitMs must be at most {}",
@@ -58,11 +58,11 @@ impl Active {
             )));
         }
         Ok(Acquire {
-            ttl_secs,
+            name,
+            ttl,
             holder: Holder::new(caller, &req.client_id),
             owner: owner_of(caller),
             wait: Duration::from_millis(req.wait_ms),
-            name: req.name,
             metadata: req.metadata,
             received: req.received,
         })
@@ -71,9 +71,9 @@ impl Active {
     /// Acquire without waiting (`waitMs` is not looked at), once
     /// [`Active::check_acquire`] passed.
     pub(crate) async fn acquire_now(&self, req: &Acquire) -> Result<Acquired, LockError> {
-        let shard = self.router.shard_for(&req.name);
+        let shard = self.router.shard_for(req.name.as_str());
         tracing::Span::current().record("shard", shard.name());
-        let k = shard.name_keys(&name_hash(&req.name));
+        let k = shard.name_keys(&name_hash(req.name.as_str()));
         let mut replace_held = None;
         // Retried when the session lease expired between the cache and the
         // txn, when the shard's recorded ring moved on (a migration opened
@@ -130,7 +130,7 @@ impl Active {
         let value = lock_value(req, &g.ring)?;
         let owner = req.owner.as_ref();
         let session = shard
-            .session(holder, req.ttl_secs, owner.map(|o| o.tag), || {
+            .session(holder, req.ttl.secs(), owner.map(|o| o.tag), || {
                 self.admit_session(shard.as_ref(), owner, reservation.as_ref())
             })
             .await?;
@@ -271,7 +271,7 @@ impl Active {
     /// this router verified for it.
     async fn handoff(
         &self,
-        name: &str,
+        name: &LockName,
         shard: &Shard,
         client_id: &str,
         k: &NameKeys,
@@ -279,7 +279,7 @@ impl Active {
         let Some(migration) = self.router.migration() else {
             return Ok(None);
         };
-        let previous = migration.previous_shard(name);
+        let previous = migration.previous_shard(name.as_str());
         if previous.name() == shard.name() {
             return Ok(None);
         }

@@ -39,15 +39,22 @@ fn shard(name: &str) -> Arc<FakeShard> {
 
 /// An acquire of `name` by `client`, acting for `caller`.
 fn acquire_as(caller: Caller<'_>, name: &str, client: &str) -> Acquire {
+    let limits = crate::config::Limits::default();
     Acquire {
-        name: name.into(),
-        ttl_secs: TTL,
+        name: LockName::parse(name.into(), &limits).expect("a lock name"),
+        ttl: ttl(TTL),
         holder: Holder::new(caller, client),
         owner: owner_of(caller),
         wait: Duration::ZERO,
         metadata: None,
         received: Instant::now(),
     }
+}
+
+/// A TTL of `secs`, as an acquire asks for it.
+fn ttl(secs: u32) -> SessionTtl {
+    let limits = crate::config::Limits::default();
+    SessionTtl::parse(u64::from(secs) * 1_000, &limits).expect("a TTL within the limits")
 }
 
 fn acquire(name: &str, client: &str) -> Acquire {
@@ -60,7 +67,7 @@ async fn attempt_with(
     req: &Acquire,
     replace_held: Option<i64>,
 ) -> Result<Attempt, LockError> {
-    let k = shard.name_keys(&name_hash(&req.name));
+    let k = shard.name_keys(&name_hash(req.name.as_str()));
     let g = shard.grantable();
     active.attempt(shard, req, &k, &g, replace_held).await
 }
@@ -486,7 +493,7 @@ fn wait_in_queue(
         let req = acquire("order-42", client);
         let deadline = Instant::now() + wait;
         let standing = Serving(shard.clone());
-        (active.queue(&req, TTL, &shard, deadline, &standing)).await
+        (active.queue(&req, &shard, deadline, &standing)).await
     })
 }
 
@@ -573,7 +580,7 @@ async fn extend(active: &Active, shard: &FakeShard, grant: &Grant, ttl_secs: u32
     let id = lock_id(active, grant);
     let sealed = (grant.lock_id.as_str(), grant.fencing_token);
     let verified = || panic!("the shard is the one verified");
-    (active.extend_on(shard, &id, sealed, ttl_secs, None, verified))
+    (active.extend_on(shard, &id, sealed, ttl(ttl_secs), None, verified))
         .await
         .unwrap_or_else(|e| panic!("the extend failed: {e}"))
 }
@@ -654,7 +661,7 @@ async fn an_extend_on_a_shard_that_is_not_itself_moves_nothing() {
     let id = lock_id(&active, &grant);
     let told = std::cell::Cell::new(false);
     let sealed = (grant.lock_id.as_str(), grant.fencing_token);
-    let answer = active.extend_on(&*shard, &id, sealed, 30, None, || told.set(true));
+    let answer = active.extend_on(&*shard, &id, sealed, ttl(30), None, || told.set(true));
     assert!(matches!(
         answer.await,
         Err(LockError::ShardUnavailable { .. })

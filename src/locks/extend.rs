@@ -22,29 +22,30 @@ impl Active {
         received: Instant,
     ) -> Result<Extended, LockError> {
         let id = self.open(lock_id, token, caller)?;
-        let ttl_secs = self.ttl_secs(ttl_ms)?;
+        let ttl = self.ttl(ttl_ms)?;
         let shard = self.shard_of(&id)?;
         let _latency = shard.metrics().latency(ShardOp::Renew, received);
         check_up(&shard)?;
         let owner = owner_of(caller);
         let identity_changed = || self.router.identity_changed(&shard);
         let sealed = (lock_id, token);
-        (self.extend_on(&*shard, &id, sealed, ttl_secs, owner, identity_changed)).await
+        (self.extend_on(&*shard, &id, sealed, ttl, owner, identity_changed)).await
     }
 
     /// Moves the lock `id` names on `shard` (its lockId and token as the
     /// caller sent them: `sealed`) onto `owner`'s client's session lease
-    /// of `ttl_secs`; `identity_changed` tells the router that the cluster
+    /// of `ttl`; `identity_changed` tells the router that the cluster
     /// behind the shard's endpoints is not the one verified.
     pub(crate) async fn extend_on<S: LockShard>(
         &self,
         shard: &S,
         id: &LockId,
         (lock_id, token): (&str, u64),
-        ttl_secs: u32,
+        ttl: SessionTtl,
         owner: Option<Owner>,
         identity_changed: impl Fn(),
     ) -> Result<Extended, LockError> {
+        let ttl_secs = ttl.secs();
         if ttl_secs == id.ttl_secs {
             let outcome = self.renew_on(shard, &[id], true).await.pop();
             return Ok(match outcome.expect("one outcome per lock")? {

@@ -11,7 +11,6 @@
 //! inside a value), and its create revision by etcd itself in the delete's
 //! txn, so a grant made between the read and the delete is never touched.
 
-use super::validate::check_text;
 use super::*;
 use crate::shard::keys::{name_hash, LockValue, Stored};
 use crate::shard::ops::LockShard;
@@ -27,7 +26,7 @@ impl Active {
         name: &str,
         only: Option<u64>,
     ) -> Result<ForceOutcome, LockError> {
-        check_text("name", name, self.limits.max_name_bytes)?;
+        let name = self.lock_name(name.to_string())?;
         if let Some(token) = only {
             let (epoch, revision) = fencing::split(token);
             if fencing::token(epoch, revision) != Some(token) {
@@ -36,8 +35,8 @@ impl Active {
                 )));
             }
         }
-        let hash = name_hash(name);
-        for place in &self.places(name) {
+        let hash = name_hash(name.as_str());
+        for place in &self.places(&name) {
             let k = place.name_keys(&hash);
             let state = self.read_verified(place, &k).await?;
             if let Some(done) = self.force_on(&**place, &k, state.lock, only).await? {

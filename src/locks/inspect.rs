@@ -3,7 +3,6 @@
 
 use std::time::{Duration, Instant, UNIX_EPOCH};
 
-use super::validate::check_text;
 use super::*;
 use crate::shard::keys::{name_hash, LockValue, NameHash, Stored};
 use crate::shard::ops::LockShard;
@@ -13,12 +12,12 @@ impl Active {
     /// Where `name` may be held: its shard and, during a migration that
     /// moved it, its previous shard (a holder keeps it there until it lets
     /// go).
-    pub(crate) fn places(&self, name: &str) -> Vec<Arc<Shard>> {
-        let shard = self.router.shard_for(name);
+    pub(crate) fn places(&self, name: &LockName) -> Vec<Arc<Shard>> {
+        let shard = self.router.shard_for(name.as_str());
         tracing::Span::current().record("shard", shard.name());
         let mut places = vec![shard.clone()];
         if let Some(m) = self.router.migration() {
-            let previous = m.previous_shard(name);
+            let previous = m.previous_shard(name.as_str());
             if previous.name() != shard.name() {
                 places.push(previous.clone());
             }
@@ -46,9 +45,9 @@ impl Active {
     }
 
     pub async fn inspect(&self, name: &str) -> Result<Inspection, LockError> {
-        check_text("name", name, self.limits.max_name_bytes)?;
-        let hash = name_hash(name);
-        let places = self.places(name);
+        let name = self.lock_name(name.to_string())?;
+        let hash = name_hash(name.as_str());
+        let places = self.places(&name);
         for place in &places {
             let state = self.read_verified(place, &place.name_keys(&hash)).await?;
             if let Some(kv) = state.lock {

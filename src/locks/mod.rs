@@ -54,6 +54,7 @@ use crate::shard::{AcquireSlot, Busy, Grantable, Held, Renewal, Shard};
 use crate::token::lease_tag::LeaseTag;
 use crate::token::lock_id::{LockId, Seal, Sealer};
 pub use quota::Quotas;
+pub use validate::{LockName, SessionTtl};
 mod acquire;
 #[cfg(test)]
 mod decisions;
@@ -183,9 +184,9 @@ pub struct AcquireRequest {
 /// An acquire checked once ([`Active::check_acquire`]): every field holds
 /// a value the limits allow, and the clientId is scoped to its principal.
 pub(crate) struct Acquire {
-    pub name: String,
-    /// The TTL of the session lease, in whole seconds (`ttlMs` rounded up).
-    pub ttl_secs: u32,
+    pub name: LockName,
+    /// Of the session lease the lock rides on (`ttlMs` rounded up).
+    pub ttl: SessionTtl,
     pub holder: Holder,
     /// Its principal, whose quotas apply.
     pub owner: Option<Owner>,
@@ -500,7 +501,7 @@ impl Locks {
                 .map_err(LockError::from),
             None => Ok(()),
         };
-        let shard = active.router.shard_for(&req.name).clone();
+        let shard = active.router.shard_for(req.name.as_str()).clone();
         let latency = shard.metrics().latency(ShardOp::Acquire, req.received);
         let slot = match limited {
             Ok(()) => self.shard_slot(active, &shard),
@@ -618,9 +619,14 @@ impl Locks {
 }
 
 impl Active {
-    /// The lease TTL of a lock asked for `ttl_ms` under this config.
-    pub(crate) fn ttl_secs(&self, ttl_ms: u64) -> Result<u32, LockError> {
-        Ok(validate::ttl_secs(&self.limits, ttl_ms)?)
+    /// The TTL of a lock asked for `ttl_ms` under this config.
+    pub(crate) fn ttl(&self, ttl_ms: u64) -> Result<SessionTtl, LockError> {
+        Ok(SessionTtl::parse(ttl_ms, &self.limits)?)
+    }
+
+    /// `name`, if it is a lock name under this config.
+    pub(crate) fn lock_name(&self, name: String) -> Result<LockName, LockError> {
+        Ok(LockName::parse(name, &self.limits)?)
     }
 
     /// A renewal or an acquire on a lease of `ttl_secs` confirmed less
@@ -666,8 +672,8 @@ pub(crate) fn lock_value(req: &Acquire, ring: &Recorded) -> Result<LockValue, Lo
     Ok(LockValue {
         client: req.holder.as_str().to_string(),
         epoch: ring.meta.epoch,
-        name: req.name.clone(),
-        ttl: req.ttl_secs,
+        name: req.name.as_str().to_string(),
+        ttl: req.ttl.secs(),
         at,
         meta: req.metadata.clone(),
     })

@@ -27,8 +27,7 @@ impl Active {
     ) -> Result<RenewOutcome, LockError> {
         let id = self.open(lock_id, token, caller)?;
         if let Some(ttl_ms) = ttl_ms {
-            let secs = self.ttl_secs(ttl_ms)?;
-            if secs != id.ttl_secs {
+            if self.ttl(ttl_ms)?.secs() != id.ttl_secs {
                 return Err(invalid(format!(
                     "ttlMs {ttl_ms} does not match the lock's TTL of {} s: a lock's TTL is fixed when it is acquired",
                     id.ttl_secs

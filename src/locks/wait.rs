@@ -20,7 +20,8 @@ use std::time::{Duration, Instant};
 
 use crate::config::LockDelay;
 use crate::locks::{
-    epoch_of, lease_end, lock_value, Acquire, Acquired, Active, Expiry, LockError, WaitSlots,
+    epoch_of, lease_end, lock_value, Acquire, Acquired, Active, Expiry, LockError, LockName,
+    WaitSlots,
 };
 use crate::refusal::RateLimited;
 use crate::shard::keys::{name_hash, LockValue, Recorded, Stored};
@@ -36,7 +37,6 @@ impl Active {
         req: &Acquire,
         slots: &WaitSlots,
     ) -> Result<Acquired, LockError> {
-        let ttl_secs = req.ttl_secs;
         let _slot = slots
             .0
             .clone()
@@ -46,7 +46,7 @@ impl Active {
                 retry_after: super::RETRY_AFTER,
             })?;
         let deadline = Instant::now() + req.wait;
-        let shard = self.router.shard_for(&req.name).clone();
+        let shard = self.router.shard_for(req.name.as_str()).clone();
         // A waiter from the first answer that the name is held until its
         // own answer (an acquire answered at once never waited); dropping
         // it uncounts it, however the wait ends.
@@ -70,7 +70,7 @@ impl Active {
                 shard: &shard,
                 name: &req.name,
             };
-            let queued = self.queue(req, ttl_secs, &shard, deadline, &standing);
+            let queued = self.queue(req, &shard, deadline, &standing);
             if let Some(answer) = queued.await? {
                 w.ended(matches!(answer, Acquired::Granted(_)));
                 return Ok(answer);
@@ -80,10 +80,10 @@ impl Active {
     }
 
     /// Whether an open migration moved `name` here from another shard.
-    fn moved(&self, name: &str, shard: &Shard) -> bool {
+    fn moved(&self, name: &LockName, shard: &Shard) -> bool {
         self.router
             .migration()
-            .is_some_and(|m| m.previous_shard(name).name() != shard.name())
+            .is_some_and(|m| m.previous_shard(name.as_str()).name() != shard.name())
     }
 
     /// Waits in the name's queue on `shard`; `None` if a migration moved the
@@ -92,13 +92,13 @@ impl Active {
     pub(crate) async fn queue<S: LockShard>(
         &self,
         req: &Acquire,
-        ttl_secs: u32,
         shard: &Arc<S>,
         deadline: Instant,
         standing: &impl Standing,
     ) -> Result<Option<Acquired>, LockError> {
         let holder = req.holder.as_str();
-        let k = shard.name_keys(&name_hash(&req.name));
+        let ttl_secs = req.ttl.secs();
+        let k = shard.name_keys(&name_hash(req.name.as_str()));
         // A principal at its quota is refused before it queues (as an
         // acquire that does not wait), and again at each grant below.
         let session = {
@@ -225,7 +225,7 @@ pub(crate) trait Standing {
 struct OnRouter<'a> {
     active: &'a Active,
     shard: &'a Shard,
-    name: &'a str,
+    name: &'a LockName,
 }
 
 impl Standing for OnRouter<'_> {
