@@ -10,7 +10,7 @@ use crate::config::LockDelay;
 use crate::shard::conn::EtcdError;
 use crate::shard::keys::{name_hash, LockValue, Recorded, Stored};
 use crate::shard::ops::LockShard;
-use crate::shard::{AcquireTxn, Grantable, NameKeys, Renewal, SessionGrant, SessionLease, Shard};
+use crate::shard::{AcquireTxn, Grantable, NameKeys, Renewal, SessionGrant, SessionLease};
 use crate::token::lock_id::LockId;
 
 /// What a moved name's previous shard said of it during a migration.
@@ -38,8 +38,9 @@ pub(crate) enum Attempt {
 }
 
 impl Active {
-    /// Checks an acquire once: its name, clientId, metadata, TTL and wait,
-    /// and scopes its clientId to `caller`'s principal.
+    /// Checks an acquire once: its name, clientId, metadata, TTL and wait;
+    /// scopes its clientId to `caller`'s principal, and looks up the shard
+    /// that owns its name.
     pub(crate) fn check_acquire(
         &self,
         req: AcquireRequest,
@@ -57,12 +58,15 @@ impl Active {
                 self.limits.max_wait_ms
             )));
         }
+        let wait_until =
+            (req.wait_ms > 0).then(|| Instant::now() + Duration::from_millis(req.wait_ms));
         Ok(Acquire {
+            shard: self.router.shard_for(name.as_str()).clone(),
             name,
             ttl,
             holder: Holder::new(caller, &req.client_id),
             owner: owner_of(caller),
-            wait: Duration::from_millis(req.wait_ms),
+            wait_until,
             metadata: req.metadata,
             received: req.received,
         })
@@ -71,7 +75,7 @@ impl Active {
     /// Acquire without waiting (`waitMs` is not looked at), once
     /// [`Active::check_acquire`] passed.
     pub(crate) async fn acquire_now(&self, req: &Acquire) -> Result<Acquired, LockError> {
-        let shard = self.router.shard_for(req.name.as_str());
+        let shard = &req.shard;
         tracing::Span::current().record("shard", shard.name());
         let k = shard.name_keys(&name_hash(req.name.as_str()));
         let mut replace_held = None;
@@ -81,13 +85,10 @@ impl Active {
         // holder's record changed under us.
         for _ in 0..3 {
             let g = self.grantable(shard)?;
-            if let Some(answer) = self
-                .handoff(&req.name, shard, req.holder.as_str(), &k)
-                .await?
-            {
+            if let Some(answer) = self.handoff(req, &k).await? {
                 return Ok(answer);
             }
-            match self.attempt(shard, req, &k, &g, replace_held).await? {
+            match self.attempt(req, &k, &g, replace_held).await? {
                 Attempt::Done(answer) => return Ok(answer),
                 // Forgotten: the next attempt gets a new session.
                 Attempt::SessionGone => continue,
@@ -107,20 +108,19 @@ impl Active {
         ))
     }
 
-    /// One attempt at granting `k`'s name on `shard`, which may grant under
-    /// `g`: the read first of a name the cache shows held, the quota's
+    /// One attempt at granting `k`'s name on `req`'s shard, which may grant
+    /// under `g`: the read first of a name the cache shows held, the quota's
     /// reservation, the holder's session, the grant txn, and what its
     /// answer means. `replace_held`: a lost holder's record to overwrite
     /// (lock-delay off).
     pub(crate) async fn attempt<S: LockShard>(
         &self,
-        shard: &Arc<S>,
-        req: &Acquire,
+        req: &Acquire<S>,
         k: &NameKeys,
         g: &Grantable,
         replace_held: Option<i64>,
     ) -> Result<Attempt, LockError> {
-        let holder = req.holder.as_str();
+        let (shard, holder) = (&req.shard, req.holder.as_str());
         if let Some(answer) = self.look_first(shard.as_ref(), k, holder, g).await? {
             return Ok(Attempt::Done(answer));
         }
@@ -269,18 +269,12 @@ impl Active {
     /// lets go. The previous shard must already record the new ring, so that
     /// nothing can grant the name there any more, and carry the identity
     /// this router verified for it.
-    async fn handoff(
-        &self,
-        name: &LockName,
-        shard: &Shard,
-        client_id: &str,
-        k: &NameKeys,
-    ) -> Result<Option<Acquired>, LockError> {
+    async fn handoff(&self, req: &Acquire, k: &NameKeys) -> Result<Option<Acquired>, LockError> {
         let Some(migration) = self.router.migration() else {
             return Ok(None);
         };
-        let previous = migration.previous_shard(name.as_str());
-        if previous.name() == shard.name() {
+        let previous = migration.previous_shard(req.name.as_str());
+        if previous.name() == req.shard.name() {
             return Ok(None);
         }
         check_up(previous)?;
@@ -295,6 +289,7 @@ impl Active {
             self.router.ring.fingerprint(),
             migration.recorded.meta.epoch,
         );
+        let client_id = req.holder.as_str();
         let found = self.handoff_on(previous.as_ref(), client_id, &pk, &identity, fence);
         match found.await? {
             Handoff::Free => Ok(None),

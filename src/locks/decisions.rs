@@ -1,8 +1,8 @@
 //! Unit tests of the lock operations' decisions, made over the in-memory
-//! shard (`shard/fake.rs`) instead of etcd: what an acquire answers (a free
-//! name, a held one, the holder's own re-acquire, a lost holder's
-//! lock-delay, a principal's quotas, freed again by a release or an expiry,
-//! a ring that moved on), what a renewal answers (live, expired, stolen; a
+//! shard (`shard/fake.rs`) instead of etcd: what an acquire's check
+//! refuses, what an acquire answers (a free name, a held one, the holder's
+//! own re-acquire, a lost holder's lock-delay, a principal's quotas, freed
+//! again by a release or an expiry, a ring that moved on), what a renewal answers (live, expired, stolen; a
 //! stale lockId renews nothing), what an extend moves (the same token on a
 //! session of the new TTL; a stale lockId moves nothing), what a release
 //! deletes, what an inspect shows, what a force-release takes (and what it
@@ -37,15 +37,21 @@ fn shard(name: &str) -> Arc<FakeShard> {
     Arc::new(FakeShard::new(name))
 }
 
-/// An acquire of `name` by `client`, acting for `caller`.
-fn acquire_as(caller: Caller<'_>, name: &str, client: &str) -> Acquire {
+/// An acquire of `name` on `shard` by `client`, acting for `caller`.
+fn acquire_as(
+    shard: &Arc<FakeShard>,
+    caller: Caller<'_>,
+    name: &str,
+    client: &str,
+) -> Acquire<FakeShard> {
     let limits = crate::config::Limits::default();
     Acquire {
         name: LockName::parse(name.into(), &limits).expect("a lock name"),
+        shard: shard.clone(),
         ttl: ttl(TTL),
         holder: Holder::new(caller, client),
         owner: owner_of(caller),
-        wait: Duration::ZERO,
+        wait_until: None,
         metadata: None,
         received: Instant::now(),
     }
@@ -57,23 +63,22 @@ fn ttl(secs: u32) -> SessionTtl {
     SessionTtl::parse(u64::from(secs) * 1_000, &limits).expect("a TTL within the limits")
 }
 
-fn acquire(name: &str, client: &str) -> Acquire {
-    acquire_as(Caller::Anyone, name, client)
+fn acquire(shard: &Arc<FakeShard>, name: &str, client: &str) -> Acquire<FakeShard> {
+    acquire_as(shard, Caller::Anyone, name, client)
 }
 
 async fn attempt_with(
     active: &Active,
-    shard: &Arc<FakeShard>,
-    req: &Acquire,
+    req: &Acquire<FakeShard>,
     replace_held: Option<i64>,
 ) -> Result<Attempt, LockError> {
-    let k = shard.name_keys(&name_hash(req.name.as_str()));
-    let g = shard.grantable();
-    active.attempt(shard, req, &k, &g, replace_held).await
+    let k = req.shard.name_keys(&name_hash(req.name.as_str()));
+    let g = req.shard.grantable();
+    active.attempt(req, &k, &g, replace_held).await
 }
 
-async fn attempt(active: &Active, shard: &Arc<FakeShard>, req: &Acquire) -> Attempt {
-    attempt_with(active, shard, req, None)
+async fn attempt(active: &Active, req: &Acquire<FakeShard>) -> Attempt {
+    attempt_with(active, req, None)
         .await
         .unwrap_or_else(|e| panic!("the attempt failed: {e}"))
 }
@@ -106,10 +111,55 @@ fn about(until: Expiry, secs: u64) -> bool {
     left <= Duration::from_secs(secs) && left + Duration::from_secs(1) >= Duration::from_secs(secs)
 }
 
+/// An acquire that breaks a rule is refused by its one check, with the
+/// message it always had, before its shard is looked up (this router has
+/// no shards: a lookup would panic).
+#[test]
+fn an_acquire_breaking_a_rule_is_refused_by_its_check() {
+    let active = active();
+    let ask = |name: &str, ttl_ms, client_id: &str, wait_ms| AcquireRequest {
+        name: name.into(),
+        ttl_ms,
+        client_id: client_id.into(),
+        wait_ms,
+        metadata: None,
+        received: Instant::now(),
+    };
+    let refusals = [
+        (
+            ask("", 2_000, "w1", 0),
+            "name must be 1 to 512 bytes, got 0",
+        ),
+        (
+            ask("a\tb", 2_000, "w1", 0),
+            "name must not contain control characters",
+        ),
+        (
+            ask("order-42", 2_000, "", 0),
+            "clientId must be 1 to 256 bytes, got 0",
+        ),
+        (
+            ask("order-42", 1_999, "w1", 0),
+            "ttlMs must be 2000 to 3600000, got 1999",
+        ),
+        (
+            ask("order-42", 2_000, "w1", 60_001),
+            "waitMs must be at most 60000",
+        ),
+    ];
+    for (req, why) in refusals {
+        match active.check_acquire(req, Caller::Anyone) {
+            Err(LockError::InvalidArgument(m)) => assert_eq!(m, why),
+            Err(e) => panic!("{why}: refused as {e:?}"),
+            Ok(_) => panic!("{why}: accepted"),
+        }
+    }
+}
+
 #[tokio::test]
 async fn a_free_name_is_granted_on_the_clients_session_under_the_rings_epoch() {
     let (active, shard) = (active(), shard("a"));
-    let grant = granted(attempt(&active, &shard, &acquire("order-42", "w1")).await);
+    let grant = granted(attempt(&active, &acquire(&shard, "order-42", "w1")).await);
     let key = shard.lock_key("order-42").expect("the lock key");
     let id = lock_id(&active, &grant);
     assert_eq!((id.shard.as_str(), id.epoch, id.ttl_secs), ("a", 1, TTL));
@@ -124,8 +174,8 @@ async fn a_free_name_is_granted_on_the_clients_session_under_the_rings_epoch() {
 #[tokio::test]
 async fn a_held_name_is_refused_until_its_holders_lease_ends() {
     let (active, shard) = (active(), shard("a"));
-    granted(attempt(&active, &shard, &acquire("order-42", "w1")).await);
-    let until = refused(attempt(&active, &shard, &acquire("order-42", "w2")).await);
+    granted(attempt(&active, &acquire(&shard, "order-42", "w1")).await);
+    let until = refused(attempt(&active, &acquire(&shard, "order-42", "w2")).await);
     assert!(about(until, u64::from(TTL)));
     // The cache showed it held: the refusal came from a read, no txn.
     assert_eq!(shard.grant_txns(), 1);
@@ -134,8 +184,8 @@ async fn a_held_name_is_refused_until_its_holders_lease_ends() {
 #[tokio::test]
 async fn a_reacquire_by_the_holder_answers_its_own_grant_again() {
     let (active, shard) = (active(), shard("a"));
-    let first = granted(attempt(&active, &shard, &acquire("order-42", "w1")).await);
-    let again = granted(attempt(&active, &shard, &acquire("order-42", "w1")).await);
+    let first = granted(attempt(&active, &acquire(&shard, "order-42", "w1")).await);
+    let again = granted(attempt(&active, &acquire(&shard, "order-42", "w1")).await);
     assert_eq!(again.fencing_token, first.fencing_token);
     let (a, b) = (lock_id(&active, &first), lock_id(&active, &again));
     assert_eq!((a.revision, a.lease), (b.revision, b.lease));
@@ -147,15 +197,15 @@ async fn a_reacquire_by_the_holder_answers_its_own_grant_again() {
 #[tokio::test]
 async fn a_lost_holders_name_waits_out_its_lock_delay() {
     let (active, shard) = (active(), shard("a"));
-    let first = granted(attempt(&active, &shard, &acquire("order-42", "w1")).await);
+    let first = granted(attempt(&active, &acquire(&shard, "order-42", "w1")).await);
     // The holder's lease ends without a release: its key goes, its held
     // record stays.
     shard.expire(lock_id(&active, &first).lease);
-    let until = refused(attempt(&active, &shard, &acquire("order-42", "w2")).await);
+    let until = refused(attempt(&active, &acquire(&shard, "order-42", "w2")).await);
     // One TTL of the lost lock, plus one second for rounding.
     assert!(about(until, u64::from(TTL) + 1));
     // Still delayed for the next one, and no grant meanwhile.
-    refused(attempt(&active, &shard, &acquire("order-42", "w3")).await);
+    refused(attempt(&active, &acquire(&shard, "order-42", "w3")).await);
     assert!(shard.lock_key("order-42").is_none());
 }
 
@@ -163,21 +213,14 @@ async fn a_lost_holders_name_waits_out_its_lock_delay() {
 async fn with_lock_delay_off_a_lost_holders_record_is_replaced_at_once() {
     let (mut active, shard) = (active(), shard("a"));
     active.lock_delay = LockDelay::Off;
-    let first = granted(attempt(&active, &shard, &acquire("order-42", "w1")).await);
+    let first = granted(attempt(&active, &acquire(&shard, "order-42", "w1")).await);
     shard.expire(lock_id(&active, &first).lease);
-    let req = acquire("order-42", "w2");
-    assert!(matches!(
-        attempt(&active, &shard, &req).await,
-        Attempt::Again
-    ));
+    let req = acquire(&shard, "order-42", "w2");
+    assert!(matches!(attempt(&active, &req).await, Attempt::Again));
     let k = shard.name_keys(&name_hash("order-42"));
     let record = active.lost_record(&*shard, &k).await.expect("a read");
     assert!(record.is_some(), "the lost holder's record, to replace");
-    let second = granted(
-        attempt_with(&active, &shard, &req, record)
-            .await
-            .expect("grants"),
-    );
+    let second = granted(attempt_with(&active, &req, record).await.expect("grants"));
     assert!(second.fencing_token > first.fencing_token);
 }
 
@@ -189,9 +232,9 @@ async fn a_principal_at_its_max_held_locks_is_refused_before_any_txn() {
         max_sessions: 0,
     };
     let pay = Caller::Principal { name: "pay", quota };
-    granted(attempt(&active, &shard, &acquire_as(pay, "order-1", "w1")).await);
+    granted(attempt(&active, &acquire_as(&shard, pay, "order-1", "w1")).await);
     // The shard's cache counts the grant.
-    let second = attempt_with(&active, &shard, &acquire_as(pay, "order-2", "w1"), None).await;
+    let second = attempt_with(&active, &acquire_as(&shard, pay, "order-2", "w1"), None).await;
     assert!(matches!(second, Err(LockError::PermissionDenied(_))));
     assert_eq!(shard.grant_txns(), 1);
     // Another principal is not held to it.
@@ -199,7 +242,7 @@ async fn a_principal_at_its_max_held_locks_is_refused_before_any_txn() {
         name: "ship",
         quota,
     };
-    granted(attempt(&active, &shard, &acquire_as(ship, "order-2", "w1")).await);
+    granted(attempt(&active, &acquire_as(&shard, ship, "order-2", "w1")).await);
 }
 
 #[tokio::test]
@@ -210,11 +253,11 @@ async fn a_principal_at_its_max_sessions_gets_no_new_session_but_uses_its_own() 
         max_sessions: 1,
     };
     let pay = Caller::Principal { name: "pay", quota };
-    granted(attempt(&active, &shard, &acquire_as(pay, "order-1", "w1")).await);
-    let other = attempt_with(&active, &shard, &acquire_as(pay, "order-2", "w2"), None).await;
+    granted(attempt(&active, &acquire_as(&shard, pay, "order-1", "w1")).await);
+    let other = attempt_with(&active, &acquire_as(&shard, pay, "order-2", "w2"), None).await;
     assert!(matches!(other, Err(LockError::PermissionDenied(_))));
     // The session w1 has takes more locks.
-    granted(attempt(&active, &shard, &acquire_as(pay, "order-3", "w1")).await);
+    granted(attempt(&active, &acquire_as(&shard, pay, "order-3", "w1")).await);
 }
 
 /// `pay`, a principal with `quota`.
@@ -233,15 +276,15 @@ async fn a_principals_released_lock_no_longer_counts_in_its_max_held_locks() {
         max_held_locks: 2,
         max_sessions: 0,
     });
-    let one = granted(attempt(&active, &shard, &acquire_as(pay, "order-1", "w1")).await);
-    granted(attempt(&active, &shard, &acquire_as(pay, "order-2", "w2")).await);
-    let third = acquire_as(pay, "order-3", "w1");
-    assert!(denied(attempt_with(&active, &shard, &third, None).await));
+    let one = granted(attempt(&active, &acquire_as(&shard, pay, "order-1", "w1")).await);
+    granted(attempt(&active, &acquire_as(&shard, pay, "order-2", "w2")).await);
+    let third = acquire_as(&shard, pay, "order-3", "w1");
+    assert!(denied(attempt_with(&active, &third, None).await));
     release(&active, &shard, &one).await;
-    granted(attempt(&active, &shard, &third).await);
+    granted(attempt(&active, &third).await);
     // At its bound again.
-    let fourth = acquire_as(pay, "order-4", "w1");
-    assert!(denied(attempt_with(&active, &shard, &fourth, None).await));
+    let fourth = acquire_as(&shard, pay, "order-4", "w1");
+    assert!(denied(attempt_with(&active, &fourth, None).await));
     assert_eq!(shard.grant_txns(), 3);
 }
 
@@ -252,12 +295,12 @@ async fn a_principals_expired_lock_no_longer_counts_in_its_max_held_locks() {
         max_held_locks: 1,
         max_sessions: 0,
     });
-    let lost = granted(attempt(&active, &shard, &acquire_as(pay, "order-1", "w1")).await);
-    let next = acquire_as(pay, "order-2", "w1");
-    assert!(denied(attempt_with(&active, &shard, &next, None).await));
+    let lost = granted(attempt(&active, &acquire_as(&shard, pay, "order-1", "w1")).await);
+    let next = acquire_as(&shard, pay, "order-2", "w1");
+    assert!(denied(attempt_with(&active, &next, None).await));
     // Its lease ends: the key goes, and the cache uncounts it.
     shard.expire(lock_id(&active, &lost).lease);
-    granted(attempt(&active, &shard, &next).await);
+    granted(attempt(&active, &next).await);
 }
 
 #[tokio::test]
@@ -267,22 +310,22 @@ async fn a_session_holding_no_lock_no_longer_counts_in_max_sessions() {
         max_held_locks: 0,
         max_sessions: 1,
     });
-    let one = granted(attempt(&active, &shard, &acquire_as(pay, "order-1", "w1")).await);
-    let other = acquire_as(pay, "order-2", "w2");
-    assert!(denied(attempt_with(&active, &shard, &other, None).await));
+    let one = granted(attempt(&active, &acquire_as(&shard, pay, "order-1", "w1")).await);
+    let other = acquire_as(&shard, pay, "order-2", "w2");
+    assert!(denied(attempt_with(&active, &other, None).await));
     // Counted are the sessions locks ride on: w1's holds none once released.
     release(&active, &shard, &one).await;
-    let two = granted(attempt(&active, &shard, &other).await);
+    let two = granted(attempt(&active, &other).await);
     assert_ne!(lock_id(&active, &one).lease, lock_id(&active, &two).lease);
     // w2's is the one now: a third client gets no session.
-    let again = acquire_as(pay, "order-3", "w3");
-    assert!(denied(attempt_with(&active, &shard, &again, None).await));
+    let again = acquire_as(&shard, pay, "order-3", "w3");
+    assert!(denied(attempt_with(&active, &again, None).await));
 }
 
 #[tokio::test]
 async fn a_shard_recording_another_ring_or_identity_grants_nothing() {
     let (active, shard) = (active(), shard("a"));
-    let req = acquire("order-42", "w1");
+    let req = acquire(&shard, "order-42", "w1");
     let k = shard.name_keys(&name_hash("order-42"));
     let g = shard.grantable();
     let moved_on = Recorded::new(RingMeta {
@@ -291,13 +334,13 @@ async fn a_shard_recording_another_ring_or_identity_grants_nothing() {
         previous: None,
     });
     shard.set_ring(moved_on.clone());
-    let answer = active.attempt(&shard, &req, &k, &g, None).await;
+    let answer = active.attempt(&req, &k, &g, None).await;
     assert!(matches!(answer, Ok(Attempt::RingChanged(Some(r))) if r == moved_on));
     let other = Grantable {
         ring: moved_on,
         identity: b"another cluster".to_vec(),
     };
-    let answer = active.attempt(&shard, &req, &k, &other, None).await;
+    let answer = active.attempt(&req, &k, &other, None).await;
     assert!(matches!(answer, Ok(Attempt::IdentityChanged)));
     assert!(shard.lock_key("order-42").is_none());
 }
@@ -306,7 +349,7 @@ async fn a_shard_recording_another_ring_or_identity_grants_nothing() {
 async fn a_queued_name_is_not_granted_to_a_caller_that_does_not_wait() {
     let (active, shard) = (active(), shard("a"));
     shard.queue_waiter("order-42");
-    refused(attempt(&active, &shard, &acquire("order-42", "w1")).await);
+    refused(attempt(&active, &acquire(&shard, "order-42", "w1")).await);
     assert!(shard.lock_key("order-42").is_none());
 }
 
@@ -320,7 +363,7 @@ async fn renew(active: &Active, shard: &FakeShard, grant: &Grant) -> RenewOutcom
 #[tokio::test]
 async fn a_live_lock_renews_for_no_more_than_its_ttl() {
     let (active, shard) = (active(), shard("a"));
-    let grant = granted(attempt(&active, &shard, &acquire("order-42", "w1")).await);
+    let grant = granted(attempt(&active, &acquire(&shard, "order-42", "w1")).await);
     let RenewOutcome::Renewed(until) = renew(&active, &shard, &grant).await else {
         panic!("expected renewed");
     };
@@ -330,7 +373,7 @@ async fn a_live_lock_renews_for_no_more_than_its_ttl() {
 #[tokio::test]
 async fn an_expired_lock_is_answered_expired() {
     let (active, shard) = (active(), shard("a"));
-    let grant = granted(attempt(&active, &shard, &acquire("order-42", "w1")).await);
+    let grant = granted(attempt(&active, &acquire(&shard, "order-42", "w1")).await);
     shard.expire(lock_id(&active, &grant).lease);
     assert!(matches!(
         renew(&active, &shard, &grant).await,
@@ -341,13 +384,13 @@ async fn an_expired_lock_is_answered_expired() {
 #[tokio::test]
 async fn a_stale_lock_id_never_renews_a_later_holders_lock() {
     let (active, shard) = (active(), shard("a"));
-    let old = granted(attempt(&active, &shard, &acquire("order-42", "w1")).await);
+    let old = granted(attempt(&active, &acquire(&shard, "order-42", "w1")).await);
     active
         .release_on(&*shard, &lock_id(&active, &old))
         .await
         .expect("released");
     // Another client holds the name now.
-    let later = granted(attempt(&active, &shard, &acquire("order-42", "w2")).await);
+    let later = granted(attempt(&active, &acquire(&shard, "order-42", "w2")).await);
     let lease = lock_id(&active, &later).lease;
     assert!(matches!(
         renew(&active, &shard, &old).await,
@@ -360,7 +403,7 @@ async fn a_stale_lock_id_never_renews_a_later_holders_lock() {
         .release_on(&*shard, &lock_id(&active, &later))
         .await
         .expect("released");
-    let mine = granted(attempt(&active, &shard, &acquire("order-42", "w1")).await);
+    let mine = granted(attempt(&active, &acquire(&shard, "order-42", "w1")).await);
     let (before, now) = (lock_id(&active, &old), lock_id(&active, &mine));
     assert_eq!(before.lease, now.lease);
     let keepalives = shard.keepalives(now.lease);
@@ -374,12 +417,12 @@ async fn a_stale_lock_id_never_renews_a_later_holders_lock() {
 #[tokio::test]
 async fn a_release_deletes_only_the_grant_its_lock_id_names() {
     let (active, shard) = (active(), shard("a"));
-    let old = granted(attempt(&active, &shard, &acquire("order-42", "w1")).await);
+    let old = granted(attempt(&active, &acquire(&shard, "order-42", "w1")).await);
     let old_id = lock_id(&active, &old);
     active.release_on(&*shard, &old_id).await.expect("released");
     assert!(shard.lock_key("order-42").is_none());
     // Released, not lost: the next client gets the name at once.
-    let later = granted(attempt(&active, &shard, &acquire("order-42", "w2")).await);
+    let later = granted(attempt(&active, &acquire(&shard, "order-42", "w2")).await);
     // Releasing again with the old lockId answers as done, and touches
     // nothing of the later grant.
     active.release_on(&*shard, &old_id).await.expect("a no-op");
@@ -411,7 +454,7 @@ async fn a_moved_name_free_on_its_previous_shard_is_left_to_the_new_one() {
 #[tokio::test]
 async fn a_moved_name_held_on_its_previous_shard_stays_its_holders() {
     let (active, previous) = (active(), shard("old"));
-    let grant = granted(attempt(&active, &previous, &acquire("order-42", "w1")).await);
+    let grant = granted(attempt(&active, &acquire(&previous, "order-42", "w1")).await);
     let other = handoff(&active, &previous, "w2", FENCE).await;
     assert!(matches!(other, Ok(Handoff::Answered(Acquired::Held(_)))));
     // Its holder's re-acquire is answered from there: the same grant.
@@ -426,7 +469,7 @@ async fn a_moved_name_held_on_its_previous_shard_stays_its_holders() {
 #[tokio::test]
 async fn a_moved_names_lost_holder_on_its_previous_shard_delays_it_there() {
     let (active, previous) = (active(), shard("old"));
-    let grant = granted(attempt(&active, &previous, &acquire("order-42", "w1")).await);
+    let grant = granted(attempt(&active, &acquire(&previous, "order-42", "w1")).await);
     previous.expire(lock_id(&active, &grant).lease);
     let found = handoff(&active, &previous, "w2", FENCE).await;
     assert!(
@@ -441,7 +484,7 @@ async fn a_moved_names_lost_holder_on_its_previous_shard_delays_it_there() {
 async fn with_lock_delay_off_a_moved_names_lost_holder_leaves_it_free() {
     let (mut active, previous) = (active(), shard("old"));
     active.lock_delay = LockDelay::Off;
-    let grant = granted(attempt(&active, &previous, &acquire("order-42", "w1")).await);
+    let grant = granted(attempt(&active, &acquire(&previous, "order-42", "w1")).await);
     previous.expire(lock_id(&active, &grant).lease);
     let found = handoff(&active, &previous, "w2", FENCE).await;
     assert!(matches!(found, Ok(Handoff::Free)));
@@ -490,10 +533,10 @@ fn wait_in_queue(
 ) -> tokio::task::JoinHandle<Result<Option<Acquired>, LockError>> {
     let (active, shard) = (active.clone(), shard.clone());
     tokio::spawn(async move {
-        let req = acquire("order-42", client);
-        let deadline = Instant::now() + wait;
+        let mut req = acquire(&shard, "order-42", client);
+        req.wait_until = Some(Instant::now() + wait);
         let standing = Serving(shard.clone());
-        (active.queue(&req, &shard, deadline, &standing)).await
+        (active.queue(&req, &standing)).await
     })
 }
 
@@ -531,7 +574,7 @@ fn grant_of(answer: Acquired) -> Grant {
 #[tokio::test]
 async fn waiters_get_the_name_in_the_order_they_queued() {
     let (active, shard) = (Arc::new(active()), shard("a"));
-    let holder = granted(attempt(&active, &shard, &acquire("order-42", "h")).await);
+    let holder = granted(attempt(&active, &acquire(&shard, "order-42", "h")).await);
     let first = wait_in_queue(&active, &shard, "w1", Duration::from_secs(5));
     until_queued(&shard, 1).await;
     let second = wait_in_queue(&active, &shard, "w2", Duration::from_secs(5));
@@ -548,7 +591,7 @@ async fn waiters_get_the_name_in_the_order_they_queued() {
 #[tokio::test]
 async fn a_waiter_whose_own_client_got_the_name_is_answered_that_grant() {
     let (active, shard) = (Arc::new(active()), shard("a"));
-    let holder = granted(attempt(&active, &shard, &acquire("order-42", "h")).await);
+    let holder = granted(attempt(&active, &acquire(&shard, "order-42", "h")).await);
     // Two requests of one client wait; the first is granted the name.
     let first = wait_in_queue(&active, &shard, "w1", Duration::from_secs(5));
     until_queued(&shard, 1).await;
@@ -564,7 +607,7 @@ async fn a_waiter_whose_own_client_got_the_name_is_answered_that_grant() {
 #[tokio::test]
 async fn a_waiter_gives_up_at_its_deadline_and_leaves_the_queue() {
     let (active, shard) = (Arc::new(active()), shard("a"));
-    granted(attempt(&active, &shard, &acquire("order-42", "h")).await);
+    granted(attempt(&active, &acquire(&shard, "order-42", "h")).await);
     let waiter = wait_in_queue(&active, &shard, "w1", Duration::from_millis(30));
     let Acquired::Held(until) = waited(waiter).await else {
         panic!("expected the name held");
@@ -588,7 +631,7 @@ async fn extend(active: &Active, shard: &FakeShard, grant: &Grant, ttl_secs: u32
 #[tokio::test]
 async fn an_extended_lock_keeps_its_token_on_a_session_of_its_new_ttl() {
     let (active, shard) = (active(), shard("a"));
-    let grant = granted(attempt(&active, &shard, &acquire("order-42", "w1")).await);
+    let grant = granted(attempt(&active, &acquire(&shard, "order-42", "w1")).await);
     let before = lock_id(&active, &grant);
     let Extended::Moved(moved) = extend(&active, &shard, &grant, 30).await else {
         panic!("expected the lock moved");
@@ -614,14 +657,14 @@ async fn an_extended_lock_keeps_its_token_on_a_session_of_its_new_ttl() {
     assert!(about(until, 30));
     // Lost from now on, it is delayed for its new TTL.
     shard.expire(after.lease);
-    let until = refused(attempt(&active, &shard, &acquire("order-42", "w2")).await);
+    let until = refused(attempt(&active, &acquire(&shard, "order-42", "w2")).await);
     assert!(about(until, 31));
 }
 
 #[tokio::test]
 async fn an_extend_to_the_same_ttl_renews_under_the_same_lock_id() {
     let (active, shard) = (active(), shard("a"));
-    let grant = granted(attempt(&active, &shard, &acquire("order-42", "w1")).await);
+    let grant = granted(attempt(&active, &acquire(&shard, "order-42", "w1")).await);
     let Extended::Moved(again) = extend(&active, &shard, &grant, TTL).await else {
         panic!("expected the lock renewed");
     };
@@ -634,13 +677,13 @@ async fn an_extend_to_the_same_ttl_renews_under_the_same_lock_id() {
 #[tokio::test]
 async fn an_extend_of_a_stale_lock_id_refuses_and_renews_or_moves_nothing() {
     let (active, shard) = (active(), shard("a"));
-    let old = granted(attempt(&active, &shard, &acquire("order-42", "w1")).await);
+    let old = granted(attempt(&active, &acquire(&shard, "order-42", "w1")).await);
     release(&active, &shard, &old).await;
     assert!(matches!(
         extend(&active, &shard, &old, 30).await,
         Extended::Refused(RenewOutcome::Expired)
     ));
-    let later = granted(attempt(&active, &shard, &acquire("order-42", "w2")).await);
+    let later = granted(attempt(&active, &acquire(&shard, "order-42", "w2")).await);
     let key = shard.lock_key("order-42").expect("held by w2");
     for ttl in [30, TTL] {
         assert!(matches!(
@@ -656,7 +699,7 @@ async fn an_extend_of_a_stale_lock_id_refuses_and_renews_or_moves_nothing() {
 #[tokio::test]
 async fn an_extend_on_a_shard_that_is_not_itself_moves_nothing() {
     let (active, shard) = (active(), shard("a"));
-    let grant = granted(attempt(&active, &shard, &acquire("order-42", "w1")).await);
+    let grant = granted(attempt(&active, &acquire(&shard, "order-42", "w1")).await);
     shard.set_identity(b"another cluster");
     let id = lock_id(&active, &grant);
     let told = std::cell::Cell::new(false);
@@ -683,10 +726,10 @@ async fn inspect(active: &Active, shard: &FakeShard, name: &str) -> Inspection {
 #[tokio::test]
 async fn inspect_shows_the_holder_its_token_expiry_and_metadata() {
     let (active, shard) = (active(), shard("a"));
-    let mut req = acquire("order-42", "w1");
+    let mut req = acquire(&shard, "order-42", "w1");
     req.metadata = Some(serde_json::json!({ "job": 7 }));
     let asked = SystemTime::now();
-    let grant = granted(attempt(&active, &shard, &req).await);
+    let grant = granted(attempt(&active, &req).await);
     shard.queue_waiter("order-42");
     let seen = inspect(&active, &shard, "order-42").await;
     let Some((token, expires)) = seen.holder else {
@@ -704,9 +747,9 @@ async fn inspect_shows_the_holder_its_token_expiry_and_metadata() {
 #[tokio::test]
 async fn inspect_shows_no_holder_of_a_released_or_lost_lock() {
     let (active, shard) = (active(), shard("a"));
-    let released = granted(attempt(&active, &shard, &acquire("order-1", "w1")).await);
+    let released = granted(attempt(&active, &acquire(&shard, "order-1", "w1")).await);
     release(&active, &shard, &released).await;
-    let lost = granted(attempt(&active, &shard, &acquire("order-2", "w2")).await);
+    let lost = granted(attempt(&active, &acquire(&shard, "order-2", "w2")).await);
     shard.expire(lock_id(&active, &lost).lease);
     for name in ["order-1", "order-2"] {
         let seen = inspect(&active, &shard, name).await;
@@ -727,7 +770,7 @@ async fn force(shard: &FakeShard, name: &str, only: Option<u64>) -> Option<Force
 #[tokio::test]
 async fn a_forced_name_is_granted_next_under_a_larger_token() {
     let (active, shard) = (active(), shard("a"));
-    let first = granted(attempt(&active, &shard, &acquire("order-42", "w1")).await);
+    let first = granted(attempt(&active, &acquire(&shard, "order-42", "w1")).await);
     let Some(ForceOutcome::Released(forced)) = force(&shard, "order-42", None).await else {
         panic!("expected the lock taken");
     };
@@ -742,7 +785,7 @@ async fn a_forced_name_is_granted_next_under_a_larger_token() {
         RenewOutcome::Expired
     ));
     // Taken, not lost: no lock-delay.
-    let next = granted(attempt(&active, &shard, &acquire("order-42", "w2")).await);
+    let next = granted(attempt(&active, &acquire(&shard, "order-42", "w2")).await);
     assert!(next.fencing_token > first.fencing_token);
     // The former holder's release touches nothing of it.
     release(&active, &shard, &first).await;
@@ -754,7 +797,7 @@ async fn a_forced_name_is_granted_next_under_a_larger_token() {
 #[tokio::test]
 async fn a_force_release_naming_another_grants_token_takes_nothing() {
     let (active, shard) = (active(), shard("a"));
-    let grant = granted(attempt(&active, &shard, &acquire("order-42", "w1")).await);
+    let grant = granted(attempt(&active, &acquire(&shard, "order-42", "w1")).await);
     let key = shard.lock_key("order-42");
     let other = force(&shard, "order-42", Some(grant.fencing_token + 1)).await;
     assert!(matches!(
@@ -770,11 +813,11 @@ async fn a_force_release_naming_another_grants_token_takes_nothing() {
 #[tokio::test]
 async fn a_force_release_read_before_its_holder_let_go_spares_the_next_grant() {
     let (active, shard) = (active(), shard("a"));
-    let first = granted(attempt(&active, &shard, &acquire("order-42", "w1")).await);
+    let first = granted(attempt(&active, &acquire(&shard, "order-42", "w1")).await);
     let k = shard.name_keys(&name_hash("order-42"));
     let read = shard.read_name(&k).await.expect("a read").lock;
     release(&active, &shard, &first).await;
-    let next = granted(attempt(&active, &shard, &acquire("order-42", "w2")).await);
+    let next = granted(attempt(&active, &acquire(&shard, "order-42", "w2")).await);
     let answer = active.force_on(&*shard, &k, read, None).await;
     assert!(matches!(answer, Ok(None)));
     let key = shard.lock_key("order-42").expect("held by w2");

@@ -182,18 +182,44 @@ pub struct AcquireRequest {
 }
 
 /// An acquire checked once ([`Active::check_acquire`]): every field holds
-/// a value the limits allow, and the clientId is scoped to its principal.
-pub(crate) struct Acquire {
+/// a value the limits allow, the clientId is scoped to its principal, and
+/// the name's shard is looked up. The rest of the acquire reads these and
+/// never checks, reshapes or looks them up again.
+///
+/// `S`, the shard it goes to, is a [`Shard`] but in the decisions' unit
+/// tests, which give it an in-memory one.
+///
+/// The request's own deadline (past it the HTTP layer answers 504) is not
+/// copied here: it is the task's ([`crate::task::request_deadline`]), where
+/// the shard layer reads it for every etcd call made for the request.
+pub(crate) struct Acquire<S = Shard> {
     pub name: LockName,
+    /// The shard that owns the name in this generation's ring. Looked up
+    /// once, and every retry and every look of a wait goes to it: a
+    /// router's ring and shards never change (a new ring is a new router,
+    /// made by a reload, and a request keeps the generation it started
+    /// on). A migration opened meanwhile is read when it matters (the
+    /// handoff from the previous shard, a waiter's check that the name
+    /// moved).
+    pub shard: Arc<S>,
     /// Of the session lease the lock rides on (`ttlMs` rounded up).
     pub ttl: SessionTtl,
     pub holder: Holder,
     /// Its principal, whose quotas apply.
     pub owner: Option<Owner>,
-    /// How long it may wait in the name's queue (0: answer at once).
-    pub wait: Duration,
+    /// When a wait in the name's queue gives up (`waitMs` after the
+    /// check); `None`: answered at once.
+    pub wait_until: Option<Instant>,
     pub metadata: Option<serde_json::Value>,
     pub received: Instant,
+}
+
+impl<S> Acquire<S> {
+    /// Until when it may wait for the name: for an acquire that does not
+    /// wait, when it arrived (not at all).
+    pub fn deadline(&self) -> Instant {
+        self.wait_until.unwrap_or(self.received)
+    }
 }
 
 /// On whose behalf a lock operation runs.
@@ -501,15 +527,15 @@ impl Locks {
                 .map_err(LockError::from),
             None => Ok(()),
         };
-        let shard = active.router.shard_for(req.name.as_str()).clone();
+        let shard = &req.shard;
         let latency = shard.metrics().latency(ShardOp::Acquire, req.received);
         let slot = match limited {
-            Ok(()) => self.shard_slot(active, &shard),
+            Ok(()) => self.shard_slot(active, shard),
             Err(e) => Err(e),
         };
         let result = match slot {
             Err(e) => Err(e),
-            Ok(_slot) if req.wait.is_zero() => active.acquire_now(req).await,
+            Ok(_slot) if req.wait_until.is_none() => active.acquire_now(req).await,
             Ok(_slot) => active.acquire_waiting(req, &self.bounds.waiting).await,
         };
         let outcome = match &result {
@@ -664,7 +690,7 @@ pub(crate) async fn lease_end<S: LockShard>(shard: &S, kv: &Stored) -> Result<Ex
 }
 
 /// The lock key's value for a grant under `ring`.
-pub(crate) fn lock_value(req: &Acquire, ring: &Recorded) -> Result<LockValue, LockError> {
+pub(crate) fn lock_value<S>(req: &Acquire<S>, ring: &Recorded) -> Result<LockValue, LockError> {
     epoch_of(ring)?;
     let at = SystemTime::now()
         .duration_since(SystemTime::UNIX_EPOCH)

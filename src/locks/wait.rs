@@ -15,23 +15,21 @@
 //! shard, where no queue exists: such waits retry every few milliseconds
 //! instead of queueing.
 
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use crate::config::LockDelay;
 use crate::locks::{
-    epoch_of, lease_end, lock_value, Acquire, Acquired, Active, Expiry, LockError, LockName,
-    WaitSlots,
+    epoch_of, lease_end, lock_value, Acquire, Acquired, Active, Expiry, LockError, WaitSlots,
 };
 use crate::refusal::RateLimited;
 use crate::shard::keys::{name_hash, LockValue, Recorded, Stored};
 use crate::shard::ops::{LockShard, QueueWaiter};
 use crate::shard::queue::Awaited;
-use crate::shard::{AcquireTxn, Grantable, Shard};
+use crate::shard::{AcquireTxn, Grantable};
 use crate::token::lock_id::LockId;
 
 impl Active {
-    /// Acquire that waits up to `req.wait_ms`, first come first served.
+    /// Acquire that waits until `req.wait_until`, first come first served.
     pub(crate) async fn acquire_waiting(
         &self,
         req: &Acquire,
@@ -45,8 +43,7 @@ impl Active {
                 reason: "too many callers are waiting; retry later".into(),
                 retry_after: super::RETRY_AFTER,
             })?;
-        let deadline = Instant::now() + req.wait;
-        let shard = self.router.shard_for(req.name.as_str()).clone();
+        let deadline = req.deadline();
         // A waiter from the first answer that the name is held until its
         // own answer (an acquire answered at once never waited); dropping
         // it uncounts it, however the wait ends.
@@ -59,18 +56,14 @@ impl Active {
                 }
                 return Ok(answer);
             }
-            let w = waiting.get_or_insert_with(|| crate::metrics::Waiting::start(shard.name()));
-            if self.moved(&req.name, &shard) {
+            let w = waiting.get_or_insert_with(|| crate::metrics::Waiting::start(req.shard.name()));
+            if self.moved(req) {
                 // Held where no queue exists (its previous shard): retry.
                 tokio::time::sleep(Duration::from_millis(20)).await;
                 continue;
             }
-            let standing = OnRouter {
-                active: self,
-                shard: &shard,
-                name: &req.name,
-            };
-            let queued = self.queue(req, &shard, deadline, &standing);
+            let standing = OnRouter { active: self, req };
+            let queued = self.queue(req, &standing);
             if let Some(answer) = queued.await? {
                 w.ended(matches!(answer, Acquired::Granted(_)));
                 return Ok(answer);
@@ -79,24 +72,23 @@ impl Active {
         }
     }
 
-    /// Whether an open migration moved `name` here from another shard.
-    fn moved(&self, name: &LockName, shard: &Shard) -> bool {
-        self.router
-            .migration()
-            .is_some_and(|m| m.previous_shard(name.as_str()).name() != shard.name())
+    /// Whether an open migration moved `req`'s name to its shard from
+    /// another.
+    fn moved(&self, req: &Acquire) -> bool {
+        let name = req.name.as_str();
+        (self.router.migration()).is_some_and(|m| m.previous_shard(name).name() != req.shard.name())
     }
 
-    /// Waits in the name's queue on `shard`; `None` if a migration moved the
-    /// name meanwhile (then the queue no longer decides who gets it).
-    /// `standing`: what the router says of the shard meanwhile.
+    /// Waits in the name's queue on `req`'s shard until `req`'s deadline;
+    /// `None` if a migration moved the name meanwhile (then the queue no
+    /// longer decides who gets it). `standing`: what the router says of
+    /// the shard meanwhile.
     pub(crate) async fn queue<S: LockShard>(
         &self,
-        req: &Acquire,
-        shard: &Arc<S>,
-        deadline: Instant,
+        req: &Acquire<S>,
         standing: &impl Standing,
     ) -> Result<Option<Acquired>, LockError> {
-        let holder = req.holder.as_str();
+        let (shard, holder, deadline) = (&req.shard, req.holder.as_str(), req.deadline());
         let ttl_secs = req.ttl.secs();
         let k = shard.name_keys(&name_hash(req.name.as_str()));
         // A principal at its quota is refused before it queues (as an
@@ -221,28 +213,27 @@ pub(crate) trait Standing {
     fn identity_changed(&self);
 }
 
-/// The router's word on a name's shard.
+/// The router's word on the shard of an acquire's name.
 struct OnRouter<'a> {
     active: &'a Active,
-    shard: &'a Shard,
-    name: &'a LockName,
+    req: &'a Acquire,
 }
 
 impl Standing for OnRouter<'_> {
     fn grantable(&self) -> Result<Grantable, LockError> {
-        self.active.grantable(self.shard)
+        self.active.grantable(&self.req.shard)
     }
 
     fn moved(&self) -> bool {
-        self.active.moved(self.name, self.shard)
+        self.active.moved(self.req)
     }
 
     fn ring_changed(&self, found: Option<Recorded>) {
-        self.active.router.ring_changed(self.shard, found);
+        self.active.router.ring_changed(&self.req.shard, found);
     }
 
     fn identity_changed(&self) {
-        self.active.router.identity_changed(self.shard);
+        self.active.router.identity_changed(&self.req.shard);
     }
 }
 
