@@ -24,9 +24,9 @@ use rustls::ServerConfig;
 
 use crate::auth::{AuthSetupError, Principals};
 use crate::config::{HttpTimeouts, Settings};
+use crate::http::tls::TlsError;
 use crate::locks::{Active, Locks};
 use crate::placement::topology::Router;
-use crate::tls::TlsError;
 
 /// Everything a config makes for the running process.
 pub struct Generation {
@@ -93,7 +93,7 @@ fn read(
     settings: &Settings,
     before: Option<&Principals>,
 ) -> Result<(Front, crate::token::lock_id::Sealer), BuildError> {
-    let tls = crate::tls::load(&settings.server)?;
+    let tls = crate::http::tls::load(&settings.server)?;
     let sealer = crate::auth::sealer(&settings.auth)?;
     let admin_token = settings.admin.token.as_ref().map(|t| t.expose().as_str());
     let principals = Principals::after(before, &settings.auth, admin_token)?

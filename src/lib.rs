@@ -4,7 +4,8 @@
 //! # Layout
 //!
 //! Ten layers, each importing only from the layers below it. Bottom to
-//! top: `config`, `task` and `refusal`; `metrics`; `token` and `tls`;
+//! top: `config`, `task` and `refusal`; `metrics`; `token` and `http::tls`
+//! (the HTTP server's TLS, which the generation builds from below `http`);
 //! `auth` and `shard`; `placement`; `locks` and `cli`; `generation`;
 //! `reload`; `http`; `app`.
 //! `layout.rs` holds these ranks and tests that keep them, and that this
@@ -19,7 +20,8 @@
 //!   generation.rs  Generation: what a config makes, built in one place for
 //!               start and reload, and the one in force
 //!   http/       routes, body, answers, api, admin, admission, caller, error,
-//!               request_id, state, ui
+//!               request_id, state, ui; tls (the main listener's
+//!               certificates, rustls, swapped on reload)
 //!   locks/      acquire, wait, limit, quota, renew, extend, release, inspect,
 //!               force, listing, validate; decisions (their unit tests)
 //!   placement/  ring, topology, migration, monitor
@@ -28,7 +30,6 @@
 //!               verify, pressure; ops (the trait the lock layer's
 //!               decisions use), fake (the unit tests' in-memory shard)
 //!   token/      fencing, lock_id, lease_tag
-//!   tls.rs      the main listener's certificates (rustls), swapped on reload
 //!   auth/       principals: who is calling and what it may do; peer
 //!               (a client certificate's identities), keygen (new
 //!               tokens and keys)
@@ -50,7 +51,8 @@
 //!   switch, the router and the lock service's settings) with
 //!   [`generation`], one function for both.
 //! - [`http`]: the v1 HTTP API: the route table, request bodies, typed
-//!   answers, and the one place errors become responses.
+//!   answers, the one place errors become responses, and the main
+//!   listener's TLS.
 //! - [`locks`]: the lock operations: acquire (plain and waiting), renew,
 //!   release, inspect, lock-delays of lost holders, input validation; the
 //!   policy over the shard's lock-level calls, naming no field of a shard.
@@ -66,10 +68,9 @@
 //! (fencing-token and lockId formats), [`metrics`] (Prometheus series),
 //! [`task`] (background tasks that end with their owner, and a request's
 //! deadline), [`refusal`] (the refusals both the principals' checks and
-//! the lock operations give, mapped once to their HTTP answers),
-//! [`tls`] (the main listener's certificates); [`auth`] (principals, by
-//! token or client certificate, and the names each may lock) sits beside
-//! the shard layer.
+//! the lock operations give, mapped once to their HTTP answers); [`auth`]
+//! (principals, by token or client certificate, and the names each may
+//! lock) sits beside the shard layer.
 //! [`cli`] holds the other subcommands: `exec` and `plan`, which use only
 //! the client crate and the capacity model, and the operator's commands,
 //! which call a router's API and print its answers as tables, JSON or YAML.
@@ -91,7 +92,6 @@ pub mod refusal;
 pub mod reload;
 pub(crate) mod shard;
 pub mod task;
-pub mod tls;
 pub mod token;
 
 pub use app::{Application, StartError};

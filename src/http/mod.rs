@@ -7,9 +7,13 @@
 //! [`request_id`] names each request in its answer and its log lines;
 //! [`access`] is the access log (`server.access_log`);
 //! [`caller`] says which principal a lock API request acts for;
-//! [`state`] is what every handler shares; [`ui`] is the status page. TLS,
-//! the principals, the deadlines and the access log's switch come with the
-//! generation in force ([`crate::generation`]).
+//! [`state`] is what every handler shares; [`ui`] is the status page;
+//! [`tls`] reads the main listener's certificates. TLS, the principals,
+//! the deadlines and the access log's switch come with the generation in
+//! force ([`crate::generation`]), which builds them: `tls` is the one part
+//! of this layer that the generation, below it, calls (it has a layer of
+//! its own in `layout.rs`, below `generation`, and imports nothing else
+//! of `http`).
 
 pub mod access;
 pub mod admin;
@@ -22,6 +26,7 @@ pub mod error;
 pub mod request_id;
 pub mod routes;
 pub mod state;
+pub mod tls;
 pub mod ui;
 
 use std::convert::Infallible;
