@@ -160,8 +160,11 @@ pub struct Cli {
     #[arg(long)]
     pub router_etcd: Vec<String>,
     /// Members of every etcd shard (default 1; 3 or 5 as deployments run
-    /// them). etcd's CPU is then all members' together; its counters are
-    /// member 0's.
+    /// them). etcd's CPU is then all members' together, and so are its
+    /// counters: what each member does for every entry (proposals, lease
+    /// grants and revokes) counted once, what only the member a request
+    /// reached handles (Txn RPCs, keepalives, renewed on the leader)
+    /// summed.
     #[arg(long)]
     pub etcd_members: Option<usize>,
 }

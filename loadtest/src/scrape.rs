@@ -8,6 +8,7 @@
 use std::time::Instant;
 
 use anyhow::Result;
+use lockrouter_testkit::etcd::EtcdCluster;
 use lockrouter_testkit::metrics;
 use lockrouter_testkit::procfs::{cpu_seconds, machine_busy_seconds};
 use serde::{Deserialize, Serialize};
@@ -67,11 +68,36 @@ impl EtcdCounters {
         }
     }
 
+    /// Two members of one shard as the shard: what every member does for
+    /// each entry it applies (commit a proposal, grant or revoke a lease,
+    /// compact) is counted once, the most either counted; what only the
+    /// member a request reached handles (a Txn RPC, a keepalive, which the
+    /// leader alone renews) is summed.
+    fn with_member(&self, o: &Self) -> Self {
+        Self {
+            proposals: self.proposals.max(o.proposals),
+            txn_rpcs: self.txn_rpcs + o.txn_rpcs,
+            lease_grants: self.lease_grants.max(o.lease_grants),
+            lease_revokes: self.lease_revokes.max(o.lease_revokes),
+            lease_renewals: self.lease_renewals + o.lease_renewals,
+            compactions: self.compactions.max(o.compactions),
+        }
+    }
+
+    /// One shard's counters now, over all its members.
+    fn of_shard(shard: &EtcdCluster) -> std::io::Result<Self> {
+        let mut total = Self::parse(&shard.metrics_text(0)?);
+        for i in 1..shard.endpoints().len() {
+            total = total.with_member(&Self::parse(&shard.metrics_text(i)?));
+        }
+        Ok(total)
+    }
+
     /// Every shard's counters now, summed (the idle check reads only these).
     pub fn read(stack: &Stack) -> Result<Self> {
         let mut sum = Self::default();
         for s in &stack.shards {
-            sum = sum.plus(&Self::parse(&s.metrics_text(0)?));
+            sum = sum.plus(&Self::of_shard(s)?);
         }
         Ok(sum)
     }
@@ -181,7 +207,7 @@ impl Snapshot {
         let etcd = stack
             .shards
             .iter()
-            .map(|s| s.metrics_text(0).map(|t| EtcdCounters::parse(&t)))
+            .map(EtcdCounters::of_shard)
             .collect::<std::io::Result<Vec<_>>>()?;
         let router = RouterCounters::parse(&stack.router.metrics_text()?);
         let cpu = Cpu {
