@@ -25,7 +25,7 @@
 //!   locks/      acquire, wait, limit, quota, renew, extend, release, inspect,
 //!               force, listing, validate; decisions (their unit tests)
 //!   placement/  ring, topology, migration, monitor
-//!   shard/      conn, access, login, keys, name, txn, leases, renewal, queue,
+//!   shard/      conn, wire, access, login, keys, name, txn, leases, renewal, queue,
 //!               commit, records, scan, pages, cache, sessions, keepalive,
 //!               verify, pressure; ops (the trait the lock layer's
 //!               decisions use), fake (the unit tests' in-memory shard)

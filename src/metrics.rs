@@ -591,6 +591,14 @@ pub fn session_granted(shard: &str) {
     counter!("lockrouter_session_grants_total", "shard" => shard.to_string()).increment(1);
 }
 
+/// A connection to a shard's member: `made`, `failed` (could not be
+/// made: refused, unreachable, TLS, timed out) or `lost` (closed, or its
+/// pings went unanswered).
+pub fn etcd_connection(shard: &str, member: &str, event: &'static str) {
+    counter!("lockrouter_etcd_connections_total", "shard" => shard.to_string(), "member" => member.to_string(), "event" => event)
+        .increment(1);
+}
+
 pub fn shard_up(shard: &str, up: bool) {
     gauge!("lockrouter_shard_up", "shard" => shard.to_string()).set(if up { 1.0 } else { 0.0 });
 }

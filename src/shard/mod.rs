@@ -9,7 +9,8 @@
 //! with an answer (retry, wait, refuse, which quota applies) is theirs.
 //!
 //! Besides its connection ([`conn`], with the TLS and etcd user of
-//! [`access`], whose tokens [`login`] keeps), a shard owns the background
+//! [`access`], whose tokens [`login`] keeps, over the HTTP/2 transport of
+//! `wire.rs`: one connection per member), a shard owns the background
 //! helpers that make the hot paths cheap (the multiplexed keepalive stream
 //! in [`keepalive`], the lock-key cache renewals consult in [`cache`], batched
 //! verification for when the cache cannot vouch in [`verify`], the

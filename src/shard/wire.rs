@@ -58,6 +58,8 @@ use tonic::body::Body;
 use tonic::Status;
 use tower::util::BoxCloneSyncService;
 
+use crate::metrics as m;
+
 /// How often a connection is pinged, and how long its pong may take.
 const PING_EVERY: Duration = Duration::from_secs(1);
 const PING_TIMEOUT: Duration = Duration::from_secs(1);
@@ -340,6 +342,7 @@ impl Link {
                     .saturating_mul(1u32 << (state.failures - 1).min(10))
                     .min(BACKOFF_MAX);
                 state.retry_at = Some((Instant::now() + wait, why.clone()));
+                m::etcd_connection(&self.shard, &self.endpoint, "failed");
                 tracing::debug!(shard = %self.shard, member = %self.endpoint, error = %why, "cannot connect to member");
                 Err(self.unavailable(why))
             }
@@ -389,6 +392,7 @@ impl Link {
             state.sender = Some((state.made, sender.clone()));
             state.made
         };
+        m::etcd_connection(&self.shard, &self.endpoint, "made");
         let pings = conn.ping_pong().map(keep_pinging);
         let link = Arc::downgrade(self);
         tokio::spawn(async move {
@@ -411,6 +415,7 @@ impl Link {
         let mut state = link.state.lock().expect("link state");
         if matches!(&state.sender, Some((n, _)) if *n == number) {
             state.sender = None;
+            m::etcd_connection(&link.shard, &link.endpoint, "lost");
             tracing::debug!(shard = %link.shard, member = %link.endpoint, error = ?why, "connection to member ended");
         }
     }
