@@ -76,7 +76,9 @@ impl Active {
     /// another.
     fn moved(&self, req: &Acquire) -> bool {
         let name = req.name.as_str();
-        (self.router.migration()).is_some_and(|m| m.previous_shard(name).name() != req.shard.name())
+        self.router
+            .migration()
+            .is_some_and(|m| m.previous_shard(name).name() != req.shard.name())
     }
 
     /// Waits in the name's queue on `req`'s shard until `req`'s deadline;
