@@ -29,7 +29,8 @@ impl Active {
         let owner = owner_of(caller);
         let identity_changed = || self.router.identity_changed(&shard);
         let sealed = (lock_id, token);
-        (self.extend_on(&*shard, &id, sealed, ttl, owner, identity_changed)).await
+        self.extend_on(&*shard, &id, sealed, ttl, owner, identity_changed)
+            .await
     }
 
     /// Moves the lock `id` names on `shard` (its lockId and token as the

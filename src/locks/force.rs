@@ -12,7 +12,7 @@
 //! txn, so a grant made between the read and the delete is never touched.
 
 use super::*;
-use crate::shard::keys::{name_hash, LockValue, Stored};
+use crate::shard::keys::{name_hash, Stored};
 use crate::shard::ops::LockShard;
 use crate::shard::NameKeys;
 use crate::token::fencing;
@@ -57,12 +57,7 @@ impl Active {
         only: Option<u64>,
     ) -> Result<Option<ForceOutcome>, LockError> {
         let Some(kv) = lock else { return Ok(None) };
-        let value: LockValue = serde_json::from_slice(kv.value()).map_err(Corrupt::LockValue)?;
-        let fencing_token =
-            fencing::token(value.epoch, kv.create_revision()).ok_or(Corrupt::Token {
-                epoch: value.epoch,
-                revision: kv.create_revision(),
-            })?;
+        let (value, fencing_token) = held_by(&kv)?;
         if only.is_some_and(|token| token != fencing_token) {
             return Ok(Some(ForceOutcome::OtherGrant { fencing_token }));
         }

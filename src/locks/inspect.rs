@@ -4,9 +4,8 @@
 use std::time::{Duration, Instant, UNIX_EPOCH};
 
 use super::*;
-use crate::shard::keys::{name_hash, LockValue, NameHash, Stored};
+use crate::shard::keys::{name_hash, NameHash, Stored};
 use crate::shard::ops::LockShard;
-use crate::token::fencing;
 
 impl Active {
     /// Where `name` may be held: its shard and, during a migration that
@@ -78,11 +77,7 @@ impl Active {
                 waiters: own.queue_len(&queue).await?,
             });
         };
-        let value: LockValue = serde_json::from_slice(kv.value()).map_err(Corrupt::LockValue)?;
-        let token = fencing::token(value.epoch, kv.create_revision()).ok_or(Corrupt::Token {
-            epoch: value.epoch,
-            revision: kv.create_revision(),
-        })?;
+        let (value, token) = held_by(&kv)?;
         // Held while the key exists, whatever etcd's whole-second TTL says:
         // a lease with 0.9 s left reads as 0 s, and the name is still
         // refused to others until etcd deletes the key.

@@ -682,6 +682,17 @@ impl Active {
     }
 }
 
+/// The record a lock key holds, and the fencing token of its grant.
+pub(crate) fn held_by(kv: &Stored) -> Result<(LockValue, u64), LockError> {
+    let value: LockValue = serde_json::from_slice(kv.value()).map_err(Corrupt::LockValue)?;
+    let revision = kv.create_revision();
+    let token = crate::token::fencing::token(value.epoch, revision).ok_or(Corrupt::Token {
+        epoch: value.epoch,
+        revision,
+    })?;
+    Ok((value, token))
+}
+
 /// When the lease of `kv` ends, as far as the router knows now.
 pub(crate) async fn lease_end<S: LockShard>(shard: &S, kv: &Stored) -> Result<Expiry, EtcdError> {
     let sent = Instant::now();

@@ -85,8 +85,9 @@ impl Active {
         for (i, id) in ids.iter().enumerate() {
             let entry = by_shard.entry(id.shard.as_str()).or_insert_with(|| {
                 let shard = self.shard_of(id).ok();
-                let latency =
-                    (shard.as_ref()).map(|s| s.metrics().latency(ShardOp::Renew, received));
+                let latency = shard
+                    .as_ref()
+                    .map(|s| s.metrics().latency(ShardOp::Renew, received));
                 (shard, Vec::new(), latency)
             });
             entry.1.push(i);
