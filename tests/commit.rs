@@ -1,7 +1,8 @@
 //! Group commit on real etcd: grants and releases that queue up behind
-//! each other share raft writes, and a batch never changes what any one of
-//! them would have done alone (one winner per name, a dead session lease
-//! fails only its own acquire, a stale release deletes nothing).
+//! each other share raft writes, together, and a batch never changes what
+//! any one of them would have done alone (one winner per name, a dead
+//! session lease fails only its own acquire, a stale release deletes
+//! nothing, a ring or identity change grants nothing and still releases).
 //!
 //! Each test pauses the single etcd member (SIGSTOP) while its requests
 //! arrive, so that they queue behind the batches in flight and go out
@@ -13,6 +14,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use futures::future::join_all;
 use serde_json::Value;
 
+use lockrouter::keys::Keys;
 use lockrouter_testkit::api::{Api, Reply};
 use lockrouter_testkit::etcd::EtcdCluster;
 use lockrouter_testkit::router::TestRouter;
@@ -45,6 +47,22 @@ where
 fn acquire(api: &Api, name: String, client: String) -> impl std::future::Future<Output = Reply> {
     let api = api.clone();
     async move { api.acquire(&name, 30_000, &client).await }
+}
+
+fn release(api: &Api, lock: (String, u64)) -> impl std::future::Future<Output = Reply> {
+    let api = api.clone();
+    async move { api.release(&lock).await }
+}
+
+/// The names (hashed, as etcd keys) of the lock keys under the router's
+/// prefix.
+async fn lock_keys(etcd: &EtcdCluster) -> usize {
+    let mut c = etcd.client().await;
+    let opts = etcd_client::GetOptions::new()
+        .with_prefix()
+        .with_count_only();
+    let resp = c.get("/lockrouter/locks/", Some(opts)).await.unwrap();
+    resp.count() as usize
 }
 
 /// The lease each lock key under the router's prefix rides on, by the
@@ -182,4 +200,93 @@ async fn releases_that_queue_up_share_raft_writes_and_a_stale_one_deletes_nothin
     let r = api.inspect("rel-0").await;
     assert_eq!(r.body["held"], true, "{r:?}");
     assert_eq!(r.body["fencingToken"].as_u64(), Some(b.1), "{r:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn grants_and_releases_that_queue_up_share_one_txn() {
+    let etcd = EtcdCluster::single();
+    let router = TestRouter::start(&[&etcd]).await;
+    let api = &router.api;
+    let held = api.must_acquire_each("old", 40, 30_000).await;
+    api.must_acquire("warm-up-b", 30_000, "B").await;
+    // 40 releases and 40 acquires of other names, all at once.
+    let mut calls: Vec<std::pin::Pin<Box<dyn std::future::Future<Output = Reply> + Send>>> =
+        Vec::new();
+    for (i, lock) in held.into_iter().enumerate() {
+        calls.push(Box::pin(release(api, lock)));
+        calls.push(Box::pin(acquire(api, format!("new-{i}"), "B".into())));
+    }
+    let (replies, writes) = while_paused(&etcd, calls).await;
+    for (i, r) in replies.iter().enumerate() {
+        if i % 2 == 0 {
+            assert_eq!(r.status, 204, "release: {r:?}");
+        } else {
+            assert_eq!(r.status, 200, "acquire: {r:?}");
+            assert_eq!(r.body["acquired"], true, "{r:?}");
+        }
+    }
+    // 80 txns one by one; apart, at least two batches of each kind; queued
+    // together behind the two batches in flight they share txns.
+    assert!(
+        writes < 10.0,
+        "{writes} raft writes for 40 grants and 40 releases"
+    );
+    let metrics = api.metrics().await;
+    assert!(
+        metrics.contains("lockrouter_commits_total{shard=\"a\",kind=\"mixed\"}"),
+        "{metrics}"
+    );
+    for i in 0..40 {
+        assert_eq!(api.inspect(&format!("old-{i}")).await.body["held"], false);
+        assert_eq!(api.inspect(&format!("new-{i}")).await.body["held"], true);
+    }
+    assert_eq!(lock_keys(&etcd).await, 41);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_batch_whose_identity_compare_fails_grants_nothing_and_still_releases() {
+    let etcd = EtcdCluster::single();
+    let router = TestRouter::start(&[&etcd]).await;
+    let api = &router.api;
+    let held = api.must_acquire_each("old", 30, 30_000).await;
+    api.must_acquire("warm-up-b", 30_000, "B").await;
+    assert_eq!(lock_keys(&etcd).await, 31);
+    // The shard's identity record changes under the router (the endpoints
+    // now reach a cluster recorded as another shard): its cached identity
+    // is stale, and the next batch's outer compare fails.
+    let keys = Keys::new("/lockrouter");
+    let mut c = etcd.client().await;
+    let recorded = c.get(keys.identity(), None).await.unwrap().kvs()[0]
+        .value()
+        .to_vec();
+    let other = String::from_utf8(recorded)
+        .unwrap()
+        .replace("\"shard\":\"a\"", "\"shard\":\"elsewhere\"");
+    assert!(other.contains("elsewhere"), "{other}");
+    c.put(keys.identity(), other, None).await.unwrap();
+    let mut calls: Vec<std::pin::Pin<Box<dyn std::future::Future<Output = Reply> + Send>>> =
+        Vec::new();
+    for (i, lock) in held.into_iter().enumerate() {
+        calls.push(Box::pin(release(api, lock)));
+        calls.push(Box::pin(acquire(api, format!("new-{i}"), "B".into())));
+    }
+    let (replies, _) = while_paused(&etcd, calls).await;
+    for (i, r) in replies.iter().enumerate() {
+        if i % 2 == 0 {
+            assert_eq!(r.status, 204, "release: {r:?}");
+        } else {
+            assert_ne!(
+                r.status, 200,
+                "granted on a shard of another identity: {r:?}"
+            );
+            assert_eq!(r.body["error"]["code"], "shard_unavailable", "{r:?}");
+        }
+    }
+    let metrics = api.metrics().await;
+    assert!(
+        metrics.contains("lockrouter_commits_total{shard=\"a\",kind=\"mixed\"}"),
+        "{metrics}"
+    );
+    // Every release applied, and no grant: only B's warm-up key is left.
+    assert_eq!(lock_keys(&etcd).await, 1);
 }

@@ -1,17 +1,18 @@
-//! Group commit: the acquires (and, apart, the releases) of a shard that
-//! arrive while earlier ones are in flight go to etcd as one txn of nested
-//! txns, one raft write for all of them (`docs/design.md`, "Group
-//! commit").
+//! Group commit: the acquires and releases of a shard that arrive while
+//! earlier ones are in flight go to etcd as one txn of nested txns, one
+//! raft write for all of them (`docs/design.md`, "Group commit").
 //!
 //! No request waits for a timer: a batch is whatever is waiting when a slot
-//! frees (at most [`IN_FLIGHT`] batches in flight per kind). Each acquire
+//! frees (at most [`IN_FLIGHT`] batches in flight per shard). Each acquire
 //! keeps its own compares in its nested txn; the ring and identity are
 //! compared once, by the outer txn, so only acquires that compare the same
-//! ring and identity share a batch. A name appears once per batch (etcd
-//! refuses a key twice in one txn); a later acquire of it waits for the
-//! next batch. A put naming a lease that is gone fails the whole txn and
-//! applies nothing: the batch is then sent again in halves, until only the
-//! acquire of the dead lease sees it.
+//! ring and identity share a batch. A release compares no ring: its txn
+//! rides in both branches of the outer txn, applied whichever way the ring
+//! compare goes. A name appears once per batch (etcd refuses a key twice in
+//! one txn); a later acquire or release of it waits for the next batch. A
+//! put naming a lease that is gone fails the whole txn and applies nothing:
+//! the batch is then sent again in halves, until only the acquire of the
+//! dead lease sees it.
 //!
 //! A batch's txn is bounded by the latest deadline of the requests it
 //! serves (or the shard's deadline, if sooner), and an acquire whose caller
@@ -29,19 +30,20 @@ use tokio_util::sync::CancellationToken;
 use super::conn::{EtcdConn, EtcdError};
 use super::keys::{Keys, LockValue, Recorded};
 use super::name::{
-    acquire_txn, classify_refusal, gets, grant_ops, name_compares, name_state, own_reads,
+    acquire_txn, classify_refusal, gets, got, grant_ops, name_compares, name_state, own_reads,
     release_outcome, release_txn, revision, shard_compares,
 };
 use super::name::{AcquireTxn, Grantable, NameKeys, NameState, ReleaseTxn};
 
-/// Batches of each kind in flight at once per shard. More than one, so
-/// that at low load an acquire never waits behind another's round trip.
+/// Batches in flight at once per shard. More than one, so that at low
+/// load a request never waits behind another's round trip.
 pub const IN_FLIGHT: usize = 2;
-/// Most grants or releases in one txn. etcd (`--max-txn-ops`, default
-/// 128) counts a txn's ops and then gives each nested txn what is left:
-/// 100 outer ops leave 28, far above the 4 a nested grant needs. A batch
-/// that etcd refuses anyway (a lower limit, `--max-request-bytes`) is sent
-/// again in halves.
+/// Most grants and releases in one txn. etcd (`--max-txn-ops`, default
+/// 128) counts a txn's ops (102 at most here: the `Else` of a mixed batch
+/// reads the ring and identity beside its releases) and then gives each
+/// nested txn what is left: 26, far above the 4 a nested grant or release
+/// needs. A batch that etcd refuses anyway (a lower limit,
+/// `--max-request-bytes`) is sent again in halves.
 const MAX_BATCH: usize = 100;
 /// Largest answer a batch's txn may bring: up to [`MAX_BATCH`] lock values
 /// (a refused grant's reads, a release's deleted key), each up to about
@@ -71,12 +73,26 @@ pub struct ReleaseJob {
     reply: oneshot::Sender<Result<ReleaseTxn, EtcdError>>,
 }
 
-/// Handle to a shard's committer tasks; dropping it stops them.
+/// A grant or a release waiting for its batch (a grant's job is the larger
+/// by far, and boxed so that the queue's slots stay small).
+enum Job {
+    Acquire(Box<AcquireJob>),
+    Release(ReleaseJob),
+}
+
+impl Job {
+    fn name(&self) -> &[u8] {
+        match self {
+            Job::Acquire(j) => &j.k.lock,
+            Job::Release(j) => &j.k.lock,
+        }
+    }
+}
+
+/// Handle to a shard's committer task; dropping it stops it.
 pub struct Committer {
-    acquires: mpsc::Sender<AcquireJob>,
-    releases: mpsc::Sender<ReleaseJob>,
-    _acquire_task: crate::task::TaskGuard,
-    _release_task: crate::task::TaskGuard,
+    jobs: mpsc::Sender<Job>,
+    _task: crate::task::TaskGuard,
 }
 
 /// What the committer needs of the shard.
@@ -89,16 +105,12 @@ struct Target {
 impl Committer {
     pub fn start(conn: EtcdConn, keys: Keys, cancel: &CancellationToken) -> Self {
         let target = Target { conn, keys };
-        let (acquires, arx) = mpsc::channel(16_384);
-        let (releases, rrx) = mpsc::channel(16_384);
-        let (ac, rc) = (cancel.child_token(), cancel.child_token());
-        let a = tokio::spawn(run_acquires(target.clone(), arx, ac.clone()));
-        let r = tokio::spawn(run_releases(target, rrx, rc.clone()));
+        let (jobs, rx) = mpsc::channel(16_384);
+        let cancel = cancel.child_token();
+        let task = tokio::spawn(run(target, rx, cancel.clone()));
         Self {
-            acquires,
-            releases,
-            _acquire_task: crate::task::TaskGuard::new(a, ac),
-            _release_task: crate::task::TaskGuard::new(r, rc),
+            jobs,
+            _task: crate::task::TaskGuard::new(task, cancel),
         }
     }
 
@@ -121,7 +133,8 @@ impl Committer {
             deadline: crate::task::request_deadline(),
             reply,
         };
-        self.acquires.send(job).await.map_err(|_| stopped())?;
+        let job = Job::Acquire(Box::new(job));
+        self.jobs.send(job).await.map_err(|_| stopped())?;
         rx.await.map_err(|_| stopped())?
     }
 
@@ -140,7 +153,8 @@ impl Committer {
             deadline: crate::task::request_deadline(),
             reply,
         };
-        self.releases.send(job).await.map_err(|_| stopped())?;
+        let job = Job::Release(job);
+        self.jobs.send(job).await.map_err(|_| stopped())?;
         rx.await.map_err(|_| stopped())?
     }
 }
@@ -152,15 +166,12 @@ fn stopped() -> EtcdError {
     }
 }
 
-async fn run_acquires(
-    target: Target,
-    mut rx: mpsc::Receiver<AcquireJob>,
-    cancel: CancellationToken,
-) {
+async fn run(target: Target, mut rx: mpsc::Receiver<Job>, cancel: CancellationToken) {
     let slots = Arc::new(Semaphore::new(IN_FLIGHT));
-    // Jobs that could not join the last batch (another ring, or a name
-    // already in it), first in line for the next.
-    let mut carried: VecDeque<AcquireJob> = VecDeque::new();
+    // Jobs that could not join the last batch (an acquire under another
+    // ring or identity, or a name already in it), first in line for the
+    // next.
+    let mut carried: VecDeque<Job> = VecDeque::new();
     loop {
         let slot = tokio::select! {
             s = slots.clone().acquire_owned() => s.expect("semaphore is never closed"),
@@ -173,9 +184,9 @@ async fn run_acquires(
                 _ = cancel.cancelled() => return,
             },
         };
-        let mut names: HashSet<Vec<u8>> = HashSet::from([first.k.lock.clone()]);
-        let mut batch = vec![first];
-        let mut waiting: VecDeque<AcquireJob> = std::mem::take(&mut carried);
+        let mut batch = Batch::default();
+        let mut waiting: VecDeque<Job> = std::mem::take(&mut carried);
+        waiting.push_front(first);
         while batch.len() < MAX_BATCH {
             let job = match waiting.pop_front() {
                 Some(job) => job,
@@ -184,103 +195,209 @@ async fn run_acquires(
                     Err(_) => break,
                 },
             };
-            let same = job.g.ring == batch[0].g.ring && job.g.identity == batch[0].g.identity;
-            if same && names.insert(job.k.lock.clone()) {
-                batch.push(job);
-            } else {
+            if let Some(job) = batch.join(job) {
                 carried.push_back(job);
             }
         }
         carried.extend(waiting);
         let target = target.clone();
         tokio::spawn(async move {
-            crate::metrics::commit_batch(target.conn.shard(), "acquire", batch.len());
-            commit_acquires(&target, batch).await;
+            crate::metrics::commit_batch(target.conn.shard(), batch.kind(), batch.len());
+            commit(&target, batch.acquires, batch.releases).await;
             drop(slot);
         });
     }
 }
 
-/// Sends `batch` as one txn (a single acquire as its own txn), and answers
+/// The jobs of one txn: distinct names, and acquires that compare the same
+/// ring and identity.
+#[derive(Default)]
+struct Batch {
+    acquires: Vec<AcquireJob>,
+    releases: Vec<ReleaseJob>,
+    names: HashSet<Vec<u8>>,
+}
+
+impl Batch {
+    /// Adds `job`, or hands it back if it cannot share this batch's txn.
+    fn join(&mut self, job: Job) -> Option<Job> {
+        if let (Job::Acquire(j), Some(first)) = (&job, self.acquires.first()) {
+            if j.g.ring != first.g.ring || j.g.identity != first.g.identity {
+                return Some(job);
+            }
+        }
+        if !self.names.insert(job.name().to_vec()) {
+            return Some(job);
+        }
+        match job {
+            Job::Acquire(j) => self.acquires.push(*j),
+            Job::Release(j) => self.releases.push(j),
+        }
+        None
+    }
+
+    fn len(&self) -> usize {
+        self.acquires.len() + self.releases.len()
+    }
+
+    /// The `kind` of its `lockrouter_commits_total`.
+    fn kind(&self) -> &'static str {
+        match (self.acquires.is_empty(), self.releases.is_empty()) {
+            (false, true) => "acquire",
+            (true, false) => "release",
+            _ => "mixed",
+        }
+    }
+}
+
+/// Sends the batch as one txn (a single job as its own txn) and answers
 /// each job. A dead lease in the batch fails the whole txn: then the batch
 /// is sent again in halves.
-async fn commit_acquires(target: &Target, mut batch: Vec<AcquireJob>) {
-    batch.retain(|j| !j.reply.is_closed());
-    if batch.is_empty() {
-        return;
-    }
-    let deadline = latest(batch.iter().map(|j| j.deadline));
-    if batch.len() == 1 {
-        let job = batch.into_iter().next().expect("one job");
-        let txn = acquire_txn(
-            &target.keys,
-            &job.k,
-            &job.value,
-            job.lease,
-            &job.g,
-            job.replace_held,
-        );
-        let result = call(target, txn, deadline)
-            .await
-            .map(|resp| single_outcome(resp, &job.g));
-        let _ = job.reply.send(result);
-        return;
-    }
-    let g = batch[0].g.clone();
-    let nested: Vec<TxnOp> = batch
-        .iter()
-        .map(|j| TxnOp::txn(nested_acquire(&j.k, &j.value, j.lease, j.replace_held)))
-        .collect();
-    let k = &target.keys;
-    let txn = Txn::new()
-        .when(shard_compares(k, &g))
-        .and_then(nested)
-        .or_else([TxnOp::get(k.ring(), None), TxnOp::get(k.identity(), None)]);
-    match call(target, txn, deadline).await {
-        Ok(resp) if resp.succeeded() => {
-            let granted_at = revision(&resp);
-            for (job, op) in batch.into_iter().zip(resp.op_responses()) {
-                let outcome = match op {
-                    TxnOpResponse::Txn(inner) if inner.succeeded() => AcquireTxn::Granted {
-                        revision: granted_at,
-                    },
-                    TxnOpResponse::Txn(inner) => nested_refusal(inner, &job.g),
-                    _ => AcquireTxn::Queued, // not an answer a nested txn gives
-                };
-                let _ = job.reply.send(Ok(outcome));
-            }
+async fn commit(target: &Target, mut acquires: Vec<AcquireJob>, releases: Vec<ReleaseJob>) {
+    acquires.retain(|j| !j.reply.is_closed());
+    let deadline = latest(
+        acquires
+            .iter()
+            .map(|j| j.deadline)
+            .chain(releases.iter().map(|j| j.deadline)),
+    );
+    match (acquires.len(), releases.len()) {
+        (0, 0) => return,
+        (1, 0) => {
+            let job = acquires.pop().expect("one acquire");
+            let txn = acquire_txn(
+                &target.keys,
+                &job.k,
+                &job.value,
+                job.lease,
+                &job.g,
+                job.replace_held,
+            );
+            let result = call(target, txn, deadline)
+                .await
+                .map(|resp| single_outcome(resp, &job.g));
+            let _ = job.reply.send(result);
+            return;
         }
-        Ok(resp) => {
-            // The ring or the identity changed: every acquire sees it.
-            let mut reads = gets(resp);
-            let ring = reads.next().flatten().map(|kv| Recorded::parse(kv.value()));
-            let identity = reads.next().flatten().map(|kv| kv.value().to_vec());
-            for job in batch {
-                let outcome = if identity.as_deref() != Some(job.g.identity.as_slice()) {
-                    AcquireTxn::IdentityChanged
-                } else {
-                    AcquireTxn::RingChanged(ring.clone())
-                };
-                let _ = job.reply.send(Ok(outcome));
-            }
+        (0, 1) => {
+            let job = releases.into_iter().next().expect("one release");
+            let txn = release_txn(&job.k, job.revision, job.lease);
+            let outcome = call(target, txn, deadline).await;
+            let _ = job.reply.send(outcome.map(|r| release_outcome(&r)));
+            return;
         }
+        _ => {}
+    }
+    match call(
+        target,
+        batch_txn(&target.keys, &acquires, &releases),
+        deadline,
+    )
+    .await
+    {
+        Ok(resp) => answer(resp, acquires, releases),
         // A dead lease (or anything else etcd refuses in one of the jobs)
         // fails the whole txn and applies nothing: halve until it reaches
         // only the jobs it concerns.
         Err(EtcdError::LeaseNotFound | EtcdError::Other { .. }) => {
-            let (a, b) = halves(batch);
+            let jobs: Vec<Job> = acquires
+                .into_iter()
+                .map(|j| Job::Acquire(Box::new(j)))
+                .chain(releases.into_iter().map(Job::Release))
+                .collect();
+            let (a, b) = halves(jobs);
+            let (a, b) = (split(a), split(b));
             futures::future::join(
-                Box::pin(commit_acquires(target, a)),
-                Box::pin(commit_acquires(target, b)),
+                Box::pin(commit(target, a.0, a.1)),
+                Box::pin(commit(target, b.0, b.1)),
             )
             .await;
         }
         Err(e) => {
-            for job in batch {
+            for job in acquires {
+                let _ = job.reply.send(Err(e.clone()));
+            }
+            for job in releases {
                 let _ = job.reply.send(Err(e.clone()));
             }
         }
     }
+}
+
+/// A batch's txn: releases alone as nested txns under no compare; with
+/// acquires, the ring and identity compared once by the outer txn, each
+/// acquire's nested txn in its `Then`, and the releases' nested txns in
+/// both branches, applied whichever way the compare goes.
+fn batch_txn(k: &Keys, acquires: &[AcquireJob], releases: &[ReleaseJob]) -> Txn {
+    let released: Vec<TxnOp> = releases
+        .iter()
+        .map(|j| TxnOp::txn(release_txn(&j.k, j.revision, j.lease)))
+        .collect();
+    let Some(first) = acquires.first() else {
+        return Txn::new().and_then(released);
+    };
+    let granted = acquires
+        .iter()
+        .map(|j| TxnOp::txn(nested_acquire(&j.k, &j.value, j.lease, j.replace_held)));
+    let reads = [TxnOp::get(k.ring(), None), TxnOp::get(k.identity(), None)];
+    Txn::new()
+        .when(shard_compares(k, &first.g))
+        .and_then(granted.chain(released.iter().cloned()).collect::<Vec<_>>())
+        .or_else(reads.into_iter().chain(released).collect::<Vec<_>>())
+}
+
+/// Answers each job of a batch from its txn's answer: the acquires' nested
+/// answers (or the outer `Else`'s ring and identity), then the releases'.
+fn answer(resp: TxnResponse, acquires: Vec<AcquireJob>, releases: Vec<ReleaseJob>) {
+    let succeeded = resp.succeeded();
+    let granted_at = revision(&resp);
+    let mut ops = resp.op_responses().into_iter();
+    if succeeded {
+        for (job, op) in acquires.into_iter().zip(ops.by_ref()) {
+            let outcome = match op {
+                TxnOpResponse::Txn(inner) if inner.succeeded() => AcquireTxn::Granted {
+                    revision: granted_at,
+                },
+                TxnOpResponse::Txn(inner) => nested_refusal(inner, &job.g),
+                _ => AcquireTxn::Queued, // not an answer a nested txn gives
+            };
+            let _ = job.reply.send(Ok(outcome));
+        }
+    } else {
+        // The ring or the identity changed: every acquire sees it.
+        let ring = ops
+            .next()
+            .and_then(got)
+            .map(|kv| Recorded::parse(kv.value()));
+        let identity = ops.next().and_then(got).map(|kv| kv.value().to_vec());
+        for job in acquires {
+            let outcome = if identity.as_deref() != Some(job.g.identity.as_slice()) {
+                AcquireTxn::IdentityChanged
+            } else {
+                AcquireTxn::RingChanged(ring.clone())
+            };
+            let _ = job.reply.send(Ok(outcome));
+        }
+    }
+    for (job, op) in releases.into_iter().zip(ops) {
+        let outcome = match op {
+            TxnOpResponse::Txn(inner) => release_outcome(&inner),
+            _ => ReleaseTxn::NotHeld, // not an answer a nested txn gives
+        };
+        let _ = job.reply.send(Ok(outcome));
+    }
+}
+
+/// A batch's jobs back in their two kinds.
+fn split(jobs: Vec<Job>) -> (Vec<AcquireJob>, Vec<ReleaseJob>) {
+    let (mut acquires, mut releases) = (Vec::new(), Vec::new());
+    for job in jobs {
+        match job {
+            Job::Acquire(j) => acquires.push(*j),
+            Job::Release(j) => releases.push(j),
+        }
+    }
+    (acquires, releases)
 }
 
 /// Splits a batch of two or more in two non-empty halves.
@@ -323,86 +440,6 @@ fn single_outcome(resp: TxnResponse, g: &Grantable) -> AcquireTxn {
     classify_refusal(name_state(&mut gets(resp)), g).unwrap_or(AcquireTxn::Queued)
 }
 
-async fn run_releases(
-    target: Target,
-    mut rx: mpsc::Receiver<ReleaseJob>,
-    cancel: CancellationToken,
-) {
-    let slots = Arc::new(Semaphore::new(IN_FLIGHT));
-    let mut carried: Option<ReleaseJob> = None;
-    loop {
-        let slot = tokio::select! {
-            s = slots.clone().acquire_owned() => s.expect("semaphore is never closed"),
-            _ = cancel.cancelled() => return,
-        };
-        let first = match carried.take() {
-            Some(job) => job,
-            None => tokio::select! {
-                job = rx.recv() => match job { Some(j) => j, None => return },
-                _ = cancel.cancelled() => return,
-            },
-        };
-        let mut names: HashSet<Vec<u8>> = HashSet::from([first.k.lock.clone()]);
-        let mut batch = vec![first];
-        while batch.len() < MAX_BATCH {
-            let Ok(job) = rx.try_recv() else { break };
-            if names.insert(job.k.lock.clone()) {
-                batch.push(job);
-            } else {
-                carried = Some(job);
-                break;
-            }
-        }
-        let target = target.clone();
-        tokio::spawn(async move {
-            crate::metrics::commit_batch(target.conn.shard(), "release", batch.len());
-            commit_releases(&target, batch).await;
-            drop(slot);
-        });
-    }
-}
-
-/// Sends `batch` as one txn of nested release txns (a single release as
-/// its own txn) and answers what each did.
-async fn commit_releases(target: &Target, batch: Vec<ReleaseJob>) {
-    let deadline = latest(batch.iter().map(|j| j.deadline));
-    if batch.len() == 1 {
-        let job = batch.into_iter().next().expect("one job");
-        let txn = release_txn(&job.k, job.revision, job.lease);
-        let outcome = call(target, txn, deadline).await;
-        let _ = job.reply.send(outcome.map(|r| release_outcome(&r)));
-        return;
-    }
-    let nested: Vec<TxnOp> = batch
-        .iter()
-        .map(|j| TxnOp::txn(release_txn(&j.k, j.revision, j.lease)))
-        .collect();
-    match call(target, Txn::new().and_then(nested), deadline).await {
-        Ok(resp) => {
-            for (job, op) in batch.into_iter().zip(resp.op_responses()) {
-                let outcome = match op {
-                    TxnOpResponse::Txn(inner) => release_outcome(&inner),
-                    _ => ReleaseTxn::NotHeld, // not an answer a nested txn gives
-                };
-                let _ = job.reply.send(Ok(outcome));
-            }
-        }
-        Err(EtcdError::Other { .. }) => {
-            let (a, b) = halves(batch);
-            futures::future::join(
-                Box::pin(commit_releases(target, a)),
-                Box::pin(commit_releases(target, b)),
-            )
-            .await;
-        }
-        Err(e) => {
-            for job in batch {
-                let _ = job.reply.send(Err(e.clone()));
-            }
-        }
-    }
-}
-
 /// The latest of the batch's request deadlines; `None` if one of its jobs
 /// has none (it then waits as long as the shard's deadline).
 fn latest(deadlines: impl Iterator<Item = Option<Instant>>) -> Option<Instant> {
@@ -434,8 +471,78 @@ async fn call(
 
 #[cfg(test)]
 mod tests {
-    use super::{halves, latest};
+    use super::{halves, latest, AcquireJob, Batch, Job, ReleaseJob};
+    use crate::keys::RingMeta;
+    use crate::shard::keys::{name_hash, Keys, LockValue, Recorded};
+    use crate::shard::name::{Grantable, NameKeys};
     use std::time::{Duration, Instant};
+    use tokio::sync::oneshot;
+
+    fn keys(name: &str) -> NameKeys {
+        NameKeys::new(&Keys::new("/t"), &name_hash(name))
+    }
+
+    fn grantable(ring: &str) -> Grantable {
+        let meta = RingMeta {
+            epoch: 1,
+            ring: ring.into(),
+            previous: None,
+        };
+        Grantable {
+            ring: Recorded::new(meta),
+            identity: b"shard a".to_vec(),
+        }
+    }
+
+    fn acquire(name: &str, ring: &str) -> Job {
+        let value = LockValue {
+            client: "c".into(),
+            epoch: 1,
+            name: name.into(),
+            ttl: 10,
+            at: 0,
+            meta: None,
+        };
+        Job::Acquire(Box::new(AcquireJob {
+            k: keys(name),
+            value,
+            lease: 1,
+            g: grantable(ring),
+            replace_held: None,
+            deadline: None,
+            reply: oneshot::channel().0,
+        }))
+    }
+
+    fn release(name: &str) -> Job {
+        Job::Release(ReleaseJob {
+            k: keys(name),
+            revision: 5,
+            lease: 1,
+            deadline: None,
+            reply: oneshot::channel().0,
+        })
+    }
+
+    #[test]
+    fn a_batch_holds_each_name_once_and_one_ring_but_releases_of_any() {
+        let mut b = Batch::default();
+        assert!(b.join(release("r")).is_none());
+        assert_eq!(b.kind(), "release");
+        assert!(b.join(acquire("x", "ring-1")).is_none());
+        assert_eq!(b.kind(), "mixed");
+        // A name already in the batch waits for the next, whichever kind.
+        assert!(b.join(release("x")).is_some());
+        assert!(b.join(acquire("r", "ring-1")).is_some());
+        // An acquire comparing another ring waits; a release compares none.
+        assert!(b.join(acquire("y", "ring-2")).is_some());
+        assert!(b.join(release("z")).is_none());
+        assert!(b.join(acquire("y", "ring-1")).is_none());
+        assert_eq!((b.acquires.len(), b.releases.len(), b.len()), (2, 2, 4));
+        let mut a = Batch::default();
+        assert!(a.join(acquire("x", "ring-2")).is_none());
+        assert_eq!(a.kind(), "acquire");
+    }
 
     #[test]
     fn a_batch_waits_for_its_latest_deadline_and_none_means_the_shards() {
