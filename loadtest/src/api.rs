@@ -67,6 +67,9 @@ pub async fn post_text<T: serde::Serialize + ?Sized>(
 ) -> Option<(u16, String, Duration)> {
     let a = send(user, stats, path, body).await?;
     stats.status(a.status);
+    if a.status >= 500 {
+        stats.server_error(a.status, &a.text);
+    }
     Some((a.status, a.text, a.took))
 }
 

@@ -26,8 +26,10 @@ pub fn check(records: &[Record]) -> Vec<String> {
         let at = where_(r);
         if r.errors_total > 0 || r.server_errors_total > 0 {
             problems.push(format!(
-                "{at}: {} errors, {} 5xx",
-                r.errors_total, r.server_errors_total
+                "{at}: {} errors, {} 5xx{}",
+                r.errors_total,
+                r.server_errors_total,
+                r.server_error_causes()
             ));
         }
         if r.acquires_total == 0 {

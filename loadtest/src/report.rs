@@ -46,6 +46,9 @@ pub struct Record {
     pub renew_retried_total: u64,
     pub errors_total: u64,
     pub server_errors_total: u64,
+    /// 5xx answers by status and error code (`503 overloaded`), where the
+    /// body was read.
+    pub server_errors_by: std::collections::BTreeMap<String, u64>,
     /// Requests goose counted as failed (non-2xx, including 409 on renew).
     pub goose_failures_total: u64,
     pub requests_total: u64,
@@ -80,6 +83,20 @@ pub struct Record {
 }
 
 impl Record {
+    /// The 5xx answers by status and error code, as " (503 overloaded 12)",
+    /// or nothing when none was counted.
+    pub fn server_error_causes(&self) -> String {
+        if self.server_errors_by.is_empty() {
+            return String::new();
+        }
+        let parts: Vec<String> = self
+            .server_errors_by
+            .iter()
+            .map(|(why, n)| format!("{why} {n}"))
+            .collect();
+        format!(" ({})", parts.join(", "))
+    }
+
     /// Fills the common fields from what the users counted and what the
     /// servers' counters say happened in `delta`.
     pub fn new(scenario: &str, stats: &Stats, delta: &Delta, seconds: f64) -> Self {
@@ -117,6 +134,7 @@ impl Record {
             renew_retried_total: Stats::get(&stats.renew_retried),
             errors_total: Stats::get(&stats.errors),
             server_errors_total: Stats::get(&stats.server_errors),
+            server_errors_by: stats.server_errors_by(),
             requests_total: Stats::get(&stats.requests),
             router_requests_total: r.requests,
             active_leases_peak: Stats::get(&stats.active_peak),

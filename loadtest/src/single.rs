@@ -526,6 +526,9 @@ impl Bench<'_> {
         (r.idle, r.warmup) = (Some(idle), Some(warm));
         r.errors_total += Stats::get(&ctx.hold_stats.errors);
         r.server_errors_total += Stats::get(&ctx.hold_stats.server_errors);
+        for (why, n) in ctx.hold_stats.server_errors_by() {
+            *r.server_errors_by.entry(why).or_default() += n;
+        }
         let n = |x: &std::sync::atomic::AtomicU64| x.load(std::sync::atomic::Ordering::Relaxed);
         let k = &ctx.counts;
         r.renewed_total = n(&k.locks_renewed);

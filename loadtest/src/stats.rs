@@ -96,6 +96,8 @@ pub struct Stats {
     pub errors: AtomicU64,
     /// Answers with a 5xx status.
     pub server_errors: AtomicU64,
+    /// The same, by status and the error code of their JSON body.
+    server_errors_by: Mutex<BTreeMap<String, u64>>,
     /// HTTP requests (or etcd RPCs in baselines) sent.
     pub requests: AtomicU64,
     /// Locks held right now, and the most held at once.
@@ -132,6 +134,7 @@ impl Stats {
             renew_retried: AtomicU64::new(0),
             errors: AtomicU64::new(0),
             server_errors: AtomicU64::new(0),
+            server_errors_by: Mutex::new(BTreeMap::new()),
             requests: AtomicU64::new(0),
             active: AtomicU64::new(0),
             active_peak: AtomicU64::new(0),
@@ -175,6 +178,26 @@ impl Stats {
         if code >= 500 {
             self.server_errors.fetch_add(1, Relaxed);
         }
+    }
+
+    /// Counts a 5xx answer by its status and the error code of its body
+    /// (`?` if it has none), so that a run's 5xx say what they were.
+    pub fn server_error(&self, status: u16, body: &str) {
+        let code = serde_json::from_str::<serde_json::Value>(body)
+            .ok()
+            .and_then(|v| v["error"]["code"].as_str().map(str::to_string))
+            .unwrap_or_else(|| "?".into());
+        *self
+            .server_errors_by
+            .lock()
+            .expect("server errors")
+            .entry(format!("{status} {code}"))
+            .or_default() += 1;
+    }
+
+    /// The 5xx answers counted by [`Stats::server_error`].
+    pub fn server_errors_by(&self) -> BTreeMap<String, u64> {
+        self.server_errors_by.lock().expect("server errors").clone()
     }
 
     pub fn request(&self) {

@@ -66,7 +66,7 @@ fn markdown(records: &[Record], paired: &[Paired], targets: &[Target]) -> String
             r.latency.max_ms,
             r.in_flight_peak,
             r.errors_total,
-            r.server_errors_total,
+            format!("{}{}", r.server_errors_total, r.server_error_causes()),
             r.etcd_proposals_per_acquire,
             r.etcd_lease_grants_per_acquire,
             r.etcd_keepalives_per_acquire,
