@@ -53,7 +53,7 @@ fn markdown(records: &[Record], paired: &[Paired], targets: &[Target]) -> String
             None => "–".into(),
         };
         s.push_str(&format!(
-            "| {} | {} | {} | {:.0} | {} | {} | {:.0} | {:.2} | {:.2} | {:.1} | {} | {} | {} | {:.3} | {:.4} | {:.3} | {} | {:.2} / {:.2} / {:.2} / {:.2} | {} |\n",
+            "| {} | {} | {} | {:.0} | {} | {} | {:.0} | {:.2} | {:.2} | {:.1} | {} | {} | {}{} | {:.3} | {:.4} | {:.3} | {} | {:.2} / {:.2} / {:.2} / {:.2} | {} |\n",
             r.scenario,
             r.table,
             r.round.map_or("–".into(), |n| n.to_string()),
@@ -66,7 +66,8 @@ fn markdown(records: &[Record], paired: &[Paired], targets: &[Target]) -> String
             r.latency.max_ms,
             r.in_flight_peak,
             r.errors_total,
-            format!("{}{}", r.server_errors_total, r.server_error_causes()),
+            r.server_errors_total,
+            r.server_error_causes(),
             r.etcd_proposals_per_acquire,
             r.etcd_lease_grants_per_acquire,
             r.etcd_keepalives_per_acquire,
