@@ -6,9 +6,8 @@
 //! frees (at most [`IN_FLIGHT`] batches in flight per shard). Each acquire
 //! keeps its own compares in its nested txn; the ring and identity are
 //! compared once, by the outer txn, so only acquires that compare the same
-//! ring and identity share a batch. A release compares no ring: its txn
-//! rides in both branches of the outer txn, applied whichever way the ring
-//! compare goes. A name appears once per batch (etcd refuses a key twice in
+//! ring and identity share a batch. A release compares no ring: if the
+//! ring compare fails, the batch's releases are sent again alone. A name appears once per batch (etcd refuses a key twice in
 //! one txn); a later acquire or release of it waits for the next batch. A
 //! put naming a lease that is gone fails the whole txn and applies nothing:
 //! the batch is then sent again in halves, until only the acquire of the
@@ -30,7 +29,7 @@ use tokio_util::sync::CancellationToken;
 use super::conn::{EtcdConn, EtcdError};
 use super::keys::{Keys, LockValue, Recorded};
 use super::name::{
-    acquire_txn, classify_refusal, gets, got, grant_ops, name_compares, name_state, own_reads,
+    acquire_txn, classify_refusal, gets, grant_ops, name_compares, name_state, own_reads,
     release_outcome, release_txn, revision, shard_compares,
 };
 use super::name::{AcquireTxn, Grantable, NameKeys, NameState, ReleaseTxn};
@@ -39,9 +38,8 @@ use super::name::{AcquireTxn, Grantable, NameKeys, NameState, ReleaseTxn};
 /// load a request never waits behind another's round trip.
 pub const IN_FLIGHT: usize = 2;
 /// Most grants and releases in one txn. etcd (`--max-txn-ops`, default
-/// 128) counts a txn's ops (102 at most here: the `Else` of a mixed batch
-/// reads the ring and identity beside its releases) and then gives each
-/// nested txn what is left: 26, far above the 4 a nested grant or release
+/// 128) counts a txn's ops and then gives each nested txn what is left:
+/// 100 outer ops leave 28, far above the 4 a nested grant or release
 /// needs. A batch that etcd refuses anyway (a lower limit,
 /// `--max-request-bytes`) is sent again in halves.
 const MAX_BATCH: usize = 100;
@@ -295,7 +293,12 @@ async fn commit(target: &Target, mut acquires: Vec<AcquireJob>, releases: Vec<Re
     )
     .await
     {
-        Ok(resp) => answer(resp, acquires, releases),
+        Ok(resp) => {
+            let unsent = answer(resp, acquires, releases);
+            if !unsent.is_empty() {
+                Box::pin(commit(target, Vec::new(), unsent)).await;
+            }
+        }
         // A dead lease (or anything else etcd refuses in one of the jobs)
         // fails the whole txn and applies nothing: halve until it reaches
         // only the jobs it concerns.
@@ -325,51 +328,41 @@ async fn commit(target: &Target, mut acquires: Vec<AcquireJob>, releases: Vec<Re
 }
 
 /// A batch's txn: releases alone as nested txns under no compare; with
-/// acquires, the ring and identity compared once by the outer txn, each
-/// acquire's nested txn in its `Then`, and the releases' nested txns in
-/// both branches, applied whichever way the compare goes.
+/// acquires, the ring and identity compared once by the outer txn, and
+/// each acquire's and release's nested txn in its `Then`. If the compare
+/// fails, nothing applies: the acquires are answered from the `Else`'s
+/// reads, and the releases are sent again alone.
 fn batch_txn(k: &Keys, acquires: &[AcquireJob], releases: &[ReleaseJob]) -> Txn {
-    let released: Vec<TxnOp> = releases
+    let released = releases
         .iter()
-        .map(|j| TxnOp::txn(release_txn(&j.k, j.revision, j.lease)))
-        .collect();
+        .map(|j| TxnOp::txn(release_txn(&j.k, j.revision, j.lease)));
     let Some(first) = acquires.first() else {
-        return Txn::new().and_then(released);
+        return Txn::new().and_then(released.collect::<Vec<_>>());
     };
     let granted = acquires
         .iter()
         .map(|j| TxnOp::txn(nested_acquire(&j.k, &j.value, j.lease, j.replace_held)));
-    let reads = [TxnOp::get(k.ring(), None), TxnOp::get(k.identity(), None)];
     Txn::new()
         .when(shard_compares(k, &first.g))
-        .and_then(granted.chain(released.iter().cloned()).collect::<Vec<_>>())
-        .or_else(reads.into_iter().chain(released).collect::<Vec<_>>())
+        .and_then(granted.chain(released).collect::<Vec<_>>())
+        .or_else([TxnOp::get(k.ring(), None), TxnOp::get(k.identity(), None)])
 }
 
 /// Answers each job of a batch from its txn's answer: the acquires' nested
-/// answers (or the outer `Else`'s ring and identity), then the releases'.
-fn answer(resp: TxnResponse, acquires: Vec<AcquireJob>, releases: Vec<ReleaseJob>) {
-    let succeeded = resp.succeeded();
+/// answers (or the outer `Else`'s ring and identity), then the releases';
+/// returns the releases that did not run (the outer compare failed).
+#[must_use]
+fn answer(
+    resp: TxnResponse,
+    acquires: Vec<AcquireJob>,
+    releases: Vec<ReleaseJob>,
+) -> Vec<ReleaseJob> {
     let granted_at = revision(&resp);
-    let mut ops = resp.op_responses().into_iter();
-    if succeeded {
-        for (job, op) in acquires.into_iter().zip(ops.by_ref()) {
-            let outcome = match op {
-                TxnOpResponse::Txn(inner) if inner.succeeded() => AcquireTxn::Granted {
-                    revision: granted_at,
-                },
-                TxnOpResponse::Txn(inner) => nested_refusal(inner, &job.g),
-                _ => AcquireTxn::Queued, // not an answer a nested txn gives
-            };
-            let _ = job.reply.send(Ok(outcome));
-        }
-    } else {
+    if !resp.succeeded() {
         // The ring or the identity changed: every acquire sees it.
-        let ring = ops
-            .next()
-            .and_then(got)
-            .map(|kv| Recorded::parse(kv.value()));
-        let identity = ops.next().and_then(got).map(|kv| kv.value().to_vec());
+        let mut reads = gets(resp);
+        let ring = reads.next().flatten().map(|kv| Recorded::parse(kv.value()));
+        let identity = reads.next().flatten().map(|kv| kv.value().to_vec());
         for job in acquires {
             let outcome = if identity.as_deref() != Some(job.g.identity.as_slice()) {
                 AcquireTxn::IdentityChanged
@@ -378,6 +371,18 @@ fn answer(resp: TxnResponse, acquires: Vec<AcquireJob>, releases: Vec<ReleaseJob
             };
             let _ = job.reply.send(Ok(outcome));
         }
+        return releases;
+    }
+    let mut ops = resp.op_responses().into_iter();
+    for (job, op) in acquires.into_iter().zip(ops.by_ref()) {
+        let outcome = match op {
+            TxnOpResponse::Txn(inner) if inner.succeeded() => AcquireTxn::Granted {
+                revision: granted_at,
+            },
+            TxnOpResponse::Txn(inner) => nested_refusal(inner, &job.g),
+            _ => AcquireTxn::Queued, // not an answer a nested txn gives
+        };
+        let _ = job.reply.send(Ok(outcome));
     }
     for (job, op) in releases.into_iter().zip(ops) {
         let outcome = match op {
@@ -386,6 +391,7 @@ fn answer(resp: TxnResponse, acquires: Vec<AcquireJob>, releases: Vec<ReleaseJob
         };
         let _ = job.reply.send(Ok(outcome));
     }
+    Vec::new()
 }
 
 /// A batch's jobs back in their two kinds.

@@ -257,15 +257,10 @@ pub fn revision(resp: &TxnResponse) -> i64 {
 
 /// The first key of each get in a txn's answers, in order.
 pub fn gets(resp: TxnResponse) -> impl Iterator<Item = Option<Stored>> {
-    resp.op_responses().into_iter().map(got)
-}
-
-/// The first key a get in a txn read (`None` for another op).
-pub fn got(op: TxnOpResponse) -> Option<Stored> {
-    match op {
+    resp.op_responses().into_iter().map(|op| match op {
         TxnOpResponse::Get(mut g) => g.take_kvs().into_iter().next().map(Stored::from),
         _ => None,
-    }
+    })
 }
 
 pub fn read_name(resp: TxnResponse) -> NameState {
