@@ -54,8 +54,20 @@ fn release(api: &Api, lock: (String, u64)) -> impl std::future::Future<Output = 
     async move { api.release(&lock).await }
 }
 
-/// The names (hashed, as etcd keys) of the lock keys under the router's
-/// prefix.
+/// For each lock of `held`, its release and an acquire by client B of a
+/// new name (`new-<i>`), in that order: the calls of a mixed batch.
+fn release_and_acquire_each(api: &Api, held: Vec<(String, u64)>) -> Vec<BoxedReply> {
+    let mut calls: Vec<BoxedReply> = Vec::new();
+    for (i, lock) in held.into_iter().enumerate() {
+        calls.push(Box::pin(release(api, lock)));
+        calls.push(Box::pin(acquire(api, format!("new-{i}"), "B".into())));
+    }
+    calls
+}
+
+type BoxedReply = std::pin::Pin<Box<dyn std::future::Future<Output = Reply> + Send>>;
+
+/// How many lock keys there are under the router's prefix.
 async fn lock_keys(etcd: &EtcdCluster) -> usize {
     let mut c = etcd.client().await;
     let opts = etcd_client::GetOptions::new()
@@ -210,20 +222,13 @@ async fn grants_and_releases_that_queue_up_share_one_txn() {
     let held = api.must_acquire_each("old", 40, 30_000).await;
     api.must_acquire("warm-up-b", 30_000, "B").await;
     // 40 releases and 40 acquires of other names, all at once.
-    let mut calls: Vec<std::pin::Pin<Box<dyn std::future::Future<Output = Reply> + Send>>> =
-        Vec::new();
-    for (i, lock) in held.into_iter().enumerate() {
-        calls.push(Box::pin(release(api, lock)));
-        calls.push(Box::pin(acquire(api, format!("new-{i}"), "B".into())));
-    }
+    let calls = release_and_acquire_each(api, held);
     let (replies, writes) = while_paused(&etcd, calls).await;
-    for (i, r) in replies.iter().enumerate() {
-        if i % 2 == 0 {
-            assert_eq!(r.status, 204, "release: {r:?}");
-        } else {
-            assert_eq!(r.status, 200, "acquire: {r:?}");
-            assert_eq!(r.body["acquired"], true, "{r:?}");
-        }
+    for pair in replies.chunks(2) {
+        let (released, acquired) = (&pair[0], &pair[1]);
+        assert_eq!(released.status, 204, "release: {released:?}");
+        assert_eq!(acquired.status, 200, "acquire: {acquired:?}");
+        assert_eq!(acquired.body["acquired"], true, "{acquired:?}");
     }
     // 80 txns one by one; apart, at least two batches of each kind; queued
     // together behind the two batches in flight they share txns.
@@ -264,23 +269,19 @@ async fn a_batch_whose_identity_compare_fails_grants_nothing_and_still_releases(
         .replace("\"shard\":\"a\"", "\"shard\":\"elsewhere\"");
     assert!(other.contains("elsewhere"), "{other}");
     c.put(keys.identity(), other, None).await.unwrap();
-    let mut calls: Vec<std::pin::Pin<Box<dyn std::future::Future<Output = Reply> + Send>>> =
-        Vec::new();
-    for (i, lock) in held.into_iter().enumerate() {
-        calls.push(Box::pin(release(api, lock)));
-        calls.push(Box::pin(acquire(api, format!("new-{i}"), "B".into())));
-    }
+    let calls = release_and_acquire_each(api, held);
     let (replies, _) = while_paused(&etcd, calls).await;
-    for (i, r) in replies.iter().enumerate() {
-        if i % 2 == 0 {
-            assert_eq!(r.status, 204, "release: {r:?}");
-        } else {
-            assert_ne!(
-                r.status, 200,
-                "granted on a shard of another identity: {r:?}"
-            );
-            assert_eq!(r.body["error"]["code"], "shard_unavailable", "{r:?}");
-        }
+    for pair in replies.chunks(2) {
+        let (released, refused) = (&pair[0], &pair[1]);
+        assert_eq!(released.status, 204, "release: {released:?}");
+        assert_ne!(
+            refused.status, 200,
+            "granted on a shard of another identity: {refused:?}"
+        );
+        assert_eq!(
+            refused.body["error"]["code"], "shard_unavailable",
+            "{refused:?}"
+        );
     }
     let metrics = api.metrics().await;
     assert!(
