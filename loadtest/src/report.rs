@@ -86,15 +86,7 @@ impl Record {
     /// The 5xx answers by status and error code, as " (503 overloaded 12)",
     /// or nothing when none was counted.
     pub fn server_error_causes(&self) -> String {
-        if self.server_errors_by.is_empty() {
-            return String::new();
-        }
-        let parts: Vec<String> = self
-            .server_errors_by
-            .iter()
-            .map(|(why, n)| format!("{why} {n}"))
-            .collect();
-        format!(" ({})", parts.join(", "))
+        counts(&self.server_errors_by)
     }
 
     /// Fills the common fields from what the users counted and what the
@@ -199,4 +191,14 @@ impl Target {
         }
         self
     }
+}
+
+/// ` (expired 3, shard_unavailable 2)`: counts by cause, or nothing when
+/// there are none.
+pub fn counts(by: &std::collections::BTreeMap<String, u64>) -> String {
+    if by.is_empty() {
+        return String::new();
+    }
+    let parts: Vec<String> = by.iter().map(|(k, n)| format!("{k} {n}")).collect();
+    format!(" ({})", parts.join(", "))
 }

@@ -185,7 +185,7 @@ fn hold(h: &Record, cfg: &Config, cpus: usize) -> Vec<Target> {
             cfg.ttl_ms / 1000,
             cfg.ttl_ms / 6,
             h.lost_total,
-            lost_causes(&h.lost_by_reason),
+            crate::report::counts(&h.lost_by_reason),
             h.renew_retried_total
         ),
     );
@@ -303,13 +303,4 @@ fn others(records: &[Record], cfg: &Config) -> Vec<Target> {
         ));
     }
     out
-}
-
-/// ` (expired 3, shard_unavailable 2)`: lost locks by the router's reason.
-fn lost_causes(by: &std::collections::BTreeMap<String, u64>) -> String {
-    if by.is_empty() {
-        return String::new();
-    }
-    let parts: Vec<String> = by.iter().map(|(k, n)| format!("{k} {n}")).collect();
-    format!(" ({})", parts.join(", "))
 }
