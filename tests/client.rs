@@ -440,7 +440,45 @@ async fn one_client_excludes_its_own_tasks_from_a_name_unless_reentrant_is_asked
     assert_eq!(seen.body["fencingToken"], outer.fencing_token());
     outer.release().await.unwrap();
     let seen = router.api.inspect("sdk:twice").await;
-    assert_eq!(seen.body["held"], false, "released with the last hold");
+    assert_eq!(seen.status, 200, "{}", seen.body);
+    assert_eq!(
+        seen.body["held"], false,
+        "released with the last hold: {}",
+        seen.body
+    );
+}
+
+/// The hostile interleaving of a release and the next task in line of the
+/// same client: if the name's turn passed on before the release began, the
+/// waiter (on the other worker thread) would ask the router while the grant
+/// still stands and be handed that very grant as it is released. Many
+/// rounds, by `release` and by drop alike.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_task_waiting_on_its_own_clients_release_gets_a_new_grant_every_time() {
+    let etcd = EtcdCluster::single();
+    let router = TestRouter::start(&[&etcd]).await;
+    let a = Client::new(&router.api.base, Some("handoff-A")).unwrap();
+    let mut held = a.acquire("sdk:handoff", secs(10)).await.unwrap().unwrap();
+    for round in 0..150 {
+        let waiting = {
+            let a = a.clone();
+            tokio::spawn(async move { a.acquire_wait("sdk:handoff", secs(10), secs(5)).await })
+        };
+        sleep_ms(2).await;
+        let token = held.fencing_token();
+        if round % 2 == 0 {
+            held.release().await.unwrap();
+        } else {
+            drop(held);
+        }
+        let next = waiting.await.unwrap().unwrap().expect("its turn came");
+        assert!(
+            next.fencing_token() > token,
+            "round {round}: a new grant, never the one being released"
+        );
+        assert!(next.is_held(), "round {round}: the new grant is held");
+        held = next;
+    }
 }
 
 /// A wait longer than the router's `limits.max_wait_ms` (1 s here) queues

@@ -44,8 +44,8 @@ struct Entry {
 struct Held {
     grant: Weak<Shared>,
     count: usize,
-    /// Given back (dropped) when the last hold lets go.
-    _permit: OwnedSemaphorePermit,
+    /// Given back when the last hold lets go (see [`LetGo`]).
+    permit: OwnedSemaphorePermit,
 }
 
 /// A name's turn, taken by an acquire that is on its way. Dropped without
@@ -64,6 +64,19 @@ impl Drop for Turn {
             self.holds.tidy(&self.name);
         }
     }
+}
+
+/// What one hold letting go of a grant leaves to do.
+#[must_use = "the last hold's turn passes on when it is dropped"]
+pub(crate) enum LetGo {
+    /// Other holds keep the grant.
+    Kept,
+    /// That was the last hold: release the grant. The name's turn (if the
+    /// grant held it here) passes on when this is dropped, so drop it only
+    /// once the release has begun: the next in line then finds the release
+    /// under way and waits for its answer, instead of asking the router
+    /// while the grant still stands and being handed that same grant.
+    Last(Option<Turn>),
 }
 
 impl Holds {
@@ -115,7 +128,7 @@ impl Holds {
             entry.held = Some(Held {
                 grant: Arc::downgrade(grant),
                 count: 1,
-                _permit: permit,
+                permit,
             });
         }
     }
@@ -143,29 +156,26 @@ impl Holds {
         grant.lost_now().is_none().then_some(grant.fencing_token)
     }
 
-    /// One hold of `grant` lets go. True if it was the last (the grant is
-    /// to be released now), or if `grant` holds no turn here.
-    pub fn let_go(&self, grant: &Shared) -> bool {
+    /// One hold of `grant` lets go. [`LetGo::Last`] if it was the last
+    /// (the grant is to be released now), or if `grant` holds no turn here.
+    pub fn let_go(self: &Arc<Self>, grant: &Shared) -> LetGo {
         let mut names = self.names();
-        let Some(entry) = names.get_mut(&grant.name) else {
-            return true;
-        };
-        let Some(held) = entry.held.as_mut() else {
-            return true;
+        let Some(held) = names.get_mut(&grant.name).and_then(|e| e.held.as_mut()) else {
+            return LetGo::Last(None);
         };
         if !std::ptr::eq(held.grant.as_ptr(), grant) {
-            return true;
+            return LetGo::Last(None);
         }
         held.count -= 1;
         if held.count > 0 {
-            return false;
+            return LetGo::Kept;
         }
-        entry.held = None;
-        let idle = Arc::strong_count(&entry.turn) == 1;
-        if idle {
-            names.remove(&grant.name);
-        }
-        true
+        let held = names.get_mut(&grant.name).and_then(|e| e.held.take());
+        LetGo::Last(held.map(|h| Turn {
+            name: grant.name.clone(),
+            permit: Some(h.permit),
+            holds: self.clone(),
+        }))
     }
 
     /// Drops `name`'s entry once nobody holds or waits for its turn.
@@ -213,7 +223,10 @@ mod tests {
             tokio::spawn(async move { holds.take("lock-1", soon(1_000)).await.is_some() })
         };
         tokio::time::sleep(Duration::from_millis(100)).await;
-        assert!(holds.let_go(&grant), "the only hold");
+        assert!(
+            matches!(holds.let_go(&grant), LetGo::Last(Some(_))),
+            "the only hold"
+        );
         assert!(waiting.await.unwrap(), "the waiter got the turn");
         assert_eq!(holds.len(), 0, "nothing left behind");
     }
@@ -226,12 +239,34 @@ mod tests {
         holds.hold(turn, &grant);
         let joined = holds.join("lock-1").expect("held, not lost");
         assert!(Arc::ptr_eq(&joined, &grant));
-        assert!(!holds.let_go(&grant), "one hold left");
+        assert!(matches!(holds.let_go(&grant), LetGo::Kept), "one hold left");
         assert!(holds.take("lock-1", soon(0)).await.is_none());
         tokio::time::advance(Duration::from_secs(11)).await;
         assert!(holds.join("lock-1").is_none(), "lost: not joined");
-        assert!(holds.let_go(&grant), "the last hold");
+        assert!(
+            matches!(holds.let_go(&grant), LetGo::Last(Some(_))),
+            "the last hold"
+        );
         assert!(holds.take("lock-1", soon(0)).await.is_some());
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn the_last_holds_turn_passes_on_only_when_dropped() {
+        let holds = Arc::new(Holds::default());
+        let grant = shared(1, Duration::from_secs(30), Duration::from_secs(30));
+        let turn = holds.take("lock-1", None).await.unwrap();
+        holds.hold(turn, &grant);
+        let last = holds.let_go(&grant);
+        assert!(matches!(last, LetGo::Last(Some(_))));
+        assert!(
+            holds.take("lock-1", soon(0)).await.is_none(),
+            "the turn is kept until the release has begun"
+        );
+        drop(last);
+        let next = holds.take("lock-1", soon(0)).await;
+        assert!(next.is_some(), "then it passes on");
+        drop(next);
+        assert_eq!(holds.len(), 0, "nothing left behind");
     }
 
     #[tokio::test(start_paused = true)]

@@ -18,6 +18,7 @@ use tokio::sync::mpsc;
 use tokio::time::Instant;
 
 use crate::error::{Error, LostReason};
+use crate::holds::LetGo;
 use crate::keeper::Keeper;
 use crate::release::{self, Until};
 use crate::renewal::Command;
@@ -258,11 +259,13 @@ impl Lock {
         self.released = true;
         let shared = self.handle.shared.clone();
         let keeper = self.keeper.clone();
-        if !keeper.holds.let_go(&shared) {
+        let LetGo::Last(turn) = keeper.holds.let_go(&shared) else {
             // A re-entrant hold: the grant stays with the holds left.
             return Ok(());
-        }
-        let Some(owner) = keeper.registry.begin_release(&shared) else {
+        };
+        let started = keeper.registry.begin_release(&shared);
+        drop(turn);
+        let Some(owner) = started else {
             return Err(Error::Lost {
                 name: shared.name.clone(),
                 reason: shared.current().lost.unwrap_or(LostReason::Released),
@@ -312,10 +315,13 @@ impl Drop for HandOff<'_> {
 
 impl Drop for Lock {
     fn drop(&mut self) {
-        if self.released || !self.keeper.holds.let_go(&self.handle.shared) {
+        if self.released {
             return;
         }
-        self.keeper.release_in_background(&self.handle.shared);
+        if let LetGo::Last(turn) = self.keeper.holds.let_go(&self.handle.shared) {
+            self.keeper.release_in_background(&self.handle.shared);
+            drop(turn);
+        }
     }
 }
 
