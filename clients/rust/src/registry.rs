@@ -12,9 +12,10 @@
 //! Deciding whether a grant is shared, superseded or being released happens
 //! under one lock, so an acquire and a drop on different threads cannot
 //! both think they own the grant. A grant released with a 204 is remembered
-//! for a while after its state is gone: an acquire answered just before the
-//! release reached the router may name it, and must ask again rather than
-//! hand out a lock the router has already freed.
+//! for a while from that answer on, whether its state is still alive or
+//! gone: an acquire answered just before the release reached the router may
+//! name it, and must ask again rather than hand out a lock the router has
+//! already freed.
 //!
 //! It uses only the grant state (`state`) and the error types below it;
 //! the client and its locks call it.
@@ -72,10 +73,12 @@ impl Registry {
         make: impl FnOnce() -> Arc<Shared>,
     ) -> Claim {
         let mut grants = self.grants();
-        let existing = grants.get(lock_id).and_then(Weak::upgrade);
-        if existing.is_none() && self.was_released(lock_id) {
+        // Released with a 204: its state may still be alive (the releasing
+        // call has not returned) or on its way out; the answer is stale.
+        if self.was_released(lock_id) {
             return Claim::Released;
         }
+        let existing = grants.get(lock_id).and_then(Weak::upgrade);
         if let Some(shared) = &existing {
             if shared.current().release == Release::Pending {
                 return Claim::Releasing(shared.clone());
@@ -172,22 +175,23 @@ impl Registry {
 }
 
 impl Forget for Registry {
+    /// Remembers `lock_id` for a while: its release is confirmed.
+    fn released(&self, lock_id: &str) {
+        let mut done = self.released();
+        let now = Instant::now();
+        done.retain(|_, at| now.saturating_duration_since(*at) < REMEMBER_RELEASED);
+        if done.len() >= MAX_RELEASED {
+            done.clear();
+        }
+        done.insert(lock_id.to_string(), now);
+    }
+
     /// Removes `lock_id`'s entry if its state is gone (called by that
-    /// state's drop; a newer live entry stays), remembering it if the
-    /// router confirmed its release.
-    fn forget(&self, lock_id: &str, released: bool) {
+    /// state's drop; a newer live entry stays).
+    fn forget(&self, lock_id: &str) {
         let mut grants = self.grants();
         if grants.get(lock_id).is_some_and(|w| w.strong_count() == 0) {
             grants.remove(lock_id);
-            if released {
-                let mut done = self.released();
-                let now = Instant::now();
-                done.retain(|_, at| now.saturating_duration_since(*at) < REMEMBER_RELEASED);
-                if done.len() >= MAX_RELEASED {
-                    done.clear();
-                }
-                done.insert(lock_id.to_string(), now);
-            }
         }
     }
 }
@@ -274,9 +278,15 @@ mod tests {
         let (_, s) = state(claim(&registry, 1, Duration::from_secs(10)));
         assert_eq!(registry.begin_release(&s), Some(true));
         s.end_release(Release::Done);
-        drop(s);
         // The acquire's answer was sent before the release reached the
-        // router: it names the grant the client just released.
+        // router: it names the grant the client just released, whose state
+        // the releasing call still holds...
+        assert!(matches!(
+            claim(&registry, 1, Duration::from_secs(10)),
+            Claim::Released
+        ));
+        // ...or has let go.
+        drop(s);
         assert!(matches!(
             claim(&registry, 1, Duration::from_secs(10)),
             Claim::Released

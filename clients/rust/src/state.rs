@@ -90,19 +90,21 @@ pub(crate) struct Shared {
 }
 
 /// Where a client keeps the state of each grant it holds (its registry),
-/// told when a state goes so that its entry goes too. A trait, so that the
-/// state does not depend on the registry that holds it.
+/// told when the router confirms a grant's release and when a state goes,
+/// so that its entry goes too. A trait, so that the state does not depend
+/// on the registry that holds it.
 pub(crate) trait Forget: Send + Sync {
-    /// The state of the grant `lock_id` is being dropped; `released`: the
-    /// router confirmed its release.
-    fn forget(&self, lock_id: &str, released: bool);
+    /// The router confirmed that the grant `lock_id` is released: any
+    /// acquire answer naming it from now on was made before, and is stale.
+    fn released(&self, lock_id: &str);
+    /// The state of the grant `lock_id` is being dropped.
+    fn forget(&self, lock_id: &str);
 }
 
 impl Drop for Shared {
     fn drop(&mut self) {
-        let released = self.current().release == Release::Done;
         let lock_id = std::mem::take(&mut self.grant_mut().lock_ref.lock_id);
-        self.kept_in.forget(&lock_id, released);
+        self.kept_in.forget(&lock_id);
     }
 }
 
@@ -245,9 +247,10 @@ impl Shared {
         started
     }
 
-    /// Records how the release ended. A 204 counts whoever got it.
+    /// Records how the release ended. A 204 counts whoever got it, and is
+    /// told to the registry at once (an acquire answer may be on its way).
     pub fn end_release(&self, outcome: Release) {
-        self.status.send_if_modified(|s| {
+        let changed = self.status.send_if_modified(|s| {
             let change =
                 s.release != outcome && (outcome == Release::Done || s.release == Release::Pending);
             if change {
@@ -255,6 +258,9 @@ impl Shared {
             }
             change
         });
+        if changed && outcome == Release::Done {
+            self.kept_in.released(&self.lock_id());
+        }
     }
 
     /// Records that the lock is lost; the first reason wins.
@@ -316,7 +322,8 @@ pub(crate) mod tests {
     struct Nowhere;
 
     impl Forget for Nowhere {
-        fn forget(&self, _lock_id: &str, _released: bool) {}
+        fn released(&self, _lock_id: &str) {}
+        fn forget(&self, _lock_id: &str) {}
     }
 
     /// State for a grant kept in `kept_in` (not yet its entry).
