@@ -5,7 +5,7 @@ router is killed (while the lease still stands), a release retried until
 the router is back, a name acquired again only once its unanswered release
 is answered, a shard outage that loses only that shard's locks,
 re-entrant holds of one grant and threads of one client excluding each
-other, waits longer than the router's cap, a waiting acquire cancelled
+other (a waiting thread never handed the grant being released), waits longer than the router's cap, a waiting acquire cancelled
 from another thread (at the router and in its client's turn, and over
 TLS), metadata, inspect, extend and the on-lost callback, calls on a
 closed client raising ``ClientClosed``, a ``with`` block's exception
@@ -360,6 +360,27 @@ def test_one_client_excludes_its_own_threads_from_a_name_unless_reentrant_is_ask
         assert second is not None and second.fencing_token > first.fencing_token, "a new grant"
         assert router.inspect("py:mine")["fencingToken"] == second.fencing_token
         second.release()
+
+
+def test_a_thread_waiting_on_its_own_clients_release_gets_a_new_grant_every_time(router: Router) -> None:
+    # If the name's turn passed on before the release began, the waiting
+    # thread would ask the router while the grant still stands and be
+    # handed that very grant as it is released.
+    with lockrouter.Client(router.url) as a:
+        held = a.acquire("py:handoff", ttl=10)
+        for round in range(60):
+            got: list[lockrouter.Lock | None] = []
+            waiter = threading.Thread(target=lambda: got.append(a.try_acquire("py:handoff", ttl=10, wait=5)))
+            waiter.start()
+            time.sleep(0.002)
+            token = held.fencing_token
+            held.release()
+            waiter.join(10)
+            nxt = got[0]
+            assert nxt is not None and nxt.fencing_token > token, f"round {round}: a new grant, never the old"
+            assert nxt.is_held(), f"round {round}"
+            held = nxt
+        held.release()
 
 
 def test_a_wait_longer_than_the_routers_cap_queues_again_until_granted(

@@ -400,3 +400,24 @@ def test_async_a_failing_exit_release_never_replaces_the_blocks_exception() -> N
             assert e.value is boom, f"the exit replaced the block's exception with {e.value!r}"
 
     asyncio.run(run())
+
+
+def test_the_last_hold_keeps_the_name_s_turn_until_its_release_has_begun() -> None:
+    from lockrouter._holds import Holds, Ticket
+
+    holds = Holds()
+    s = state(1)
+    key = ("c", s.name)
+    assert holds.enter(key, Ticket(lambda: None))
+    holds.hold(key, s)
+    woken = threading.Event()
+    waiter = Ticket(woken.set)
+    assert not holds.enter(key, waiter), "held: the waiter queues"
+    assert holds.let_go(s), "the last hold"
+    assert holds.join(key) is None, "no re-entrant acquire joins a grant on its way out"
+    assert not woken.is_set(), "the turn is kept until the release has begun"
+    holds.pass_on(s)
+    assert woken.is_set() and waiter.granted, "then it passes on"
+    holds.pass_on(s)  # once only
+    holds.pass_turn(key)
+    assert len(holds) == 0, "nothing left behind"

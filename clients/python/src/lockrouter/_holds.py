@@ -45,6 +45,9 @@ class _Entry:
         self.taken = False
         self.holder: LockState | None = None
         self.count = 0
+        # The grant whose last hold let go, keeping the turn until its
+        # release has begun (see ``Holds.pass_on``).
+        self.leaving: LockState | None = None
         self.queue: collections.deque[Ticket] = collections.deque()
 
 
@@ -122,7 +125,10 @@ class Holds:
 
     def let_go(self, state: LockState) -> bool:
         """One hold of ``state`` lets go: True if it was the last (release
-        the grant now) or ``state`` holds no turn here."""
+        the grant now) or ``state`` holds no turn here. The last hold keeps
+        the name's turn: call ``pass_on`` once the release has begun, so
+        that the next in line finds it under way instead of asking the
+        router while the grant stands and being handed that same grant."""
         key = (state.client_id, state.name)
         with self._mu:
             e = self._names.get(key)
@@ -131,8 +137,19 @@ class Holds:
             e.count -= 1
             if e.count > 0:
                 return False
-        self.pass_turn(key)
+            # No re-entrant acquire joins it from now on.
+            e.holder, e.count, e.leaving = None, 0, state
         return True
+
+    def pass_on(self, state: LockState) -> None:
+        """``state``'s release has begun: the turn its last hold kept goes
+        to the next in line (nothing if it kept none)."""
+        key = (state.client_id, state.name)
+        with self._mu:
+            e = self._names.get(key)
+            if e is None or e.leaving is not state:
+                return
+        self.pass_turn(key)
 
     def pass_turn(self, key: Key) -> None:
         """The turn's owner is done: the first waiter gets it."""
@@ -140,7 +157,7 @@ class Holds:
             e = self._names.get(key)
             if e is None:
                 return
-            e.holder, e.count = None, 0
+            e.holder, e.count, e.leaving = None, 0, None
             nxt = e.queue.popleft() if e.queue else None
             if nxt is None:
                 e.taken = False

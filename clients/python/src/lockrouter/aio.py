@@ -235,10 +235,12 @@ class _AsyncKeeper:
         back, and releases the grant in the background if it was the last."""
         if self.grants.holds.let_go(state):
             self.release_in_background(state)
+            self.grants.holds.pass_on(state)
 
     async def release(self, state: LockState) -> None:
         registry = self.grants.registry
         owner = registry.begin_release(state)
+        self.grants.holds.pass_on(state)
         if owner is None:
             raise LockLost(state.name, state.lost_now() or LostReason.RELEASED)
         if owner:

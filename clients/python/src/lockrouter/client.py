@@ -202,12 +202,14 @@ class _Keeper:
         releases the grant in the background if it was the last."""
         if self.grants.holds.let_go(state):
             self.release_in_background(state)
+            self.grants.holds.pass_on(state)
 
     def release(self, state: LockState) -> None:
         """Releases at the router, retrying while the lock's validity lasts;
         past it (or if interrupted) the renewal thread carries on."""
         registry = self.grants.registry
         owner = registry.begin_release(state)
+        self.grants.holds.pass_on(state)
         if owner is None:
             raise LockLost(state.name, state.lost_now() or LostReason.RELEASED)
         if owner:
