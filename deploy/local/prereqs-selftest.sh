@@ -17,7 +17,7 @@ trap 'rm -rf "$tmp"' EXIT
 # scripts, not symlinks: a case that replaces one with a fake must never
 # write through a link into the system's own binary (CI runs as root).
 mkdir -p "$tmp/real"
-for t in mktemp rm mkdir cat env timeout cc as ld protoc awk tee chmod mv dpkg-deb tar; do
+for t in mktemp rm mkdir cat env timeout cc as ld make protoc awk tee chmod mv dpkg-deb tar; do
   p=$(command -v "$t") || {
     echo "prereqs-selftest: $t is missing; run deploy/local/prereqs.sh build first" >&2
     exit 1
@@ -198,6 +198,10 @@ sandbox && fake "$bin" cc "echo \"cc: fatal error: cannot execute 'as'\" >&2; ex
 expect 1 "C compiler unusable: .*cannot execute 'as'" --check build
 sandbox && real_cc && rm "$bin/ld"
 expect 1 "C compiler unusable: .*ld" --check build
+
+# make builds jemalloc, the router's allocator.
+sandbox && rm "$bin/make"
+expect 1 "make missing or unusable: .*\[Debian: make\]" --check build
 
 sandbox && rm "$bin/cargo"
 expect 1 "cargo is missing: install Rust with rustup" --check build

@@ -6,7 +6,8 @@
 #
 #   build  cargo; a C compiler that compiles and links (gcc, libc6-dev: rustc
 #          links with `cc`, and ring, aws-lc-sys and the tests' bundled SQLite
-#          compile C); protoc with the well-known google/protobuf/*.proto
+#          compile C) and make (jemalloc, the router's allocator, is built
+#          from source with it); protoc with the well-known google/protobuf/*.proto
 #          files (protobuf-compiler, libprotobuf-dev: etcd-client's build
 #          compiles its .proto files, which import descriptor.proto and
 #          struct.proto). Used by `make build` and `make lint`.
@@ -116,9 +117,14 @@ $(indent "$out")"
 
 # rustc links every binary with `cc`, and the cc crate (ring, aws-lc-sys,
 # rusqlite's bundled SQLite) compiles C with it, so compile and link a C
-# program that uses libc's headers, and run it.
+# program that uses libc's headers, and run it. The router's allocator,
+# jemalloc, is built from source by its crate's build script, which runs
+# `sh ./configure` and `make`.
 check_cc() {
   local out
+  if ! make --version >/dev/null 2>&1; then
+    fail "make missing or unusable: \`make --version\` fails (jemalloc's build runs it)" make
+  fi
   if ! command -v cc >/dev/null 2>&1; then
     fail "C compiler missing: no \`cc\` (rustc links with it; ring, aws-lc-sys and the tests' SQLite compile C)" gcc libc6-dev
     return
