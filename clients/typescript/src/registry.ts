@@ -45,6 +45,8 @@ export class Registry {
     if (existing === undefined && this.wasReleased(lockId)) return { kind: "released" };
     if (existing !== undefined) {
       if (existing.release === "pending") return { kind: "releasing", grant: existing };
+      // Confirmed released, its entry not yet forgotten: the answer is stale.
+      if (existing.release === "done") return { kind: "released" };
       existing.confirm(validUntil);
       if (existing.lostNow() === undefined) return { kind: "held", grant: existing };
     }

@@ -2,8 +2,9 @@
  * Unit tests without a router: exact token parsing, the clock rules, the
  * renewal schedule (batches split at the API's limit, locks due soon ride
  * along), what each answer means, typed errors and the fencing helpers;
- * and, over an injected fetch, a refused release not retried, a refused
- * batch renewed lock by lock, and releases and extends never crossing.
+ * a grant whose release was confirmed never handed out again; and, over an
+ * injected fetch, a refused release not retried, a refused batch renewed
+ * lock by lock, and releases and extends never crossing.
  */
 
 import assert from "node:assert/strict";
@@ -12,6 +13,7 @@ import { setTimeout as sleep } from "node:timers/promises";
 
 import { Client, ConfigError, LockLostError, RouterError, TransportError, fencing, isRetryable, parseJson, stringifyJson } from "../src/index.js";
 import { dueBatches, outcome, type Due } from "../src/renewal.js";
+import { Registry } from "../src/registry.js";
 import { Grant } from "../src/state.js";
 import { expectOk, Transport } from "../src/transport.js";
 import { backoff, margin, MAX_BATCH, MIN_MARGIN_MS, nextRenewal, now, renewInterval, validUntil } from "../src/validity.js";
@@ -337,5 +339,21 @@ describe("the client over an injected fetch", () => {
     } finally {
       await client.close();
     }
+  });
+});
+
+describe("the registry of grants", () => {
+  test("an answer naming a grant whose release was confirmed is stale, before and after its entry goes", () => {
+    const registry = new Registry();
+    const make = () => new Grant(1, "lock-1", { lockId: "id-1", fencingToken: 2n }, 30_000, 3_000, "c", now() + 27_000);
+    const first = registry.claim("id-1", now() + 27_000, make);
+    assert.equal(first.kind, "new");
+    const grant = (first as { grant: Grant }).grant;
+    grant.beginRelease();
+    assert.equal(registry.claim("id-1", now() + 27_000, make).kind, "releasing");
+    grant.endRelease("done");
+    assert.equal(registry.claim("id-1", now() + 27_000, make).kind, "released", "confirmed, not yet forgotten");
+    registry.forget(grant);
+    assert.equal(registry.claim("id-1", now() + 27_000, make).kind, "released", "forgotten, remembered as released");
   });
 });
