@@ -234,8 +234,10 @@ class _AsyncKeeper:
         """An ``AsyncLock`` garbage-collected unreleased: gives its hold
         back, and releases the grant in the background if it was the last."""
         if self.grants.holds.let_go(state):
-            self.release_in_background(state)
-            self.grants.holds.pass_on(state)
+            try:
+                self.release_in_background(state)
+            finally:
+                self.grants.holds.pass_on(state)
 
     async def release(self, state: LockState) -> None:
         registry = self.grants.registry

@@ -201,8 +201,10 @@ class _Keeper:
         """A ``Lock`` garbage-collected unreleased: gives its hold back, and
         releases the grant in the background if it was the last."""
         if self.grants.holds.let_go(state):
-            self.release_in_background(state)
-            self.grants.holds.pass_on(state)
+            try:
+                self.release_in_background(state)
+            finally:
+                self.grants.holds.pass_on(state)
 
     def release(self, state: LockState) -> None:
         """Releases at the router, retrying while the lock's validity lasts;
