@@ -57,7 +57,7 @@ async fn a_lock_is_renewed_past_its_ttl_and_released_for_the_next_holder() {
     sleep_ms(6_000).await;
     assert!(lock.is_held());
     assert!(lock.lost().now_or_never().is_none());
-    let seen = router.api.inspect("sdk:basic").await;
+    let seen = router.api.inspect_up("sdk:basic").await;
     assert_eq!(seen.body["held"], true);
     assert_eq!(seen.body["fencingToken"], lock.fencing_token());
 
@@ -295,7 +295,7 @@ async fn a_refused_batch_falls_back_to_renewing_lock_by_lock() {
     sleep_ms(6_000).await;
     for lock in &locks {
         assert!(lock.is_held(), "{lock:?}");
-        let seen = router.api.inspect(lock.name()).await;
+        let seen = router.api.inspect_up(lock.name()).await;
         assert_eq!(seen.body["fencingToken"], lock.fencing_token());
     }
 }
@@ -436,10 +436,11 @@ async fn one_client_excludes_its_own_tasks_from_a_name_unless_reentrant_is_asked
     assert_eq!(inner.fencing_token(), outer.fencing_token());
     inner.release().await.unwrap();
     assert!(outer.is_held(), "the outer hold keeps the lock");
-    let seen = router.api.inspect("sdk:twice").await;
+    let seen = router.api.inspect_up("sdk:twice").await;
+    assert_eq!(seen.status, 200, "{}", seen.body);
     assert_eq!(seen.body["fencingToken"], outer.fencing_token());
     outer.release().await.unwrap();
-    let seen = router.api.inspect("sdk:twice").await;
+    let seen = router.api.inspect_up("sdk:twice").await;
     assert_eq!(seen.status, 200, "{}", seen.body);
     assert_eq!(
         seen.body["held"], false,
@@ -510,7 +511,7 @@ async fn a_wait_longer_than_the_routers_cap_queues_again_and_cancels_on_drop() {
     let forever =
         tokio::spawn(async move { c.acquire_wait("sdk:long", secs(2), Duration::MAX).await });
     sleep_ms(1_500).await;
-    assert_eq!(router.api.inspect("sdk:long").await.body["waiters"], 1);
+    assert_eq!(router.api.inspect_up("sdk:long").await.body["waiters"], 1);
     forever.abort();
     sleep_ms(300).await;
     assert!(router

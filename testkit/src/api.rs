@@ -200,4 +200,20 @@ impl Api {
         let enc = percent_encoding::utf8_percent_encode(name, percent_encoding::NON_ALPHANUMERIC);
         self.get(&format!("/api/v1/locks/{enc}")).await
     }
+
+    /// [`inspect`](Self::inspect), asked again every 100 ms for up to 5 s
+    /// while the router answers 503, as a client retries it. On a loaded
+    /// machine one etcd call past the tests' 1 s `request_timeout_ms`
+    /// marks the shard down until its next health probe; a test of what a
+    /// name's state is must not take that answer for the state.
+    pub async fn inspect_up(&self, name: &str) -> Reply {
+        let end = Instant::now() + Duration::from_secs(5);
+        loop {
+            let seen = self.inspect(name).await;
+            if seen.status != 503 || Instant::now() >= end {
+                return seen;
+            }
+            sleep_ms(100).await;
+        }
+    }
 }
