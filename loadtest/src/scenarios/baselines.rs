@@ -85,12 +85,20 @@ struct NameKeys {
 }
 
 impl NameKeys {
+    /// The keys of lock `n`: its name's SHA-256 prefix in hex, as the
+    /// router names them, not `n` itself. Sequential numbers would sit
+    /// next to each other in etcd's key index, where each lookup then
+    /// finds its path cached; hashed names are spread over it, and the
+    /// baselines must pay for that as the router does.
     fn new(prefix: &str, n: u64) -> Self {
+        let keys = lockrouter::keys::Keys::new(prefix);
+        let hash = lockrouter::keys::name_hash(&format!("{prefix}:{n}"));
+        let text = |key: Vec<u8>| String::from_utf8(key).expect("keys are text");
         Self {
-            lock: format!("{prefix}/locks/{n}"),
-            held: format!("{prefix}/held/{n}"),
-            delay: format!("{prefix}/delay/{n}"),
-            waiters: format!("{prefix}/waiters/{n}/"),
+            lock: text(keys.lock(&hash)),
+            held: text(keys.held(&hash)),
+            delay: text(keys.delay(&hash)),
+            waiters: text(keys.waiters(&hash)),
         }
     }
 }
