@@ -66,8 +66,9 @@ pub struct Held {
 /// with no hashing between them, the CPU overlaps the probes' misses
 /// instead of waiting for each in turn behind a SipHash (a lookup at a
 /// million keys takes a third to two fifths of the time;
-/// docs/benchmarks.md, "The lock-key cache's lookups"). The hash stays std's keyed SipHash: names are the
-/// clients' to choose, so the table must not be open to chosen collisions.
+/// docs/benchmarks.md, "The lock-key cache's lookups"). The hash stays
+/// std's keyed SipHash: names are the clients' to choose, so the table
+/// must not be open to chosen collisions.
 #[derive(Default)]
 struct KeyMap {
     table: hashbrown::HashTable<(NameHash, Entry)>,
