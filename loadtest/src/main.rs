@@ -45,6 +45,11 @@ use std::process::ExitCode;
 
 use clap::Parser;
 
+/// jemalloc, as the router: on shared cores the load generator's CPU per
+/// request is taken from the servers it measures (docs/benchmarks.md).
+#[global_allocator]
+static ALLOC: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
+
 fn main() -> ExitCode {
     let cli = options::Cli::parse();
     if !cli.compare.is_empty() {
