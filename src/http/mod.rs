@@ -8,12 +8,13 @@
 //! [`access`] is the access log (`server.access_log`);
 //! [`caller`] says which principal a lock API request acts for;
 //! [`state`] is what every handler shares; [`ui`] is the status page;
-//! [`tls`] reads the main listener's certificates. TLS, the principals,
-//! the deadlines and the access log's switch come with the generation in
-//! force ([`crate::generation`]), which builds them: `tls` is the one part
-//! of this layer that the generation, below it, calls (it has a layer of
-//! its own in `layout.rs`, below `generation`, and imports nothing else
-//! of `http`).
+//! [`tls`] reads the main listener's certificates; [`protocol`] puts
+//! hyper's own refusals of unreadable requests in the API's error
+//! envelope. TLS, the principals, the deadlines and the access log's
+//! switch come with the generation in force ([`crate::generation`]), which
+//! builds them: `tls` is the one part of this layer that the generation,
+//! below it, calls (it has a layer of its own in `layout.rs`, below
+//! `generation`, and imports nothing else of `http`).
 
 pub mod access;
 pub mod admin;
@@ -23,6 +24,7 @@ pub mod api;
 pub mod body;
 pub mod caller;
 pub mod error;
+pub mod protocol;
 pub mod request_id;
 pub mod routes;
 pub mod state;
@@ -105,7 +107,8 @@ pub async fn serve(
                 let who = Arc::new(PeerIdentity::default());
                 let svc =
                     service_fn(move |req| handle(state.clone(), kind, peer, who.clone(), req));
-                let conn = builder.serve_connection(TokioIo::new(stream), svc);
+                let io = TokioIo::new(protocol::JsonRefusals::new(stream));
+                let conn = builder.serve_connection(io, svc);
                 let _ = watcher.watch(conn).await;
                 return;
             };
@@ -125,7 +128,8 @@ pub async fn serve(
             // connection.
             let who = Arc::new(PeerIdentity::of(stream.get_ref().1.peer_certificates()));
             let svc = service_fn(move |req| handle(state.clone(), kind, peer, who.clone(), req));
-            let conn = builder.serve_connection(TokioIo::new(stream), svc);
+            let io = TokioIo::new(protocol::JsonRefusals::new(stream));
+            let conn = builder.serve_connection(io, svc);
             let _ = watcher.watch(conn).await;
         });
     }

@@ -56,7 +56,7 @@ fn trace_id(value: &str) -> Option<&str> {
 
 /// 32 hex digits: a random prefix per process and a counter, so ids are
 /// unique across replicas and restarts without a random draw per request.
-fn generated() -> String {
+pub(crate) fn generated() -> String {
     use std::hash::BuildHasher;
     static PREFIX: std::sync::OnceLock<u64> = std::sync::OnceLock::new();
     static NEXT: AtomicU64 = AtomicU64::new(0);
