@@ -144,7 +144,8 @@ pub struct Cli {
     pub overload_max_in_flight: Option<usize>,
     /// Go runtime settings of every etcd the suite starts, as KEY=VALUE
     /// (repeatable): `GOGC=400`, `GOMEMLIMIT=8GiB`, `GOMAXPROCS=1`; `none`
-    /// for etcd's own defaults. Default: see `ETCD_GO_ENV` in stack.rs.
+    /// for etcd's own defaults. Default: `ETCD_GO_ENV` in stack.rs, and
+    /// `GOMAXPROCS` at etcd's share of the cores (`etcd_procs`).
     #[arg(long)]
     pub etcd_go_env: Vec<String>,
     /// etcd serves Go's pprof on its client URL (`/debug/pprof/`), for
@@ -318,7 +319,14 @@ impl Cli {
             overload_s: self.overload_s.unwrap_or(pick(smoke, 5, 20)).max(1),
             overload_factor: self.overload_factor.unwrap_or(2.0),
             overload_max_in_flight: self.overload_max_in_flight,
-            etcd_go_env: crate::stack::etcd_go_env(&self.etcd_go_env, self.etcd_pprof)?,
+            etcd_go_env: crate::stack::etcd_go_env(
+                &self.etcd_go_env,
+                self.etcd_pprof,
+                crate::stack::etcd_procs(
+                    std::thread::available_parallelism().map_or(1, |n| n.get()),
+                    self.shards.unwrap_or(3) * self.etcd_members.unwrap_or(1),
+                ),
+            )?,
             router_worker_threads: crate::stack::router_worker_threads(
                 self.router_worker_threads.unwrap_or(0),
             ),

@@ -46,24 +46,37 @@ const ETCD_FLAGS: &[&str] = &[
 /// etcd's Go runtime settings unless `--etcd-go-env` says otherwise: the
 /// heap may grow to five times what is live (GC is most of a leader's CPU
 /// under renewals), within 4 GiB per shard (docs/capacity.md, "etcd's Go
-/// runtime"; the deploy files set the same).
+/// runtime"; the deploy files set the same). `GOMAXPROCS` comes on top,
+/// from [`etcd_procs`].
 pub const ETCD_GO_ENV: &[(&str, &str)] = &[("GOGC", "400"), ("GOMEMLIMIT", "4GiB")];
+
+/// `GOMAXPROCS` of each etcd when `--etcd-go-env` is not given: the cores
+/// this run may use, shared out over the etcd processes it starts (shards
+/// times members), at least one. Go's default is every core, so three
+/// single-member shards on two cores would run six schedulers' worth of
+/// threads that wake each other; one each costs etcd about a tenth less
+/// CPU per lock life (docs/benchmarks.md, "etcd's threads on shared cores").
+pub fn etcd_procs(cores: usize, processes: usize) -> usize {
+    (cores / processes.max(1)).max(1)
+}
 
 /// The settings every etcd of this run starts with, set once at start.
 static GO_ENV: std::sync::OnceLock<Vec<(String, String)>> = std::sync::OnceLock::new();
 
-/// Reads `--etcd-go-env` (empty: [`ETCD_GO_ENV`]; `none`: no settings) and
+/// Reads `--etcd-go-env` (empty: [`ETCD_GO_ENV`] and `GOMAXPROCS=procs`;
+/// `none`: no settings) and
 /// keeps it for every etcd this run starts, with `ETCD_ENABLE_PPROF=true`
 /// added when `pprof` (etcd then serves Go's profiles on its client URL).
 /// Each argument may hold several settings separated by white space
 /// (`"GOGC=400 GOMEMLIMIT=4GiB"`); a value never does, so such an argument
 /// is never taken as one setting with a value Go would ignore.
-pub fn etcd_go_env(given: &[String], pprof: bool) -> Result<Vec<(String, String)>> {
+pub fn etcd_go_env(given: &[String], pprof: bool, procs: usize) -> Result<Vec<(String, String)>> {
     let pairs: Vec<&str> = given.iter().flat_map(|a| a.split_whitespace()).collect();
     let mut env: Vec<(String, String)> = match pairs[..] {
         [] => ETCD_GO_ENV
             .iter()
             .map(|(k, v)| (k.to_string(), v.to_string()))
+            .chain([("GOMAXPROCS".to_string(), procs.to_string())])
             .collect(),
         ["none"] => Vec::new(),
         _ => pairs
@@ -323,9 +336,9 @@ mod tests {
 
     #[test]
     fn settings_in_one_argument_are_each_their_own() {
-        let env = etcd_go_env(&["GOGC=400 GOMEMLIMIT=4GiB".into()], false).unwrap();
+        let env = etcd_go_env(&["GOGC=400 GOMEMLIMIT=4GiB".into()], false, 1).unwrap();
         assert_eq!(pairs(&env), [("GOGC", "400"), ("GOMEMLIMIT", "4GiB")]);
-        let env = etcd_go_env(&["GOGC=200".into(), "GOMAXPROCS=1".into()], true).unwrap();
+        let env = etcd_go_env(&["GOGC=200".into(), "GOMAXPROCS=1".into()], true, 2).unwrap();
         assert_eq!(
             pairs(&env),
             [
@@ -338,11 +351,27 @@ mod tests {
 
     #[test]
     fn defaults_none_and_nonsense() {
-        let env = etcd_go_env(&[], false).unwrap();
-        assert_eq!(pairs(&env), ETCD_GO_ENV);
-        assert!(etcd_go_env(&["none".into()], false).unwrap().is_empty());
+        let env = etcd_go_env(&[], false, 3).unwrap();
+        assert_eq!(
+            pairs(&env),
+            [("GOGC", "400"), ("GOMEMLIMIT", "4GiB"), ("GOMAXPROCS", "3")]
+        );
+        assert!(etcd_go_env(&["none".into()], false, 1).unwrap().is_empty());
         for bad in ["GOGC", "GOGC=", "PATH=/x", "GOGC=400=1"] {
-            assert!(etcd_go_env(&[bad.into()], false).is_err(), "{bad}");
+            assert!(etcd_go_env(&[bad.into()], false, 1).is_err(), "{bad}");
         }
+    }
+
+    #[test]
+    fn etcd_gets_its_share_of_the_cores() {
+        assert_eq!(etcd_procs(2, 3), 1, "three shards on two cores");
+        assert_eq!(etcd_procs(2, 9), 1, "never below one");
+        assert_eq!(
+            etcd_procs(2, 1),
+            2,
+            "one shard: every core, as Go's default"
+        );
+        assert_eq!(etcd_procs(8, 3), 2);
+        assert_eq!(etcd_procs(4, 0), 4);
     }
 }
