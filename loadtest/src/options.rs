@@ -239,6 +239,8 @@ pub struct Config {
 impl Cli {
     pub fn config(self) -> anyhow::Result<Config> {
         let smoke = self.profile == Profile::Smoke;
+        let shards = self.shards.unwrap_or(3);
+        let etcd_members = crate::stack::etcd_members(self.etcd_members.unwrap_or(1))?;
         anyhow::ensure!(
             self.overload_factor.is_none_or(|f| f > 0.0 && f <= 20.0),
             "--overload-factor must be above 0 and at most 20"
@@ -282,7 +284,7 @@ impl Cli {
             router_bin,
             check: self.check,
             max_minutes: self.max_minutes.unwrap_or(pick(smoke, 10, 90)),
-            shards: self.shards.unwrap_or(3),
+            shards,
             users: self.users.unwrap_or(pick(smoke, 8, 64)),
             duration_s: self.duration_s.unwrap_or(pick(smoke, 4, 10)),
             rounds: self.rounds.unwrap_or(pick(smoke, 2, 5)).max(1),
@@ -324,14 +326,14 @@ impl Cli {
                 self.etcd_pprof,
                 crate::stack::etcd_procs(
                     std::thread::available_parallelism().map_or(1, |n| n.get()),
-                    self.shards.unwrap_or(3) * self.etcd_members.unwrap_or(1),
+                    shards * etcd_members,
                 ),
             )?,
             router_worker_threads: crate::stack::router_worker_threads(
                 self.router_worker_threads.unwrap_or(0),
             ),
             router_etcd: crate::stack::router_etcd(&self.router_etcd)?,
-            etcd_members: crate::stack::etcd_members(self.etcd_members.unwrap_or(1))?,
+            etcd_members,
             overload_clients: pick(smoke, 100, 1_000),
             overload_holders: pick(smoke, 10, 50),
             overload_locks_per_holder: pick(smoke, 10, 100),

@@ -53,9 +53,9 @@ pub const ETCD_GO_ENV: &[(&str, &str)] = &[("GOGC", "400"), ("GOMEMLIMIT", "4GiB
 /// `GOMAXPROCS` of each etcd when `--etcd-go-env` is not given: the cores
 /// this run may use, shared out over the etcd processes it starts (shards
 /// times members), at least one. Go's default is every core, so three
-/// single-member shards on two cores would run six schedulers' worth of
-/// threads that wake each other; one each costs etcd about a tenth less
-/// CPU per lock life (docs/benchmarks.md, "etcd's threads on shared cores").
+/// single-member shards on two cores would run six schedulers; with one
+/// each, etcd switched threads less often and spent about a tenth less CPU
+/// per lock life (docs/benchmarks.md, "etcd's threads on shared cores").
 pub fn etcd_procs(cores: usize, processes: usize) -> usize {
     (cores / processes.max(1)).max(1)
 }
