@@ -5,7 +5,7 @@
 //! nothing, a ring or identity change grants nothing and still releases).
 //!
 //! Each test pauses the single etcd member (SIGSTOP) while its requests
-//! arrive, so that they queue behind the batches in flight and go out
+//! arrive, so that they queue behind the batch in flight and go out
 //! together when it resumes; the pause stays well under the router's etcd
 //! deadline.
 
@@ -16,6 +16,7 @@ use serde_json::Value;
 
 use lockrouter::keys::Keys;
 use lockrouter_testkit::api::{Api, Reply};
+use lockrouter_testkit::config::config_toml;
 use lockrouter_testkit::etcd::EtcdCluster;
 use lockrouter_testkit::router::TestRouter;
 use lockrouter_testkit::sleep_ms;
@@ -126,7 +127,7 @@ async fn acquires_that_queue_up_share_raft_writes_and_each_name_has_one_winner()
     // name's token is still above every earlier one of that name.
     assert!(!tokens.is_empty());
     // Without group commit these are 200 txns (etcd 3.4 proposes a txn
-    // whose compare fails too); queued behind the two batches in flight
+    // whose compare fails too); queued behind the batch in flight
     // they go out in a few.
     assert!(writes < 50.0, "{writes} raft writes for 200 acquires");
     let metrics = api.metrics().await;
@@ -139,6 +140,115 @@ async fn acquires_that_queue_up_share_raft_writes_and_each_name_has_one_winner()
         let r = api.inspect(&format!("batched-{n}")).await;
         assert_eq!(r.body["held"], true, "{r:?}");
     }
+}
+
+/// A router on `etcd` whose one shard is named `shard`, with the session
+/// lease of "client" granted, and what the shard had sent by then (see
+/// [`commits`]). The metrics recorder is the test process's, shared by
+/// every router in it, so a test that counts a shard's batches gives it a
+/// name of its own. Its etcd deadline is 5 s, so that a paused member may
+/// stay paused a while.
+async fn router_named(etcd: &EtcdCluster, shard: &str) -> (TestRouter, (f64, f64)) {
+    let toml = config_toml(&[etcd], "127.0.0.1:0", "")
+        .replace("name = \"a\"", &format!("name = \"{shard}\""))
+        .replace("request_timeout_ms = 1000", "request_timeout_ms = 5000");
+    assert!(toml.contains("request_timeout_ms = 5000"), "{toml}");
+    let router = TestRouter::with_toml(&toml).await;
+    router.api.must_acquire("warm-up", 30_000, "client").await;
+    let sent = commits(&router.api.metrics().await, shard);
+    (router, sent)
+}
+
+fn all_granted(replies: &[Reply]) {
+    for r in replies {
+        assert_eq!(r.status, 200, "{r:?}");
+        assert_eq!(r.body["acquired"], true, "{r:?}");
+    }
+}
+
+/// `metric` (a counter, or a summary's `_sum`) of `shard`, summed over
+/// every kind of batch.
+fn on_shard(metrics: &str, shard: &str, metric: &str) -> f64 {
+    let prefix = format!("{metric}{{shard=\"{shard}\"");
+    metrics
+        .lines()
+        .filter(|l| l.starts_with(&prefix))
+        .map(|l| l.rsplit(' ').next().unwrap().parse::<f64>().unwrap())
+        .sum()
+}
+
+/// The txns `shard` has sent so far, and the jobs in them.
+fn commits(metrics: &str, shard: &str) -> (f64, f64) {
+    (
+        on_shard(metrics, shard, "lockrouter_commits_total"),
+        on_shard(metrics, shard, "lockrouter_commit_batch_size_sum"),
+    )
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn what_queues_behind_the_batch_in_flight_leaves_as_one_batch() {
+    let etcd = EtcdCluster::single();
+    let (router, before) = router_named(&etcd, "one-behind").await;
+    let api = &router.api;
+    // 101 names: the first to arrive leaves alone (nothing is in flight)
+    // and waits on the paused member; the other 100 queue behind it. With
+    // one batch in flight they leave together when it is answered: two
+    // txns. A second batch in flight would have taken whatever came next
+    // alone, and the rest a third.
+    let calls: Vec<_> = (0..101)
+        .map(|n| acquire(api, format!("queued-{n}"), "client".into()))
+        .collect();
+    let (replies, _) = while_paused(&etcd, calls).await;
+    all_granted(&replies);
+    let after = commits(&api.metrics().await, "one-behind");
+    let (txns, jobs) = (after.0 - before.0, after.1 - before.1);
+    assert_eq!(jobs, 101.0, "each acquire sent once");
+    assert!(
+        txns <= 2.0,
+        "{txns} txns for 101 acquires queued behind one"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_full_batch_waiting_leaves_beside_the_one_in_flight_and_no_more() {
+    let etcd = EtcdCluster::single();
+    let (router, before) = router_named(&etcd, "two-behind").await;
+    let api = &router.api;
+    etcd.pause_member(0);
+    // One acquire, alone in flight on the paused member; then 250 behind
+    // it: enough for a full batch (100) to leave beside it, and for
+    // another full one to wait, since no more than two are ever in flight.
+    let first = tokio::spawn(acquire(api, "first".into(), "client".into()));
+    sleep_ms(100).await;
+    let rest: Vec<_> = (0..250)
+        .map(|n| tokio::spawn(acquire(api, format!("queued-{n}"), "client".into())))
+        .collect();
+    // Until the second has left (the requests take a while to arrive on a
+    // busy machine), then a little longer, for a third that must not.
+    let sent = || async {
+        let now = commits(&api.metrics().await, "two-behind");
+        (now.0 - before.0, now.1 - before.1)
+    };
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(3);
+    while sent().await.0 < 2.0 && std::time::Instant::now() < deadline {
+        sleep_ms(20).await;
+    }
+    sleep_ms(200).await;
+    let paused = sent().await;
+    etcd.resume_member(0);
+    let mut replies = vec![first.await.expect("request task")];
+    for r in join_all(rest).await {
+        replies.push(r.expect("request task"));
+    }
+    all_granted(&replies);
+    assert_eq!(
+        paused,
+        (2.0, 101.0),
+        "sent while the member was paused: (txns, acquires)"
+    );
+    // The other 150 after it resumed, each acquire in one batch only.
+    let after = commits(&api.metrics().await, "two-behind");
+    assert_eq!(after.1 - before.1, 251.0);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -231,7 +341,7 @@ async fn grants_and_releases_that_queue_up_share_one_txn() {
         assert_eq!(acquired.body["acquired"], true, "{acquired:?}");
     }
     // 80 txns one by one; apart, at least two batches of each kind; queued
-    // together behind the two batches in flight they share txns.
+    // together behind the batch in flight they share txns.
     assert!(
         writes < 10.0,
         "{writes} raft writes for 40 grants and 40 releases"

@@ -2,16 +2,18 @@
 //! earlier ones are in flight go to etcd as one txn of nested txns, one
 //! raft write for all of them (`docs/design.md`, "Group commit").
 //!
-//! No request waits for a timer: a batch is whatever is waiting when a slot
-//! frees (at most [`IN_FLIGHT`] batches in flight per shard). Each acquire
-//! keeps its own compares in its nested txn; the ring and identity are
-//! compared once, by the outer txn, so only acquires that compare the same
-//! ring and identity share a batch. A release compares no ring: if the
-//! ring compare fails, the batch's releases are sent again alone. A name appears once per batch (etcd refuses a key twice in
-//! one txn); a later acquire or release of it waits for the next batch. A
-//! put naming a lease that is gone fails the whole txn and applies nothing:
-//! the batch is then sent again in halves, until only the acquire of the
-//! dead lease sees it.
+//! No request waits for a timer: a batch is whatever is waiting when the
+//! batch in flight is answered, or when a request comes to an idle shard; a
+//! second batch leaves beside it only while a full one waits
+//! ([`MAX_IN_FLIGHT`]). Each acquire keeps its own compares in its
+//! nested txn; the ring and identity are compared once, by the outer txn,
+//! so only acquires that compare the same ring and identity share a batch.
+//! A release compares no ring: if the ring compare fails, the batch's
+//! releases are sent again alone. A name appears once per batch (etcd
+//! refuses a key twice in one txn); a later acquire or release of it waits
+//! for the next batch. A put naming a lease that is gone fails the whole
+//! txn and applies nothing: the batch is then sent again in halves, until
+//! only the acquire of the dead lease sees it.
 //!
 //! A batch's txn is bounded by the latest deadline of the requests it
 //! serves (or the shard's deadline, if sooner), and an acquire whose caller
@@ -23,7 +25,8 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use etcd_client::{Compare, CompareOp, Txn, TxnOp, TxnOpResponse, TxnResponse};
-use tokio::sync::{mpsc, oneshot, Semaphore};
+use tokio::sync::{mpsc, oneshot, Notify};
+use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 
 use super::conn::{EtcdConn, EtcdError};
@@ -34,9 +37,14 @@ use super::name::{
 };
 use super::name::{AcquireTxn, Grantable, NameKeys, NameState, ReleaseTxn};
 
-/// Batches in flight at once per shard. More than one, so that at low
-/// load a request never waits behind another's round trip.
-pub const IN_FLIGHT: usize = 2;
+/// Most batches in flight at once per shard. Normally one: a second that
+/// left as soon as anything waited would split the queue into two
+/// half-size batches under load, each paying etcd's fixed cost per txn and
+/// raft write (`docs/design.md`, "Group commit"; `docs/benchmarks.md`,
+/// "One batch in flight"). A second leaves only while a full batch
+/// ([`MAX_BATCH`]) waits, so that a slow etcd's round trip does not cap a
+/// shard at one full batch per round trip.
+pub const MAX_IN_FLIGHT: usize = 2;
 /// Most grants and releases in one txn. etcd (`--max-txn-ops`, default
 /// 128) counts a txn's ops and then gives each nested txn what is left:
 /// 100 outer ops leave 28, far above the 4 a nested grant or release
@@ -90,6 +98,9 @@ impl Job {
 /// Handle to a shard's committer task; dropping it stops it.
 pub struct Committer {
     jobs: mpsc::Sender<Job>,
+    /// Told when a full batch waits in `jobs`: the committer may then send
+    /// it beside the batch in flight.
+    full: Arc<Notify>,
     _task: crate::task::TaskGuard,
 }
 
@@ -104,12 +115,24 @@ impl Committer {
     pub fn start(conn: EtcdConn, keys: Keys, cancel: &CancellationToken) -> Self {
         let target = Target { conn, keys };
         let (jobs, rx) = mpsc::channel(16_384);
+        let full = Arc::new(Notify::new());
         let cancel = cancel.child_token();
-        let task = tokio::spawn(run(target, rx, cancel.clone()));
+        let task = tokio::spawn(run(target, rx, full.clone(), cancel.clone()));
         Self {
             jobs,
+            full,
             _task: crate::task::TaskGuard::new(task, cancel),
         }
+    }
+
+    /// Queues `job`, and tells the committer if a full batch now waits
+    /// (only then may it send one beside the batch in flight).
+    async fn queue(&self, job: Job) -> Result<(), EtcdError> {
+        self.jobs.send(job).await.map_err(|_| stopped())?;
+        if self.jobs.max_capacity() - self.jobs.capacity() >= MAX_BATCH {
+            self.full.notify_one();
+        }
+        Ok(())
     }
 
     /// Runs the grant txn of one acquire, in whatever batch it joins.
@@ -131,8 +154,7 @@ impl Committer {
             deadline: crate::task::request_deadline(),
             reply,
         };
-        let job = Job::Acquire(Box::new(job));
-        self.jobs.send(job).await.map_err(|_| stopped())?;
+        self.queue(Job::Acquire(Box::new(job))).await?;
         rx.await.map_err(|_| stopped())?
     }
 
@@ -151,8 +173,7 @@ impl Committer {
             deadline: crate::task::request_deadline(),
             reply,
         };
-        let job = Job::Release(job);
-        self.jobs.send(job).await.map_err(|_| stopped())?;
+        self.queue(Job::Release(job)).await?;
         rx.await.map_err(|_| stopped())?
     }
 }
@@ -164,22 +185,36 @@ fn stopped() -> EtcdError {
     }
 }
 
-async fn run(target: Target, mut rx: mpsc::Receiver<Job>, cancel: CancellationToken) {
-    let slots = Arc::new(Semaphore::new(IN_FLIGHT));
+async fn run(
+    target: Target,
+    mut rx: mpsc::Receiver<Job>,
+    full: Arc<Notify>,
+    cancel: CancellationToken,
+) {
     // Jobs that could not join the last batch (an acquire under another
     // ring or identity, or a name already in it), first in line for the
     // next.
     let mut carried: VecDeque<Job> = VecDeque::new();
-    loop {
-        let slot = tokio::select! {
-            s = slots.clone().acquire_owned() => s.expect("semaphore is never closed"),
-            _ = cancel.cancelled() => return,
-        };
+    let mut in_flight: JoinSet<()> = JoinSet::new();
+    'run: loop {
+        // Wait until nothing is in flight, or a full batch waits and a
+        // second may leave beside the one in flight.
+        while !in_flight.is_empty() {
+            let may_add = in_flight.len() < MAX_IN_FLIGHT;
+            if may_add && carried.len() + rx.len() >= MAX_BATCH {
+                break;
+            }
+            tokio::select! {
+                _ = in_flight.join_next() => {}
+                _ = full.notified(), if may_add => {}
+                _ = cancel.cancelled() => break 'run,
+            }
+        }
         let first = match carried.pop_front() {
             Some(job) => job,
             None => tokio::select! {
-                job = rx.recv() => match job { Some(j) => j, None => return },
-                _ = cancel.cancelled() => return,
+                job = rx.recv() => match job { Some(j) => j, None => break 'run },
+                _ = cancel.cancelled() => break 'run,
             },
         };
         let mut batch = Batch::default();
@@ -199,12 +234,13 @@ async fn run(target: Target, mut rx: mpsc::Receiver<Job>, cancel: CancellationTo
         }
         carried.extend(waiting);
         let target = target.clone();
-        tokio::spawn(async move {
+        in_flight.spawn(async move {
             crate::metrics::commit_batch(target.conn.shard(), batch.kind(), batch.len());
             commit(&target, batch.acquires, batch.releases).await;
-            drop(slot);
         });
     }
+    // Batches already sent are answered, as if the shard were still here.
+    in_flight.detach_all();
 }
 
 /// The jobs of one txn: distinct names, and acquires that compare the same
