@@ -263,13 +263,6 @@ pub fn cache_barrier(shard: &str, renewals: usize) {
         .record(renewals as f64);
 }
 
-/// A group commit of `n` grants or releases (`kind`) went to etcd.
-pub fn commit_batch(shard: &str, kind: &'static str, n: usize) {
-    counter!("lockrouter_commits_total", "shard" => shard.to_string(), "kind" => kind).increment(1);
-    histogram!("lockrouter_commit_batch_size", "shard" => shard.to_string(), "kind" => kind)
-        .record(n as f64);
-}
-
 /// An acquire read its name before any txn; `answered`: the read answered
 /// it (held, or waiting out a lock-delay).
 pub fn acquire_read_first(shard: &str, answered: bool) {
@@ -286,7 +279,16 @@ pub fn force_release(shard: &str) {
 /// `n` lockIds opened under `key` (a key id, or `unsigned`): when an old
 /// key's count stops growing, no lock still uses it (key rotation).
 pub fn lock_ids_opened(key: &str, n: u64) {
-    counter!("lockrouter_lock_ids_opened_total", "key" => key.to_string()).increment(n);
+    static OPENED: LazyLock<RwLock<HashMap<String, Counter>>> = LazyLock::new(Default::default);
+    if let Some(c) = OPENED.read().expect("metric handles").get(key) {
+        c.increment(n);
+        return;
+    }
+    let mut opened = OPENED.write().expect("metric handles");
+    opened
+        .entry(key.to_string())
+        .or_insert_with(|| counter!("lockrouter_lock_ids_opened_total", "key" => key.to_string()))
+        .increment(n);
 }
 
 /// A lock API request by `principal` (bounded: principals come from the
@@ -344,11 +346,6 @@ impl Drop for Waiting {
         histogram!(WAIT_SECONDS, "shard" => shard, "outcome" => self.outcome)
             .record(self.since.elapsed().as_secs_f64());
     }
-}
-
-/// A lock on `shard` was released after being held `held`.
-pub fn lock_held(shard: &str, held: Duration) {
-    histogram!(HOLD_SECONDS, "shard" => shard.to_string()).record(held.as_secs_f64());
 }
 
 /// A lost holder's name got its lock-delay.
@@ -462,6 +459,11 @@ pub struct ShardMetrics {
     renewal_checks: Handles<&'static str, Counter>,
     hedges: Handles<&'static str, Counter>,
     lease_renewals: OnceLock<Counter>,
+    keepalives_sent: OnceLock<Counter>,
+    hold_seconds: OnceLock<Histogram>,
+    /// `lockrouter_commits_total` and `lockrouter_commit_batch_size`, by
+    /// the batch's kind.
+    commits: Handles<&'static str, (Counter, Histogram)>,
     /// `lockrouter_shard_request_duration_seconds`, by [`ShardOp`].
     acquire_seconds: OnceLock<Histogram>,
     renew_seconds: OnceLock<Histogram>,
@@ -555,6 +557,35 @@ impl ShardMetrics {
             .get_or_init(|| counter!("lockrouter_lease_renewals_total", "shard" => shard.clone()))
             .increment(n);
     }
+
+    /// One keepalive sent to etcd.
+    pub fn keepalive_sent(&self) {
+        let shard = &self.shard;
+        self.keepalives_sent
+            .get_or_init(|| counter!("lockrouter_keepalives_sent_total", "shard" => shard.clone()))
+            .increment(1);
+    }
+
+    /// A lock on this shard was released after being held `held`.
+    pub fn lock_held(&self, held: Duration) {
+        let shard = &self.shard;
+        self.hold_seconds
+            .get_or_init(|| histogram!(HOLD_SECONDS, "shard" => shard.clone()))
+            .record(held.as_secs_f64());
+    }
+
+    /// A group commit of `n` grants or releases (`kind`) went to etcd.
+    pub fn commit_batch(&self, kind: &'static str, n: usize) {
+        let shard = &self.shard;
+        let (commits, sizes) = self.commits.get(kind, || {
+            (
+                counter!("lockrouter_commits_total", "shard" => shard.clone(), "kind" => kind),
+                histogram!("lockrouter_commit_batch_size", "shard" => shard.clone(), "kind" => kind),
+            )
+        });
+        commits.increment(1);
+        sizes.record(n as f64);
+    }
 }
 
 /// A config reload: reloaded, refused (try again later) or invalid.
@@ -577,10 +608,6 @@ pub fn keepalive_burst(shard: &str, stream: usize, n: usize) {
         "stream" => stream.to_string()
     )
     .record(n as f64);
-}
-
-pub fn keepalive_sent(shard: &str) {
-    counter!("lockrouter_keepalives_sent_total", "shard" => shard.to_string()).increment(1);
 }
 
 pub fn session_leases(shard: &str, n: usize) {

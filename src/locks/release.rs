@@ -38,7 +38,7 @@ impl Active {
             // By two routers' clocks (the granting one's, this one's): a
             // skew shows as a longer or shorter hold, never a negative one.
             let held = SystemTime::now().duration_since(at).unwrap_or_default();
-            crate::metrics::lock_held(shard.name(), held);
+            shard.metrics().lock_held(held);
         }
         Ok(())
     }

@@ -235,7 +235,10 @@ async fn run(
         carried.extend(waiting);
         let target = target.clone();
         in_flight.spawn(async move {
-            crate::metrics::commit_batch(target.conn.shard(), batch.kind(), batch.len());
+            target
+                .conn
+                .metrics()
+                .commit_batch(batch.kind(), batch.len());
             commit(&target, batch.acquires, batch.releases).await;
         });
     }

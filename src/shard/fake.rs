@@ -48,6 +48,7 @@ pub struct FakeShard {
     state: Mutex<State>,
     /// Woken at every deletion, for the waiters.
     deleted: tokio::sync::Notify,
+    metrics: crate::metrics::ShardMetrics,
 }
 
 #[derive(Default)]
@@ -88,6 +89,7 @@ impl FakeShard {
             keys: Keys::new("/fake"),
             state: Mutex::new(state),
             deleted: tokio::sync::Notify::new(),
+            metrics: crate::metrics::ShardMetrics::new(name),
         }
     }
 
@@ -283,6 +285,10 @@ impl LockShard for FakeShard {
 
     fn name(&self) -> &str {
         &self.name
+    }
+
+    fn metrics(&self) -> &crate::metrics::ShardMetrics {
+        &self.metrics
     }
 
     fn name_keys(&self, hash: &NameHash) -> NameKeys {

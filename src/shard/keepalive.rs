@@ -518,7 +518,7 @@ impl Task {
                 generation, writer, ..
             } => match writer.try_send((lease, urgent)) {
                 Ok(()) => {
-                    m::keepalive_sent(self.conn.shard());
+                    self.conn.metrics().keepalive_sent();
                     let inflight = Inflight {
                         sent_at: Instant::now(),
                         generation: *generation,
@@ -580,7 +580,7 @@ impl Task {
             let result = match tokio::time::timeout(conn.timeout(), slots.acquire_owned()).await {
                 Ok(Ok(_permit)) => {
                     let sent_at = Instant::now();
-                    m::keepalive_sent(conn.shard());
+                    conn.metrics().keepalive_sent();
                     // Hedged (a keepalive may be sent twice); the first
                     // send's instant counts, as it is the earliest.
                     let renew = |client: etcd_client::Client| async move {
@@ -676,7 +676,7 @@ impl Task {
                     writer_task,
                 };
                 self.last_answer = Instant::now();
-                m::keepalive_sent(self.conn.shard());
+                self.conn.metrics().keepalive_sent();
                 for (lease, q) in std::mem::take(&mut self.queued) {
                     self.send_main(lease, q.waiters, q.retried, true);
                 }

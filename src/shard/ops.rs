@@ -46,6 +46,9 @@ pub trait LockShard: CacheCounts + 'static {
 
     fn name(&self) -> &str;
 
+    /// Its series counted per request, by handle.
+    fn metrics(&self) -> &crate::metrics::ShardMetrics;
+
     fn name_keys(&self, hash: &NameHash) -> NameKeys;
 
     fn verified_identity(&self) -> Option<Vec<u8>>;
@@ -205,6 +208,10 @@ impl LockShard for Shard {
 
     fn name(&self) -> &str {
         Shard::name(self)
+    }
+
+    fn metrics(&self) -> &crate::metrics::ShardMetrics {
+        Shard::metrics(self)
     }
 
     fn name_keys(&self, hash: &NameHash) -> NameKeys {
