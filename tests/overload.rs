@@ -10,7 +10,9 @@ use serde_json::json;
 
 use lockrouter_testkit::config::config_toml;
 use lockrouter_testkit::etcd::EtcdCluster;
+use lockrouter_testkit::loopback::free_port;
 use lockrouter_testkit::router::TestRouter;
+use lockrouter_testkit::router_process::RouterProcess;
 use lockrouter_testkit::sleep_ms;
 
 /// `toml` (a [`config_toml`] listening on 127.0.0.1:0) with
@@ -78,6 +80,116 @@ async fn past_its_bound_a_router_refuses_acquires_at_once_and_still_renews() {
     assert_eq!(
         router.api.acquire("other", 30_000, "late").await.status,
         200
+    );
+}
+
+/// The `refused` counts of the router's `shedding load` lines.
+fn shed_lines(log: &str) -> Vec<u64> {
+    log.lines()
+        .filter(|l| l.contains("shedding load"))
+        .map(|l| {
+            let (_, rest) = l.split_once("refused=").expect("a refused count");
+            let n = rest.split(|c: char| !c.is_ascii_digit()).next().unwrap();
+            n.parse()
+                .unwrap_or_else(|e| panic!("refused={n}: {e}\n{l}"))
+        })
+        .collect()
+}
+
+/// Requests shed as `overloaded` are not logged one by one (a line each
+/// would spend the CPU that shedding saves): the first is logged at once,
+/// then at most one line a second, each counting the refusals since the
+/// last. Every refusal is counted once, and none is a `request failed`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn shed_requests_are_logged_at_most_once_a_second_with_their_count() {
+    let etcd = EtcdCluster::single();
+    let port = free_port();
+    let listen = format!("127.0.0.1:{port}");
+    let toml = config_toml(&[&etcd], &listen, "");
+    let line = format!("listen = \"{listen}\"\n");
+    assert!(toml.contains(&line));
+    // Two acquire slots (half of 5, the least bound).
+    let toml = toml.replace(&line, &format!("{line}max_in_flight = 5\n"));
+    let router = RouterProcess::spawn(&toml, port);
+    router.api.wait_ready().await;
+    let api = router.api.clone();
+    let holder = api.must_acquire("busy", 30_000, "holder").await;
+    let mut refused = 0;
+    // Two waiters take the acquire slots for as long as they wait.
+    let waiters: Vec<_> = (0..2)
+        .map(|i| {
+            let api = api.clone();
+            tokio::spawn(async move {
+                let body = json!({"name": "busy", "ttlMs": 30_000, "clientId": format!("waiter-{i}"), "waitMs": 20_000});
+                let mut refused = 0;
+                loop {
+                    let r = api.post("/api/v1/locks/acquire", body.clone()).await;
+                    if r.status != 503 {
+                        return (r, refused);
+                    }
+                    refused += 1;
+                    sleep_ms(5).await;
+                }
+            })
+        })
+        .collect();
+    // Until the waiters are in, the burst's acquires may be admitted.
+    let started = Instant::now();
+    while api.acquire("other", 30_000, "late").await.status != 503 {
+        assert!(started.elapsed() < Duration::from_secs(10), "never refused");
+        sleep_ms(20).await;
+    }
+    refused += 1;
+    let burst = Instant::now();
+    for i in 0..200 {
+        let r = api.acquire(&format!("shed-{i}"), 30_000, "late").await;
+        assert_eq!(r.status, 503, "{r:?}");
+        assert_eq!(r.body["error"]["code"], "overloaded", "{r:?}");
+        refused += 1;
+    }
+    let burst = burst.elapsed();
+    // A second after the burst, one more refusal brings the line that
+    // counts what the last one left out.
+    sleep_ms(1_100).await;
+    assert_eq!(api.acquire("late-one", 30_000, "late").await.status, 503);
+    refused += 1;
+    // The waiters (refused while the other took the slots) get the name in
+    // turn once its holder lets it go.
+    assert_eq!(api.release(&holder).await.status, 204);
+    let mut waiters = waiters;
+    while !waiters.is_empty() {
+        let Some(i) = waiters.iter().position(|w| w.is_finished()) else {
+            sleep_ms(10).await;
+            continue;
+        };
+        let (r, waiter_refused) = waiters.swap_remove(i).await.unwrap();
+        refused += waiter_refused;
+        assert_eq!(api.release(&r.granted()).await.status, 204);
+    }
+
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let log = loop {
+        let log = router.log_text();
+        if shed_lines(&log).iter().sum::<u64>() >= refused || Instant::now() > deadline {
+            break log;
+        }
+        sleep_ms(50).await;
+    };
+    let lines = shed_lines(&log);
+    assert_eq!(lines.iter().sum::<u64>(), refused, "{lines:?}\n{log}");
+    // The first is logged at once (with a second refusal that raced it).
+    assert!(matches!(lines.first(), Some(1 | 2)), "{lines:?}\n{log}");
+    // At once, then at most once a second through the burst, then the last.
+    let most = 2 + burst.as_secs() as usize + 1;
+    assert!(
+        lines.len() <= most,
+        "{} lines, most {most}:\n{log}",
+        lines.len()
+    );
+    assert!(
+        !log.lines()
+            .any(|l| l.contains("request failed") && l.contains("overloaded")),
+        "{log}"
     );
 }
 

@@ -189,7 +189,18 @@ async fn handle(
     }
     span.record("outcome", outcome);
     // A 503 from /readyz is an answer, not a failure (probes ask often).
-    if resp.status().is_server_error() && route != Some(Route::Readyz) {
+    // A request shed as `overloaded` is counted, not logged: one line a
+    // second at most, with the count since the last (admission.rs).
+    if outcome == "overloaded" {
+        if let Some(refused) = state.admission.shed_log.refused() {
+            tracing::warn!(
+                op,
+                request_id = %request_id,
+                refused,
+                "shedding load: requests refused as overloaded since the last such line"
+            );
+        }
+    } else if resp.status().is_server_error() && route != Some(Route::Readyz) {
         tracing::warn!(
             op,
             outcome,
