@@ -162,13 +162,18 @@ async fn thousands_of_moved_locks_are_counted_exactly() {
     let r1 = FileRouter::start(&toml(&before)).await;
     let names: Vec<String> = (0..HELD).map(|i| format!("many-{i}")).collect();
     let mut held = Vec::new();
-    for chunk in names.chunks(HELD / 8) {
+    // A holder per chunk: one clientId may acquire at most
+    // `limits.acquires_per_client_per_sec` (1,000) a second.
+    for (c, chunk) in names.chunks(HELD / 8).enumerate() {
         let api = r1.api.clone();
         let chunk = chunk.to_vec();
         held.push(tokio::spawn(async move {
             let mut locks = Vec::new();
             for name in chunk {
-                locks.push(api.must_acquire(&name, 60_000, "holder").await);
+                locks.push(
+                    api.must_acquire(&name, 60_000, &format!("holder-{c}"))
+                        .await,
+                );
             }
             locks
         }));
