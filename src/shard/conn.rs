@@ -14,6 +14,7 @@ use std::sync::{Arc, Mutex, Weak};
 use std::time::{Duration, Instant};
 
 use etcd_client::Client;
+use futures::future::BoxFuture;
 
 use super::access::{Access, FileProblem};
 use super::login::{AuthProblem, Login};
@@ -299,7 +300,7 @@ impl EtcdConn {
             }
             Err(last.expect("at least one try"))
         };
-        self.call(rpc, hedged).await
+        self.call_inline(rpc, hedged).await
     }
 
     pub fn shard(&self) -> &str {
@@ -449,7 +450,25 @@ impl EtcdConn {
     /// that comes first (see [`under_deadline`](crate::task::under_deadline)).
     /// A call cut short by the request's deadline says nothing of the
     /// shard: it does not mark it down.
-    pub async fn call<T, F>(&self, rpc: &'static str, fut: F) -> Result<T, EtcdError>
+    ///
+    /// The call goes to the heap: etcd-client's futures are kilobytes
+    /// (10 KB or more for a txn), and kept inline they would make every
+    /// future that may call etcd that large, the acquire handler's
+    /// included, copied whole each time it is moved, on every request
+    /// (docs/benchmarks.md, "Futures on the heap").
+    pub fn call<'a, T, F>(
+        &'a self,
+        rpc: &'static str,
+        fut: F,
+    ) -> BoxFuture<'a, Result<T, EtcdError>>
+    where
+        F: Future<Output = Result<T, etcd_client::Error>> + Send + 'a,
+        T: Send + 'a,
+    {
+        Box::pin(self.call_inline(rpc, fut))
+    }
+
+    async fn call_inline<T, F>(&self, rpc: &'static str, fut: F) -> Result<T, EtcdError>
     where
         F: Future<Output = Result<T, etcd_client::Error>>,
     {
