@@ -279,15 +279,12 @@ pub fn force_release(shard: &str) {
 /// `n` lockIds opened under `key` (a key id, or `unsigned`): when an old
 /// key's count stops growing, no lock still uses it (key rotation).
 pub fn lock_ids_opened(key: &str, n: u64) {
-    static OPENED: LazyLock<RwLock<HashMap<String, Counter>>> = LazyLock::new(Default::default);
-    if let Some(c) = OPENED.read().expect("metric handles").get(key) {
-        c.increment(n);
-        return;
-    }
-    let mut opened = OPENED.write().expect("metric handles");
-    opened
-        .entry(key.to_string())
-        .or_insert_with(|| counter!("lockrouter_lock_ids_opened_total", "key" => key.to_string()))
+    static OPENED: LazyLock<Handles<String, Counter>> = LazyLock::new(Handles::default);
+    OPENED
+        .get(
+            key,
+            || counter!("lockrouter_lock_ids_opened_total", "key" => key.to_string()),
+        )
         .increment(n);
 }
 
@@ -370,13 +367,19 @@ impl<K, H> Default for Handles<K, H> {
     }
 }
 
-impl<K: Hash + Eq + Copy, H: Clone> Handles<K, H> {
-    fn get(&self, key: K, register: impl FnOnce() -> H) -> H {
-        if let Some(h) = self.map.read().expect("metric handles").get(&key) {
+impl<K: Hash + Eq, H: Clone> Handles<K, H> {
+    /// The handle of `key`'s series, registered by `register` on first use.
+    /// `key` may be borrowed (a `&str` for `String` keys).
+    fn get<Q>(&self, key: &Q, register: impl FnOnce() -> H) -> H
+    where
+        Q: ?Sized + Hash + Eq + ToOwned<Owned = K>,
+        K: std::borrow::Borrow<Q>,
+    {
+        if let Some(h) = self.map.read().expect("metric handles").get(key) {
             return h.clone();
         }
         let mut map = self.map.write().expect("metric handles");
-        map.entry(key).or_insert_with(register).clone()
+        map.entry(key.to_owned()).or_insert_with(register).clone()
     }
 }
 
@@ -400,13 +403,13 @@ pub fn request(op: &'static str, outcome: &'static str, elapsed: Duration) {
     let r = &*REQUESTS;
     r.requests
         .get(
-            (op, outcome),
+            &(op, outcome),
             || counter!("lockrouter_requests_total", "op" => op, "outcome" => outcome),
         )
         .increment(1);
     r.seconds
         .get(
-            op,
+            &op,
             || histogram!("lockrouter_request_duration_seconds", "op" => op),
         )
         .record(elapsed.as_secs_f64());
@@ -482,7 +485,7 @@ impl ShardMetrics {
     pub fn hedged(&self, rpc: &'static str) {
         let shard = &self.shard;
         self.hedges
-            .get(rpc, || counter!("lockrouter_etcd_hedged_requests_total", "shard" => shard.clone(), "rpc" => rpc))
+            .get(&rpc, || counter!("lockrouter_etcd_hedged_requests_total", "shard" => shard.clone(), "rpc" => rpc))
             .increment(1);
     }
 
@@ -491,7 +494,7 @@ impl ShardMetrics {
     pub fn keepalive_stream_silent(&self) {
         let shard = &self.shard;
         self.hedges
-            .get("LeaseKeepAlive", || counter!("lockrouter_etcd_hedged_requests_total", "shard" => shard.clone(), "rpc" => "LeaseKeepAlive"))
+            .get(&"LeaseKeepAlive", || counter!("lockrouter_etcd_hedged_requests_total", "shard" => shard.clone(), "rpc" => "LeaseKeepAlive"))
             .increment(1);
     }
 
@@ -499,12 +502,12 @@ impl ShardMetrics {
     pub fn etcd_rpc(&self, rpc: &'static str, outcome: &'static str, elapsed: Duration) {
         let shard = &self.shard;
         self.rpcs
-            .get((rpc, outcome), || {
+            .get(&(rpc, outcome), || {
                 counter!("lockrouter_etcd_requests_total", "shard" => shard.clone(), "rpc" => rpc, "outcome" => outcome)
             })
             .increment(1);
         self.rpc_seconds
-            .get(rpc, || {
+            .get(&rpc, || {
                 histogram!("lockrouter_etcd_request_duration_seconds", "shard" => shard.clone(), "rpc" => rpc)
             })
             .record(elapsed.as_secs_f64());
@@ -515,7 +518,7 @@ impl ShardMetrics {
     pub fn acquire(&self, outcome: &'static str) {
         let shard = &self.shard;
         self.acquires
-            .get(outcome, || {
+            .get(&outcome, || {
                 counter!("lockrouter_acquires_total", "shard" => shard.clone(), "outcome" => outcome)
             })
             .increment(1);
@@ -544,7 +547,7 @@ impl ShardMetrics {
     pub fn renewal_check(&self, by: &'static str, n: usize) {
         let shard = &self.shard;
         self.renewal_checks
-            .get(by, || {
+            .get(&by, || {
                 counter!("lockrouter_renewal_checks_total", "shard" => shard.clone(), "by" => by)
             })
             .increment(n as u64);
@@ -577,7 +580,7 @@ impl ShardMetrics {
     /// A group commit of `n` grants or releases (`kind`) went to etcd.
     pub fn commit_batch(&self, kind: &'static str, n: usize) {
         let shard = &self.shard;
-        let (commits, sizes) = self.commits.get(kind, || {
+        let (commits, sizes) = self.commits.get(&kind, || {
             (
                 counter!("lockrouter_commits_total", "shard" => shard.clone(), "kind" => kind),
                 histogram!("lockrouter_commit_batch_size", "shard" => shard.clone(), "kind" => kind),

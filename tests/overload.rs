@@ -15,12 +15,13 @@ use lockrouter_testkit::router::TestRouter;
 use lockrouter_testkit::router_process::RouterProcess;
 use lockrouter_testkit::sleep_ms;
 
-/// `toml` (a [`config_toml`] listening on 127.0.0.1:0) with
-/// `server.max_in_flight = n`.
+/// `toml` (a [`config_toml`]) with `server.max_in_flight = n`.
 fn with_max_in_flight(toml: String, n: usize) -> String {
-    let listen = "listen = \"127.0.0.1:0\"\n";
-    assert!(toml.contains(listen));
-    toml.replace(listen, &format!("{listen}max_in_flight = {n}\n"))
+    let listen = toml
+        .lines()
+        .find(|l| l.starts_with("listen = "))
+        .expect("a listen line");
+    toml.replacen(listen, &format!("{listen}\nmax_in_flight = {n}"), 1)
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -105,11 +106,8 @@ async fn shed_requests_are_logged_at_most_once_a_second_with_their_count() {
     let etcd = EtcdCluster::single();
     let port = free_port();
     let listen = format!("127.0.0.1:{port}");
-    let toml = config_toml(&[&etcd], &listen, "");
-    let line = format!("listen = \"{listen}\"\n");
-    assert!(toml.contains(&line));
     // Two acquire slots (half of 5, the least bound).
-    let toml = toml.replace(&line, &format!("{line}max_in_flight = 5\n"));
+    let toml = with_max_in_flight(config_toml(&[&etcd], &listen, ""), 5);
     let router = RouterProcess::spawn(&toml, port);
     router.api.wait_ready().await;
     let api = router.api.clone();
