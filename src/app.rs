@@ -68,6 +68,7 @@ impl Application {
             reloader,
             metrics,
             admission: crate::http::admission::Admission::new(settings.server.max_in_flight),
+            failures: Default::default(),
             replica: crate::http::answers::Replica::starting(),
         });
         Ok(Self {

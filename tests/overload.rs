@@ -191,6 +191,88 @@ async fn shed_requests_are_logged_at_most_once_a_second_with_their_count() {
     );
 }
 
+/// `(suppressed count)` of each `request failed` line about `outcome`.
+fn failure_lines(log: &str, outcome: &str) -> Vec<u64> {
+    log.lines()
+        .filter(|l| l.contains("request failed") && l.contains(&format!("outcome=\"{outcome}\"")))
+        .map(|l| {
+            let (_, rest) = l
+                .split_once("suppressed=")
+                .unwrap_or_else(|| panic!("no suppressed count: {l}"));
+            let n = rest.split(|c: char| !c.is_ascii_digit()).next().unwrap();
+            n.parse()
+                .unwrap_or_else(|e| panic!("suppressed={n}: {e}\n{l}"))
+        })
+        .collect()
+}
+
+/// A failed request (a 5xx other than shedding) is logged on a line of its
+/// own, with its request id, while failures are few; in a storm (a shard
+/// down, every request for it failing) each outcome gets at most 10 lines
+/// a second, and the next line counts the failures left out. Every failure
+/// is logged or counted, once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_storm_of_failures_is_logged_line_by_line_only_while_few() {
+    let mut etcd = EtcdCluster::single();
+    let port = free_port();
+    let listen = format!("127.0.0.1:{port}");
+    let router = RouterProcess::spawn(&config_toml(&[&etcd], &listen, ""), port);
+    router.api.wait_ready().await;
+    let api = router.api.clone();
+    etcd.kill();
+    let mut failed = 0;
+    let mut fail = |r: lockrouter_testkit::api::Reply| {
+        assert_eq!(r.status, 503, "{r:?}");
+        assert_eq!(r.body["error"]["code"], "shard_unavailable", "{r:?}");
+        failed += 1;
+    };
+    // The first may wait for the deadline; the storm comes after.
+    fail(api.acquire("first", 30_000, "c").await);
+    let storm = Instant::now();
+    for i in 0..300 {
+        fail(api.acquire(&format!("storm-{i}"), 30_000, "c").await);
+    }
+    let storm = storm.elapsed();
+    // A second after the storm, one more failure brings the line that
+    // counts what the last one left out.
+    sleep_ms(1_100).await;
+    fail(api.acquire("after", 30_000, "c").await);
+
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let (log, lines) = loop {
+        let log = router.log_text();
+        let lines = failure_lines(&log, "shard_unavailable");
+        let counted = lines.len() as u64 + lines.iter().sum::<u64>();
+        if counted >= failed || Instant::now() > deadline {
+            break (log, lines);
+        }
+        sleep_ms(50).await;
+    };
+    let counted = lines.len() as u64 + lines.iter().sum::<u64>();
+    assert_eq!(counted, failed, "{lines:?}\n{log}");
+    eprintln!(
+        "{failed} failures in {storm:?}: {} lines {lines:?}",
+        lines.len()
+    );
+    // The first ten at once, each alone; then ten a second at most
+    // through the storm; then the last.
+    assert!(lines.len() >= 10, "{lines:?}");
+    assert!(lines[..10].iter().all(|&n| n == 0), "{lines:?}");
+    let most = 10 + 10 * (storm.as_millis() as usize / 1_000 + 1) + 1;
+    assert!(lines.len() <= most, "{} lines, most {most}", lines.len());
+    assert!(
+        *lines.last().unwrap() > 0,
+        "the last line counts the rest: {lines:?}"
+    );
+    // Each line names its request.
+    assert!(
+        log.lines()
+            .filter(|l| l.contains("request failed"))
+            .all(|l| l.contains("request_id=")),
+        "{log}"
+    );
+}
+
 /// A clientId past `limits.acquires_per_client_per_sec` gets 429
 /// `rate_limited` with Retry-After; other clients and its own renewals
 /// are not held back, and its rate comes back.

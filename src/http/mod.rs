@@ -5,7 +5,8 @@
 //! [`api`], the admin routes' in [`admin`]; every answer body is a type in
 //! [`answers`]; [`error`] is the one place an error becomes a response;
 //! [`request_id`] names each request in its answer and its log lines;
-//! [`access`] is the access log (`server.access_log`);
+//! [`access`] is the access log (`server.access_log`); [`failure_log`]
+//! says which failed requests get a line of their own;
 //! [`caller`] says which principal a lock API request acts for;
 //! [`state`] is what every handler shares; [`ui`] is the status page;
 //! [`tls`] reads the main listener's certificates; [`protocol`] puts
@@ -24,6 +25,7 @@ pub mod api;
 pub mod body;
 pub mod caller;
 pub mod error;
+pub mod failure_log;
 pub mod protocol;
 pub mod request_id;
 pub mod routes;
@@ -201,13 +203,18 @@ async fn handle(
             );
         }
     } else if resp.status().is_server_error() && route != Some(Route::Readyz) {
-        tracing::warn!(
-            op,
-            outcome,
-            request_id = %request_id,
-            status = resp.status().as_u16(),
-            "request failed"
-        );
+        // One by one while few, at most 10 lines a second per outcome in a
+        // storm, with the count left out (failure_log.rs).
+        if let Some(suppressed) = state.failures.failed(outcome) {
+            tracing::warn!(
+                op,
+                outcome,
+                request_id = %request_id,
+                status = resp.status().as_u16(),
+                suppressed,
+                "request failed"
+            );
+        }
     }
     let elapsed = started.elapsed();
     if counted {

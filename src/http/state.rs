@@ -1,7 +1,7 @@
 //! What every request handler shares: the generation in force (the lock
 //! operations, TLS, the principals and admin guard, the deadlines, the
-//! access log's switch), the reloader, the metrics handle and the bound on
-//! requests in flight.
+//! access log's switch), the reloader, the metrics handle, the bound on
+//! requests in flight and the log of failed requests.
 
 use std::sync::Arc;
 
@@ -18,6 +18,8 @@ pub struct AppState {
     pub metrics: PrometheusHandle,
     /// The bound on lock API requests in flight.
     pub admission: super::admission::Admission,
+    /// Which failed requests get a line of their own.
+    pub failures: super::failure_log::FailureLog,
     /// Who this replica is, for `/readyz` and the status page.
     pub replica: super::answers::Replica,
 }
