@@ -187,7 +187,7 @@ async fn handle(
         }
     };
     if let Ok(value) = http::HeaderValue::from_str(&request_id) {
-        resp.headers_mut().insert(request_id::HEADER, value);
+        resp.headers_mut().insert(request_id::HEADER_NAME, value);
     }
     span.record("outcome", outcome);
     // A 503 from /readyz is an answer, not a failure (probes ask often).

@@ -6,24 +6,28 @@
 
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use http::HeaderMap;
+use http::{HeaderMap, HeaderName};
 
 /// The header a request id comes in and goes out in.
 pub const HEADER: &str = "x-request-id";
+/// [`HEADER`], parsed once: a header looked up by a string is parsed and
+/// checked on every request.
+pub const HEADER_NAME: HeaderName = HeaderName::from_static(HEADER);
+const TRACEPARENT: HeaderName = HeaderName::from_static("traceparent");
 /// Longest caller-supplied id kept.
 const MAX_LEN: usize = 128;
 
 /// The id of a request with `headers`.
 pub fn of(headers: &HeaderMap) -> String {
     if let Some(id) = headers
-        .get(HEADER)
+        .get(&HEADER_NAME)
         .and_then(|v| v.to_str().ok())
         .filter(|v| usable(v))
     {
         return id.to_string();
     }
     if let Some(trace) = headers
-        .get("traceparent")
+        .get(&TRACEPARENT)
         .and_then(|v| v.to_str().ok())
         .and_then(trace_id)
     {
@@ -63,7 +67,12 @@ pub(crate) fn generated() -> String {
     let prefix = *PREFIX.get_or_init(|| {
         std::collections::hash_map::RandomState::new().hash_one(std::process::id())
     });
-    format!("{prefix:016x}{:016x}", NEXT.fetch_add(1, Ordering::Relaxed))
+    let next = NEXT.fetch_add(1, Ordering::Relaxed);
+    // Not `format!`: its machinery took about 1 % of the router's CPU here.
+    let mut bytes = [0u8; 16];
+    bytes[..8].copy_from_slice(&prefix.to_be_bytes());
+    bytes[8..].copy_from_slice(&next.to_be_bytes());
+    hex::encode(bytes)
 }
 
 #[cfg(test)]
@@ -116,5 +125,10 @@ mod tests {
         let (a, b) = (generated(), generated());
         assert_ne!(a, b);
         assert!(a.bytes().all(|c| c.is_ascii_hexdigit()));
+        // The counter is the last 16 digits, the prefix the first 16.
+        let counter = |id: &str| u64::from_str_radix(&id[16..], 16).unwrap();
+        assert_eq!((a.len(), b.len()), (32, 32));
+        assert_eq!(a[..16], b[..16]);
+        assert!(counter(&b) > counter(&a), "{a} then {b}");
     }
 }
