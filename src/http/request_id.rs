@@ -72,7 +72,9 @@ pub(crate) fn generated() -> String {
     let mut bytes = [0u8; 16];
     bytes[..8].copy_from_slice(&prefix.to_be_bytes());
     bytes[8..].copy_from_slice(&next.to_be_bytes());
-    hex::encode(bytes)
+    let mut digits = [0u8; 32];
+    hex::encode_to_slice(bytes, &mut digits).expect("16 bytes are 32 digits");
+    String::from_utf8(digits.to_vec()).expect("hex digits are ASCII")
 }
 
 #[cfg(test)]
