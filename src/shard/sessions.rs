@@ -32,18 +32,12 @@ struct Slot {
     last_used: Mutex<Option<Instant>>,
 }
 
-/// One client's slots, by TTL.
-type ByTtl = Vec<(u32, Arc<Slot>)>;
-
 /// The per-shard session cache.
 #[derive(Default)]
 pub struct Sessions {
     /// std `Mutex`: held only to look up or insert a slot, never across an
     /// await, so the async mutex would only add cost.
-    /// Slots by clientId, then by TTL (a client rarely uses more than
-    /// one): finding a client's slot borrows its clientId, where a key of
-    /// both would be allocated on every acquire.
-    slots: Mutex<HashMap<Box<str>, ByTtl>>,
+    slots: Mutex<HashMap<(String, u32), Arc<Slot>>>,
     /// Last lock renewal seen per session lease: a client that only renews
     /// keeps its slot, so its next acquire reuses the lease (else it would
     /// get a second session, and pay a second keepalive, on the shard).
@@ -63,7 +57,13 @@ impl Sessions {
         F: FnOnce() -> Fut,
         Fut: Future<Output = Result<SessionLease, E>>,
     {
-        let slot = self.slot(client, ttl_secs);
+        let slot = {
+            let mut slots = self.slots.lock().expect("sessions lock");
+            slots
+                .entry((client.to_string(), ttl_secs))
+                .or_default()
+                .clone()
+        };
         *slot.last_used.lock().expect("slot lock") = Some(Instant::now());
         let mut lease = slot.lease.lock().await;
         if let Some(l) = *lease {
@@ -74,31 +74,11 @@ impl Sessions {
         Ok(granted)
     }
 
-    /// The slot of (`client`, `ttl_secs`), made if there is none.
-    fn slot(&self, client: &str, ttl_secs: u32) -> Arc<Slot> {
-        let mut slots = self.slots.lock().expect("sessions lock");
-        if !slots.contains_key(client) {
-            slots.insert(client.into(), Vec::with_capacity(1));
-        }
-        let by_ttl = slots.get_mut(client).expect("inserted above");
-        if let Some((_, slot)) = by_ttl.iter().find(|(ttl, _)| *ttl == ttl_secs) {
-            return slot.clone();
-        }
-        let slot = Arc::<Slot>::default();
-        by_ttl.push((ttl_secs, slot.clone()));
-        slot
-    }
-
     /// Forgets `lease` (found expired) so the next acquire grants a new one.
     pub async fn invalidate(&self, client: &str, ttl_secs: u32, lease: i64) {
         let slot = {
             let slots = self.slots.lock().expect("sessions lock");
-            slots.get(client).and_then(|by_ttl| {
-                by_ttl
-                    .iter()
-                    .find(|(ttl, _)| *ttl == ttl_secs)
-                    .map(|(_, slot)| slot.clone())
-            })
+            slots.get(&(client.to_string(), ttl_secs)).cloned()
         };
         if let Some(slot) = slot {
             let mut current = slot.lease.lock().await;
@@ -121,26 +101,22 @@ impl Sessions {
     pub fn sweep(&self, grace: Duration) -> usize {
         let mut slots = self.slots.lock().expect("sessions lock");
         let mut renewed = self.renewed.lock().expect("renewed lock");
-        slots.retain(|_, by_ttl| {
-            by_ttl.retain(|(ttl, slot)| {
-                let idle_limit = Duration::from_secs(2 * u64::from(*ttl)) + grace;
-                let recent = |t: &Option<Instant>| t.is_some_and(|t| t.elapsed() < idle_limit);
-                let Ok(lease) = slot.lease.try_lock() else {
-                    return true; // being granted right now
-                };
-                let last_renewal = lease.and_then(|l| renewed.get(&l.id).copied());
-                recent(&slot.last_used.lock().expect("slot lock")) || recent(&last_renewal)
-            });
-            !by_ttl.is_empty()
+        slots.retain(|(_, ttl), slot| {
+            let idle_limit = Duration::from_secs(2 * u64::from(*ttl)) + grace;
+            let recent = |t: &Option<Instant>| t.is_some_and(|t| t.elapsed() < idle_limit);
+            let Ok(lease) = slot.lease.try_lock() else {
+                return true; // being granted right now
+            };
+            let last_renewal = lease.and_then(|l| renewed.get(&l.id).copied());
+            recent(&slot.last_used.lock().expect("slot lock")) || recent(&last_renewal)
         });
         // Keep renewal times only for leases still cached.
         let live: std::collections::HashSet<i64> = slots
             .values()
-            .flatten()
-            .filter_map(|(_, slot)| slot.lease.try_lock().ok().and_then(|l| l.map(|l| l.id)))
+            .filter_map(|slot| slot.lease.try_lock().ok().and_then(|l| l.map(|l| l.id)))
             .collect();
         renewed.retain(|lease, _| live.contains(lease));
-        slots.values().map(Vec::len).sum()
+        slots.len()
     }
 }
 
@@ -187,11 +163,7 @@ mod tests {
         assert_eq!(sessions.get_or_grant("c", 60, refuse).await, Ok(long));
         assert_eq!(sessions.get_or_grant("c", 10, refuse).await, Err(()));
         assert_eq!(
-            sessions
-                .get_or_grant("c", 10, || lease(4))
-                .await
-                .unwrap()
-                .id,
+            sessions.get_or_grant("c", 10, || lease(4)).await.unwrap().id,
             4
         );
         assert_eq!(sessions.sweep(Duration::from_secs(60)), 3);
