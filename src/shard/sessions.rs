@@ -163,7 +163,11 @@ mod tests {
         assert_eq!(sessions.get_or_grant("c", 60, refuse).await, Ok(long));
         assert_eq!(sessions.get_or_grant("c", 10, refuse).await, Err(()));
         assert_eq!(
-            sessions.get_or_grant("c", 10, || lease(4)).await.unwrap().id,
+            sessions
+                .get_or_grant("c", 10, || lease(4))
+                .await
+                .unwrap()
+                .id,
             4
         );
         assert_eq!(sessions.sweep(Duration::from_secs(60)), 3);
