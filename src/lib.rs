@@ -20,8 +20,8 @@
 //!   generation.rs  Generation: what a config makes, built in one place for
 //!               start and reload, and the one in force
 //!   http/       routes, body, answers, api, admin, admission, caller, error,
-//!               request_id, state, ui; tls (the main listener's
-//!               certificates, rustls, swapped on reload)
+//!               failure_log, request_id, state, ui; tls (the main
+//!               listener's certificates, rustls, swapped on reload)
 //!   locks/      acquire, wait, limit, quota, renew, extend, release, inspect,
 //!               force, listing, validate; decisions (their unit tests)
 //!   placement/  ring, topology, migration, monitor
