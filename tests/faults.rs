@@ -423,10 +423,11 @@ async fn a_silent_member_costs_renewals_little() {
     silent_members_cost_renewals_little(1).await;
 }
 
-/// The same with three keepalive streams per shard, opened on the members
-/// in turn: whichever member is silenced, some stream is on it, and its
-/// leases move to a fresh stream on another member while the other
-/// streams carry on.
+/// The same with three keepalive streams per shard. They are all on the
+/// leader (design.md, "Which member: the leader"): silencing a
+/// follower touches none of them, and when the leader goes silent a
+/// stream with keepalives waiting moves its leases to a fresh stream on
+/// another member, while renewals stay on schedule.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_silent_member_costs_renewals_little_with_three_keepalive_streams() {
     silent_members_cost_renewals_little(3).await;
@@ -487,15 +488,15 @@ async fn silent_members_cost_renewals_little(keepalive_streams: usize) {
     );
     assert!(hedged > 0.0, "nothing was hedged: the silence did not bite");
     if keepalive_streams == 3 {
-        // Three streams on three members: two of them were silenced, and
-        // their keepalives went to another member (a stream moved, or a
-        // probe hedged).
+        // The streams sit on the leader, so the silenced leader held them:
+        // at least one moved to another member (or a probe was hedged).
+        // Not one per stream: a stream may carry no lease of the eight.
         let moved = lockrouter_testkit::metrics::sum(
             &router.api.metrics().await,
             "lockrouter_etcd_hedged_requests_total",
             &[("shard", shard.as_str()), ("rpc", "LeaseKeepAlive")],
         );
-        assert!(moved >= 2.0, "{moved} keepalives moved off a silent member");
+        assert!(moved >= 1.0, "{moved} keepalives moved off a silent member");
     }
 }
 
