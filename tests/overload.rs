@@ -84,17 +84,24 @@ async fn past_its_bound_a_router_refuses_acquires_at_once_and_still_renews() {
     );
 }
 
-/// The `refused` counts of the router's `shedding load` lines.
-fn shed_lines(log: &str) -> Vec<u64> {
+/// The `field` count of each of the router's log lines that `is_line`.
+fn counts(log: &str, is_line: impl Fn(&str) -> bool, field: &str) -> Vec<u64> {
     log.lines()
-        .filter(|l| l.contains("shedding load"))
+        .filter(|l| is_line(l))
         .map(|l| {
-            let (_, rest) = l.split_once("refused=").expect("a refused count");
+            let (_, rest) = l
+                .split_once(&format!("{field}="))
+                .unwrap_or_else(|| panic!("no {field} count: {l}"));
             let n = rest.split(|c: char| !c.is_ascii_digit()).next().unwrap();
             n.parse()
-                .unwrap_or_else(|e| panic!("refused={n}: {e}\n{l}"))
+                .unwrap_or_else(|e| panic!("{field}={n}: {e}\n{l}"))
         })
         .collect()
+}
+
+/// The `refused` counts of the router's `shedding load` lines.
+fn shed_lines(log: &str) -> Vec<u64> {
+    counts(log, |l| l.contains("shedding load"), "refused")
 }
 
 /// Requests shed as `overloaded` are not logged one by one (a line each
@@ -191,19 +198,14 @@ async fn shed_requests_are_logged_at_most_once_a_second_with_their_count() {
     );
 }
 
-/// `(suppressed count)` of each `request failed` line about `outcome`.
+/// The `suppressed` counts of the `request failed` lines about `outcome`.
 fn failure_lines(log: &str, outcome: &str) -> Vec<u64> {
-    log.lines()
-        .filter(|l| l.contains("request failed") && l.contains(&format!("outcome=\"{outcome}\"")))
-        .map(|l| {
-            let (_, rest) = l
-                .split_once("suppressed=")
-                .unwrap_or_else(|| panic!("no suppressed count: {l}"));
-            let n = rest.split(|c: char| !c.is_ascii_digit()).next().unwrap();
-            n.parse()
-                .unwrap_or_else(|e| panic!("suppressed={n}: {e}\n{l}"))
-        })
-        .collect()
+    let outcome = format!("outcome=\"{outcome}\"");
+    counts(
+        log,
+        |l| l.contains("request failed") && l.contains(&outcome),
+        "suppressed",
+    )
 }
 
 /// A failed request (a 5xx other than shedding) is logged on a line of its

@@ -9,13 +9,11 @@
 //! renewals, which keep held locks alive, keep a share no surge of
 //! acquires and releases can take.
 //!
-//! Refusals are not logged one by one: shedding refuses requests by the
-//! thousand exactly when the router is busiest, and a log line each would
-//! spend the CPU shedding is meant to save. [`ShedLog`] lets one line a
-//! second through, counting the refusals since the last one.
+//! Refusals are not logged one by one (see
+//! [`failure_log`](super::failure_log)).
 
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
-use std::time::{Duration, Instant};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Duration;
 
 use http::StatusCode;
 
@@ -39,18 +37,12 @@ pub fn per_shard_acquires(max_in_flight: usize) -> usize {
     ((max_in_flight as f64 * ACQUIRE_SHARE * SHARD_SHARE) as usize).max(1)
 }
 
-/// Least time between two log lines about refusals.
-pub const SHED_LOG_EVERY: Duration = Duration::from_secs(1);
-
 /// The replica's in-flight lock API requests.
 pub struct Admission {
     in_flight: AtomicUsize,
     max: usize,
     max_acquires: usize,
     max_releases: usize,
-    /// The log of requests refused as `overloaded`, here or by a shard's
-    /// own bound.
-    pub shed_log: ShedLog,
 }
 
 /// A slot, given back when dropped.
@@ -65,7 +57,6 @@ impl Admission {
             max,
             max_acquires: ((max as f64 * ACQUIRE_SHARE) as usize).max(1),
             max_releases: ((max as f64 * RELEASE_SHARE) as usize).max(1),
-            shed_log: ShedLog::new(SHED_LOG_EVERY),
         }
     }
 
@@ -103,49 +94,6 @@ impl Admission {
     }
 }
 
-/// Counts requests refused as `overloaded` and says when one may be
-/// logged: the first at once, then at most one each `every`.
-pub struct ShedLog {
-    started: Instant,
-    every_ms: u64,
-    /// Refusals since the last line.
-    refused: AtomicU64,
-    /// When the last line was let through, in ms since `started`, plus one
-    /// (0: never).
-    last: AtomicU64,
-}
-
-impl ShedLog {
-    pub fn new(every: Duration) -> Self {
-        Self {
-            started: Instant::now(),
-            every_ms: every.as_millis() as u64,
-            refused: AtomicU64::new(0),
-            last: AtomicU64::new(0),
-        }
-    }
-
-    /// Counts one refusal. `Some(n)` when it is to be logged: `n` refusals
-    /// since the last line, this one included.
-    pub fn refused(&self) -> Option<u64> {
-        self.refused_at(self.started.elapsed().as_millis() as u64)
-    }
-
-    /// [`ShedLog::refused`] at `now_ms` since the log was made.
-    fn refused_at(&self, now_ms: u64) -> Option<u64> {
-        self.refused.fetch_add(1, Ordering::AcqRel);
-        let last = self.last.load(Ordering::Acquire);
-        if last != 0 && now_ms + 1 < last + self.every_ms {
-            return None;
-        }
-        // One caller wins the line; the others' refusals go in the next.
-        self.last
-            .compare_exchange(last, now_ms + 1, Ordering::AcqRel, Ordering::Acquire)
-            .ok()?;
-        Some(self.refused.swap(0, Ordering::AcqRel))
-    }
-}
-
 impl Drop for Slot<'_> {
     fn drop(&mut self) {
         let n = self.admission.in_flight.fetch_sub(1, Ordering::AcqRel);
@@ -156,36 +104,6 @@ impl Drop for Slot<'_> {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn refusals_are_logged_at_once_then_once_a_second_with_their_count() {
-        let log = ShedLog::new(Duration::from_millis(1_000));
-        assert_eq!(log.refused_at(5), Some(1), "the first is logged at once");
-        for t in [6, 500, 1_004] {
-            assert_eq!(log.refused_at(t), None, "at {t} ms");
-        }
-        assert_eq!(log.refused_at(1_005), Some(4), "a second later: 3 + this");
-        assert_eq!(log.refused_at(1_900), None);
-        assert_eq!(log.refused_at(60_000), Some(2), "quiet for long: at once");
-        assert_eq!(log.refused_at(60_000), None);
-    }
-
-    #[test]
-    fn racing_refusals_let_one_line_through_and_lose_no_count() {
-        let log = std::sync::Arc::new(ShedLog::new(Duration::from_secs(3_600)));
-        let logged: u64 = std::thread::scope(|s| {
-            let threads: Vec<_> = (0..4)
-                .map(|_| {
-                    let log = log.clone();
-                    s.spawn(move || (0..1_000).filter_map(|_| log.refused()).sum::<u64>())
-                })
-                .collect();
-            threads.into_iter().map(|t| t.join().unwrap()).sum()
-        });
-        assert!(logged >= 1, "the first is logged");
-        let pending = log.refused.load(Ordering::Acquire);
-        assert_eq!(logged + pending, 4_000, "every refusal is counted once");
-    }
 
     #[test]
     fn acquires_leave_room_for_releases_and_both_for_renewals() {

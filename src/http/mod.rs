@@ -191,10 +191,13 @@ async fn handle(
     }
     span.record("outcome", outcome);
     // A 503 from /readyz is an answer, not a failure (probes ask often).
-    // A request shed as `overloaded` is counted, not logged: one line a
-    // second at most, with the count since the last (admission.rs).
+    // Failures are logged one by one only while few (failure_log.rs): a
+    // request shed as `overloaded` gets one line a second at most, counting
+    // the refusals since the last; any other 5xx 10 lines a second for its
+    // outcome, counting those left out.
     if outcome == "overloaded" {
-        if let Some(refused) = state.admission.shed_log.refused() {
+        if let Some(left_out) = state.failures.shed.hit() {
+            let refused = left_out + 1;
             tracing::warn!(
                 op,
                 request_id = %request_id,
@@ -203,8 +206,6 @@ async fn handle(
             );
         }
     } else if resp.status().is_server_error() && route != Some(Route::Readyz) {
-        // One by one while few, at most 10 lines a second per outcome in a
-        // storm, with the count left out (failure_log.rs).
         if let Some(suppressed) = state.failures.failed(outcome) {
             tracing::warn!(
                 op,
