@@ -114,6 +114,10 @@ fn describe() {
         "lockrouter_keepalives_sent_total",
         "lease keepalives sent to etcd"
     );
+    describe_counter!(
+        "lockrouter_keepalive_stream_failovers_total",
+        "keepalive main streams given up and reopened, by reason: silent (no answer for 150 ms), ended (broken or closed, as when a silent member's connection is dropped), overdue (an answer past the deadline)"
+    );
     describe_counter!("lockrouter_acquires_total", "acquires by shard and outcome");
     describe_counter!(
         "lockrouter_lock_ids_opened_total",
@@ -461,6 +465,7 @@ pub struct ShardMetrics {
     acquires: Handles<&'static str, Counter>,
     renewal_checks: Handles<&'static str, Counter>,
     hedges: Handles<&'static str, Counter>,
+    stream_failovers: Handles<&'static str, Counter>,
     lease_renewals: OnceLock<Counter>,
     keepalives_sent: OnceLock<Counter>,
     hold_seconds: OnceLock<Histogram>,
@@ -495,6 +500,15 @@ impl ShardMetrics {
         let shard = &self.shard;
         self.hedges
             .get(&"LeaseKeepAlive", || counter!("lockrouter_etcd_hedged_requests_total", "shard" => shard.clone(), "rpc" => "LeaseKeepAlive"))
+            .increment(1);
+    }
+
+    /// A keepalive main stream given up, for `reason` (`silent`, `ended`,
+    /// `overdue`), its keepalives in flight sent again on a fresh one.
+    pub fn keepalive_stream_failover(&self, reason: &'static str) {
+        let shard = &self.shard;
+        self.stream_failovers
+            .get(&reason, || counter!("lockrouter_keepalive_stream_failovers_total", "shard" => shard.clone(), "reason" => reason))
             .increment(1);
     }
 

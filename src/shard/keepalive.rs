@@ -629,7 +629,7 @@ impl Task {
             }
             Event::Ended { generation, detail } => {
                 if self.main_generation() == Some(generation) {
-                    self.fail_over(&detail);
+                    self.fail_over("ended", &detail);
                 }
             }
             Event::Opened {
@@ -725,7 +725,7 @@ impl Task {
         let timeout = self.conn.timeout();
         let waited = |i: &Inflight| now.saturating_duration_since(i.sent_at);
         if self.inflight.values().any(|i| waited(i) > timeout) {
-            self.fail_over("keepalive answers overdue");
+            self.fail_over("overdue", "keepalive answers overdue");
             return;
         }
         let Some(current) = self.main_generation() else {
@@ -754,7 +754,7 @@ impl Task {
         if silent {
             self.conn.metrics().keepalive_stream_silent();
             tracing::info!(shard = %self.conn.shard(), member = ?self.main_member, "keepalive stream silent; reopening it on another member");
-            self.fail_over("keepalive stream silent");
+            self.fail_over("silent", "keepalive stream silent");
         }
     }
 
@@ -763,7 +763,8 @@ impl Task {
     /// the client opens to a live member. Only keepalives that fail twice
     /// are reported unavailable. The re-send's instant counts for the
     /// deadline, and only the new stream's answer completes it.
-    fn fail_over(&mut self, detail: &str) {
+    fn fail_over(&mut self, reason: &'static str, detail: &str) {
+        self.conn.metrics().keepalive_stream_failover(reason);
         if let Some(member) = self.main_member {
             self.failed_on = Some((member, Instant::now()));
         }
