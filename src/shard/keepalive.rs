@@ -237,11 +237,16 @@ pub struct Keepalive {
     lanes: Vec<Lane>,
 }
 
-/// The index of the stream that carries `lease`, of `lanes`: etcd numbers
-/// the leases a member grants in sequence, so the id is mixed first.
+/// The index of the stream that carries `lease`, of `lanes`. etcd numbers
+/// the leases a member grants in sequence, so the id is spread by
+/// Fibonacci hashing (its top 32 bits after a multiply by 2^64 / φ), and
+/// that fraction of the circle is scaled to `lanes` rather than taken
+/// modulo: consecutive ids then land on the streams evenly even a few at a
+/// time (a modulo put runs of four on one stream, leaving a stream idle
+/// for a client's handful of sessions).
 fn lane_of(lease: i64, lanes: usize) -> usize {
     let mixed = (lease as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15) >> 32;
-    (mixed % lanes as u64) as usize
+    ((mixed * lanes as u64) >> 32) as usize
 }
 
 impl Keepalive {
@@ -992,9 +997,25 @@ mod tests {
                 count[lane] += 1;
             }
             let (least, most) = (count.iter().min().unwrap(), count.iter().max().unwrap());
-            assert!(*least * 10 >= most * 8, "{lanes} streams: {count:?}");
+            assert!(*least * 100 >= most * 98, "{lanes} streams: {count:?}");
+            // A few at a time too: every 2 × lanes + 1 leases in a row
+            // (etcd's ids step by 1, or by 2 when other ids come between)
+            // reach every stream.
+            for step in [1, 2] {
+                for start in (base..base + 2_000).step_by(step as usize) {
+                    let reached: std::collections::HashSet<usize> = (0..2 * lanes as i64 + 1)
+                        .map(|j| lane_of(start + step * j, lanes))
+                        .collect();
+                    assert_eq!(
+                        reached.len(),
+                        lanes,
+                        "{lanes} streams from {start:#x} by {step}"
+                    );
+                }
+            }
         }
         assert_eq!(lane_of(-1, 3), lane_of(-1, 3));
+        assert!(lane_of(-1, 8) < 8 && lane_of(i64::MIN, 8) < 8);
     }
 
     #[tokio::test]
