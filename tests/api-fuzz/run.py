@@ -85,6 +85,7 @@ from __future__ import annotations
 
 import ctypes
 import os
+import random
 import shutil
 import signal
 import socket
@@ -137,10 +138,31 @@ def say(msg: str) -> None:
     print(f"api-fuzz: {msg}", flush=True)
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+def free_ports(n: int) -> list[int]:
+    """`n` distinct loopback ports that were free a moment ago, picked as
+    the Rust test kit picks them (testkit/src/loopback.rs): below the
+    kernel's ephemeral range, so that no connection going out (the router's
+    to etcd, the fuzzer's to the router) takes one between this pick and
+    the bind of the process it is for, in turn from a random start."""
+    try:
+        first = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        first = 32768
+    low = max(first - 20_000, 1024)
+    size = first - low
+    ports: list[int] = []
+    start = random.randrange(size) if size > 0 else 0
+    for i in range(size):
+        port = low + (start + i) % size
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+        ports.append(port)
+        if len(ports) == n:
+            return ports
+    raise SetupError(f"fewer than {n} free loopback ports in {low}..{first - 1}")
 
 
 def _die_with_parent() -> None:
@@ -231,15 +253,16 @@ def router_binary() -> str:
     return path
 
 
-def start_etcd(workdir: Path, shard: str) -> tuple[Child, str]:
-    """A one-member etcd cluster for `shard`; returns it and its client URL."""
-    client = f"http://127.0.0.1:{free_port()}"
-    peer = f"http://127.0.0.1:{free_port()}"
+def start_etcd(workdir: Path, shard: str, ports: tuple[int, int], attempt: int) -> tuple[Child, str]:
+    """A one-member etcd cluster for `shard` on the (client, peer) `ports`;
+    returns it and its client URL. Each attempt has a data dir of its own."""
+    client = f"http://127.0.0.1:{ports[0]}"
+    peer = f"http://127.0.0.1:{ports[1]}"
     name = f"api-fuzz-{shard}"
     argv = [
         etcd_binary(),
         "--name", name,
-        "--data-dir", str(workdir / f"etcd-{shard}"),
+        "--data-dir", str(workdir / f"etcd-{shard}-{attempt}"),
         "--listen-client-urls", client,
         "--advertise-client-urls", client,
         "--listen-peer-urls", peer,
@@ -249,7 +272,36 @@ def start_etcd(workdir: Path, shard: str) -> tuple[Child, str]:
         "--heartbeat-interval", "50",
         "--election-timeout", "500",
     ]  # fmt: skip
-    return Child(f"etcd of shard {shard} on {client}", argv, workdir / f"etcd-{shard}.log"), client
+    return Child(f"etcd of shard {shard} on {client}", argv, workdir / f"etcd-{shard}-{attempt}.log"), client
+
+
+def start_shards(workdir: Path, children: list[Child]) -> dict[str, str]:
+    """Every shard's etcd, healthy; returns shard -> client URL. The ports
+    are distinct among themselves, but another process on the machine may
+    still take one before etcd binds it: an etcd that exits saying so is
+    started again on fresh ports, up to three times."""
+    ports = free_ports(2 * len(SHARDS))
+    started = [
+        start_etcd(workdir, shard, (ports[2 * i], ports[2 * i + 1]), 0)
+        for i, shard in enumerate(SHARDS)
+    ]
+    endpoints: dict[str, str] = {}
+    for shard, (etcd, url) in zip(SHARDS, started):
+        children.append(etcd)
+        for attempt in range(1, 4):
+            try:
+                etcd.wait_until(etcd_healthy(url), 20)
+                break
+            except SetupError:
+                port_taken = b"address already in use" in etcd.log.read_bytes()
+                if etcd.alive() or not port_taken or attempt == 3:
+                    raise
+                say(f"etcd of shard {shard}: its port was taken meanwhile; again on fresh ports")
+                client, peer = free_ports(2)
+                etcd, url = start_etcd(workdir, shard, (client, peer), attempt)
+                children.append(etcd)
+        endpoints[shard] = url
+    return endpoints
 
 
 def etcd_healthy(client: str):
@@ -420,15 +472,9 @@ def main() -> int:
     passed, failed = 0, 1
     try:
         started = time.monotonic()
-        endpoints: dict[str, str] = {}
-        for shard in SHARDS:
-            etcd, url = start_etcd(workdir, shard)
-            children.append(etcd)
-            endpoints[shard] = url
-        for etcd, url in zip(children, endpoints.values()):
-            etcd.wait_until(etcd_healthy(url), 20)
+        endpoints = start_shards(workdir, children)
 
-        port = free_port()
+        (port,) = free_ports(1)
         base_url = f"http://127.0.0.1:{port}"
         config = workdir / "router.toml"
         config.write_text(router_config(port, endpoints))
