@@ -12,7 +12,9 @@ from __future__ import annotations
 
 import ctypes
 import dataclasses
+import itertools
 import os
+import random
 import shutil
 import signal
 import socket
@@ -53,7 +55,36 @@ def router_binary() -> str:
     return path
 
 
+def _port_window() -> tuple[int, int]:
+    """(first port, count) of up to 20,000 ports just below the kernel's
+    ephemeral range (as the Rust test kit, testkit/src/loopback.rs)."""
+    try:
+        first = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        first = 32768
+    low = max(first - 20_000, 1024)
+    return low, first - low
+
+
+_PORTS = _port_window()
+_next_port = itertools.count(random.randrange(max(_PORTS[1], 1)))
+
+
 def free_port() -> int:
+    """A loopback port that was free a moment ago, picked below the
+    ephemeral range, in turn from a random start: no connection going out
+    (the router's to etcd, a client's to the router) can take it before
+    the process it is for binds it, and two picks in a row never give the
+    same port (binding port 0 and letting go could)."""
+    low, size = _PORTS
+    for _ in range(size):
+        port = low + next(_next_port) % size
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+        return port
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])

@@ -70,15 +70,42 @@ export function tempDir(prefix: string): string {
   return mkdtempSync(join(existsSync("/dev/shm") ? "/dev/shm" : tmpdir(), prefix));
 }
 
-export function freePort(): Promise<number> {
-  return new Promise((resolve, reject) => {
+/** `[first port, count]` of up to 20,000 ports just below the kernel's
+ * ephemeral range (as the Rust test kit, testkit/src/loopback.rs). */
+function portWindow(): [number, number] {
+  let first = 32768;
+  try {
+    const parsed = Number.parseInt(readFileSync("/proc/sys/net/ipv4/ip_local_port_range", "utf8").trim().split(/\s+/)[0] ?? "", 10);
+    if (Number.isInteger(parsed)) first = parsed;
+  } catch {
+    // no procfs: the default range's start
+  }
+  const low = Math.max(first - 20_000, 1024);
+  return [low, Math.max(first - low, 1)];
+}
+
+const [portsFrom, portCount] = portWindow();
+let nextPort = Math.floor(Math.random() * portCount);
+
+function tryListen(port: number): Promise<boolean> {
+  return new Promise((resolve) => {
     const srv = createServer();
-    srv.once("error", reject);
-    srv.listen(0, "127.0.0.1", () => {
-      const addr = srv.address();
-      srv.close(() => (typeof addr === "object" && addr !== null ? resolve(addr.port) : reject(new Error("no port"))));
-    });
+    srv.once("error", () => resolve(false));
+    srv.listen(port, "127.0.0.1", () => srv.close(() => resolve(true)));
   });
+}
+
+/** A loopback port that was free a moment ago, picked below the ephemeral
+ * range, in turn from a random start: no connection going out (the
+ * router's to etcd, a client's to the router) can take it before the
+ * process it is for binds it, and two picks in a row never give the same
+ * port (listening on port 0 and letting go could). */
+export async function freePort(): Promise<number> {
+  for (let i = 0; i < portCount; i++) {
+    const port = portsFrom + (nextPort++ % portCount);
+    if (await tryListen(port)) return port;
+  }
+  throw new Error(`no free loopback port in ${portsFrom}..${portsFrom + portCount - 1}`);
 }
 
 function tail(path: string, lines = 30): string {
