@@ -16,7 +16,7 @@
 use std::collections::HashMap;
 use std::num::NonZeroU32;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, RwLock};
+use std::sync::RwLock;
 
 use governor::{DefaultDirectRateLimiter, Quota, RateLimiter};
 
@@ -61,7 +61,7 @@ pub struct FailureLog {
     /// Requests shed as `overloaded`.
     pub shed: Throttle,
     /// Every other 5xx, by outcome.
-    failures: RwLock<HashMap<&'static str, Arc<Throttle>>>,
+    failures: RwLock<HashMap<&'static str, Throttle>>,
 }
 
 impl Default for FailureLog {
@@ -77,20 +77,14 @@ impl FailureLog {
     /// Counts one failure with `outcome` (not `overloaded`: see
     /// [`FailureLog::shed`]), as [`Throttle::hit`] does.
     pub fn failed(&self, outcome: &'static str) -> Option<u64> {
-        let found = self
-            .failures
-            .read()
-            .expect("failure log")
-            .get(outcome)
-            .cloned();
-        let throttle = found.unwrap_or_else(|| {
-            let mut failures = self.failures.write().expect("failure log");
-            let made = failures
-                .entry(outcome)
-                .or_insert_with(|| Arc::new(Throttle::new(FAILED_LINES_PER_SEC)));
-            made.clone()
-        });
-        throttle.hit()
+        if let Some(throttle) = self.failures.read().expect("failure log").get(outcome) {
+            return throttle.hit();
+        }
+        let mut failures = self.failures.write().expect("failure log");
+        failures
+            .entry(outcome)
+            .or_insert_with(|| Throttle::new(FAILED_LINES_PER_SEC))
+            .hit()
     }
 }
 
