@@ -84,6 +84,7 @@ directory, with the logs, and print where it is).
 from __future__ import annotations
 
 import ctypes
+import itertools
 import os
 import random
 import shutil
@@ -138,22 +139,31 @@ def say(msg: str) -> None:
     print(f"api-fuzz: {msg}", flush=True)
 
 
-def free_ports(n: int) -> list[int]:
-    """`n` distinct loopback ports that were free a moment ago, picked as
-    the Rust test kit picks them (testkit/src/loopback.rs): below the
-    kernel's ephemeral range, so that no connection going out (the router's
-    to etcd, the fuzzer's to the router) takes one between this pick and
-    the bind of the process it is for, in turn from a random start."""
+def _port_window() -> tuple[int, int]:
+    """(first port, count) of up to 20,000 ports just below the kernel's
+    ephemeral range (as the Rust test kit, testkit/src/loopback.rs)."""
     try:
         first = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
     except (OSError, ValueError, IndexError):
         first = 32768
     low = max(first - 20_000, 1024)
-    size = first - low
+    return low, max(first - low, 1)
+
+
+_PORTS = _port_window()
+_next_port = itertools.count(random.randrange(_PORTS[1]))
+
+
+def free_ports(n: int) -> list[int]:
+    """`n` loopback ports that were free a moment ago, picked as the Rust
+    test kit picks them: below the ephemeral range, so that no connection
+    going out (the router's to etcd, the fuzzer's to the router) takes one
+    before the process it is for binds it, and in turn from a random
+    start, so that no pick of this run repeats an earlier one."""
+    low, size = _PORTS
     ports: list[int] = []
-    start = random.randrange(size) if size > 0 else 0
-    for i in range(size):
-        port = low + (start + i) % size
+    for _ in range(size):
+        port = low + next(_next_port) % size
         with socket.socket() as s:
             try:
                 s.bind(("127.0.0.1", port))
@@ -162,7 +172,7 @@ def free_ports(n: int) -> list[int]:
         ports.append(port)
         if len(ports) == n:
             return ports
-    raise SetupError(f"fewer than {n} free loopback ports in {low}..{first - 1}")
+    raise SetupError(f"fewer than {n} free loopback ports in {low}..{low + size - 1}")
 
 
 def _die_with_parent() -> None:
