@@ -491,10 +491,11 @@ async fn silent_members_cost_renewals_little(keepalive_streams: usize) {
         // The streams sit on the leader, so silencing it makes each stream
         // that carries leases fail over: at least one, as a stream may
         // carry no lease of the eight (they spread evenly when one member
-        // granted them all, not when several did). A stream fails over as silent when
-        // a keepalive waited on it, or as ended when the wire dropped the
-        // silent member's connection first (its pings unanswered): which
-        // comes first is a matter of timing, so both count.
+        // granted them all, not when several did). A stream fails over as
+        // silent when a keepalive waited on it, or as ended when the wire
+        // dropped the silent member's connection first (its pings
+        // unanswered): which comes first is a matter of timing, so both
+        // count.
         let metrics = router.api.metrics().await;
         let by = |reason: &str| {
             lockrouter_testkit::metrics::sum(
