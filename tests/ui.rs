@@ -201,14 +201,22 @@ impl Browser {
         }
     }
 
+    /// Clicks the first element matching `css`. The page redraws its
+    /// tables as it polls, so the element found may be replaced before the
+    /// click reaches it (a stale element): then it is found again, as a
+    /// user's next click would, until [`SHOWN_WITHIN`] has passed.
     async fn click(&self, css: &str) {
-        self.client()
-            .find(Locator::Css(css))
-            .await
-            .unwrap()
-            .click()
-            .await
-            .unwrap();
+        let deadline = Instant::now() + SHOWN_WITHIN;
+        loop {
+            let found = self.client().find(Locator::Css(css)).await.unwrap();
+            match found.click().await {
+                Ok(_) => return,
+                Err(e) if e.is_stale_element_reference() && Instant::now() < deadline => {
+                    sleep_ms(50).await
+                }
+                Err(e) => panic!("clicking `{css}`: {e}"),
+            }
+        }
     }
 
     /// The `data-*` attribute `key` of every element matching `css`.
