@@ -121,19 +121,29 @@ impl Active {
         replace_held: Option<i64>,
     ) -> Result<Attempt, LockError> {
         let (shard, holder) = (&req.shard, req.holder.as_str());
-        if let Some(answer) = self.look_first(shard.as_ref(), k, holder, g).await? {
-            return Ok(Attempt::Done(answer));
+        let shown_held = shard.cache_shows_held(&k.hash);
+        if shown_held {
+            if let Some(answer) = self.look_first(shard.as_ref(), k, holder, g).await? {
+                return Ok(Attempt::Done(answer));
+            }
         }
         // Not the holder's own re-acquire (that answered above): a new
         // grant, reserved in the owner's quota until its cache counts it.
-        let reservation = self.reserve_lock(shard.as_ref(), req.owner.as_ref())?;
         let value = lock_value(req, &g.ring)?;
-        let owner = req.owner.as_ref();
-        let session = shard
-            .session(holder, req.ttl.secs(), owner.map(|o| o.tag), || {
-                self.admit_session(shard.as_ref(), owner, reservation.as_ref())
-            })
-            .await?;
+        let (reservation, session) = match self.reserve_with_session(req).await {
+            Ok(reserved) => reserved,
+            // The cache may not show yet a grant made a moment ago (its
+            // reservation is what fills the quota): before refusing, the
+            // name is read, and a name held (the holder's own grant
+            // above all) is answered as such, never refused by a quota.
+            Err(LockError::PermissionDenied(refused)) if !shown_held => {
+                return match self.look_first(shard.as_ref(), k, holder, g).await? {
+                    Some(answer) => Ok(Attempt::Done(answer)),
+                    None => Err(refused.into()),
+                };
+            }
+            Err(e) => return Err(e),
+        };
         let window = self.window(session.ttl_secs);
         let sent = Instant::now();
         let grant = shard.grant_on_session(k, &value, &session, window, g, replace_held);
@@ -149,14 +159,34 @@ impl Active {
             .await
     }
 
-    /// A name the lock-key cache says is held (a hint, maybe stale) is
-    /// read first, with a read-only txn: if it is held (or waits out a
-    /// lock-delay) the answer comes from that read, and the acquire costs
-    /// no raft write (etcd 3.4 proposes every txn that may write, even one
-    /// whose compare fails). `None`: go on with the grant txn, which
-    /// decides. A refusal (or the caller's own grant, as an idempotent
-    /// re-acquire) read at the shard the router verified, under the ring it
-    /// serves, is what the txn would have answered.
+    /// `req`'s new lock reserved in its owner's quota, and the session
+    /// lease it will ride on (a new one admitted by the quota too).
+    async fn reserve_with_session<S: LockShard>(
+        &self,
+        req: &Acquire<S>,
+    ) -> Result<(Option<quota::Reservation>, SessionLease), LockError> {
+        let (shard, owner) = (&req.shard, req.owner.as_ref());
+        let reservation = self.reserve_lock(shard.as_ref(), owner)?;
+        let session = shard
+            .session(
+                req.holder.as_str(),
+                req.ttl.secs(),
+                owner.map(|o| o.tag),
+                || self.admit_session(shard.as_ref(), owner, reservation.as_ref()),
+            )
+            .await?;
+        Ok((reservation, session))
+    }
+
+    /// A name is read before its grant txn when the lock-key cache says it
+    /// is held (a hint, maybe stale), and when a quota would refuse it,
+    /// with a read-only txn: if it is held (or waits out a lock-delay) the
+    /// answer comes from that read, and the acquire costs no raft write
+    /// (etcd 3.4 proposes every txn that may write, even one whose compare
+    /// fails). `None`: go on with the grant txn, which decides (or the
+    /// quota's refusal stands). A refusal (or the caller's own grant, as an
+    /// idempotent re-acquire) read at the shard the router verified, under
+    /// the ring it serves, is what the txn would have answered.
     async fn look_first<S: LockShard>(
         &self,
         shard: &S,
@@ -164,9 +194,6 @@ impl Active {
         client_id: &str,
         g: &Grantable,
     ) -> Result<Option<Acquired>, LockError> {
-        if !shard.cache_shows_held(&k.hash) {
-            return Ok(None);
-        }
         let sent = Instant::now();
         let state = shard.read_name(k).await?;
         let verified = state.identity.as_deref() == Some(g.identity.as_slice())

@@ -269,6 +269,62 @@ fn denied(answer: Result<Attempt, LockError>) -> bool {
     matches!(answer, Err(LockError::PermissionDenied(_)))
 }
 
+/// A grant's reservation fills the quota until the shard's cache counts
+/// the grant, and until then the cache does not show the name held: the
+/// holder's own re-acquire (a retry of an acquire it won) is read and
+/// answered with its grant, not refused by its quota, and so is a new
+/// session's TTL (`max_sessions`); another client of the principal is
+/// told the name is held. A new name is still refused.
+#[tokio::test]
+async fn a_re_acquire_is_not_refused_by_a_quota_its_own_grant_fills() {
+    for quota in [
+        Quota {
+            max_held_locks: 1,
+            max_sessions: 0,
+        },
+        Quota {
+            max_held_locks: 0,
+            max_sessions: 1,
+        },
+    ] {
+        let (active, shard) = (active(), shard("a"));
+        let pay = pay(quota);
+        shard.hold_cache();
+        let first = granted(attempt(&active, &acquire_as(&shard, pay, "order-1", "w1")).await);
+        let mut again = acquire_as(&shard, pay, "order-1", "w1");
+        let retried = granted(attempt(&active, &again).await);
+        assert_eq!(retried.fencing_token, first.fencing_token, "{quota:?}");
+        // Another TTL would need another session: still the same grant.
+        again.ttl = ttl(2 * TTL);
+        let other_ttl = granted(attempt(&active, &again).await);
+        assert_eq!(other_ttl.fencing_token, first.fencing_token, "{quota:?}");
+        let by_other = acquire_as(&shard, pay, "order-1", "w2");
+        refused(attempt(&active, &by_other).await);
+        let new_name = if quota.max_held_locks > 0 {
+            acquire_as(&shard, pay, "order-2", "w1")
+        } else {
+            acquire_as(&shard, pay, "order-2", "w2")
+        };
+        assert!(
+            denied(attempt_with(&active, &new_name, None).await),
+            "{quota:?}"
+        );
+        // At max_held_locks every one was answered before any txn; at
+        // max_sessions the retry on its own session went on to the txn,
+        // which found its grant.
+        let txns = if quota.max_held_locks > 0 { 1 } else { 2 };
+        assert_eq!(shard.grant_txns(), txns, "{quota:?}");
+        // Counted by the cache now (the reservation given back): the same.
+        shard.catch_up_cache();
+        assert!(
+            denied(attempt_with(&active, &new_name, None).await),
+            "{quota:?}"
+        );
+        let retried = granted(attempt(&active, &acquire_as(&shard, pay, "order-1", "w1")).await);
+        assert_eq!(retried.fencing_token, first.fencing_token, "{quota:?}");
+    }
+}
+
 #[tokio::test]
 async fn a_principals_released_lock_no_longer_counts_in_its_max_held_locks() {
     let (active, shard) = (active(), shard("a"));

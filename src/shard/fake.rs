@@ -5,7 +5,8 @@
 //! a grant needs the ring and identity compared, no holder, no lock-delay,
 //! no lost holder (unless replaced) and no queued waiter; a release needs
 //! the lockId's create revision and lease. Its cache is exact: it has seen
-//! every revision it committed, and counts for quotas what the real one
+//! every revision it committed (unless a test holds it back, as a lagging
+//! watch would: [`FakeShard::hold_cache`]), and counts for quotas what the real one
 //! counts (`cache.rs`): per lease tag, the lock keys and the distinct
 //! leases they ride on. A release or an expiry uncounts a lock at once,
 //! and a quota's reservation of a grant is given back at its next count.
@@ -68,6 +69,8 @@ struct State {
     keepalives: HashMap<i64, u32>,
     /// Deletions so far (what a sleeping waiter wakes for).
     deletions: u64,
+    /// Set while the cache lags: the last revision it has seen.
+    cache_seen: Option<i64>,
 }
 
 impl FakeShard {
@@ -144,6 +147,20 @@ impl FakeShard {
         let mut key = k.waiters;
         key.extend_from_slice(b"/w");
         self.lock().put(key, b"w".to_vec(), 0);
+    }
+
+    /// Holds the cache at the revision it has seen now, as a watch that
+    /// lags behind its cluster: what is written from now on (a grant
+    /// above all) it neither shows held nor counts until
+    /// [`FakeShard::catch_up_cache`].
+    pub fn hold_cache(&self) {
+        let mut s = self.lock();
+        s.cache_seen = Some(s.revision);
+    }
+
+    /// Lets the cache see every revision again.
+    pub fn catch_up_cache(&self) {
+        self.lock().cache_seen = None;
     }
 
     /// Keepalives asked of `lease` so far (by renewals and re-acquires).
@@ -259,14 +276,17 @@ impl State {
 
 impl CacheCounts for FakeShard {
     fn cache_has_seen(&self, revision: i64) -> bool {
-        revision <= self.lock().revision
+        let s = self.lock();
+        revision <= s.cache_seen.unwrap_or(s.revision)
     }
 
     /// Counted from the lock keys, as the real cache counts them.
     fn held_by(&self, tag: LeaseTag) -> Option<Held> {
         let (start, end) = self.keys.locks_range();
         let s = self.lock();
+        let seen = s.cache_seen.unwrap_or(s.revision);
         let locks = (s.kv.range(start..end))
+            .filter(|(_, kv)| kv.create_revision <= seen)
             .map(|(_, kv)| kv.lease)
             .filter(|&lease| LeaseTag::in_lease(lease) == tag);
         let mut leases: Vec<i64> = locks.collect();
@@ -300,7 +320,9 @@ impl LockShard for FakeShard {
     }
 
     fn cache_shows_held(&self, hash: &NameHash) -> bool {
-        self.lock().kv.contains_key(&self.keys.lock(hash))
+        let s = self.lock();
+        let seen = s.cache_seen.unwrap_or(s.revision);
+        (s.kv.get(&self.keys.lock(hash))).is_some_and(|kv| kv.create_revision <= seen)
     }
 
     async fn read_name(&self, k: &NameKeys) -> Result<NameState, EtcdError> {
