@@ -384,6 +384,8 @@ pub(crate) async fn renewer(
                 r.status,
                 r.body
             );
+            // In the router's log too, where a test keeps one.
+            tracing::info!(%client, took = ?(received - sent), status = r.status, "slow renew-batch");
         }
         if r.status != 200 {
             assert_eq!(r.status, 503, "{client}: {:?}", r.body);
@@ -418,9 +420,23 @@ pub(crate) async fn renewer(
 /// longer than the TTL, so waiting it out on the silent member would lose
 /// every lock renewed through it. A follower is silenced, then the leader
 /// (seen from the router only: the members still reach each other).
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_silent_member_costs_renewals_little() {
-    silent_members_cost_renewals_little(1).await;
+#[test]
+fn a_silent_member_costs_renewals_little() {
+    let log = with_keepalive_log(|| silent_members_cost_renewals_little(1));
+    never_unavailable(&log);
+}
+
+/// One member of three silent never makes the router report the whole
+/// shard unavailable: reads and probes are hedged, so none waits on the
+/// silent member until its connection breaks.
+fn never_unavailable(log: &RouterLog) {
+    let down = log.lines(&["shard is unavailable"]);
+    assert!(
+        down.is_empty(),
+        "the shard was reported unavailable:\n{}\n{}",
+        down.join("\n"),
+        log.lines(&KEEPALIVE_LOG).join("\n")
+    );
 }
 
 /// The same with three keepalive streams per shard. They are all on the
@@ -428,9 +444,81 @@ async fn a_silent_member_costs_renewals_little() {
 /// follower touches none of them, and when the leader goes silent a
 /// stream with keepalives waiting moves its leases to a fresh stream on
 /// another member, while renewals stay on schedule.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_silent_member_costs_renewals_little_with_three_keepalive_streams() {
-    silent_members_cost_renewals_little(3).await;
+#[test]
+fn a_silent_member_costs_renewals_little_with_three_keepalive_streams() {
+    let log = with_keepalive_log(|| silent_members_cost_renewals_little(3));
+    never_unavailable(&log);
+}
+
+/// What the in-process router logged (see [`with_keepalive_log`]).
+struct RouterLog(String);
+
+/// The log lines about keepalives and members.
+const KEEPALIVE_LOG: [&str; 5] = [
+    "keepalive",
+    "member",
+    "etcd call",
+    "renew-batch",
+    "shard is",
+];
+
+impl RouterLog {
+    /// Its lines holding any of `words`.
+    fn lines(&self, words: &[&str]) -> Vec<&str> {
+        (self.0.lines())
+            .filter(|l| words.iter().any(|w| l.contains(w)))
+            .collect()
+    }
+}
+
+/// Runs `test` on a runtime of its own (two workers), the in-process
+/// router's shard log (keepalive streams, member rotation, failed etcd
+/// calls) kept in memory, timed from the start, and returned; if the test
+/// fails, the lines about keepalives and members are printed first, so a
+/// failure says which member each stream was on and why it moved.
+fn with_keepalive_log<F: std::future::Future<Output = ()>>(test: impl FnOnce() -> F) -> RouterLog {
+    #[derive(Clone, Default)]
+    struct Shared(Arc<Mutex<Vec<u8>>>);
+    impl Write for Shared {
+        fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+            self.0.lock().expect("log lock").extend_from_slice(buf);
+            Ok(buf.len())
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+    let log = Shared::default();
+    let writer = log.clone();
+    let dispatch = tracing::Dispatch::new(
+        tracing_subscriber::fmt()
+            .with_writer(move || writer.clone())
+            .with_ansi(false)
+            .with_timer(tracing_subscriber::fmt::time::Uptime::default())
+            .with_env_filter(tracing_subscriber::EnvFilter::new(
+                "lockrouter=info,lockrouter::shard=debug,tests=info",
+            ))
+            .finish(),
+    );
+    let _main = tracing::dispatcher::set_default(&dispatch);
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .on_thread_start(move || std::mem::forget(tracing::dispatcher::set_default(&dispatch)))
+        .build()
+        .expect("a runtime");
+    let ran = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| runtime.block_on(test())));
+    drop(runtime);
+    let log = RouterLog(String::from_utf8_lossy(&log.0.lock().expect("log lock")).into_owned());
+    if let Err(panic) = ran {
+        let lines = log.lines(&KEEPALIVE_LOG);
+        eprintln!("the router's keepalive and member log (last 300 lines):");
+        for line in &lines[lines.len().saturating_sub(300)..] {
+            eprintln!("{line}");
+        }
+        std::panic::resume_unwind(panic);
+    }
+    log
 }
 
 async fn silent_members_cost_renewals_little(keepalive_streams: usize) {

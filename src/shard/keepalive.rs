@@ -562,6 +562,7 @@ impl Task {
         };
         let member = self.conn.keepalive_member(avoid);
         self.main_member = member.as_ref().map(|(i, _)| *i);
+        tracing::debug!(shard = %self.conn.shard(), lane = self.lane, generation, member = ?self.main_member, ?avoid, "opening a keepalive stream");
         let client = member.map_or_else(|| self.conn.client().clone(), |(_, c)| c);
         let (conn, events) = (self.conn.clone(), self.events_tx.clone());
         tokio::spawn(async move {
@@ -702,6 +703,7 @@ impl Task {
             Err(e) => {
                 self.main = Main::Closed;
                 let detail = e.to_string();
+                tracing::warn!(shard = %self.conn.shard(), lane = self.lane, member = ?self.main_member, error = %detail, waiting = self.queued.len(), "a keepalive stream did not open; the keepalives waiting for it fail");
                 for (_, q) in std::mem::take(&mut self.queued) {
                     self.fail(q.waiters, &detail);
                 }
@@ -758,7 +760,6 @@ impl Task {
                 .any(|i| i.generation == current && waited(i) > SILENT_STREAM);
         if silent {
             self.conn.metrics().keepalive_stream_silent();
-            tracing::info!(shard = %self.conn.shard(), member = ?self.main_member, "keepalive stream silent; reopening it on another member");
             self.fail_over("silent", "keepalive stream silent");
         }
     }
@@ -770,6 +771,17 @@ impl Task {
     /// deadline, and only the new stream's answer completes it.
     fn fail_over(&mut self, reason: &'static str, detail: &str) {
         self.conn.metrics().keepalive_stream_failover(reason);
+        let retried = self.inflight.values().filter(|i| i.retried).count();
+        tracing::info!(
+            shard = %self.conn.shard(),
+            lane = self.lane,
+            member = ?self.main_member,
+            reason,
+            %detail,
+            in_flight = self.inflight.len(),
+            failing = retried,
+            "keepalive stream failed over; re-sending its keepalives on a fresh stream"
+        );
         if let Some(member) = self.main_member {
             self.failed_on = Some((member, Instant::now()));
         }

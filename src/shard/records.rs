@@ -16,7 +16,7 @@ impl Shard {
     pub async fn probe(&self) -> Result<Probe, EtcdError> {
         let k = &self.keys;
         let resp = self
-            .txn(Txn::new().and_then([
+            .read_txn(Txn::new().and_then([
                 TxnOp::get(k.ring(), None),
                 TxnOp::get(k.identity(), None),
                 TxnOp::get(k.epoch(), None),

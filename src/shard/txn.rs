@@ -93,10 +93,11 @@ impl Shard {
     }
 
     /// One linearizable read of a name's keys and the shard's ring and
-    /// identity (the handoff check of a migration, and inspect).
+    /// identity (the handoff check of a migration, inspect, an acquire's
+    /// read first), hedged.
     pub async fn read_name(&self, k: &NameKeys) -> Result<NameState, EtcdError> {
         let resp = self
-            .txn(Txn::new().and_then(name_reads(&self.keys, k)))
+            .read_txn(Txn::new().and_then(name_reads(&self.keys, k)))
             .await?;
         Ok(read_name(resp))
     }
