@@ -552,6 +552,7 @@ async fn silent_members_cost_renewals_little(keepalive_streams: usize) {
             ))
         })
         .collect();
+    let churn = tokio::spawn(churner(router.api.clone(), stop));
     for role in ["follower", "leader"] {
         sleep_ms(2_000).await;
         // The leader as it is now: on a busy machine an election may have
@@ -569,6 +570,9 @@ async fn silent_members_cost_renewals_little(keepalive_streams: usize) {
         proxies[member].set_silent(false);
     }
     judge_renewers(renewers).await;
+    let (granted, refused) = churn.await.unwrap();
+    eprintln!("churn: {granted} acquired and released, {refused} answered 503");
+    assert!(granted > 0, "no acquire went through");
     // The faults bit: requests or keepalive streams were hedged.
     let hedged = metric_sum(
         &router.api.metrics().await,
@@ -611,6 +615,37 @@ async fn silent_members_cost_renewals_little(keepalive_streams: usize) {
             "{silent} silent streams but {hedged_keepalives} hedged keepalives"
         );
     }
+}
+
+/// Acquires and releases names one after another until `stop`, beside
+/// the renewers: the grant and release txns, which are not hedged, that
+/// a silent member catches. Returns how many were granted and released,
+/// and how many answers were 503 (a txn caught on the silent member).
+async fn churner(api: Api, stop: Instant) -> (u32, u32) {
+    let (mut granted, mut refused) = (0, 0);
+    for n in 0.. {
+        if Instant::now() >= stop {
+            break;
+        }
+        let r = api
+            .post(
+                "/api/v1/locks/acquire",
+                json!({"name": format!("churn-{n}"), "ttlMs": 2_000, "clientId": "churn"}),
+            )
+            .await;
+        match r.status {
+            200 => {
+                let released = api.release(&lock_of(&r.body)).await;
+                assert!([204, 503].contains(&released.status), "{released:?}");
+                granted += u32::from(released.status == 204);
+                refused += u32::from(released.status == 503);
+            }
+            503 => refused += 1,
+            _ => panic!("churn acquire: {r:?}"),
+        }
+        sleep_ms(20).await;
+    }
+    (granted, refused)
 }
 
 /// The lock-key cache answers a renewal only once it has applied a barrier

@@ -194,6 +194,59 @@ async fn a_router_with_another_ring_refuses_to_grant() {
     stop.cancel();
 }
 
+/// A shard of three members that all stop answering (paused: their
+/// connections stay open, nothing comes back) is marked down by the
+/// router's member probes and its monitor's probe (hedged over the
+/// members), since no member answers them, not by a call's failure (with
+/// several members that says only that its member failed; without both
+/// probes marking it, it is never marked down):
+/// within about a second `/readyz` names it unreachable and its names
+/// answer 503 `shard_unavailable` at once, not after the etcd deadline.
+/// Resumed, it serves again and the lock held on it renews.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_three_member_shard_none_of_whose_members_answers_fails_fast_and_heals() {
+    let cluster = EtcdCluster::start(3);
+    // An etcd deadline of 5 s, so an answer well within it is not a wait.
+    let toml = lockrouter_testkit::config::one_named_shard(&cluster, "mute", "")
+        .replace("request_timeout_ms = 1000", "request_timeout_ms = 5000");
+    assert!(toml.contains("request_timeout_ms = 5000"));
+    let router = TestRouter::with_toml(&toml).await;
+    let api = &router.api;
+    let held = api.must_acquire("mute-held", 30_000, "A").await;
+    for i in 0..3 {
+        cluster.pause_member(i);
+    }
+    let paused = Instant::now();
+    let deadline = paused + Duration::from_secs(5);
+    while api.get("/readyz").await.body["unreachableShards"] != json!(["mute"]) {
+        assert!(Instant::now() < deadline, "never marked unreachable");
+        sleep_ms(50).await;
+    }
+    eprintln!("marked unreachable after {:?}", paused.elapsed());
+    for i in 0..3 {
+        let started = Instant::now();
+        let r = api.acquire(&format!("mute-{i}"), 5_000, "A").await;
+        assert_eq!(r.status, 503, "{r:?}");
+        assert_eq!(r.body["error"]["code"], "shard_unavailable", "{r:?}");
+        assert!(r.retry_after.is_some(), "{r:?}");
+        let took = started.elapsed();
+        assert!(took < Duration::from_millis(2_500), "took {took:?}");
+    }
+    assert_eq!(api.renew(&held).await.status, 503);
+    for i in 0..3 {
+        cluster.resume_member(i);
+    }
+    let deadline = Instant::now() + Duration::from_secs(15);
+    loop {
+        let r = api.renew(&held).await;
+        if r.status == 200 {
+            break;
+        }
+        assert!(r.status == 503 && Instant::now() < deadline, "{r:?}");
+        sleep_ms(100).await;
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_three_member_shard_survives_losing_a_member() {
     let mut cluster = EtcdCluster::start(3);

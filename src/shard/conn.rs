@@ -328,6 +328,11 @@ impl EtcdConn {
         self.set_state(up, "");
     }
 
+    /// Marks the shard down: `why` (what failed) is logged.
+    pub fn set_down(&self, why: &str) {
+        self.set_state(false, why);
+    }
+
     /// Like [`set_up`](Self::set_up); `why` (what failed) is logged when
     /// the shard goes down.
     fn set_state(&self, up: bool, why: &str) {
@@ -379,6 +384,11 @@ impl EtcdConn {
             .leader
             .store(leader.unwrap_or(NO_LEADER), Ordering::Relaxed);
         if !serving.iter().any(|ok| *ok) {
+            // Down until a call succeeds (the monitor's next probe): every
+            // write and linearizable read would wait out its deadline.
+            self.set_down(
+                "no member answers its probe in time, or none knows a leader of the newest term",
+            );
             return;
         }
         for (i, ((ep, _, _), ok)) in answers.into_iter().zip(serving).enumerate() {
@@ -509,7 +519,13 @@ impl EtcdConn {
         match &result {
             Err(EtcdError::Unavailable { detail, .. }) => {
                 tracing::debug!(shard = %self.inner.shard, rpc, %detail, "etcd call failed");
-                self.set_state(false, detail);
+                // With several members, a call's failure is as likely its
+                // member's (silent, dead, cut off) as the shard's: the
+                // member probes say when no member serves, and the
+                // monitor's probe (hedged) when none answers it.
+                if self.inner.members.is_empty() {
+                    self.set_state(false, detail);
+                }
             }
             // An answer proves the shard reachable.
             _ => self.set_up(true),

@@ -21,7 +21,14 @@ impl Shard {
                 TxnOp::get(k.identity(), None),
                 TxnOp::get(k.epoch(), None),
             ]))
-            .await?;
+            .await
+            .inspect_err(|e| {
+                // Hedged: no member answered it. (A call's own failure
+                // marks a shard of one member down already.)
+                if let EtcdError::Unavailable { detail, .. } = e {
+                    self.conn.set_down(detail);
+                }
+            })?;
         let cluster_id = resp.header().map_or(0, |h| h.cluster_id());
         let mut gets = gets(resp);
         let ring = gets.next().flatten().map(|kv| Recorded::parse(kv.value()));
