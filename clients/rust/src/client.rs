@@ -285,8 +285,9 @@ impl Client {
     /// longer `wait` is made of several, each queuing again at the end of
     /// the line (the client learns the router's cap from its refusal). The
     /// router also caps the waiters it holds (429 `rate_limited` beyond,
-    /// which [`Error::is_retryable`] accepts). Dropping the future cancels
-    /// the wait: the router drops the waiter with its request.
+    /// which [`Error::is_retryable`] accepts, and whose
+    /// [`Error::retry_after`] says when to come back). Dropping the future
+    /// cancels the wait: the router drops the waiter with its request.
     ///
     /// Validity counts from before the request was sent, so a long wait
     /// eats into it; when it did, the client confirms the fresh grant with
@@ -467,6 +468,7 @@ impl Client {
                 status: 200,
                 code: "malformed_answer".into(),
                 message: "acquired without lockId, fencingToken or expiresInMs".into(),
+                retry_after: None,
             });
         };
         let margin = validity::margin(ttl, inner.margin);
@@ -536,8 +538,8 @@ impl Client {
 
     /// Waits, at most `limit`, for a pending release to be answered, waking
     /// it from its backoff first (an acquire is about to be sent, or just
-    /// reached the router, so the release likely can too). True once it
-    /// was answered.
+    /// reached the router, so the release likely can too), though not from
+    /// a `Retry-After` the router asked of it. True once it was answered.
     async fn settle(&self, shared: &Shared, limit: Duration) -> bool {
         shared.retry_now.notify_one();
         let mut status = shared.status.subscribe();

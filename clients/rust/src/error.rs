@@ -3,6 +3,7 @@
 //! "the router said no" from "the router could not be reached".
 
 use std::fmt;
+use std::time::Duration;
 
 /// Why a lock can no longer be trusted.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -65,12 +66,20 @@ pub enum Error {
     /// lost and its grant has passed to a newer `Lock` of this client.
     #[error("lock {name:?} was lost: {reason}")]
     Lost { name: String, reason: LostReason },
-    /// The router answered with an error (`status` and its stable `code`).
+    /// The router answered with an error (`status` and its stable `code`),
+    /// and, for a refusal to try again later, how much later.
     #[error("router answered {status} {code}: {message}")]
     Router {
         status: u16,
         code: String,
         message: String,
+        /// How long the router asked the caller to wait before sending the
+        /// request again: its `Retry-After` header, which it sends with 503
+        /// `overloaded` and `shard_unavailable`, 429 `rate_limited` and 504
+        /// `timeout`. Only whole seconds (`Retry-After: 1`) are read; an
+        /// answer without the header, or with any other form of it (an
+        /// HTTP date included), gives `None`. Capped at an hour.
+        retry_after: Option<Duration>,
     },
     /// The router could not be reached, or did not answer in time.
     #[error("cannot reach the router: {0}")]
@@ -89,7 +98,12 @@ impl Error {
     /// ```
     /// use lockrouter_client::Error;
     /// assert!(Error::Transport("timeout".into()).is_retryable());
-    /// let slow = Error::Router { status: 408, code: "timeout".into(), message: String::new() };
+    /// let slow = Error::Router {
+    ///     status: 408,
+    ///     code: "timeout".into(),
+    ///     message: String::new(),
+    ///     retry_after: None,
+    /// };
     /// assert!(slow.is_retryable());
     /// assert!(!Error::NotAcquired { name: "x".into() }.is_retryable());
     /// ```
@@ -98,6 +112,32 @@ impl Error {
             Error::Transport(_) => true,
             Error::Router { status, .. } => matches!(*status, 408 | 429) || *status >= 500,
             _ => false,
+        }
+    }
+
+    /// How long the router asked to wait before trying again (see
+    /// [`Error::Router`]'s `retry_after`); `None` for an answer without
+    /// one and for every other variant. The client waits at least this
+    /// long before it repeats a release itself (a renewal only where its
+    /// lock's validity leaves room); a caller retrying an acquire should
+    /// wait as long too.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use lockrouter_client::Error;
+    /// let busy = Error::Router {
+    ///     status: 503,
+    ///     code: "overloaded".into(),
+    ///     message: "retry after a second".into(),
+    ///     retry_after: Some(Duration::from_secs(1)),
+    /// };
+    /// assert_eq!(busy.retry_after(), Some(Duration::from_secs(1)));
+    /// assert_eq!(Error::Transport("refused".into()).retry_after(), None);
+    /// ```
+    pub fn retry_after(&self) -> Option<Duration> {
+        match self {
+            Error::Router { retry_after, .. } => *retry_after,
+            _ => None,
         }
     }
 }

@@ -15,6 +15,7 @@ use tokio::sync::mpsc;
 
 use crate::holds::Holds;
 use crate::registry::Registry;
+use crate::release::Tries;
 use crate::renewal::Command;
 use crate::state::Shared;
 use crate::transport::Transport;
@@ -48,7 +49,7 @@ impl Keeper {
             // shutting down) so is this process's hold on the session.
             let _ = self.commands.send(Command::Release {
                 shared: shared.clone(),
-                failures: 0,
+                tries: Tries::default(),
             });
         }
     }

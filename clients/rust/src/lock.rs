@@ -20,7 +20,7 @@ use tokio::time::Instant;
 use crate::error::{Error, LostReason};
 use crate::holds::LetGo;
 use crate::keeper::Keeper;
-use crate::release::{self, Until};
+use crate::release::{self, Tries, Until};
 use crate::renewal::Command;
 use crate::state::Shared;
 use crate::validity;
@@ -214,6 +214,7 @@ impl Lock {
                         status: 200,
                         code: "malformed_answer".into(),
                         message: "extended without lockId or expiresInMs".into(),
+                        retry_after: None,
                     })
                 }
                 (false, _, _) => {
@@ -245,12 +246,15 @@ impl Lock {
     /// held under this lock's id. Transport errors, 429 and 5xx answers
     /// (503 `shard_unavailable`) are retried with backoff while the lock's
     /// validity lasts, so this can take that long; any other error ends it
-    /// at once. If validity runs out first, the error is returned and the
-    /// client's background task keeps retrying, more slowly, for as long as
-    /// the client lives: the lock shares a session lease with this client's
-    /// other locks of its TTL on its shard, so while those are renewed it
-    /// does not expire on its own. Cancelling this call hands the release
-    /// to the background task too.
+    /// at once. No retry comes sooner than the router's `Retry-After`
+    /// ([`Error::retry_after`]); when that would be past the lock's
+    /// validity, the router's error is returned at once and the background
+    /// task sends the next attempt once it has passed. If validity runs out
+    /// first, the error is returned and the client's background task keeps
+    /// retrying, more slowly, for as long as the client lives: the lock
+    /// shares a session lease with this client's other locks of its TTL on
+    /// its shard, so while those are renewed it does not expire on its own.
+    /// Cancelling this call hands the release to the background task too.
     ///
     /// If the lock was lost and this client has since acquired the same
     /// grant again through a newer `Lock`, the grant is that `Lock`'s: this
@@ -280,12 +284,12 @@ impl Lock {
         let mut handoff = HandOff {
             shared: owner.then(|| shared.clone()),
             commands: &keeper.commands,
-            failures: 0,
+            tries: Tries::default(),
         };
         let (transport, timeout, state) = (&keeper.transport, keeper.request_timeout, &*shared);
         let attempt = move || release::attempt(transport, state, timeout);
         let result =
-            release::retry(&shared, attempt, &mut handoff.failures, Until::ValidityEnds).await;
+            release::retry(&shared, attempt, &mut handoff.tries, Until::ValidityEnds).await;
         if !matches!(&result, Err(e) if e.is_retryable()) {
             handoff.shared = None;
         }
@@ -298,8 +302,9 @@ impl Lock {
 struct HandOff<'a> {
     shared: Option<Arc<Shared>>,
     commands: &'a mpsc::UnboundedSender<Command>,
-    /// Attempts made so far, so the task continues the backoff.
-    failures: u32,
+    /// Attempts made so far, so the task continues the backoff and keeps
+    /// the router's `Retry-After`.
+    tries: Tries,
 }
 
 impl Drop for HandOff<'_> {
@@ -307,7 +312,7 @@ impl Drop for HandOff<'_> {
         if let Some(shared) = self.shared.take() {
             let _ = self.commands.send(Command::Release {
                 shared,
-                failures: self.failures,
+                tries: self.tries,
             });
         }
     }

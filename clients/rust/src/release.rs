@@ -15,6 +15,15 @@
 //! task then carries on at up to a renewal interval (a third of the TTL)
 //! between attempts, for as long as the client lives.
 //!
+//! An answer with `Retry-After` (503 `overloaded` or `shard_unavailable`,
+//! 429) is not followed by another attempt before that time has passed,
+//! however short the backoff, and even when an acquire wakes the release
+//! early: the router sheds load by it, and a client that came back sooner
+//! would only be refused again. When it would pass the end of the lock's
+//! validity, [`Lock::release`](crate::Lock::release) stops there and then
+//! (its deadline could not be kept) and the renewal task, told when the
+//! router may be asked again, carries on.
+//!
 //! Each attempt names the grant as it stands then, and waits for an extend
 //! of it in flight: a release sent with a lockId an extend is replacing
 //! would free nothing (see [`attempt`]).
@@ -57,14 +66,27 @@ pub(crate) async fn attempt(
     transport.release(&lock_ref, timeout).await
 }
 
+/// How a release's attempts have gone so far; it starts past zero when the
+/// renewal task takes over a release [`Lock::release`](crate::Lock::release)
+/// began.
+#[derive(Debug, Clone, Copy, Default)]
+pub(crate) struct Tries {
+    /// Failed attempts, for the backoff.
+    pub failures: u32,
+    /// No attempt before this: the `Retry-After` of the last failed
+    /// attempt's answer, counted from when it came.
+    pub not_before: Option<Instant>,
+}
+
 /// Calls `attempt` (one release request) until it succeeds, fails with an
-/// error not worth retrying, or `until` says stop. `failures` counts failed
-/// attempts, and may start above zero when the release was handed over.
-/// Stops at once, with `Ok`, when another `Lock` of the grant got the 204.
+/// error not worth retrying, or `until` says stop. `tries` records the
+/// failed attempts, and may start with some when the release was handed
+/// over. Stops at once, with `Ok`, when another `Lock` of the grant got the
+/// 204.
 pub(crate) async fn retry<F, Fut>(
     shared: &Shared,
     mut attempt: F,
-    failures: &mut u32,
+    tries: &mut Tries,
     mut until: Until,
 ) -> Result<(), Error>
 where
@@ -77,18 +99,23 @@ where
     let mut warned = false;
     let mut last = None;
     loop {
-        if *failures > 0 {
+        if tries.failures > 0 {
+            let now = Instant::now();
             let valid_until = shared.current().valid_until;
+            let asked = tries
+                .not_before
+                .map_or(Duration::ZERO, |t| t.saturating_duration_since(now));
             let pause = match &until {
                 Until::ValidityEnds => {
-                    let left = valid_until.saturating_duration_since(Instant::now());
-                    if left.is_zero() {
+                    let left = valid_until.saturating_duration_since(now);
+                    // The router's wait ends past validity: no attempt fits.
+                    if left.is_zero() || asked > left {
                         return Err(last.unwrap_or_else(|| unconfirmed(shared)));
                     }
-                    validity::backoff(*failures, fast).min(left)
+                    validity::backoff(tries.failures, fast).min(left).max(asked)
                 }
                 Until::ClientGone(gone) => {
-                    let valid = Instant::now() < valid_until;
+                    let valid = now < valid_until;
                     if !valid && !warned {
                         warned = true;
                         tracing::warn!(
@@ -98,10 +125,10 @@ where
                         );
                     }
                     let pace = if valid || *gone.borrow() { fast } else { slow };
-                    validity::backoff(*failures, pace)
+                    validity::backoff(tries.failures, pace).max(asked)
                 }
             };
-            pause_for(pause, shared, &mut until).await;
+            pause_for(pause, tries.not_before, shared, &mut until).await;
         }
         if shared.current().release == Release::Done {
             return Ok(());
@@ -118,7 +145,8 @@ where
             }
             Err(e) => {
                 tracing::debug!(name = %shared.name, error = %e, "release failed; will retry");
-                *failures = failures.saturating_add(1);
+                tries.failures = tries.failures.saturating_add(1);
+                tries.not_before = e.retry_after().map(|after| Instant::now() + after);
                 last = Some(e);
             }
         }
@@ -126,8 +154,14 @@ where
 }
 
 /// Sleeps `pause`, or less if an acquire wants the release settled now, or
-/// the client goes away meanwhile.
-async fn pause_for(pause: Duration, shared: &Shared, until: &mut Until) {
+/// the client goes away meanwhile; but never wakes before `not_before`,
+/// when the router said it may be asked again.
+async fn pause_for(
+    pause: Duration,
+    not_before: Option<Instant>,
+    shared: &Shared,
+    until: &mut Until,
+) {
     let sleep = tokio::time::sleep(pause);
     match until {
         Until::ClientGone(gone) if !*gone.borrow() => tokio::select! {
@@ -140,6 +174,9 @@ async fn pause_for(pause: Duration, shared: &Shared, until: &mut Until) {
             _ = sleep => {}
             _ = shared.retry_now.notified() => {}
         },
+    }
+    if let Some(at) = not_before {
+        tokio::time::sleep_until(at).await;
     }
 }
 
@@ -166,6 +203,17 @@ mod tests {
             status: 503,
             code: "shard_unavailable".into(),
             message: "shard a is unavailable".into(),
+            retry_after: None,
+        }
+    }
+
+    /// A 503 `overloaded` asking to come back in `secs` seconds.
+    fn overloaded(secs: u64) -> Error {
+        Error::Router {
+            status: 503,
+            code: "overloaded".into(),
+            message: "retry after a second".into(),
+            retry_after: Some(Duration::from_secs(secs)),
         }
     }
 
@@ -175,13 +223,22 @@ mod tests {
         fails: usize,
         times: &std::sync::Mutex<Vec<Instant>>,
     ) -> impl FnMut() -> std::future::Ready<Result<(), Error>> + '_ {
+        failing_with(fails, unavailable(), times)
+    }
+
+    /// [`scripted`], failing with `failure`.
+    fn failing_with(
+        fails: usize,
+        failure: Error,
+        times: &std::sync::Mutex<Vec<Instant>>,
+    ) -> impl FnMut() -> std::future::Ready<Result<(), Error>> + '_ {
         move || {
             let mut t = times.lock().unwrap();
             t.push(Instant::now());
             std::future::ready(if t.len() > fails {
                 Ok(())
             } else {
-                Err(unavailable())
+                Err(failure.clone())
             })
         }
     }
@@ -194,8 +251,13 @@ mod tests {
     async fn retries_with_growing_backoff_until_the_router_confirms() {
         let s = shared(1, TTL, Duration::from_secs(27));
         let times = std::sync::Mutex::new(Vec::new());
-        let mut failures = 0;
-        let r = retry(&s, scripted(5, &times), &mut failures, Until::ValidityEnds).await;
+        let r = retry(
+            &s,
+            scripted(5, &times),
+            &mut Tries::default(),
+            Until::ValidityEnds,
+        )
+        .await;
         assert_eq!(r, Ok(()));
         assert_eq!(s.current().release, Release::Done);
         let times = times.into_inner().unwrap();
@@ -217,9 +279,10 @@ mod tests {
                 status: 400,
                 code: "invalid_argument".into(),
                 message: "bad lockId".into(),
+                retry_after: None,
             }))
         };
-        let r = retry(&s, refuse, &mut 0, Until::ValidityEnds).await;
+        let r = retry(&s, refuse, &mut Tries::default(), Until::ValidityEnds).await;
         assert!(matches!(r, Err(Error::Router { status: 400, .. })));
         assert_eq!(calls, 1);
         assert_eq!(s.current().release, Release::GaveUp);
@@ -230,11 +293,11 @@ mod tests {
         let s = shared(1, TTL, Duration::from_secs(10));
         let start = Instant::now();
         let times = std::sync::Mutex::new(Vec::new());
-        let mut failures = 0;
+        let mut tries = Tries::default();
         let r = retry(
             &s,
             scripted(usize::MAX, &times),
-            &mut failures,
+            &mut tries,
             Until::ValidityEnds,
         )
         .await;
@@ -246,7 +309,7 @@ mod tests {
             "a last try at the end"
         );
         assert_eq!(Instant::now(), last);
-        assert_eq!(failures as usize, times.lock().unwrap().len());
+        assert_eq!(tries.failures as usize, times.lock().unwrap().len());
     }
 
     #[tokio::test(start_paused = true)]
@@ -258,7 +321,7 @@ mod tests {
             let (s, times) = (s.clone(), times.clone());
             tokio::spawn(async move {
                 let attempt = scripted(usize::MAX, &times);
-                retry(&s, attempt, &mut 0, Until::ClientGone(gone)).await
+                retry(&s, attempt, &mut Tries::default(), Until::ClientGone(gone)).await
             })
         };
         tokio::time::sleep(Duration::from_secs(600)).await;
@@ -293,7 +356,7 @@ mod tests {
             let (s, times) = (s.clone(), times.clone());
             tokio::spawn(async move {
                 let attempt = scripted(usize::MAX, &times);
-                retry(&s, attempt, &mut 0, Until::ClientGone(gone)).await
+                retry(&s, attempt, &mut Tries::default(), Until::ClientGone(gone)).await
             })
         };
         // Well into the slow pace (10 s between attempts).
@@ -319,7 +382,7 @@ mod tests {
             let (s, times) = (s.clone(), times.clone());
             tokio::spawn(async move {
                 let attempt = scripted(20, &times);
-                retry(&s, attempt, &mut 0, Until::ClientGone(gone)).await
+                retry(&s, attempt, &mut Tries::default(), Until::ClientGone(gone)).await
             })
         };
         tokio::time::sleep(Duration::from_secs(60)).await;
@@ -328,5 +391,81 @@ mod tests {
         tokio::time::sleep(Duration::from_millis(1)).await;
         assert_eq!(times.lock().unwrap().len(), before + 1);
         task.abort();
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_retry_waits_at_least_the_routers_retry_after() {
+        let s = shared(1, TTL, Duration::from_secs(27));
+        let times = std::sync::Mutex::new(Vec::new());
+        let attempt = failing_with(2, overloaded(3), &times);
+        let r = retry(&s, attempt, &mut Tries::default(), Until::ValidityEnds).await;
+        assert_eq!(r, Ok(()));
+        let times = times.into_inner().unwrap();
+        assert_eq!(times.len(), 3);
+        let gaps = gaps(&times);
+        assert!(
+            gaps.iter().all(|g| *g >= Duration::from_secs(3)),
+            "not before the router asked: {gaps:?}"
+        );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn an_explicit_release_stops_when_retry_after_would_pass_validity() {
+        let s = shared(1, TTL, Duration::from_secs(2));
+        let start = Instant::now();
+        let times = std::sync::Mutex::new(Vec::new());
+        let attempt = failing_with(usize::MAX, overloaded(5), &times);
+        let mut tries = Tries::default();
+        let r = retry(&s, attempt, &mut tries, Until::ValidityEnds).await;
+        assert_eq!(r, Err(overloaded(5)), "the router's answer, hint and all");
+        assert_eq!(times.lock().unwrap().len(), 1, "no attempt fits");
+        assert_eq!(Instant::now(), start, "returned at once");
+        assert_eq!(
+            tries.not_before,
+            Some(start + Duration::from_secs(5)),
+            "kept for the renewal task"
+        );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_handed_over_release_keeps_the_retry_after() {
+        let s = shared(1, TTL, Duration::from_secs(27));
+        let (_gone_tx, gone) = watch::channel(false);
+        let start = Instant::now();
+        let mut tries = Tries {
+            failures: 1,
+            not_before: Some(start + Duration::from_secs(3)),
+        };
+        let times = std::sync::Mutex::new(Vec::new());
+        let r = retry(&s, scripted(0, &times), &mut tries, Until::ClientGone(gone)).await;
+        assert_eq!(r, Ok(()));
+        let first = times.lock().unwrap()[0];
+        assert!(
+            first - start >= Duration::from_secs(3),
+            "{:?}",
+            first - start
+        );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn an_acquire_waking_the_release_does_not_cut_its_retry_after_short() {
+        let s = shared(1, TTL, Duration::from_secs(27));
+        let (_gone_tx, gone) = watch::channel(false);
+        let times = Arc::new(std::sync::Mutex::new(Vec::new()));
+        let task = {
+            let (s, times) = (s.clone(), times.clone());
+            tokio::spawn(async move {
+                let attempt = failing_with(1, overloaded(3), &times);
+                retry(&s, attempt, &mut Tries::default(), Until::ClientGone(gone)).await
+            })
+        };
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        assert_eq!(times.lock().unwrap().len(), 1);
+        s.retry_now.notify_one();
+        tokio::time::sleep(Duration::from_secs(10)).await;
+        assert_eq!(task.await.unwrap(), Ok(()));
+        let gaps = gaps(&times.lock().unwrap());
+        assert_eq!(gaps.len(), 1);
+        assert!(gaps[0] >= Duration::from_secs(3), "{gaps:?}");
     }
 }

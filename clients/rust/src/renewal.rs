@@ -12,6 +12,13 @@
 //! batch limit, or one entry it cannot read), the locks are renewed one by
 //! one, so the batch's refusal never costs the other locks.
 //!
+//! A failed renewal's `Retry-After` is kept only where that schedule has
+//! room for it: the retry waits for it when it is no longer than the
+//! backoff's cap (the longest pause between retries anyway) and ends
+//! within the lock's validity; otherwise it comes after the plain backoff,
+//! since a renewal held back longer could cost a lock the router still
+//! holds (`validity::renewal_pause`).
+//!
 //! It also delivers the releases handed to it (dropped locks, and releases
 //! [`Lock::release`](crate::Lock::release) could not finish within the
 //! lock's validity), retrying them for as long as the client lives (see
@@ -38,7 +45,7 @@ use tokio::sync::{mpsc, watch};
 use tokio::time::Instant;
 
 use crate::error::LostReason;
-use crate::release::{self, Until};
+use crate::release::{self, Tries, Until};
 use crate::state::Shared;
 use crate::transport::{LockRef, Renewed, Transport};
 use crate::validity::{self, MAX_BACKOFF};
@@ -56,10 +63,10 @@ pub(crate) enum Command {
     /// Stop renewing a lock: its release is under way elsewhere.
     Forget { key: u64 },
     /// Stop renewing a lock and release it at the router, retrying;
-    /// `failures` counts attempts already made. The release is sent even
-    /// if the lock already counts as lost: when it was lost by the clock
-    /// alone, its key may still stand and block others.
-    Release { shared: Arc<Shared>, failures: u32 },
+    /// `tries`: how the attempts already made went. The release is sent
+    /// even if the lock already counts as lost: when it was lost by the
+    /// clock alone, its key may still stand and block others.
+    Release { shared: Arc<Shared>, tries: Tries },
 }
 
 /// One tracked lock.
@@ -76,9 +83,14 @@ struct Entry {
 
 /// What became of one lock's renewal attempt.
 enum Outcome {
-    Renewed { expires_in: Duration },
+    Renewed {
+        expires_in: Duration,
+    },
     Lost(LostReason),
-    Retry,
+    /// Try again; `after`: the router's `Retry-After` on the failed answer.
+    Retry {
+        after: Option<Duration>,
+    },
 }
 
 /// A finished background request.
@@ -170,7 +182,7 @@ impl RenewalTask {
             Command::Forget { key } => {
                 self.entries.remove(&key);
             }
-            Command::Release { shared, failures } => {
+            Command::Release { shared, tries } => {
                 self.entries.remove(&shared.key);
                 let transport = self.transport.clone();
                 let timeout = self.request_timeout;
@@ -178,11 +190,10 @@ impl RenewalTask {
                 self.in_flight.push(Box::pin(async move {
                     let (t, s) = (&transport, &*shared);
                     let attempt = move || release::attempt(t, s, timeout);
-                    let mut failures = failures;
+                    let mut tries = tries;
                     // Errors are logged where they happen.
                     let _ =
-                        release::retry(&shared, attempt, &mut failures, Until::ClientGone(gone))
-                            .await;
+                        release::retry(&shared, attempt, &mut tries, Until::ClientGone(gone)).await;
                     Done::Released
                 }));
             }
@@ -279,10 +290,15 @@ impl RenewalTask {
                         self.entries.remove(&key);
                     }
                 }
-                Outcome::Retry => {
+                Outcome::Retry { after } => {
                     e.failures += 1;
                     let cap = MAX_BACKOFF.min(e.interval);
-                    e.next_due = now + validity::backoff(e.failures, cap);
+                    let left = e
+                        .shared
+                        .current()
+                        .valid_until
+                        .saturating_duration_since(now);
+                    e.next_due = now + validity::renewal_pause(e.failures, cap, after, left);
                 }
             }
         }
@@ -312,9 +328,10 @@ async fn renew(
             .collect(),
         Err(e) if e.is_retryable() => {
             tracing::debug!(error = %e, locks = locks.len(), "renewal failed; will retry");
+            let after = e.retry_after();
             locks
                 .iter()
-                .map(|(k, g, _)| (*k, *g, Outcome::Retry))
+                .map(|(k, g, _)| (*k, *g, Outcome::Retry { after }))
                 .collect()
         }
         Err(e) => {
@@ -322,7 +339,9 @@ async fn renew(
             join_all(locks.iter().map(|(key, generation, lock)| async move {
                 let o = match transport.renew(lock, timeout).await {
                     Ok(r) => outcome(&r),
-                    Err(e) if e.is_retryable() => Outcome::Retry,
+                    Err(e) if e.is_retryable() => Outcome::Retry {
+                        after: e.retry_after(),
+                    },
                     Err(e) => {
                         tracing::warn!(error = %e, "the router refused to renew a lock");
                         Outcome::Lost(LostReason::Refused)
@@ -344,7 +363,7 @@ fn outcome(r: &Renewed) -> Outcome {
         (false, _, Some("stolen")) => Outcome::Lost(LostReason::Stolen),
         // shard_unavailable, or anything this client does not know yet:
         // nothing proves the lock gone, so try again while it is valid.
-        _ => Outcome::Retry,
+        _ => Outcome::Retry { after: None },
     }
 }
 
@@ -411,7 +430,7 @@ mod tests {
                     },
                 ),
                 (1, 0, Outcome::Lost(LostReason::Expired)),
-                (2, 0, Outcome::Retry),
+                (2, 0, Outcome::Retry { after: None }),
             ],
         });
         let by_key = |k: u64| handles.iter().find(|s| s.key == k).unwrap();
@@ -475,6 +494,44 @@ mod tests {
         assert_eq!(lock.current().lost, Some(LostReason::Stolen));
     }
 
+    #[tokio::test(start_paused = true)]
+    async fn a_renewal_retry_waits_for_retry_after_only_where_the_schedule_has_room() {
+        let mut task = task();
+        let ttl = Duration::from_secs(30);
+        for key in 0..3 {
+            task.command(Command::Track(shared(key, ttl, ttl)));
+        }
+        let now = Instant::now();
+        task.finished(Done::Renewals {
+            sent_at: now,
+            outcomes: vec![
+                (
+                    0,
+                    0,
+                    Outcome::Retry {
+                        after: Some(secs(1)),
+                    },
+                ),
+                // Longer than the backoff's cap (2 s): the backoff alone.
+                (
+                    1,
+                    0,
+                    Outcome::Retry {
+                        after: Some(secs(5)),
+                    },
+                ),
+                (2, 0, Outcome::Retry { after: None }),
+            ],
+        });
+        assert!(
+            task.entries[&0].next_due >= now + secs(1),
+            "as the router asked"
+        );
+        let backoff = now + Duration::from_millis(100);
+        assert!(task.entries[&1].next_due <= backoff);
+        assert!(task.entries[&2].next_due <= backoff);
+    }
+
     fn secs(n: u64) -> Duration {
         Duration::from_secs(n)
     }
@@ -500,7 +557,7 @@ mod tests {
         ));
         assert!(matches!(
             outcome(&r(false, None, Some("shard_unavailable"))),
-            Outcome::Retry
+            Outcome::Retry { after: None }
         ));
     }
 }

@@ -2,12 +2,14 @@
 //! HTTP/1.1 client (keep-alive, connections reused across calls and across
 //! the renewal task), each call bounded by a timeout; `https://` routers
 //! over rustls, trusting the public web roots and any CA the caller adds.
-//! Nothing here knows about validity or renewal policy.
+//! An error answer becomes [`Error::Router`] here, with the router's
+//! `Retry-After` read from its headers. Nothing here knows about validity
+//! or renewal policy.
 
 use std::time::Duration;
 
 use bytes::Bytes;
-use http::{header, Method, Request, StatusCode};
+use http::{header, HeaderMap, Method, Request, StatusCode};
 use http_body_util::{BodyExt, Full};
 use hyper_rustls::HttpsConnector;
 use hyper_util::client::legacy::{connect::HttpConnector, Client as HttpClient};
@@ -16,6 +18,11 @@ use serde::{Deserialize, Serialize};
 
 use crate::error::Error;
 use crate::info::LockInfo;
+
+/// The longest `Retry-After` taken as asked: a router that asks for more is
+/// misconfigured or confused, and a client waiting days on its word would
+/// look hung.
+const MAX_RETRY_AFTER: Duration = Duration::from_secs(3600);
 
 /// A handle to the router's API; cheap to clone (the pool is shared).
 #[derive(Clone)]
@@ -106,6 +113,40 @@ struct ErrorBody {
 struct ErrorDetail {
     code: String,
     message: String,
+}
+
+/// One HTTP answer, as much of it as the calls read.
+struct Answer {
+    status: StatusCode,
+    body: Bytes,
+    /// The router's `Retry-After`, carried to the [`Error::Router`] an
+    /// error answer becomes.
+    retry_after: Option<Duration>,
+}
+
+impl Answer {
+    fn new(status: StatusCode, headers: &HeaderMap, body: Bytes) -> Self {
+        Self {
+            status,
+            body,
+            retry_after: retry_after(headers),
+        }
+    }
+}
+
+/// The `Retry-After` in `headers` as delta-seconds: digits only, as the
+/// router sends it (`Retry-After: 1`), capped at [`MAX_RETRY_AFTER`].
+/// Anything else (no header, an empty one, a sign, a fraction) is `None`,
+/// an HTTP date too: it could only be read against the wall clock, which
+/// this client never trusts (wall clocks jump).
+fn retry_after(headers: &HeaderMap) -> Option<Duration> {
+    let value = headers.get(header::RETRY_AFTER)?.to_str().ok()?.trim();
+    if value.is_empty() || !value.bytes().all(|b| b.is_ascii_digit()) {
+        return None;
+    }
+    // All digits, so only a number too large for a u64 fails to parse.
+    let secs = value.parse().unwrap_or(u64::MAX);
+    Some(Duration::from_secs(secs).min(MAX_RETRY_AFTER))
 }
 
 /// Trusts the public web roots, and the CA certificates in `ca_pem`.
@@ -204,18 +245,18 @@ impl Transport {
             wait_ms: args.wait_ms,
             metadata: args.metadata,
         };
-        let (status, bytes) = self.post("/api/v1/locks/acquire", &body, timeout).await?;
-        expect_ok(status, &bytes)?;
-        parse(status, &bytes)
+        let answer = self.post("/api/v1/locks/acquire", &body, timeout).await?;
+        expect_ok(&answer)?;
+        parse(&answer)
     }
 
     /// Inspects `name`: held or free, by which grant, its waiters.
     pub async fn inspect(&self, name: &str, timeout: Duration) -> Result<LockInfo, Error> {
         let path = percent_encoding::utf8_percent_encode(name, percent_encoding::NON_ALPHANUMERIC);
         let req = self.request(Method::GET, &format!("/api/v1/locks/{path}"), Bytes::new())?;
-        let (status, bytes) = self.send(req, timeout).await?;
-        expect_ok(status, &bytes)?;
-        parse(status, &bytes)
+        let answer = self.send(req, timeout).await?;
+        expect_ok(&answer)?;
+        parse(&answer)
     }
 
     /// Renews one lock: a 409 is an answer (`renewed: false`), not an error.
@@ -250,11 +291,11 @@ impl Transport {
             ttl_ms: Option<u64>,
         }
         let body = Body { lock, ttl_ms };
-        let (status, bytes) = self.post("/api/v1/locks/renew", &body, timeout).await?;
-        if status != StatusCode::CONFLICT {
-            expect_ok(status, &bytes)?;
+        let answer = self.post("/api/v1/locks/renew", &body, timeout).await?;
+        if answer.status != StatusCode::CONFLICT {
+            expect_ok(&answer)?;
         }
-        parse(status, &bytes)
+        parse(&answer)
     }
 
     /// Moves a lock to its client's session lease of `ttl`: the same
@@ -275,11 +316,11 @@ impl Transport {
         }
         let ttl_ms = u64::try_from(ttl.as_millis()).unwrap_or(u64::MAX);
         let body = Body { lock, ttl_ms };
-        let (status, bytes) = self.post("/api/v1/locks/extend", &body, timeout).await?;
-        if status != StatusCode::CONFLICT {
-            expect_ok(status, &bytes)?;
+        let answer = self.post("/api/v1/locks/extend", &body, timeout).await?;
+        if answer.status != StatusCode::CONFLICT {
+            expect_ok(&answer)?;
         }
-        parse(status, &bytes)
+        parse(&answer)
     }
 
     /// Renews up to 1,000 locks; results come back in request order.
@@ -289,23 +330,23 @@ impl Transport {
         timeout: Duration,
     ) -> Result<Vec<Renewed>, Error> {
         let body = RenewBatchBody { locks };
-        let (status, bytes) = self
+        let answer = self
             .post("/api/v1/locks/renew-batch", &body, timeout)
             .await?;
-        expect_ok(status, &bytes)?;
-        let answer: RenewBatchAnswer = parse(status, &bytes)?;
-        if answer.results.len() != locks.len() {
+        expect_ok(&answer)?;
+        let batch: RenewBatchAnswer = parse(&answer)?;
+        if batch.results.len() != locks.len() {
             return Err(malformed(
-                status,
+                answer.status,
                 "renew-batch answered a different number of results",
             ));
         }
-        Ok(answer.results)
+        Ok(batch.results)
     }
 
     pub async fn release(&self, lock: &LockRef, timeout: Duration) -> Result<(), Error> {
-        let (status, bytes) = self.post("/api/v1/locks/release", lock, timeout).await?;
-        expect_ok(status, &bytes)
+        let answer = self.post("/api/v1/locks/release", lock, timeout).await?;
+        expect_ok(&answer)
     }
 
     async fn post(
@@ -313,7 +354,7 @@ impl Transport {
         path: &str,
         body: &impl Serialize,
         timeout: Duration,
-    ) -> Result<(StatusCode, Bytes), Error> {
+    ) -> Result<Answer, Error> {
         let json = serde_json::to_vec(body).map_err(|e| Error::Config(e.to_string()))?;
         let req = self.request(Method::POST, path, Bytes::from(json))?;
         self.send(req, timeout).await
@@ -336,25 +377,20 @@ impl Transport {
             .map_err(|e| Error::Config(e.to_string()))
     }
 
-    async fn send(
-        &self,
-        req: Request<Full<Bytes>>,
-        timeout: Duration,
-    ) -> Result<(StatusCode, Bytes), Error> {
+    async fn send(&self, req: Request<Full<Bytes>>, timeout: Duration) -> Result<Answer, Error> {
         let call = async {
             let resp = self
                 .http
                 .request(req)
                 .await
                 .map_err(|e| Error::Transport(error_chain(&e)))?;
-            let status = resp.status();
-            let bytes = resp
-                .into_body()
+            let (head, body) = resp.into_parts();
+            let bytes = body
                 .collect()
                 .await
                 .map_err(|e| Error::Transport(format!("reading the answer: {e}")))?
                 .to_bytes();
-            Ok((status, bytes))
+            Ok(Answer::new(head.status, &head.headers, bytes))
         };
         tokio::time::timeout(timeout, call)
             .await
@@ -363,34 +399,41 @@ impl Transport {
 }
 
 /// Turns any non-2xx answer into [`Error::Router`], reading the API's
-/// `{"error": {"code", "message"}}` body when there is one.
-fn expect_ok(status: StatusCode, bytes: &Bytes) -> Result<(), Error> {
-    if status.is_success() {
+/// `{"error": {"code", "message"}}` body when there is one, and keeping
+/// the answer's `Retry-After` whatever the body.
+fn expect_ok(answer: &Answer) -> Result<(), Error> {
+    if answer.status.is_success() {
         return Ok(());
     }
-    let (code, message) = match serde_json::from_slice::<ErrorBody>(bytes) {
+    let (code, message) = match serde_json::from_slice::<ErrorBody>(&answer.body) {
         Ok(b) => (b.error.code, b.error.message),
         Err(_) => (
             "unexpected_answer".to_string(),
-            String::from_utf8_lossy(bytes).chars().take(200).collect(),
+            String::from_utf8_lossy(&answer.body)
+                .chars()
+                .take(200)
+                .collect(),
         ),
     };
     Err(Error::Router {
-        status: status.as_u16(),
+        status: answer.status.as_u16(),
         code,
         message,
+        retry_after: answer.retry_after,
     })
 }
 
-fn parse<T: serde::de::DeserializeOwned>(status: StatusCode, bytes: &Bytes) -> Result<T, Error> {
-    serde_json::from_slice(bytes).map_err(|e| malformed(status, &e.to_string()))
+fn parse<T: serde::de::DeserializeOwned>(answer: &Answer) -> Result<T, Error> {
+    serde_json::from_slice(&answer.body).map_err(|e| malformed(answer.status, &e.to_string()))
 }
 
+/// An answer the client cannot read: not a refusal, so no retry hint.
 fn malformed(status: StatusCode, detail: &str) -> Error {
     Error::Router {
         status: status.as_u16(),
         code: "malformed_answer".into(),
         message: detail.to_string(),
+        retry_after: None,
     }
 }
 
@@ -411,36 +454,86 @@ fn error_chain(e: &dyn std::error::Error) -> String {
 mod tests {
     use super::*;
 
+    /// An answer of `status` with `body` and, if given, that `Retry-After`.
+    fn canned(status: u16, retry_after: Option<&str>, body: &'static [u8]) -> Answer {
+        let mut headers = HeaderMap::new();
+        if let Some(value) = retry_after {
+            headers.insert(header::RETRY_AFTER, value.parse().unwrap());
+        }
+        let status = StatusCode::from_u16(status).unwrap();
+        Answer::new(status, &headers, Bytes::from_static(body))
+    }
+
     #[test]
     fn error_answers_keep_the_api_code_and_message() {
-        let body = Bytes::from_static(
-            br#"{"error":{"code":"shard_unavailable","message":"shard b is unavailable"}}"#,
-        );
-        let e = expect_ok(StatusCode::SERVICE_UNAVAILABLE, &body).unwrap_err();
+        let body = br#"{"error":{"code":"shard_unavailable","message":"shard b is unavailable"}}"#;
+        let e = expect_ok(&canned(503, None, body)).unwrap_err();
         assert_eq!(
             e,
             Error::Router {
                 status: 503,
                 code: "shard_unavailable".into(),
                 message: "shard b is unavailable".into(),
+                retry_after: None,
             }
         );
         assert!(e.is_retryable());
-        let e = expect_ok(StatusCode::BAD_GATEWAY, &Bytes::from_static(b"<html>")).unwrap_err();
+        let e = expect_ok(&canned(502, None, b"<html>")).unwrap_err();
         assert!(
             matches!(e, Error::Router { status: 502, ref code, .. } if code == "unexpected_answer")
         );
-        assert!(expect_ok(StatusCode::NO_CONTENT, &Bytes::new()).is_ok());
+        assert!(expect_ok(&canned(204, None, b"")).is_ok());
     }
 
     #[test]
     fn a_408_is_retryable_as_the_request_never_ran() {
-        let body = Bytes::from_static(br#"{"error":{"code":"timeout","message":"slow body"}}"#);
-        let e = expect_ok(StatusCode::REQUEST_TIMEOUT, &body).unwrap_err();
+        let body = br#"{"error":{"code":"timeout","message":"slow body"}}"#;
+        let e = expect_ok(&canned(408, None, body)).unwrap_err();
         assert!(matches!(e, Error::Router { status: 408, ref code, .. } if code == "timeout"));
         assert!(e.is_retryable());
-        let e = expect_ok(StatusCode::BAD_REQUEST, &body).unwrap_err();
+        let e = expect_ok(&canned(400, None, body)).unwrap_err();
         assert!(!e.is_retryable(), "other 4xx stay final");
+    }
+
+    #[test]
+    fn retry_after_is_read_as_whole_seconds_and_nothing_else() {
+        let read = |value: Option<&str>| canned(503, value, b"").retry_after;
+        assert_eq!(read(Some("1")), Some(Duration::from_secs(1)));
+        assert_eq!(read(Some("0")), Some(Duration::ZERO));
+        assert_eq!(read(Some("120")), Some(Duration::from_secs(120)));
+        assert_eq!(read(None), None, "absent");
+        for garbage in ["", "soon", "-1", "+1", "1.5", "1s", "0x10", "1 2"] {
+            assert_eq!(read(Some(garbage)), None, "{garbage:?}");
+        }
+        assert_eq!(read(Some("Wed, 21 Oct 2015 07:28:00 GMT")), None, "a date");
+        assert_eq!(read(Some("86400")), Some(MAX_RETRY_AFTER), "capped");
+        let huge = "99999999999999999999999999";
+        assert_eq!(read(Some(huge)), Some(MAX_RETRY_AFTER), "beyond a u64");
+    }
+
+    #[test]
+    fn refusals_carry_the_routers_retry_after() {
+        let overloaded = br#"{"error":{"code":"overloaded","message":"retry after a second"}}"#;
+        let e = expect_ok(&canned(503, Some("1"), overloaded)).unwrap_err();
+        assert_eq!(
+            e,
+            Error::Router {
+                status: 503,
+                code: "overloaded".into(),
+                message: "retry after a second".into(),
+                retry_after: Some(Duration::from_secs(1)),
+            }
+        );
+        assert_eq!(e.retry_after(), Some(Duration::from_secs(1)));
+        let limited = br#"{"error":{"code":"rate_limited","message":"too many acquires"}}"#;
+        let e = expect_ok(&canned(429, Some("2"), limited)).unwrap_err();
+        assert!(matches!(e, Error::Router { status: 429, ref code, .. } if code == "rate_limited"));
+        assert_eq!(e.retry_after(), Some(Duration::from_secs(2)));
+        // A proxy's page instead of the API's body keeps the hint too.
+        let e = expect_ok(&canned(503, Some("3"), b"<html>busy</html>")).unwrap_err();
+        assert_eq!(e.retry_after(), Some(Duration::from_secs(3)));
+        let e = expect_ok(&canned(503, Some("later"), overloaded)).unwrap_err();
+        assert_eq!(e.retry_after(), None);
     }
 
     #[tokio::test]

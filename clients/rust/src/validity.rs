@@ -60,6 +60,27 @@ pub fn backoff(failures: u32, cap: Duration) -> Duration {
     Duration::from_millis(fastrand::u64(ms / 2..=ms))
 }
 
+/// The pause before retry number `failures` of a failed renewal whose
+/// answer asked for `retry_after` (the router's `Retry-After`): the
+/// [`backoff`], or the router's wait when that is longer and fits the
+/// schedule: no longer than `cap` (the longest pause the backoff takes
+/// anyway) and over before the lock's validity, `left`, runs out. A wait
+/// that does not fit is not taken at all: the plain backoff keeps the
+/// renewals a lock's validity was planned around, and the router keeps a
+/// share of its capacity for renewals, which no surge of acquires takes.
+pub fn renewal_pause(
+    failures: u32,
+    cap: Duration,
+    retry_after: Option<Duration>,
+    left: Duration,
+) -> Duration {
+    let pause = backoff(failures, cap);
+    match retry_after {
+        Some(asked) if asked <= cap && asked < left => pause.max(asked),
+        _ => pause,
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -122,5 +143,23 @@ mod tests {
         }
         assert!(backoff(1, cap) <= Duration::from_millis(100));
         assert!(backoff(10, cap) >= Duration::from_millis(500));
+    }
+
+    #[test]
+    fn a_renewal_waits_for_retry_after_only_within_its_cap_and_validity() {
+        let cap = Duration::from_secs(2);
+        let left = Duration::from_secs(20);
+        let second = Duration::from_secs(1);
+        for failures in 1..6 {
+            let pause = renewal_pause(failures, cap, Some(second), left);
+            assert!(pause >= second, "{failures}: {pause:?}");
+            assert!(pause <= cap, "{failures}: {pause:?}");
+        }
+        let first_backoff = Duration::from_millis(100);
+        let longer_than_the_cap = Some(Duration::from_secs(5));
+        assert!(renewal_pause(1, cap, longer_than_the_cap, left) <= first_backoff);
+        let validity_nearly_over = Duration::from_millis(900);
+        assert!(renewal_pause(1, cap, Some(second), validity_nearly_over) <= first_backoff);
+        assert!(renewal_pause(1, cap, None, left) <= first_backoff);
     }
 }

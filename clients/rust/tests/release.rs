@@ -1,8 +1,8 @@
 //! Releases against a scripted router: retried until the router confirms,
 //! not retried when refused, bounded when the client goes away; re-entrant
 //! holds of one grant that share one state and one renewal, released once
-//! with the last hold; and no acquire of a name while the client's release
-//! of it is unanswered.
+//! with the last hold; no acquire of a name while the client's release of
+//! it is unanswered; and no retry sooner than the router's `Retry-After`.
 
 mod fake_router;
 
@@ -161,4 +161,54 @@ async fn no_acquire_of_a_name_is_sent_while_its_release_is_unanswered() {
         "answered, then acquired: {ops:?}"
     );
     assert_eq!(router.seen("acquire").len(), 2, "{ops:?}");
+}
+
+/// The gaps between the release requests the fake has seen.
+fn release_gaps(router: &FakeRouter) -> Vec<Duration> {
+    let seen = router.seen("release");
+    seen.windows(2).map(|w| w[1].at - w[0].at).collect()
+}
+
+#[tokio::test]
+async fn a_release_is_not_retried_before_the_routers_retry_after() {
+    let router = FakeRouter::start().await;
+    let client = Client::new(&router.base, None).unwrap();
+    let lock = client.acquire("later", TTL).await.unwrap().unwrap();
+    router.retry_after_on_errors("1");
+    router.script_releases(&[503, 204]);
+    let done = tokio::time::timeout(Duration::from_secs(5), lock.release()).await;
+    assert_eq!(done, Ok(Ok(())));
+    let gaps = release_gaps(&router);
+    assert_eq!(gaps.len(), 1);
+    assert!(gaps[0] >= Duration::from_secs(1), "{gaps:?}");
+}
+
+/// A `Retry-After` longer than the lock's validity (2.7 s of a 3 s TTL):
+/// `release` cannot keep its deadline, so it answers with the router's
+/// refusal at once, and the background task sends the next attempt no
+/// sooner than the router asked.
+#[tokio::test]
+async fn a_retry_after_past_validity_is_left_to_the_background_which_waits_it_out() {
+    let router = FakeRouter::start().await;
+    let client = Client::new(&router.base, None).unwrap();
+    let lock = client.acquire("much-later", TTL).await.unwrap().unwrap();
+    router.retry_after_on_errors("3");
+    router.script_releases(&[503, 204]);
+    let done = tokio::time::timeout(Duration::from_secs(5), lock.release())
+        .await
+        .unwrap();
+    assert!(
+        matches!(&done, Err(e @ Error::Router { status: 503, .. }) if e.is_retryable()),
+        "{done:?}"
+    );
+    assert_eq!(
+        done.unwrap_err().retry_after(),
+        Some(Duration::from_secs(3))
+    );
+    assert_eq!(router.seen("release").len(), 1, "no attempt fitted");
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    assert_eq!(router.seen("release").len(), 1, "not yet");
+    until_seen(&router, "release", 2).await;
+    let gaps = release_gaps(&router);
+    assert!(gaps[0] >= Duration::from_secs(3), "{gaps:?}");
 }

@@ -7,7 +7,8 @@
 //! grant is answered 204: then a new lockId and a larger token), renews
 //! every lock, and
 //! answers releases from a script (204 once the script is used up, unless
-//! it is set to fail for ever). Plain HTTP/1.1 with keep-alive, enough for
+//! it is set to fail for ever), and gives its error answers a
+//! `Retry-After` when told to. Plain HTTP/1.1 with keep-alive, enough for
 //! the client's pooled connections.
 
 use std::collections::{HashMap, HashSet, VecDeque};
@@ -18,12 +19,15 @@ use serde_json::{json, Value};
 use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::task::{JoinHandle, JoinSet};
+use tokio::time::Instant;
 
 /// One request as the fake saw it.
 #[derive(Debug, Clone)]
 pub struct Seen {
     pub path: String,
     pub body: Value,
+    /// When it arrived.
+    pub at: Instant,
 }
 
 #[derive(Default)]
@@ -32,6 +36,8 @@ struct State {
     releases: VecDeque<u16>,
     /// Answer every release beyond the script with 503.
     releases_fail: bool,
+    /// The `Retry-After` value sent with every error answer, if any.
+    retry_after: Option<String>,
     /// lockId → ttlMs, from the acquires.
     ttls: HashMap<String, u64>,
     /// Grants released with a 204, and how many times each name was
@@ -83,6 +89,11 @@ impl FakeRouter {
     /// Releases are answered 204 again (after [`fail_releases`](Self::fail_releases)).
     pub fn heal_releases(&self) {
         self.state.lock().unwrap().releases_fail = false;
+    }
+
+    /// Error answers from now on carry `Retry-After: <value>`.
+    pub fn retry_after_on_errors(&self, value: &str) {
+        self.state.lock().unwrap().retry_after = Some(value.to_string());
     }
 
     /// The operations (`acquire`, `release`, ...) seen so far, in order.
@@ -145,8 +156,12 @@ async fn serve(stream: TcpStream, state: Arc<Mutex<State>>) {
         let body: Value = serde_json::from_slice(&body).unwrap_or(Value::Null);
         let (status, answer) = answer(&state, &path, &body);
         let text = answer.map(|a| a.to_string()).unwrap_or_default();
+        let retry_after = match state.lock().unwrap().retry_after.clone() {
+            Some(value) if status >= 400 => format!("retry-after: {value}\r\n"),
+            _ => String::new(),
+        };
         let head = format!(
-            "HTTP/1.1 {status} X\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\r\n",
+            "HTTP/1.1 {status} X\r\ncontent-type: application/json\r\n{retry_after}content-length: {}\r\n\r\n",
             text.len()
         );
         if write
@@ -164,6 +179,7 @@ fn answer(state: &Mutex<State>, path: &str, body: &Value) -> (u16, Option<Value>
     s.seen.push(Seen {
         path: path.to_string(),
         body: body.clone(),
+        at: Instant::now(),
     });
     let renewed = |s: &State, id: &Value| {
         let ms = id.as_str().and_then(|id| s.ttls.get(id)).copied();
