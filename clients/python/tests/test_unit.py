@@ -1,9 +1,10 @@
 """The client's rules without a router: the validity clock, the renewal
 schedule (batching, splitting at the API's limit, what answers mean), the
 shared grant state, the fencing helpers, and what goes on the wire
-(bearer token, bodies, error mapping, a refused release not retried, a
-refused batch renewed lock by lock, a failing release at a ``with`` exit
-never replacing the block's exception) through httpx's mock transport."""
+(bearer token, bodies, error mapping, ``Retry-After`` read and waited
+out, a refused release not retried, a refused batch renewed lock by lock,
+a failing release at a ``with`` exit never replacing the block's
+exception) through httpx's mock transport."""
 
 from __future__ import annotations
 
@@ -18,9 +19,10 @@ import pytest
 
 import lockrouter
 from lockrouter import LostReason, fencing, validity
-from lockrouter._schedule import Confirmed, Lost, Retry, Schedule, outcome
+from lockrouter._schedule import Batch, Confirmed, Lost, Retry, Schedule, outcome
 from lockrouter._state import LockState, Registry
-from lockrouter._transport import LockRef, Renewed
+from lockrouter._transport import MAX_RETRY_AFTER, LockRef, Renewed, Settings, SyncTransport, error_from, retry_after
+from lockrouter.client import renew
 
 
 def state(key: int, ttl: float = 30.0, valid_for: float = 27.0, now: float | None = None) -> LockState:
@@ -264,6 +266,169 @@ def test_a_408_is_retried_as_the_request_never_ran() -> None:
     with lockrouter.Client("http://r:1", transport=httpx.MockTransport(router)) as client:
         client.acquire("x", ttl=30).release()
     assert calls.count("/api/v1/locks/release") == 2, "the 408 was retried"
+
+
+def _refusal(status: int, code: str, after: str | None = None) -> httpx.Response:
+    headers = {} if after is None else {"Retry-After": after}
+    return httpx.Response(status, headers=headers, json={"error": {"code": code, "message": "m"}})
+
+
+def test_retry_after_is_whole_seconds_or_nothing() -> None:
+    assert retry_after("1") == 1.0 and isinstance(retry_after("1"), float)
+    assert retry_after(" 2 ") == 2.0 and retry_after("0") == 0.0 and retry_after("007") == 7.0
+    http_date = "Wed, 21 Oct 2015 07:28:00 GMT"
+    for garbage in (None, "", " ", "-1", "+1", "1.5", "1s", "soon", "1, 2", "\u00b2", http_date):
+        assert retry_after(garbage) is None, garbage
+    assert retry_after("86400") == MAX_RETRY_AFTER == 3600
+    assert retry_after("9" * 5000) == MAX_RETRY_AFTER, "too long for int(): the cap, not a crash"
+    assert error_from(_refusal(503, "overloaded", "1")).retry_after == 1.0
+    assert error_from(_refusal(503, "overloaded")).retry_after is None
+    assert error_from(_refusal(503, "overloaded", http_date)).retry_after is None
+    assert error_from(_refusal(429, "rate_limited", "-3")).retry_after is None
+    proxy = httpx.Response(502, text="<html>bad gateway</html>", headers={"Retry-After": "3"})
+    assert error_from(proxy).retry_after == 3.0, "read whatever the body"
+
+
+def test_refusals_carry_the_routers_retry_after() -> None:
+    answers = {
+        "overloaded": lambda: _refusal(503, "overloaded", "1"),
+        "unavailable": lambda: _refusal(503, "shard_unavailable", "1"),
+        "limited": lambda: _refusal(429, "rate_limited", "2"),
+        "invalid": lambda: _refusal(400, "invalid_argument"),
+    }
+
+    def router(request: httpx.Request) -> httpx.Response:
+        return answers[json.loads(request.content)["name"]]()
+
+    with lockrouter.Client("http://r:1", transport=httpx.MockTransport(router)) as client:
+        for name, status, wait in (
+            ("overloaded", 503, 1.0),
+            ("unavailable", 503, 1.0),
+            ("limited", 429, 2.0),
+            ("invalid", 400, None),
+        ):
+            with pytest.raises(lockrouter.RouterError) as e:
+                client.acquire(name, ttl=30)
+            assert (e.value.status, e.value.retry_after) == (status, wait), name
+
+    async def run() -> None:
+        async with lockrouter.AsyncClient("http://r:1", transport=httpx.MockTransport(router)) as client:
+            with pytest.raises(lockrouter.RouterError) as e:
+                await client.acquire("limited", ttl=30)
+            assert e.value.status == 429 and e.value.retry_after == 2.0
+
+    asyncio.run(run())
+    plain = lockrouter.RouterError(503, "overloaded", "busy")
+    assert plain.retry_after is None and str(plain) == "router answered 503 overloaded: busy"
+    assert lockrouter.RouterError(503, "overloaded", "busy", retry_after=1.0).retry_after == 1.0
+
+
+class _Busy:
+    """A router that grants every acquire (``L1``, valid for ``expires_ms``)
+    and answers the first ``busy`` releases 503 ``overloaded`` with
+    ``Retry-After: after``, then 204; it notes when each release came."""
+
+    def __init__(self, after: str, busy: int = 1, expires_ms: int = 29990) -> None:
+        self.after, self.busy, self.expires_ms = after, busy, expires_ms
+        self.releases: list[float] = []
+
+    def __call__(self, request: httpx.Request) -> httpx.Response:
+        if request.url.path.endswith("/acquire"):
+            return httpx.Response(200, json={"acquired": True, "lockId": "L1",
+                                             "fencingToken": 7, "expiresInMs": self.expires_ms})  # fmt: skip
+        if request.url.path.endswith("/release"):
+            self.releases.append(time.monotonic())
+            if len(self.releases) <= self.busy:
+                return _refusal(503, "overloaded", self.after)
+        return httpx.Response(204)
+
+
+def test_a_release_is_retried_no_sooner_than_retry_after() -> None:
+    router = _Busy("1")
+    with lockrouter.Client("http://r:1", transport=httpx.MockTransport(router)) as client:
+        client.acquire("x", ttl=30).release()
+    assert len(router.releases) == 2, "retried once, then confirmed"
+    assert router.releases[1] - router.releases[0] >= 1.0, "the backoff alone is a tenth of a second"
+
+
+def test_async_a_release_is_retried_no_sooner_than_retry_after() -> None:
+    router = _Busy("1")
+
+    async def run() -> None:
+        async with lockrouter.AsyncClient("http://r:1", transport=httpx.MockTransport(router)) as client:
+            await (await client.acquire("x", ttl=30)).release()
+
+    asyncio.run(run())
+    assert len(router.releases) == 2, "retried once, then confirmed"
+    assert router.releases[1] - router.releases[0] >= 1.0, "the backoff alone is a tenth of a second"
+
+
+def test_a_release_whose_retry_after_outlasts_validity_stops_at_once() -> None:
+    router = _Busy("5", busy=100, expires_ms=2000)  # valid for 1.8 s
+    with lockrouter.Client("http://r:1", transport=httpx.MockTransport(router), request_timeout=0.5) as client:
+        lock = client.acquire("x", ttl=2)
+        with pytest.raises(lockrouter.RouterError) as e:
+            lock.release()
+        assert e.value.retry_after == 5.0
+        assert len(router.releases) == 1, "no retry within validity: the router asked for more"
+    # Closing gave the release one request timeout more, all within the wait.
+    assert len(router.releases) == 1, "nor from the renewal thread before the wait is over"
+
+
+def test_a_background_release_waits_out_retry_after_even_when_hurried() -> None:
+    s = Schedule(Registry(), 5.0)
+    st = state(1, now=0.0)
+    s.release(st, 0, 0.0)
+    assert s.due(0.0)[1] == [st]
+    s.released(st, lockrouter.RouterError(503, "overloaded", "m", retry_after=3.0), 0.1)
+    s.hurry(st.key, 0.5)  # an acquire of the name wants it settled
+    assert s.due(3.0) == ([], []), "not before the router's wait is over"
+    assert s.next_wake() == pytest.approx(3.1)
+    assert s.due(3.1)[1] == [st]
+    # Handed over by release(), with the wait its last answer asked for.
+    other = state(2, now=0.0)
+    s.release(other, 2, 0.0, retry_after=4.0)
+    assert s.due(3.9)[1] == [] and s.due(4.0)[1] == [other]
+    # A closing client's deadline comes first: the release is never sent.
+    s.released(other, lockrouter.RouterError(503, "overloaded", "m", retry_after=10.0), 4.0)
+    s.close(4.0)
+    assert s.due(8.9)[1] == [] and s.finished(9.0)
+
+
+def test_a_renewal_honours_retry_after_only_where_it_fits_its_schedule() -> None:
+    def refuses_batches(request: httpx.Request) -> httpx.Response:
+        return _refusal(503, "overloaded", "1")
+
+    transport = SyncTransport(Settings("http://r:1", transport=httpx.MockTransport(refuses_batches)))
+    try:
+        batch = Batch([1], [LockRef("L1", 2)], 1.0)
+        assert renew(transport, batch) == [(1, Retry(1.0))], "the wait reaches the schedule"
+    finally:
+        transport.close()
+    s = Schedule(Registry(), 5.0)
+    long, short = state(1, ttl=30.0, now=0.0), state(2, ttl=3.0, valid_for=2.7, now=9.0)
+    s.track(long, 0.0)  # renewed every 10 s; retries at most 2 s apart
+    s.due(10.0)
+    s.renewed(10.0, [(1, Retry(1.0))], 10.0)
+    assert s.due(10.9) == ([], []) and s.next_wake() == pytest.approx(11.0), "waits the router's second"
+    s.due(11.0)
+    s.renewed(11.0, [(1, Retry(60.0))], 11.0)
+    wake = s.next_wake()
+    assert wake is not None and wake <= 11.0 + 0.2, "past its own cap: the plain backoff"
+    s.forget(1)
+    s.track(short, 9.0)  # renewed every second, valid until 11.7
+    s.due(10.0)
+    s.renewed(10.0, [(2, Retry(1.0))], 10.0)
+    assert s.next_wake() == pytest.approx(11.0), "a second fits: waited"
+    s.due(11.0)
+    s.renewed(11.0, [(2, Retry(1.0))], 11.0)
+    wake = s.next_wake()
+    assert wake is not None and wake <= 11.0 + 0.2, "past validity: the plain backoff"
+    for failures in range(1, 6):
+        assert 1.0 <= validity.renewal_pause(failures, 2.0, 1.0, 20.0) <= 2.0
+    assert validity.renewal_pause(1, 2.0, 5.0, 20.0) <= 0.1
+    assert validity.renewal_pause(1, 2.0, 1.0, 0.9) <= 0.1
+    assert validity.renewal_pause(1, 2.0, None, 20.0) <= 0.1
 
 
 def test_an_acquire_waiting_its_turn_when_its_client_closes_raises_client_closed() -> None:

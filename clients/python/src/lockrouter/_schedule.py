@@ -14,6 +14,17 @@ could not finish within validity) are retried at the fast pace while the
 lock would have been valid, then at up to a renewal interval, for as long
 as the client is open; once it closes they get one request timeout more.
 
+A router's ``Retry-After`` is honoured in full by releases: a lock being
+released already counts as lost, so waiting costs only the name's early
+return to others, and none is sent before that wait is over (none at all
+when it would end past a closing client's deadline). A renewal honours it
+only where it fits its schedule (``validity.renewal_pause``): when it is
+no longer than its own backoff cap (``min(MAX_BACKOFF, interval)``) and
+ends before the lock's validity does; otherwise the plain backoff applies.
+So its retries stay at most that far apart, as without one, and a lock
+still gets retries until its validity runs out, whatever wait the router
+asks for.
+
 The sync client drives this from a thread and the async client from a task
 (``_sync_loop`` and ``_async_loop``); both do only the I/O it asks for.
 """
@@ -26,7 +37,7 @@ from typing import Union
 from . import validity
 from ._state import LockState, Registry, Release
 from ._transport import LockRef, Renewed
-from .errors import LockrouterError, LostReason
+from .errors import LockrouterError, LostReason, RouterError
 
 
 @dataclasses.dataclass(frozen=True)
@@ -41,7 +52,8 @@ class Lost:
 
 @dataclasses.dataclass(frozen=True)
 class Retry:
-    pass
+    #: The wait the router asked for (its ``Retry-After``), if any.
+    retry_after: float | None = None
 
 
 Outcome = Union[Confirmed, Lost, Retry]
@@ -62,7 +74,14 @@ def outcome(r: Renewed) -> Outcome:
 
 def refused(e: LockrouterError) -> Outcome:
     """A single renewal that raised: retry what may pass later."""
-    return Retry() if e.retryable else Lost(LostReason.REFUSED)
+    return Retry(asked_wait(e)) if e.retryable else Lost(LostReason.REFUSED)
+
+
+def asked_wait(e: LockrouterError | None) -> float | None:
+    """The seconds the router asked to be left alone after ``e`` (its
+    ``Retry-After``); None when ``e`` is no answer of the router's or
+    named no wait."""
+    return e.retry_after if isinstance(e, RouterError) else None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -91,6 +110,8 @@ class _Release:
     failures: int
     next_attempt: float
     in_flight: bool = False
+    #: Not before this, whatever hurries it: the router's ``Retry-After``.
+    not_before: float = 0.0
 
 
 class Schedule:
@@ -126,19 +147,21 @@ class Schedule:
     def forget(self, key: int) -> None:
         self._renewals.pop(key, None)
 
-    def release(self, state: LockState, failures: int, now: float) -> None:
+    def release(self, state: LockState, failures: int, now: float, retry_after: float | None = None) -> None:
         """Stop renewing ``state`` and release it at the router, retrying.
         Sent even if the lock counts as lost already: lost by the clock
-        alone, its key may still stand and block others."""
+        alone, its key may still stand and block others. ``retry_after``:
+        the wait the router asked for after the last failed attempt."""
         self._renewals.pop(state.key, None)
-        first = now if failures == 0 else now + self._pause(state, failures, now)
-        self._releases[state.key] = _Release(state, failures, first)
+        first = now if failures == 0 else now + self._pause(state, failures, now, retry_after)
+        self._releases[state.key] = _Release(state, failures, first, not_before=now + (retry_after or 0.0))
 
     def hurry(self, key: int, now: float) -> None:
-        """An acquire raced this release: try it now."""
+        """An acquire raced this release: try it now, or once the router's
+        ``Retry-After`` is over."""
         r = self._releases.get(key)
         if r is not None and not r.in_flight:
-            r.next_attempt = now
+            r.next_attempt = max(now, r.not_before)
 
     def close(self, now: float) -> list[LockState]:
         """The client is closing: every lock still renewed is to be
@@ -212,9 +235,10 @@ class Schedule:
                     del self._renewals[key]
             else:
                 e.failures += 1
-                e.next_due = now + validity.backoff(
-                    e.failures, min(validity.MAX_BACKOFF, e.interval)
-                )
+                cap = min(validity.MAX_BACKOFF, e.interval)
+                # The router's wait only where it fits: see the module doc.
+                left = e.state.valid_until - now
+                e.next_due = now + validity.renewal_pause(e.failures, cap, o.retry_after, left)
 
     def released(self, state: LockState, error: LockrouterError | None, now: float) -> None:
         """How one background release attempt ended (``None``: confirmed)."""
@@ -230,14 +254,16 @@ class Schedule:
             del self._releases[state.key]
         else:
             r.failures += 1
-            r.next_attempt = now + self._pause(state, r.failures, now)
+            wait = asked_wait(error)
+            r.next_attempt = now + self._pause(state, r.failures, now, wait)
+            r.not_before = now + (wait or 0.0)
 
-    def _pause(self, state: LockState, failures: int, now: float) -> float:
+    def _pause(self, state: LockState, failures: int, now: float, retry_after: float | None) -> float:
         interval = validity.renew_interval(state.ttl)
         fast = min(validity.MAX_BACKOFF, interval)
         valid = now < state.valid_until
         pace = fast if valid or self._deadline is not None else max(interval, fast)
-        return validity.backoff(failures, pace)
+        return validity.retry_pause(failures, pace, retry_after)
 
     def next_wake(self) -> float | None:
         """The earliest moment something is due: a renewal, a validity that

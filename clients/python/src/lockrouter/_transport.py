@@ -40,6 +40,10 @@ KEEPALIVE_EXPIRY = 5.0
 #: How often a cancellable request looks at its ``cancel`` event.
 CANCEL_POLL = 0.02
 
+#: The longest ``Retry-After`` taken at its word, in seconds: a larger one
+#: (a router misconfigured, or a proxy's) counts as this.
+MAX_RETRY_AFTER = 3600
+
 
 AcquireBody = dict[str, Any]
 
@@ -211,13 +215,31 @@ def batch_body(refs: list[LockRef]) -> dict[str, Any]:
 
 def error_from(resp: httpx.Response) -> RouterError:
     """Any non-2xx answer as :class:`RouterError`, with the API's
-    ``{"error": {"code", "message"}}`` when the body has it."""
+    ``{"error": {"code", "message"}}`` when the body has it, and the wait
+    its ``Retry-After`` asks for."""
     try:
         err = resp.json()["error"]
         code, message = str(err["code"]), str(err["message"])
     except Exception:
         code, message = "unexpected_answer", resp.text[:200]
-    return RouterError(resp.status_code, code, message)
+    wait = retry_after(resp.headers.get("Retry-After"))
+    return RouterError(resp.status_code, code, message, retry_after=wait)
+
+
+def retry_after(value: str | None) -> float | None:
+    """A ``Retry-After`` header in seconds: whole delta-seconds, the only
+    form the router sends, capped at :data:`MAX_RETRY_AFTER`. None for
+    anything else (absent, empty, negative, fractional, an HTTP-date):
+    a wait the client cannot read is no wait."""
+    if value is None:
+        return None
+    digits = value.strip()
+    if not (digits.isascii() and digits.isdigit()):
+        return None
+    # A number too long for int() (or merely absurd) is the cap.
+    if len(digits.lstrip("0")) > len(str(MAX_RETRY_AFTER)):
+        return float(MAX_RETRY_AFTER)
+    return float(min(int(digits), MAX_RETRY_AFTER))
 
 
 def _json(resp: httpx.Response) -> Mapping[str, Any]:

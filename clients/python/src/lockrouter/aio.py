@@ -41,7 +41,7 @@ from ._common import (
     wait_seconds,
 )
 from ._holds import Key, Ticket
-from ._schedule import Batch, Outcome, Retry, Schedule, outcome, refused
+from ._schedule import Batch, Outcome, Retry, Schedule, asked_wait, outcome, refused
 from ._state import Claim, LockState, Release
 from ._transport import AcquireBody, AsyncTransport, LockInfo, Settings, acquire_body, check_url
 from .errors import ClientClosed, LockLost, LockrouterError, LostReason, NotAcquired, RouterError
@@ -91,8 +91,8 @@ class _AsyncLoop:
     def extended(self, key: int) -> None:
         self.send(lambda: self._schedule.extended(key, validity.now()))
 
-    def release(self, state: LockState, failures: int) -> None:
-        self.send(lambda: self._schedule.release(state, failures, validity.now()))
+    def release(self, state: LockState, failures: int, retry_after: float | None = None) -> None:
+        self.send(lambda: self._schedule.release(state, failures, validity.now(), retry_after))
 
     def hurry(self, key: int) -> None:
         self.send(lambda: self._schedule.hurry(key, validity.now()))
@@ -192,7 +192,7 @@ async def renew(transport: AsyncTransport, batch: Batch) -> list[tuple[int, Outc
     except LockrouterError as e:
         if e.retryable:
             log.debug("renewal of %d locks failed; will retry: %s", len(batch.keys), e)
-            return [(k, Retry()) for k in batch.keys]
+            return [(k, Retry(asked_wait(e))) for k in batch.keys]
         log.warning("renew-batch refused (%s); renewing one by one", e)
 
     async def one(ref: Any) -> Outcome:
@@ -253,10 +253,11 @@ class _AsyncKeeper:
         try:
             while True:
                 if failures:
-                    left = state.valid_until - validity.now()
-                    if left <= 0:
+                    left, wait = state.valid_until - validity.now(), asked_wait(last)
+                    # A Retry-After past validity: the renewal loop waits it out.
+                    if left <= 0 or (wait is not None and wait > left):
                         raise last or unconfirmed_release(state.name)
-                    await asyncio.sleep(min(validity.backoff(failures, release_pace(state)), left))
+                    await asyncio.sleep(min(validity.retry_pause(failures, release_pace(state), wait), left))
                 if state.release is Release.DONE:
                     finished = True
                     return
@@ -282,7 +283,7 @@ class _AsyncKeeper:
         finally:
             # Validity ran out, or the call was cancelled: the task goes on.
             if owner and not finished:
-                self.loop.release(state, failures)
+                self.loop.release(state, failures, asked_wait(last))
 
 
 class AsyncLock:

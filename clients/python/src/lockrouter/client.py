@@ -43,7 +43,7 @@ from ._common import (
     wait_seconds,
 )
 from ._holds import Key, Ticket
-from ._schedule import Batch, Outcome, Retry, Schedule, outcome, refused
+from ._schedule import Batch, Outcome, Retry, Schedule, asked_wait, outcome, refused
 from ._state import Claim, LockState, Release
 from ._transport import CANCEL_POLL, AcquireBody, LockInfo, Settings, SyncTransport, acquire_body, check_url
 from .errors import Cancelled, ClientClosed, LockLost, LockrouterError, LostReason, NotAcquired, RouterError
@@ -78,8 +78,8 @@ class _Loop:
     def extended(self, key: int) -> None:
         self.send(lambda: self._schedule.extended(key, validity.now()))
 
-    def release(self, state: LockState, failures: int) -> None:
-        self.send(lambda: self._schedule.release(state, failures, validity.now()))
+    def release(self, state: LockState, failures: int, retry_after: float | None = None) -> None:
+        self.send(lambda: self._schedule.release(state, failures, validity.now(), retry_after))
 
     def hurry(self, key: int) -> None:
         self.send(lambda: self._schedule.hurry(key, validity.now()))
@@ -158,7 +158,7 @@ def renew(transport: SyncTransport, batch: Batch) -> list[tuple[int, Outcome]]:
     except LockrouterError as e:
         if e.retryable:
             log.debug("renewal of %d locks failed; will retry: %s", len(batch.keys), e)
-            return [(k, Retry()) for k in batch.keys]
+            return [(k, Retry(asked_wait(e))) for k in batch.keys]
         log.warning("renew-batch refused (%s); renewing one by one", e)
     out: list[tuple[int, Outcome]] = []
     for k, ref in zip(batch.keys, batch.refs):
@@ -222,10 +222,11 @@ class _Keeper:
         try:
             while True:
                 if failures:
-                    left = state.valid_until - validity.now()
-                    if left <= 0:
+                    left, wait = state.valid_until - validity.now(), asked_wait(last)
+                    # A Retry-After past validity: the renewal loop waits it out.
+                    if left <= 0 or (wait is not None and wait > left):
                         raise last or unconfirmed_release(state.name)
-                    time.sleep(min(validity.backoff(failures, release_pace(state)), left))
+                    time.sleep(min(validity.retry_pause(failures, release_pace(state), wait), left))
                 if state.release is Release.DONE:
                     finished = True
                     return
@@ -250,7 +251,7 @@ class _Keeper:
                 return
         finally:
             if owner and not finished:
-                self.loop.release(state, failures)
+                self.loop.release(state, failures, asked_wait(last))
 
 
 class Lock:
@@ -385,14 +386,17 @@ class Lock:
     def release(self) -> None:
         """Stops renewing and releases the lock; it counts as lost
         (``RELEASED``) from the start. Returns once the router confirmed.
-        Transport errors, 429 and 5xx are retried with backoff while the
-        lock's validity lasts; then the error is raised and the renewal
-        thread keeps retrying while the client is open. Raises
-        :class:`LockLost` if the grant has passed to a newer ``Lock``, and
-        :class:`ClientClosed` if the client is closed and its release of
-        the lock was not confirmed (the lock then expires at its TTL);
-        after a ``close()`` that released it, returns at once. A re-entrant
-        hold that is not the grant's last only gives its hold back."""
+        Transport errors, 408, 429 and 5xx are retried with backoff while
+        the lock's validity lasts, never sooner than the answer's
+        ``Retry-After`` (:attr:`RouterError.retry_after`); then, or at once
+        if that wait would outlast validity, the error is raised and the
+        renewal thread keeps retrying (after that wait) while the client is
+        open. Raises :class:`LockLost` if the grant has passed to a newer
+        ``Lock``, and :class:`ClientClosed` if the client is closed and its
+        release of the lock was not confirmed (the lock then expires at its
+        TTL); after a ``close()`` that released it, returns at once. A
+        re-entrant hold that is not the grant's last only gives its hold
+        back."""
         self._finalizer.detach()
         if self._let_go():
             self._keeper.release(self._state)

@@ -98,13 +98,20 @@ class LockLost(LockrouterError):
 
 class RouterError(LockrouterError):
     """The router answered with an error: ``status`` and the API's stable
-    ``code`` (``invalid_argument``, ``shard_unavailable``, ...)."""
+    ``code`` (``invalid_argument``, ``shard_unavailable``, ...).
 
-    def __init__(self, status: int, code: str, message: str) -> None:
+    ``retry_after`` is how many seconds the router asked the caller to wait
+    before trying again: its ``Retry-After`` header, which it sends with
+    503 ``overloaded`` and ``shard_unavailable`` and 429 ``rate_limited``,
+    among others. None when the answer named no wait, or one in a form
+    other than whole seconds (an HTTP-date, say)."""
+
+    def __init__(self, status: int, code: str, message: str, *, retry_after: float | None = None) -> None:
         super().__init__(f"router answered {status} {code}: {message}")
         self.status = status
         self.code = code
         self.message = message
+        self.retry_after = retry_after
 
     @property
     def retryable(self) -> bool:

@@ -61,3 +61,25 @@ def backoff(failures: int, cap: float) -> float:
     exp = 0.1 * (2 ** min(max(failures - 1, 0), 16))
     top = max(min(exp, cap), 0.01)
     return random.uniform(top / 2, top)
+
+
+def retry_pause(failures: int, cap: float, retry_after: float | None) -> float:
+    """The pause before retry number ``failures``: :func:`backoff`, or the
+    wait the router asked for (its ``Retry-After``) when that is longer."""
+    return max(backoff(failures, cap), retry_after or 0.0)
+
+
+def renewal_pause(failures: int, cap: float, retry_after: float | None, left: float) -> float:
+    """The pause before retry number ``failures`` of a failed renewal whose
+    answer asked for ``retry_after`` (the router's ``Retry-After``): the
+    :func:`backoff`, or the router's wait when that is longer and fits the
+    schedule: no longer than ``cap`` (the longest pause the backoff takes
+    anyway) and over before the lock's validity, ``left`` seconds away, runs
+    out. A wait that does not fit is not taken at all: the plain backoff
+    keeps the renewals a lock's validity was planned around, and the router
+    keeps a share of its capacity for renewals, which no surge of acquires
+    takes. (The Rust and TypeScript SDKs pause the same way.)"""
+    pause = backoff(failures, cap)
+    if retry_after is not None and retry_after <= cap and retry_after < left:
+        return max(pause, retry_after)
+    return pause
