@@ -109,12 +109,16 @@ export class Client implements AsyncDisposable {
    * Acquires `name` for `ttlMs`, queueing up to `waitMs` if it is held.
    * Throws {@link NotAcquiredError} if another client still holds it (or
    * others are queued: the router lets no one jump the queue). Idempotent
-   * for one client id: after a {@link TransportError}, simply call it again;
-   * if the first attempt was granted, the retry returns the same grant.
+   * for one client id: after a {@link TransportError}, simply call it again
+   * (after a retryable {@link RouterError}, once its `retryAfterMs`, if any,
+   * has passed); if the first attempt was granted, the retry returns the
+   * same grant. Failures of the acquire request itself are not retried for you.
    * While this client's release of an earlier grant of `name` is
    * unanswered, it first drives that release to an answer (within
-   * `requestTimeoutMs` plus `waitMs`) and throws a retryable
-   * {@link TransportError} if it cannot: never the old grant.
+   * `requestTimeoutMs` plus `waitMs`, and never sooner than a refusal's
+   * `Retry-After` lets the release go again) and throws a retryable
+   * {@link TransportError} if it cannot, at once when that `Retry-After`
+   * ends past this time: never the old grant.
    * A grant after a wait longer than the safety margin is confirmed with
    * one renewal before it is returned.
    *
@@ -216,7 +220,9 @@ export class Client implements AsyncDisposable {
     // answer first, within this call's own time.
     const limit = Math.min(this.keeper.requestTimeoutMs + waitMs, MAX_TIMER_MS);
     for (const pending of this.keeper.registry.releasing(name)) {
-      pending.retryNow?.();
+      // The router's Retry-After may hold the release's next attempt past this call's time.
+      const retryAt = pending.retryNow?.() ?? now();
+      if (retryAt - start >= limit) throw notSettled(name);
       await pending.releaseSettled(Math.max(0, limit - (now() - start)));
       if (pending.release === "pending") throw notSettled(name);
     }

@@ -79,16 +79,31 @@ export class LockLostError extends LockrouterError {
   }
 }
 
-/** The router answered with an error: the HTTP `status` and the API's stable `code`. */
+/**
+ * The router answered with an error: the HTTP `status`, the API's stable
+ * `code`, and how long the router asked the caller to wait before trying
+ * again (`retryAfterMs`, from its `Retry-After` header).
+ */
 export class RouterError extends LockrouterError {
   override name = "RouterError";
+  /**
+   * Milliseconds the router asked the caller to wait before sending the
+   * request again: its `Retry-After` header (whole seconds) × 1000, at most
+   * an hour. The router sends it with 503 `overloaded` and
+   * `shard_unavailable`, 429 `rate_limited` and 504 `timeout`. `undefined`
+   * when the answer had none, or one in another form (an HTTP-date, a
+   * negative or fractional number): then the caller's own backoff decides.
+   */
+  readonly retryAfterMs: number | undefined;
 
   constructor(
     readonly status: number,
     readonly code: string,
     readonly detail: string,
+    retryAfterMs?: number,
   ) {
     super(`router answered ${status} ${code}: ${detail}`);
+    this.retryAfterMs = retryAfterMs;
   }
 
   override get retryable(): boolean {

@@ -8,7 +8,7 @@
 import { isRetryable, LockLostError } from "./errors.js";
 import type { Holds } from "./holds.js";
 import type { Registry } from "./registry.js";
-import { attempt, retryRelease } from "./release.js";
+import { attempt, retryRelease, unstarted } from "./release.js";
 import type { Renewer } from "./renewal.js";
 import type { Grant } from "./state.js";
 import type { Transport } from "./transport.js";
@@ -28,8 +28,9 @@ export class Keeper {
   /**
    * Releases `grant` at the router: marks it lost (`released`) at once,
    * stops renewing it, and resolves once the router confirmed. Retries while
-   * the lock's validity lasts, then rejects and leaves the renewal loop
-   * retrying. Every caller for one grant shares the first call's outcome.
+   * the lock's validity lasts (never sooner than a refusal's `Retry-After`
+   * asks), then rejects and leaves the renewal loop retrying from where it
+   * stopped. Every caller for one grant shares the first call's outcome.
    */
   release(grant: Grant): Promise<void> {
     if (grant.releasing !== undefined) return grant.releasing;
@@ -40,12 +41,12 @@ export class Keeper {
     }
     grant.beginRelease();
     this.renewer.forget(grant.key);
-    const progress = { failures: 0 };
+    const progress = unstarted();
     const once = () => attempt(this.transport, grant, this.requestTimeoutMs);
     grant.releasing = retryRelease(grant, once, progress, { kind: "validity-ends" }).then(
       () => this.registry.forget(grant),
       (e: unknown) => {
-        if (isRetryable(e)) this.renewer.releaseInBackground(grant, progress.failures);
+        if (isRetryable(e)) this.renewer.releaseInBackground(grant, progress);
         else this.registry.forget(grant);
         throw e;
       },
@@ -60,6 +61,6 @@ export class Keeper {
     if (grant.releasing !== undefined || !this.registry.owns(grant)) return;
     grant.beginRelease();
     grant.releasing = Promise.resolve();
-    this.renewer.releaseInBackground(grant, 0);
+    this.renewer.releaseInBackground(grant, unstarted());
   }
 }

@@ -112,9 +112,13 @@ export class Lock implements AsyncDisposable {
    * same grant. Resolves only after the router confirmed: the name is then
    * not held under this lock's id. Transport errors, 429 and 5xx answers are
    * retried with backoff while the lock's validity lasts, so this can take
-   * that long; any other error ends it at once. If validity runs out first,
-   * it rejects with the last error and the client keeps retrying in the
-   * background while it is open. Calling it again returns the same outcome.
+   * that long; any other error ends it at once. A refusal with
+   * `Retry-After` (`RouterError.retryAfterMs`) is not sent again
+   * before that time has passed, even if the backoff is shorter. If
+   * validity runs out first, or that time would end after it, it rejects
+   * with the last error and the client keeps retrying in the background
+   * (no sooner than the router asked) while it is open. Calling it again
+   * returns the same outcome.
    * Rejects with {@link LockLostError} if the lock was lost and this client
    * has since acquired the same grant through a newer `Lock`. A re-entrant
    * hold that is not the grant's last only gives its hold back.

@@ -15,6 +15,18 @@
  * router refuses (4xx) is renewed lock by lock, so the batch's refusal
  * never costs the other locks; a lock refused on its own is lost (`refused`).
  *
+ * A failed renewal's `Retry-After` (`RouterError.retryAfterMs`) is kept
+ * only where this validity-driven schedule has room for it
+ * ({@link renewalPause}): the retry waits for it when it is no longer than
+ * the backoff's cap (the smaller of 2 s and the interval) and ends before
+ * the lock's validity does; otherwise the plain backoff decides, since a
+ * renewal held back longer could cost a lock the router still holds. So
+ * the router's usual 1 s is kept by locks of a 3 s TTL or more, never by
+ * shorter ones (a 2 s lock, valid 1.8 s after a renewal, would get one
+ * try where the backoff gives it several). The router keeps admission slots
+ * for renewals, which no surge of acquires takes. Releases this loop
+ * carries on honour `Retry-After` in full (`release`).
+ *
  * The loop's timer keeps the process alive while the client is open and
  * holds locks (a held lock is work in progress); with no lock tracked there
  * is no timer at all. It also delivers releases handed to it (a `release()`
@@ -24,11 +36,11 @@
  * rules and `release`.
  */
 
-import { isRetryable } from "./errors.js";
-import { attempt, retryRelease } from "./release.js";
+import { isRetryable, RouterError } from "./errors.js";
+import { attempt, retryRelease, type Progress } from "./release.js";
 import type { Grant } from "./state.js";
 import type { LockRef, Renewed, Transport } from "./transport.js";
-import { backoff, MAX_BACKOFF_MS, MAX_BATCH, nextRenewal, now, renewInterval, validUntil } from "./validity.js";
+import { MAX_BACKOFF_MS, MAX_BATCH, nextRenewal, now, renewalPause, renewInterval, validUntil } from "./validity.js";
 
 /** One tracked lock, as the schedule sees it. */
 export interface Due {
@@ -47,8 +59,11 @@ interface Entry extends Due {
   failures: number;
 }
 
-/** What became of one lock's renewal attempt. */
-export type Outcome = { kind: "renewed"; expiresInMs: number } | { kind: "lost"; reason: "expired" | "stolen" | "refused" } | { kind: "retry" };
+/** What became of one lock's renewal attempt; a retry carries the router's `Retry-After`, if its refusal had one. */
+export type Outcome =
+  | { kind: "renewed"; expiresInMs: number }
+  | { kind: "lost"; reason: "expired" | "stolen" | "refused" }
+  | { kind: "retry"; afterMs?: number };
 
 /**
  * The batches to send at `at`: nothing unless some lock is due; then every
@@ -120,10 +135,13 @@ export class Renewer {
     this.schedule();
   }
 
-  /** Keeps releasing `grant` (which has `failures` failed attempts behind it) while the client is open. */
-  releaseInBackground(grant: Grant, failures: number): void {
+  /**
+   * Keeps releasing `grant` while the client is open, from `progress` (the
+   * failed attempts behind it, and the last one's `Retry-After`, which the
+   * next attempt honours).
+   */
+  releaseInBackground(grant: Grant, progress: Progress): void {
     this.forget(grant.key);
-    const progress = { failures };
     const until = { kind: "background" as const, hurry: () => this.closing, stop: this.stop.signal };
     const once = () => attempt(this.transport, grant, this.requestTimeoutMs);
     const p: Promise<void> = retryRelease(grant, once, progress, until)
@@ -217,7 +235,7 @@ export class Renewer {
         if (e.grant.applyRenewal(generation, { lost: o.reason }) === false) this.entries.delete(key);
       } else {
         e.failures++;
-        e.nextDue = t + backoff(e.failures, Math.min(MAX_BACKOFF_MS, e.interval));
+        e.nextDue = t + renewalPause(e.failures, Math.min(MAX_BACKOFF_MS, e.interval), o.afterMs, e.grant.validUntil - t);
       }
     }
     this.schedule();
@@ -238,15 +256,21 @@ async function renew(transport: Transport, locks: Sent[], timeoutMs: number): Pr
     );
     return locks.map(([key, generation], i) => [key, generation, outcome(results[i]!)]);
   } catch (e) {
-    if (isRetryable(e)) return locks.map(([key, generation]) => [key, generation, { kind: "retry" }]);
+    if (isRetryable(e)) return locks.map(([key, generation]) => [key, generation, retry(e)]);
     return Promise.all(
       locks.map(async ([key, generation, ref]): Promise<Answered> => {
         try {
           return [key, generation, outcome(await transport.renew(ref, timeoutMs))];
         } catch (err) {
-          return [key, generation, isRetryable(err) ? { kind: "retry" } : { kind: "lost", reason: "refused" }];
+          return [key, generation, isRetryable(err) ? retry(err) : { kind: "lost", reason: "refused" }];
         }
       }),
     );
   }
+}
+
+/** A retry after `e`, with the wait the router asked for in its `Retry-After`, if any. */
+function retry(e: unknown): Outcome {
+  const afterMs = e instanceof RouterError ? e.retryAfterMs : undefined;
+  return afterMs === undefined ? { kind: "retry" } : { kind: "retry", afterMs };
 }

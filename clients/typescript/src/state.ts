@@ -47,8 +47,12 @@ export class Grant {
   private settled: { promise: Promise<void>; resolve: () => void } | undefined;
   /** The first `release()`'s outcome; later calls share it. */
   releasing: Promise<void> | undefined;
-  /** Wakes a release from its backoff: an acquire that raced it wants it settled now. */
-  retryNow: (() => void) | undefined;
+  /**
+   * Wakes a release from its backoff (but not before the router's
+   * `Retry-After`): an acquire that raced it wants it settled now. Returns
+   * when the next attempt goes out, by the monotonic clock.
+   */
+  retryNow: (() => number) | undefined;
   /** lockId and token; `ttl` and `margin` go with it, and an extend to another TTL replaces all three. */
   private current: LockRef;
   private ttl: number;

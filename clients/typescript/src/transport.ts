@@ -4,11 +4,23 @@
  * passes in), each call bounded by a timeout. TLS comes from an `https://`
  * URL; a bearer token, if given, goes in `Authorization` on every call (for
  * a gateway in front of the router). Fencing tokens cross the wire as exact
- * integers (`json`). Nothing here knows about validity or renewal policy.
+ * integers (`json`). An error answer becomes a {@link RouterError} here,
+ * with its `Retry-After` parsed once ({@link parseRetryAfter}). Nothing here
+ * knows about validity, renewal or retry policy.
  */
 
 import { ConfigError, RouterError, TransportError } from "./errors.js";
 import { parseJson, stringifyJson, type Json } from "./json.js";
+
+/** The longest `Retry-After` believed: a larger one is taken as this. */
+export const MAX_RETRY_AFTER_MS = 3_600_000;
+
+/** One answer: its status, its body (parsed, or the start of an error page), and its `Retry-After`. */
+interface Answer {
+  status: number;
+  value: Json | undefined;
+  retryAfterMs: number | undefined;
+}
 
 /** What identifies a grant at the router. */
 export interface LockRef {
@@ -84,8 +96,8 @@ export class Transport {
     const body: Json = { name, ttlMs, clientId };
     if (waitMs > 0) body["waitMs"] = waitMs;
     if (extra.metadata !== undefined && extra.metadata !== null) body["metadata"] = extra.metadata;
-    const { status, value } = await this.send("POST", "/api/v1/locks/acquire", body, timeoutMs, extra.signal);
-    expectOk(status, value);
+    const { status, value, retryAfterMs } = await this.send("POST", "/api/v1/locks/acquire", body, timeoutMs, extra.signal);
+    expectOk(status, value, retryAfterMs);
     const a = asObject(status, value);
     if (typeof a["acquired"] !== "boolean") throw malformed(status, "no 'acquired' in the answer");
     const out: Acquired = { acquired: a["acquired"] };
@@ -99,16 +111,16 @@ export class Transport {
   async renew(lock: LockRef, timeoutMs: number, ttlMs?: number): Promise<Renewed> {
     const body: Json = { lockId: lock.lockId, fencingToken: lock.fencingToken };
     if (ttlMs !== undefined) body["ttlMs"] = ttlMs;
-    const { status, value } = await this.post("/api/v1/locks/renew", body, timeoutMs);
-    if (status !== 409) expectOk(status, value);
+    const { status, value, retryAfterMs } = await this.post("/api/v1/locks/renew", body, timeoutMs);
+    if (status !== 409) expectOk(status, value, retryAfterMs);
     return renewed(status, value);
   }
 
   /** Renews up to 1,000 locks; results come back in request order. */
   async renewBatch(locks: readonly LockRef[], timeoutMs: number): Promise<Renewed[]> {
     const body: Json = { locks: locks.map((l) => ({ lockId: l.lockId, fencingToken: l.fencingToken })) };
-    const { status, value } = await this.post("/api/v1/locks/renew-batch", body, timeoutMs);
-    expectOk(status, value);
+    const { status, value, retryAfterMs } = await this.post("/api/v1/locks/renew-batch", body, timeoutMs);
+    expectOk(status, value, retryAfterMs);
     const results = asObject(status, value)["results"];
     if (!Array.isArray(results) || results.length !== locks.length) {
       throw malformed(status, "renew-batch answered a different number of results");
@@ -122,8 +134,8 @@ export class Transport {
    */
   async extend(lock: LockRef, timeoutMs: number, ttlMs: number): Promise<Extended> {
     const body: Json = { lockId: lock.lockId, fencingToken: lock.fencingToken, ttlMs };
-    const { status, value } = await this.post("/api/v1/locks/extend", body, timeoutMs);
-    if (status !== 409) expectOk(status, value);
+    const { status, value, retryAfterMs } = await this.post("/api/v1/locks/extend", body, timeoutMs);
+    if (status !== 409) expectOk(status, value, retryAfterMs);
     const r = renewed(status, value);
     if (!r.renewed) return r.reason === undefined ? { renewed: false } : { renewed: false, reason: r.reason };
     const lockId = asObject(status, value)["lockId"];
@@ -136,14 +148,14 @@ export class Transport {
   /** Resolves once the router confirmed (204; a 409 also means the lock is gone). */
   async release(lock: LockRef, timeoutMs: number): Promise<void> {
     const body: Json = { lockId: lock.lockId, fencingToken: lock.fencingToken };
-    const { status, value } = await this.post("/api/v1/locks/release", body, timeoutMs);
-    if (status !== 409) expectOk(status, value);
+    const { status, value, retryAfterMs } = await this.post("/api/v1/locks/release", body, timeoutMs);
+    if (status !== 409) expectOk(status, value, retryAfterMs);
   }
 
   /** What the router tells anyone about `name` (`GET /api/v1/locks/{name}`). */
   async inspect(name: string, timeoutMs: number): Promise<Inspected> {
-    const { status, value } = await this.send("GET", `/api/v1/locks/${encodeURIComponent(name)}`, undefined, timeoutMs);
-    expectOk(status, value);
+    const { status, value, retryAfterMs } = await this.send("GET", `/api/v1/locks/${encodeURIComponent(name)}`, undefined, timeoutMs);
+    expectOk(status, value, retryAfterMs);
     const b = asObject(status, value);
     if (typeof b["held"] !== "boolean" || typeof b["shard"] !== "string") throw malformed(status, "inspect answer without held or shard");
     const str = (k: string): string | undefined => (typeof b[k] === "string" ? (b[k] as string) : undefined);
@@ -158,7 +170,7 @@ export class Transport {
     return out;
   }
 
-  private post(path: string, body: Json, timeoutMs: number): Promise<{ status: number; value: Json | undefined }> {
+  private post(path: string, body: Json, timeoutMs: number): Promise<Answer> {
     return this.send("POST", path, body, timeoutMs);
   }
 
@@ -169,7 +181,7 @@ export class Transport {
     body: Json | undefined,
     timeoutMs: number,
     cancel?: AbortSignal,
-  ): Promise<{ status: number; value: Json | undefined }> {
+  ): Promise<Answer> {
     const headers: Record<string, string> = { accept: "application/json" };
     if (body !== undefined) headers["content-type"] = "application/json";
     if (this.token !== undefined) headers["authorization"] = `Bearer ${this.token}`;
@@ -177,37 +189,55 @@ export class Transport {
     const deadline = AbortSignal.timeout(Math.max(1, Math.ceil(Math.min(timeoutMs, 2 ** 31 - 1))));
     const signal = cancel === undefined ? deadline : AbortSignal.any([deadline, cancel]);
     let status: number;
+    let retryAfterMs: number | undefined;
     let text: string;
     try {
       const init: RequestInit = { method, headers, signal };
       if (body !== undefined) init.body = stringifyJson(body);
       const resp = await this.fetchFn(this.base + path, init);
       status = resp.status;
+      retryAfterMs = parseRetryAfter(resp.headers.get("retry-after"));
       text = await resp.text();
     } catch (e) {
       if (cancel?.aborted) throw cancel.reason;
       if (deadline.aborted) throw new TransportError(`no answer from ${path} within ${Math.ceil(timeoutMs)} ms`);
       throw new TransportError(`${method} ${path}: ${errorChain(e)}`);
     }
-    if (text.trim() === "") return { status, value: undefined };
+    if (text.trim() === "") return { status, value: undefined, retryAfterMs };
     try {
-      return { status, value: parseJson(text) };
+      return { status, value: parseJson(text), retryAfterMs };
     } catch (e) {
       // An error page from a proxy is still an error answer; a 2xx must parse.
       if (status >= 200 && status < 300) throw malformed(status, String(e));
-      return { status, value: text.slice(0, 200) };
+      return { status, value: text.slice(0, 200), retryAfterMs };
     }
   }
 }
 
-/** Turns any non-2xx answer into a {@link RouterError}, reading the API's `{"error": {"code", "message"}}` body. */
-export function expectOk(status: number, value: Json | undefined): void {
+/**
+ * Turns any non-2xx answer into a {@link RouterError}, reading the API's
+ * `{"error": {"code", "message"}}` body; `retryAfterMs` is the answer's
+ * parsed `Retry-After`.
+ */
+export function expectOk(status: number, value: Json | undefined, retryAfterMs?: number): void {
   if (status >= 200 && status < 300) return;
   const err = value !== null && typeof value === "object" && !Array.isArray(value) ? value["error"] : undefined;
   if (err !== null && typeof err === "object" && !Array.isArray(err) && typeof err["code"] === "string") {
-    throw new RouterError(status, err["code"], typeof err["message"] === "string" ? err["message"] : "");
+    throw new RouterError(status, err["code"], typeof err["message"] === "string" ? err["message"] : "", retryAfterMs);
   }
-  throw new RouterError(status, "unexpected_answer", typeof value === "string" ? value : JSON.stringify(value ?? ""));
+  throw new RouterError(status, "unexpected_answer", typeof value === "string" ? value : JSON.stringify(value ?? ""), retryAfterMs);
+}
+
+/**
+ * A `Retry-After` header in milliseconds. Only the delta-seconds form the
+ * router sends counts: a non-negative whole number of seconds, capped at
+ * {@link MAX_RETRY_AFTER_MS}. Anything else (absent, empty, negative,
+ * fractional, an HTTP-date) is `undefined`: a date would be judged by the
+ * wall clock, which this client never trusts for time.
+ */
+export function parseRetryAfter(header: string | null): number | undefined {
+  if (header === null || !/^[0-9]+$/.test(header)) return undefined;
+  return Math.min(Number(header) * 1000, MAX_RETRY_AFTER_MS);
 }
 
 function renewed(status: number, value: Json | undefined): Renewed {

@@ -63,3 +63,24 @@ export function backoff(failures: number, capMs: number, random: () => number = 
   const top = Math.max(Math.min(exp, capMs), 10);
   return top / 2 + random() * (top / 2);
 }
+
+/**
+ * The pause before retry number `failures` of a failed renewal whose answer
+ * asked for `retryAfterMs` (the router's `Retry-After`): the
+ * {@link backoff}, or the router's wait when that is longer and fits the
+ * schedule: no longer than `capMs` (the longest pause the backoff takes
+ * anyway) and over before the lock's validity, `leftMs`, runs out. A wait
+ * that does not fit is not taken at all: the plain backoff keeps the
+ * renewals a lock's validity was planned around.
+ */
+export function renewalPause(
+  failures: number,
+  capMs: number,
+  retryAfterMs: number | undefined,
+  leftMs: number,
+  random: () => number = Math.random,
+): number {
+  const pause = backoff(failures, capMs, random);
+  const fits = retryAfterMs !== undefined && retryAfterMs <= capMs && retryAfterMs < leftMs;
+  return fits ? Math.max(pause, retryAfterMs) : pause;
+}

@@ -4,7 +4,8 @@
  * along), what each answer means, typed errors and the fencing helpers;
  * a grant whose release was confirmed never handed out again; and, over an
  * injected fetch, a refused release not retried, a refused batch renewed
- * lock by lock, and releases and extends never crossing.
+ * lock by lock, releases and extends never crossing, and the router's
+ * `Retry-After` read into errors and waited out by the client's own retries.
  */
 
 import assert from "node:assert/strict";
@@ -15,8 +16,8 @@ import { Client, ConfigError, LockLostError, RouterError, TransportError, fencin
 import { dueBatches, outcome, type Due } from "../src/renewal.js";
 import { Registry } from "../src/registry.js";
 import { Grant } from "../src/state.js";
-import { expectOk, Transport } from "../src/transport.js";
-import { backoff, margin, MAX_BATCH, MIN_MARGIN_MS, nextRenewal, now, renewInterval, validUntil } from "../src/validity.js";
+import { expectOk, MAX_RETRY_AFTER_MS, parseRetryAfter, Transport } from "../src/transport.js";
+import { backoff, margin, MAX_BATCH, MIN_MARGIN_MS, nextRenewal, now, renewalPause, renewInterval, validUntil } from "../src/validity.js";
 
 describe("exact fencing tokens", () => {
   test("a token above 2^53 is parsed exactly, as a bigint", () => {
@@ -355,5 +356,143 @@ describe("the registry of grants", () => {
     assert.equal(registry.claim("id-1", now() + 27_000, make).kind, "released", "confirmed, not yet forgotten");
     registry.forget(grant);
     assert.equal(registry.claim("id-1", now() + 27_000, make).kind, "released", "forgotten, remembered as released");
+  });
+});
+
+describe("the router's Retry-After", () => {
+  const answer = (status: number, body: string, headers: Record<string, string> = {}): Response =>
+    new Response(body, { status, headers: { "content-type": "application/json", ...headers } });
+  const granted = (lockId: string, token: number, expiresInMs: number): Response =>
+    answer(200, `{"acquired":true,"lockId":"${lockId}","fencingToken":${token},"expiresInMs":${expiresInMs}}`);
+  const overloaded = (retryAfter: string): Response =>
+    answer(503, '{"error":{"code":"overloaded","message":"shard a is overloaded"}}', { "retry-after": retryAfter });
+
+  test("a whole number of seconds becomes milliseconds, capped at an hour; absent, empty, negative, fractional or an HTTP-date is undefined", () => {
+    assert.equal(parseRetryAfter("1"), 1_000);
+    assert.equal(parseRetryAfter("0"), 0);
+    assert.equal(parseRetryAfter("120"), 120_000);
+    assert.equal(MAX_RETRY_AFTER_MS, 3_600_000);
+    assert.equal(parseRetryAfter("86400"), MAX_RETRY_AFTER_MS);
+    assert.equal(parseRetryAfter("9".repeat(400)), MAX_RETRY_AFTER_MS);
+    for (const bad of [null, "", "-1", "1.5", "+1", "1e3", "soon", "1, 2", "Wed, 21 Oct 2015 07:28:00 GMT"]) {
+      assert.equal(parseRetryAfter(bad), undefined, String(bad));
+    }
+    assert.equal(new RouterError(503, "overloaded", "x").retryAfterMs, undefined, "the three-argument constructor still works");
+    assert.equal(new RouterError(503, "overloaded", "x", 2_000).retryAfterMs, 2_000);
+  });
+
+  test("503 overloaded and 429 rate_limited throw a RouterError with retryAfterMs; without the header it is undefined", { timeout: 10_000 }, async () => {
+    const answers = [
+      overloaded("1"),
+      answer(429, '{"error":{"code":"rate_limited","message":"too many acquires"}}', { "retry-after": "3" }),
+      answer(503, '{"error":{"code":"shard_unavailable","message":"shard b is unavailable"}}'),
+      overloaded("Wed, 21 Oct 2015 07:28:00 GMT"),
+    ];
+    const fake: typeof fetch = async () => answers.shift()!;
+    await using c = new Client({ url: "http://router.example:1", fetch: fake });
+    const refused = (status: number, code: string, retryAfterMs: number | undefined) => (e: unknown): boolean => {
+      assert.ok(e instanceof RouterError);
+      assert.deepEqual([e.status, e.code, e.retryAfterMs, e.retryable], [status, code, retryAfterMs, true]);
+      return true;
+    };
+    await assert.rejects(c.acquire("x", { ttlMs: 30_000 }), refused(503, "overloaded", 1_000));
+    await assert.rejects(c.acquire("x", { ttlMs: 30_000 }), refused(429, "rate_limited", 3_000));
+    await assert.rejects(c.acquire("x", { ttlMs: 30_000 }), refused(503, "shard_unavailable", undefined));
+    await assert.rejects(c.acquire("x", { ttlMs: 30_000 }), refused(503, "overloaded", undefined));
+  });
+
+  test("a release refused with Retry-After is not sent again before that time, though its backoff is shorter", { timeout: 10_000 }, async () => {
+    const releases: number[] = [];
+    let refusedAt = 0;
+    const fake: typeof fetch = async (input) => {
+      if (new URL(String(input)).pathname.endsWith("/acquire")) return granted("L1", 7, 30_000);
+      releases.push(now());
+      if (releases.length > 1) return new Response(null, { status: 204 });
+      refusedAt = now();
+      return overloaded("1");
+    };
+    await using c = new Client({ url: "http://router.example:1", fetch: fake });
+    await (await c.acquire("x", { ttlMs: 30_000 })).release();
+    assert.equal(releases.length, 2);
+    assert.ok(releases[1]! - refusedAt >= 1_000, `sent again ${releases[1]! - refusedAt} ms after the refusal`);
+  });
+
+  test("an acquire driving this client's unanswered release does not send it before the router's Retry-After", { timeout: 10_000 }, async () => {
+    const releases: number[] = [];
+    let refusedAt = 0;
+    let acquires = 0;
+    const fake: typeof fetch = async (input) => {
+      if (new URL(String(input)).pathname.endsWith("/acquire")) {
+        acquires += 1;
+        return granted(`L${acquires}`, acquires, 30_000);
+      }
+      releases.push(now());
+      if (releases.length > 1) return new Response(null, { status: 204 });
+      refusedAt = now();
+      return overloaded("1");
+    };
+    await using c = new Client({ url: "http://router.example:1", fetch: fake });
+    const first = await c.acquire("x", { ttlMs: 30_000 });
+    const releasing = first.release();
+    await sleep(100);
+    assert.equal(releases.length, 1, "refused once, waiting for its Retry-After");
+    // The acquire asks the pending release to go now: not before the router said.
+    const next = await c.acquire("x", { ttlMs: 30_000 });
+    await releasing;
+    assert.equal(next.lockId, "L2");
+    assert.equal(releases.length, 2);
+    assert.ok(releases[1]! - refusedAt >= 1_000, `sent again ${releases[1]! - refusedAt} ms after the refusal`);
+  });
+
+  test("a release whose Retry-After ends past the lock's validity rejects with that refusal, and the background waits it out too", { timeout: 10_000 }, async () => {
+    let releases = 0;
+    const fake: typeof fetch = async (input) => {
+      if (new URL(String(input)).pathname.endsWith("/acquire")) return granted("L1", 7, 2_000);
+      releases += 1;
+      return releases > 1 ? new Response(null, { status: 204 }) : overloaded("5");
+    };
+    const c = new Client({ url: "http://router.example:1", fetch: fake, requestTimeoutMs: 500 });
+    const lock = await c.acquire("x", { ttlMs: 2_000 });
+    // Validity is 1.8 s: no attempt could follow the router's 5 s within it.
+    await assert.rejects(lock.release(), (e: unknown) => e instanceof RouterError && e.retryAfterMs === 5_000);
+    assert.equal(releases, 1, "not sent again within validity");
+    await sleep(300);
+    // The background's fast pace at close, then its last request timeout, all within the 5 s.
+    await c.close();
+    assert.equal(releases, 1, "nor in the background, nor at close");
+  });
+
+  test("a renewal waits for Retry-After only within its backoff cap and its validity", () => {
+    const first = (): number => 0; // backoff(1, …) is then 50 ms
+    assert.equal(renewalPause(1, 2_000, undefined, 20_000, first), 50);
+    assert.equal(renewalPause(1, 2_000, 1_000, 20_000, first), 1_000, "fits: waited for");
+    assert.equal(renewalPause(1, 2_000, 2_000, 20_000, first), 2_000, "as long as the cap still fits");
+    assert.equal(renewalPause(1, 2_000, 5_000, 20_000, first), 50, "longer than the cap: the plain backoff");
+    assert.equal(renewalPause(1, 2_000, 1_000, 900, first), 50, "ends past validity: the plain backoff");
+    assert.equal(renewalPause(1, 667, 1_000, 1_800, first), 50, "a 2 s lock's cap is below the router's second");
+    assert.equal(renewalPause(6, 2_000, 1_000, 20_000, () => 1), 2_000, "a longer backoff stands");
+  });
+
+  test("a renewal refused with Retry-After is retried no sooner than it asks when the schedule has room", { timeout: 10_000 }, async () => {
+    const batches: number[] = [];
+    let refusedAt = 0;
+    const fake: typeof fetch = async (input) => {
+      const path = new URL(String(input)).pathname;
+      if (path.endsWith("/acquire")) return granted("L1", 7, 3_000);
+      if (path.endsWith("/renew-batch")) {
+        batches.push(now());
+        if (batches.length > 1) return answer(200, '{"results":[{"renewed":true,"expiresInMs":3000}]}');
+        refusedAt = now();
+        return overloaded("1");
+      }
+      return new Response(null, { status: 204 });
+    };
+    await using c = new Client({ url: "http://router.example:1", fetch: fake });
+    // A 3 s lock: renewed every second, backoff capped at a second, valid 2.7 s.
+    const lock = await c.acquire("x", { ttlMs: 3_000 });
+    while (batches.length < 2) await sleep(50);
+    assert.ok(batches[1]! - refusedAt >= 1_000, `retried ${batches[1]! - refusedAt} ms after the refusal`);
+    await sleep(50);
+    assert.ok(lock.isHeld());
   });
 });
