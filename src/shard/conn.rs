@@ -383,12 +383,13 @@ impl EtcdConn {
         self.inner
             .leader
             .store(leader.unwrap_or(NO_LEADER), Ordering::Relaxed);
-        if !serving.iter().any(|ok| *ok) {
+        if statuses.iter().all(Option::is_none) {
             // Down until a call succeeds (the monitor's next probe): every
-            // write and linearizable read would wait out its deadline.
-            self.set_down(
-                "no member answers its probe in time, or none knows a leader of the newest term",
-            );
+            // call would wait out its deadline. Not in an election (members
+            // answer, none knows a leader): calls wait for the new leader.
+            self.set_down("no member answers its probe in time");
+        }
+        if !serving.iter().any(|ok| *ok) {
             return;
         }
         for (i, ((ep, _, _), ok)) in answers.into_iter().zip(serving).enumerate() {
