@@ -134,21 +134,27 @@ async fn a_router_over_tls_with_a_client_certificate_acquires_renews_and_release
     acquire_renew_release(&router.api, "tls:a").await;
 }
 
+/// With one member or three: a shard of three is marked down by its
+/// member probes, and the log still names why.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_router_that_does_not_trust_the_shards_ca_cannot_reach_it() {
-    let etcd = cluster(1, |b| b.client_cert_auth());
-    let dir = tempfile::tempdir().unwrap();
-    let stranger = pki::write(dir.path(), "stranger.pem", &Ca::new("stranger").pem);
-    let port = free_port();
-    let line = format!("tls_ca_file = \"{}\"", stranger.display());
-    let toml = with_line(&etcd, &format!("127.0.0.1:{port}"), "tls_ca_file", &line);
-    let router = RouterProcess::spawn(&toml, port);
-    assert_stays_unreachable(&router.api).await;
-    assert_unavailable(&router.api, "untrusted").await;
-    assert_eq!(router.api.get("/healthz").await.status, 200);
-    let log = router.log_text();
-    assert!(log.contains("shard is unavailable"), "{log}");
-    assert!(!log.contains("panicked"), "{log}");
+    for members in [1, 3] {
+        let etcd = cluster(members, |b| b.client_cert_auth());
+        let dir = tempfile::tempdir().unwrap();
+        let stranger = pki::write(dir.path(), "stranger.pem", &Ca::new("stranger").pem);
+        let port = free_port();
+        let line = format!("tls_ca_file = \"{}\"", stranger.display());
+        let toml = with_line(&etcd, &format!("127.0.0.1:{port}"), "tls_ca_file", &line);
+        let router = RouterProcess::spawn(&toml, port);
+        assert_stays_unreachable(&router.api).await;
+        assert_unavailable(&router.api, "untrusted").await;
+        assert_eq!(router.api.get("/healthz").await.status, 200);
+        let log = router.log_text();
+        let down = log.lines().find(|l| l.contains("shard is unavailable"));
+        let down = down.unwrap_or_else(|| panic!("{members} members: {log}"));
+        assert!(down.contains("UnknownIssuer"), "{members} members: {down}");
+        assert!(!log.contains("panicked"), "{log}");
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -363,21 +363,32 @@ impl EtcdConn {
         let probes = self.inner.members.iter().map(|member| async move {
             // A member whose client cannot get a token cannot serve.
             let probe = async {
-                member.login.ensure(&member.client).await.ok()?;
-                member.client.maintenance_client().status().await.ok()
+                member
+                    .login
+                    .ensure(&member.client)
+                    .await
+                    .map_err(|e| e.to_string())?;
+                let status = member.client.maintenance_client().status().await;
+                status.map_err(|e| e.to_string())
             };
-            let (status, id) = match tokio::time::timeout(timeout, probe).await {
-                Ok(Some(s)) => (
+            let (status, id, why) = match tokio::time::timeout(timeout, probe).await {
+                Ok(Ok(s)) => (
                     Some((s.leader(), s.raft_term())),
                     s.header().map(|h| h.member_id()),
+                    None,
                 ),
-                _ => (None, None),
+                Ok(Err(e)) => (None, None, Some(format!("{}: {e}", member.endpoint))),
+                Err(_) => {
+                    let ms = timeout.as_millis();
+                    let why = format!("{}: no answer within {ms} ms", member.endpoint);
+                    (None, None, Some(why))
+                }
             };
-            (&member.endpoint, status, id)
+            (&member.endpoint, status, id, why)
         });
         let answers = futures::future::join_all(probes).await;
-        let statuses: Vec<Option<(u64, u64)>> = answers.iter().map(|(_, s, _)| *s).collect();
-        let ids: Vec<Option<u64>> = answers.iter().map(|(_, _, id)| *id).collect();
+        let statuses: Vec<Option<(u64, u64)>> = answers.iter().map(|a| a.1).collect();
+        let ids: Vec<Option<u64>> = answers.iter().map(|a| a.2).collect();
         let serving = serving(&statuses);
         let leader = leader_of(&ids, &statuses, &serving);
         self.inner
@@ -387,12 +398,13 @@ impl EtcdConn {
             // Down until a call succeeds (the monitor's next probe): every
             // call would wait out its deadline. Not in an election (members
             // answer, none knows a leader): calls wait for the new leader.
-            self.set_down("no member answers its probe in time");
+            let why: Vec<&str> = answers.iter().filter_map(|a| a.3.as_deref()).collect();
+            self.set_down(&format!("no member answers ({})", why.join("; ")));
         }
         if !serving.iter().any(|ok| *ok) {
             return;
         }
-        for (i, ((ep, _, _), ok)) in answers.into_iter().zip(serving).enumerate() {
+        for (i, ((ep, ..), ok)) in answers.into_iter().zip(serving).enumerate() {
             let change = {
                 let mut live = self.inner.in_rotation.lock().expect("members lock");
                 if ok && live.insert(ep.clone()) {
