@@ -405,13 +405,7 @@ async fn write_barrier(source: &Source, renewals: usize) -> Result<i64, EtcdErro
     crate::metrics::cache_barrier(source.conn.shard(), renewals);
     // Hedged: a barrier put twice is two barriers, either of which proves
     // the cache current once applied; the first answer's revision counts.
-    let resp = source
-        .conn
-        .call_hedged("Txn", |client| {
-            let txn = txn.clone();
-            async move { client.kv_client().txn(txn).await }
-        })
-        .await?;
+    let resp = source.conn.txn_hedged(txn).await?;
     if !resp.succeeded() {
         return Err(source
             .conn

@@ -13,7 +13,7 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, Weak};
 use std::time::{Duration, Instant};
 
-use etcd_client::Client;
+use etcd_client::{Client, Txn, TxnResponse};
 use futures::future::BoxFuture;
 
 use super::access::{Access, FileProblem};
@@ -303,6 +303,16 @@ impl EtcdConn {
         self.call_inline(rpc, hedged).await
     }
 
+    /// A txn that may safely run twice (a read, a barrier put), hedged as
+    /// [`call_hedged`](Self::call_hedged) is.
+    pub async fn txn_hedged(&self, txn: Txn) -> Result<TxnResponse, EtcdError> {
+        self.call_hedged("Txn", |client| {
+            let txn = txn.clone();
+            async move { client.kv_client().txn(txn).await }
+        })
+        .await
+    }
+
     pub fn shard(&self) -> &str {
         &self.inner.shard
     }
@@ -371,40 +381,39 @@ impl EtcdConn {
                 let status = member.client.maintenance_client().status().await;
                 status.map_err(|e| e.to_string())
             };
-            let (status, id, why) = match tokio::time::timeout(timeout, probe).await {
-                Ok(Ok(s)) => (
-                    Some((s.leader(), s.raft_term())),
-                    s.header().map(|h| h.member_id()),
-                    None,
-                ),
-                Ok(Err(e)) => (None, None, Some(format!("{}: {e}", member.endpoint))),
-                Err(_) => {
-                    let ms = timeout.as_millis();
-                    let why = format!("{}: no answer within {ms} ms", member.endpoint);
-                    (None, None, Some(why))
-                }
-            };
-            (&member.endpoint, status, id, why)
+            let answer = tokio::time::timeout(timeout, probe).await;
+            let answer = answer
+                .unwrap_or_else(|_| Err(format!("no answer within {} ms", timeout.as_millis())));
+            answer.map_err(|why| format!("{}: {why}", member.endpoint))
         });
         let answers = futures::future::join_all(probes).await;
-        let statuses: Vec<Option<(u64, u64)>> = answers.iter().map(|a| a.1).collect();
-        let ids: Vec<Option<u64>> = answers.iter().map(|a| a.2).collect();
+        let statuses: Vec<Option<(u64, u64)>> = (answers.iter())
+            .map(|a| a.as_ref().ok().map(|s| (s.leader(), s.raft_term())))
+            .collect();
+        let ids: Vec<Option<u64>> = (answers.iter())
+            .map(|a| a.as_ref().ok()?.header().map(|h| h.member_id()))
+            .collect();
         let serving = serving(&statuses);
         let leader = leader_of(&ids, &statuses, &serving);
         self.inner
             .leader
             .store(leader.unwrap_or(NO_LEADER), Ordering::Relaxed);
-        if statuses.iter().all(Option::is_none) {
+        let why: Vec<&str> = answers
+            .iter()
+            .filter_map(|a| a.as_ref().err())
+            .map(String::as_str)
+            .collect();
+        if why.len() == answers.len() {
             // Down until a call succeeds (the monitor's next probe): every
             // call would wait out its deadline. Not in an election (members
             // answer, none knows a leader): calls wait for the new leader.
-            let why: Vec<&str> = answers.iter().filter_map(|a| a.3.as_deref()).collect();
             self.set_down(&format!("no member answers ({})", why.join("; ")));
         }
         if !serving.iter().any(|ok| *ok) {
             return;
         }
-        for (i, ((ep, ..), ok)) in answers.into_iter().zip(serving).enumerate() {
+        for (i, (member, ok)) in self.inner.members.iter().zip(serving).enumerate() {
+            let ep = &member.endpoint;
             let change = {
                 let mut live = self.inner.in_rotation.lock().expect("members lock");
                 if ok && live.insert(ep.clone()) {

@@ -368,18 +368,6 @@ impl Shard {
         let mut kv = self.conn.client().kv_client();
         self.conn.call("Txn", kv.txn(txn)).await
     }
-
-    /// A read-only `txn`, hedged ([`EtcdConn::call_hedged`]): a member gone
-    /// silent and not yet out of rotation delays it by little, and does not
-    /// make it fail (which would report the whole shard unavailable).
-    async fn read_txn(&self, txn: Txn) -> Result<TxnResponse, EtcdError> {
-        self.conn
-            .call_hedged("Txn", |client| {
-                let txn = txn.clone();
-                async move { client.kv_client().txn(txn).await }
-            })
-            .await
-    }
 }
 
 /// What a shard's recorded ring means to a router serving `fingerprint`.

@@ -16,7 +16,8 @@ impl Shard {
     pub async fn probe(&self) -> Result<Probe, EtcdError> {
         let k = &self.keys;
         let resp = self
-            .read_txn(Txn::new().and_then([
+            .conn
+            .txn_hedged(Txn::new().and_then([
                 TxnOp::get(k.ring(), None),
                 TxnOp::get(k.identity(), None),
                 TxnOp::get(k.epoch(), None),

@@ -97,7 +97,8 @@ impl Shard {
     /// read first), hedged.
     pub async fn read_name(&self, k: &NameKeys) -> Result<NameState, EtcdError> {
         let resp = self
-            .read_txn(Txn::new().and_then(name_reads(&self.keys, k)))
+            .conn
+            .txn_hedged(Txn::new().and_then(name_reads(&self.keys, k)))
             .await?;
         Ok(read_name(resp))
     }

@@ -121,12 +121,7 @@ async fn check(shard: &Identified, batch: Vec<(Vec<u8>, Reply)>) {
     ops.push(TxnOp::get(shard.key.clone(), None));
     // Read-only: hedged, so a silent member delays renewals by little.
     let txn = Txn::new().and_then(ops);
-    let result = conn
-        .call_hedged("Txn", |client| {
-            let txn = txn.clone();
-            async move { client.kv_client().txn(txn).await }
-        })
-        .await;
+    let result = conn.txn_hedged(txn).await;
     let mut found: Vec<Option<Stored>> = match result {
         Ok(resp) => resp
             .op_responses()
