@@ -502,13 +502,7 @@ fn with_keepalive_log<F: std::future::Future<Output = ()>>(test: impl FnOnce() -
             ))
             .finish(),
     );
-    let _main = tracing::dispatcher::set_default(&dispatch);
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .on_thread_start(move || std::mem::forget(tracing::dispatcher::set_default(&dispatch)))
-        .build()
-        .expect("a runtime");
+    let (_main, runtime) = logging_runtime(dispatch);
     let ran = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| runtime.block_on(test())));
     drop(runtime);
     let log = RouterLog(String::from_utf8_lossy(&log.0.lock().expect("log lock")).into_owned());
@@ -1127,14 +1121,24 @@ fn torture_mixed_faults_never_break_mutual_exclusion_or_fencing() {
             .with_env_filter(tracing_subscriber::EnvFilter::new("info"))
             .finish(),
     );
-    let _main = tracing::dispatcher::set_default(&dispatch);
+    let (_main, runtime) = logging_runtime(dispatch);
+    runtime.block_on(torture(work.path()));
+}
+
+/// A runtime of two workers whose every thread logs through `dispatch`,
+/// as this thread does while the guard lives: an in-process router's log,
+/// kept apart from every other test's.
+fn logging_runtime(
+    dispatch: tracing::Dispatch,
+) -> (tracing::dispatcher::DefaultGuard, tokio::runtime::Runtime) {
+    let main = tracing::dispatcher::set_default(&dispatch);
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
         .on_thread_start(move || std::mem::forget(tracing::dispatcher::set_default(&dispatch)))
         .build()
         .expect("a runtime");
-    runtime.block_on(torture(work.path()));
+    (main, runtime)
 }
 
 async fn torture(work: &std::path::Path) {

@@ -70,7 +70,7 @@ struct State {
     /// Deletions so far (what a sleeping waiter wakes for).
     deletions: u64,
     /// Set while the cache lags: the last revision it has seen.
-    cache_seen: Option<i64>,
+    cache_held_at: Option<i64>,
 }
 
 impl FakeShard {
@@ -155,12 +155,12 @@ impl FakeShard {
     /// [`FakeShard::catch_up_cache`].
     pub fn hold_cache(&self) {
         let mut s = self.lock();
-        s.cache_seen = Some(s.revision);
+        s.cache_held_at = Some(s.revision);
     }
 
     /// Lets the cache see every revision again.
     pub fn catch_up_cache(&self) {
-        self.lock().cache_seen = None;
+        self.lock().cache_held_at = None;
     }
 
     /// Keepalives asked of `lease` so far (by renewals and re-acquires).
@@ -193,6 +193,11 @@ impl State {
             lease,
         };
         self.kv.insert(key, kv);
+    }
+
+    /// The last revision the cache has seen.
+    fn cache_seen(&self) -> i64 {
+        self.cache_held_at.unwrap_or(self.revision)
     }
 
     fn grant_lease(&mut self, ttl_secs: i64, id: Option<i64>) -> i64 {
@@ -276,15 +281,14 @@ impl State {
 
 impl CacheCounts for FakeShard {
     fn cache_has_seen(&self, revision: i64) -> bool {
-        let s = self.lock();
-        revision <= s.cache_seen.unwrap_or(s.revision)
+        revision <= self.lock().cache_seen()
     }
 
     /// Counted from the lock keys, as the real cache counts them.
     fn held_by(&self, tag: LeaseTag) -> Option<Held> {
         let (start, end) = self.keys.locks_range();
         let s = self.lock();
-        let seen = s.cache_seen.unwrap_or(s.revision);
+        let seen = s.cache_seen();
         let locks = (s.kv.range(start..end))
             .filter(|(_, kv)| kv.create_revision <= seen)
             .map(|(_, kv)| kv.lease)
@@ -321,8 +325,7 @@ impl LockShard for FakeShard {
 
     fn cache_shows_held(&self, hash: &NameHash) -> bool {
         let s = self.lock();
-        let seen = s.cache_seen.unwrap_or(s.revision);
-        (s.kv.get(&self.keys.lock(hash))).is_some_and(|kv| kv.create_revision <= seen)
+        (s.kv.get(&self.keys.lock(hash))).is_some_and(|kv| kv.create_revision <= s.cache_seen())
     }
 
     async fn read_name(&self, k: &NameKeys) -> Result<NameState, EtcdError> {
