@@ -2,7 +2,9 @@
 //! not retried when refused, bounded when the client goes away; re-entrant
 //! holds of one grant that share one state and one renewal, released once
 //! with the last hold; no acquire of a name while the client's release of
-//! it is unanswered; and no retry sooner than the router's `Retry-After`.
+//! it is unanswered; no retry sooner than the router's `Retry-After`; and
+//! `with_lock` returning its work's own result when the release at its end
+//! fails.
 
 mod fake_router;
 
@@ -211,4 +213,171 @@ async fn a_retry_after_past_validity_is_left_to_the_background_which_waits_it_ou
     until_seen(&router, "release", 2).await;
     let gaps = release_gaps(&router);
     assert!(gaps[0] >= Duration::from_secs(3), "{gaps:?}");
+}
+
+/// The work's own error, which `with_lock` must hand back as it is.
+#[derive(Debug, Clone, PartialEq)]
+struct WorkFailed(&'static str);
+
+/// One `with_lock` call: what it returned, how long it took (acquire,
+/// work and release), and the grant the work ran under.
+struct Ran {
+    result: Result<Result<u64, WorkFailed>, Error>,
+    took: Duration,
+    lock_id: String,
+    token: u64,
+}
+
+/// `with_lock` on `name` with work that returns `out` at once.
+async fn with_lock_returning(client: &Client, name: &str, out: Result<u64, WorkFailed>) -> Ran {
+    let start = tokio::time::Instant::now();
+    let mut grant = None;
+    let result = client
+        .with_lock(name, TTL, |lock| {
+            grant = Some((lock.lock_id(), lock.fencing_token()));
+            async move { out }
+        })
+        .await;
+    let (lock_id, token) = grant.unwrap_or_else(|| panic!("{name} not acquired: {result:?}"));
+    Ran {
+        result,
+        took: start.elapsed(),
+        lock_id,
+        token,
+    }
+}
+
+/// Release requests the fake has seen for the grant `lock_id`.
+fn releases_of(router: &FakeRouter, lock_id: &str) -> usize {
+    let seen = router.seen("release");
+    seen.iter().filter(|s| s.body["lockId"] == lock_id).count()
+}
+
+/// The request timeout of the `with_lock` tests, and a lock's validity
+/// under [`TTL`]: the TTL less its default margin, a tenth.
+const REQUEST_TIMEOUT: Duration = Duration::from_millis(400);
+const VALIDITY: Duration = Duration::from_millis(2_700);
+
+/// docs/client.md section 7, "a block's exception is never replaced by a
+/// failing release at its exit": a release the router refuses (4xx) after
+/// the work is logged, and `with_lock` returns the work's `Ok`, or its own
+/// `Err`, at once; the refusal is not retried, here or in the background.
+#[tokio::test]
+async fn with_lock_returns_the_works_own_result_when_the_router_refuses_the_release() {
+    let router = FakeRouter::start().await;
+    let client = Client::builder(&router.base)
+        .request_timeout(REQUEST_TIMEOUT)
+        .build()
+        .unwrap();
+    router.script_releases(&[400, 400]);
+    let (ok, err) = tokio::join!(
+        with_lock_returning(&client, "refused-ok", Ok(42)),
+        with_lock_returning(&client, "refused-err", Err(WorkFailed("disk full"))),
+    );
+    assert_eq!(ok.result, Ok(Ok(42)), "the work's result, not the refusal");
+    assert_eq!(
+        err.result,
+        Ok(Err(WorkFailed("disk full"))),
+        "the work's own error, not the refusal"
+    );
+    for ran in [&ok, &err] {
+        assert!(ran.took < Duration::from_secs(1), "at once: {:?}", ran.took);
+        assert_eq!(releases_of(&router, &ran.lock_id), 1);
+    }
+    // Past a renewal interval, when a background retry would have come.
+    tokio::time::sleep(Duration::from_millis(1_500)).await;
+    assert_eq!(router.seen("release").len(), 2, "{:?}", router.ops());
+}
+
+/// The same rule when the release cannot get through: `with_lock` retries
+/// it while the lock's validity lasts (each attempt bounded by the request
+/// timeout), then returns the work's result, `Ok` or its own `Err`, and
+/// hands the release to the background, which carries on until the router
+/// confirms it: the name is then free, and acquired anew as a new grant.
+/// `fail` makes every release fail until the router heals.
+async fn with_lock_returns_the_works_own_result_when_the_release_cannot_get_through(
+    fail: fn(&FakeRouter),
+) {
+    let router = FakeRouter::start().await;
+    let client = Client::builder(&router.base)
+        .request_timeout(REQUEST_TIMEOUT)
+        .build()
+        .unwrap();
+    fail(&router);
+    let (ok, err) = tokio::join!(
+        with_lock_returning(&client, "unreleased-ok", Ok(42)),
+        with_lock_returning(&client, "unreleased-err", Err(WorkFailed("disk full"))),
+    );
+    assert_eq!(
+        ok.result,
+        Ok(Ok(42)),
+        "the work's result, not the release's error"
+    );
+    assert_eq!(
+        err.result,
+        Ok(Err(WorkFailed("disk full"))),
+        "the work's own error, not the release's"
+    );
+    let bound = VALIDITY + REQUEST_TIMEOUT + Duration::from_millis(500);
+    for ran in [&ok, &err] {
+        assert!(ran.took <= bound, "no longer than validity: {:?}", ran.took);
+        assert!(
+            releases_of(&router, &ran.lock_id) >= 2,
+            "retried within validity: {:?}",
+            router.ops()
+        );
+    }
+
+    // Handed to the background, which keeps trying.
+    let before = [ok.lock_id.as_str(), err.lock_id.as_str()].map(|id| releases_of(&router, id));
+    tokio::time::sleep(Duration::from_millis(2_500)).await;
+    for (ran, before) in [&ok, &err].into_iter().zip(before) {
+        let now = releases_of(&router, &ran.lock_id);
+        assert!(
+            now > before,
+            "retried in the background: {now} after {before}"
+        );
+    }
+
+    // Once the router answers, the next attempt frees the name, unprompted,
+    // and the attempts stop.
+    router.heal_releases();
+    let healed = [ok.lock_id.as_str(), err.lock_id.as_str()].map(|id| releases_of(&router, id));
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
+    for (ran, healed) in [&ok, &err].into_iter().zip(healed) {
+        while releases_of(&router, &ran.lock_id) == healed {
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "no release after healing"
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+    let done = router.seen("release").len();
+    tokio::time::sleep(Duration::from_millis(1_500)).await;
+    assert_eq!(
+        router.seen("release").len(),
+        done,
+        "no attempt after the 204"
+    );
+    for (name, ran) in [("unreleased-ok", &ok), ("unreleased-err", &err)] {
+        let again = client.acquire(name, TTL).await.unwrap().unwrap();
+        assert!(again.fencing_token() > ran.token, "a new grant of {name}");
+    }
+}
+
+#[tokio::test]
+async fn with_lock_returns_the_works_own_result_when_the_router_keeps_failing_the_release() {
+    with_lock_returns_the_works_own_result_when_the_release_cannot_get_through(
+        FakeRouter::fail_releases,
+    )
+    .await;
+}
+
+#[tokio::test]
+async fn with_lock_returns_the_works_own_result_when_the_release_goes_unanswered() {
+    with_lock_returns_the_works_own_result_when_the_release_cannot_get_through(
+        FakeRouter::black_hole_releases,
+    )
+    .await;
 }

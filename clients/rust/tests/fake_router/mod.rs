@@ -7,7 +7,8 @@
 //! grant is answered 204: then a new lockId and a larger token), renews
 //! every lock, and
 //! answers releases from a script (204 once the script is used up, unless
-//! it is set to fail for ever), and gives its error answers a
+//! it is set to fail for ever, or to leave them unanswered as a router
+//! that cannot be reached would), and gives its error answers a
 //! `Retry-After` when told to. Plain HTTP/1.1 with keep-alive, enough for
 //! the client's pooled connections.
 
@@ -36,6 +37,9 @@ struct State {
     releases: VecDeque<u16>,
     /// Answer every release beyond the script with 503.
     releases_fail: bool,
+    /// Answer no release at all (the request is read and seen, then left
+    /// hanging until the client gives up on it).
+    releases_unanswered: bool,
     /// The `Retry-After` value sent with every error answer, if any.
     retry_after: Option<String>,
     /// lockId → ttlMs, from the acquires.
@@ -86,9 +90,18 @@ impl FakeRouter {
         self.state.lock().unwrap().releases_fail = true;
     }
 
-    /// Releases are answered 204 again (after [`fail_releases`](Self::fail_releases)).
+    /// Every release is left unanswered from now on, as by a router that
+    /// cannot be reached: the client's request timeout ends each attempt.
+    pub fn black_hole_releases(&self) {
+        self.state.lock().unwrap().releases_unanswered = true;
+    }
+
+    /// Releases are answered 204 again (after [`fail_releases`](Self::fail_releases)
+    /// or [`black_hole_releases`](Self::black_hole_releases)).
     pub fn heal_releases(&self) {
-        self.state.lock().unwrap().releases_fail = false;
+        let mut state = self.state.lock().unwrap();
+        state.releases_fail = false;
+        state.releases_unanswered = false;
     }
 
     /// Error answers from now on carry `Retry-After: <value>`.
@@ -154,7 +167,11 @@ async fn serve(stream: TcpStream, state: Arc<Mutex<State>>) {
             return;
         }
         let body: Value = serde_json::from_slice(&body).unwrap_or(Value::Null);
-        let (status, answer) = answer(&state, &path, &body);
+        let Some((status, answer)) = answer(&state, &path, &body) else {
+            // Unanswered: read on until the client gives up and closes.
+            let _ = tokio::io::copy(&mut read, &mut tokio::io::sink()).await;
+            return;
+        };
         let text = answer.map(|a| a.to_string()).unwrap_or_default();
         let retry_after = match state.lock().unwrap().retry_after.clone() {
             Some(value) if status >= 400 => format!("retry-after: {value}\r\n"),
@@ -174,7 +191,8 @@ async fn serve(stream: TcpStream, state: Arc<Mutex<State>>) {
     }
 }
 
-fn answer(state: &Mutex<State>, path: &str, body: &Value) -> (u16, Option<Value>) {
+/// The status and body to answer with; `None`: no answer at all.
+fn answer(state: &Mutex<State>, path: &str, body: &Value) -> Option<(u16, Option<Value>)> {
     let mut s = state.lock().unwrap();
     s.seen.push(Seen {
         path: path.to_string(),
@@ -185,7 +203,7 @@ fn answer(state: &Mutex<State>, path: &str, body: &Value) -> (u16, Option<Value>
         let ms = id.as_str().and_then(|id| s.ttls.get(id)).copied();
         json!({"lockId": id, "renewed": true, "expiresInMs": ms.unwrap_or(2_000)})
     };
-    match path.trim_start_matches("/api/v1/locks/") {
+    Some(match path.trim_start_matches("/api/v1/locks/") {
         "acquire" => {
             let name = body["name"].as_str().unwrap_or_default();
             let ttl = body["ttlMs"].as_u64().unwrap_or(2_000);
@@ -210,6 +228,7 @@ fn answer(state: &Mutex<State>, path: &str, body: &Value) -> (u16, Option<Value>
             let results: Vec<Value> = locks.iter().map(|l| renewed(&s, &l["lockId"])).collect();
             (200, Some(json!({ "results": results })))
         }
+        "release" if s.releases_unanswered => return None,
         "release" => match s.releases.pop_front() {
             Some(204) => released(&mut s, &body["lockId"]),
             None if !s.releases_fail => released(&mut s, &body["lockId"]),
@@ -217,7 +236,7 @@ fn answer(state: &Mutex<State>, path: &str, body: &Value) -> (u16, Option<Value>
             None => (503, Some(error(503))),
         },
         _ => (404, Some(error(404))),
-    }
+    })
 }
 
 /// A release answered 204: the next acquire of its name is a new grant.
