@@ -111,6 +111,10 @@ fn describe() {
         "etcd requests that did not answer in time and went to other members too (reads, barriers), and keepalive streams reopened on another member after going silent"
     );
     describe_counter!(
+        "lockrouter_grant_cutoffs_total",
+        "grant txns that went unanswered: the grant cut-off moved past them (moved) or not (failed)"
+    );
+    describe_counter!(
         "lockrouter_keepalives_sent_total",
         "lease keepalives sent to etcd"
     );
@@ -466,6 +470,7 @@ pub struct ShardMetrics {
     renewal_checks: Handles<&'static str, Counter>,
     hedges: Handles<&'static str, Counter>,
     stream_failovers: Handles<&'static str, Counter>,
+    cutoffs: Handles<&'static str, Counter>,
     lease_renewals: OnceLock<Counter>,
     keepalives_sent: OnceLock<Counter>,
     hold_seconds: OnceLock<Histogram>,
@@ -500,6 +505,16 @@ impl ShardMetrics {
         let shard = &self.shard;
         self.hedges
             .get(&"LeaseKeepAlive", || counter!("lockrouter_etcd_hedged_requests_total", "shard" => shard.clone(), "rpc" => "LeaseKeepAlive"))
+            .increment(1);
+    }
+
+    /// A grant txn that went unanswered: whether the grant cut-off was
+    /// moved past it (`moved`) or could not be (`failed`).
+    pub fn cutoff_moved(&self, moved: bool) {
+        let outcome = if moved { "moved" } else { "failed" };
+        let shard = &self.shard;
+        self.cutoffs
+            .get(&outcome, || counter!("lockrouter_grant_cutoffs_total", "shard" => shard.clone(), "outcome" => outcome))
             .increment(1);
     }
 

@@ -621,8 +621,10 @@ const TEST_OVER: &str = "silent-member test over";
 
 /// Acquires and releases names one after another until `stop`, beside
 /// the renewers: the grant and release txns, which are not hedged, that
-/// a silent member catches. Returns how many were granted and released,
-/// and how many answers were 503 (a txn caught on the silent member).
+/// a silent member catches (a grant txn caught there is cut off and asked
+/// again, docs/design.md, "An acquire that was not answered"; a release
+/// is answered 503). Returns how many were granted and released, and how
+/// many answers were 503.
 async fn churner(api: Api, stop: Instant) -> (u32, u32) {
     let (mut granted, mut refused) = (0, 0);
     for n in 0.. {

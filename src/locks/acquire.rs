@@ -13,6 +13,11 @@ use crate::shard::ops::LockShard;
 use crate::shard::{AcquireTxn, Grantable, NameKeys, Renewal, SessionGrant, SessionLease};
 use crate::token::lock_id::LockId;
 
+/// Whether the request being served is past its deadline.
+pub(super) fn past_deadline() -> bool {
+    crate::task::request_deadline().is_some_and(|d| Instant::now() >= d)
+}
+
 /// What a moved name's previous shard said of it during a migration.
 pub(crate) enum Handoff {
     /// Nothing holds it there: the new shard's grant decides.
@@ -35,6 +40,12 @@ pub(crate) enum Attempt {
     RingChanged(Option<Recorded>),
     /// The cluster behind the shard's endpoints is not the one verified.
     IdentityChanged,
+    /// The grant cut-off moved past the one compared: by another's move (a
+    /// txn sent before it grants nothing), or by this attempt's, whose
+    /// grant txn went unanswered. Try again: the next attempt finds what
+    /// that txn did, if anything (`docs/design.md`, "An acquire that was
+    /// not answered").
+    CutoffMoved,
 }
 
 impl Active {
@@ -91,7 +102,7 @@ impl Active {
             match self.attempt(req, &k, &g, replace_held).await? {
                 Attempt::Done(answer) => return Ok(answer),
                 // Forgotten: the next attempt gets a new session.
-                Attempt::SessionGone => continue,
+                Attempt::SessionGone | Attempt::CutoffMoved => continue,
                 Attempt::Again => {}
                 Attempt::RingChanged(found) => self.router.ring_changed(shard, found),
                 Attempt::IdentityChanged => self.router.identity_changed(shard),
@@ -147,9 +158,22 @@ impl Active {
         let window = self.window(session.ttl_secs);
         let sent = Instant::now();
         let grant = shard.grant_on_session(k, &value, &session, window, g, replace_held);
-        let (txn, renewal) = match grant.await? {
-            SessionGrant::SessionGone => return Ok(Attempt::SessionGone),
-            SessionGrant::Answered(txn, renewal) => (txn, renewal),
+        let (txn, renewal) = match grant.await {
+            Ok(SessionGrant::SessionGone) => return Ok(Attempt::SessionGone),
+            Ok(SessionGrant::Answered(txn, renewal)) => (txn, renewal),
+            // The txn may still land, and grant to a caller told 503: once
+            // the cut-off has moved past it, it grants nothing, and the
+            // next attempt finds whatever it did grant before the move.
+            // Not for a caller whose own deadline cut the call short: it
+            // is answered 504 whatever comes, and a move would only refuse
+            // every txn in flight on a shard too slow already.
+            Err(unanswered @ EtcdError::Unavailable { .. }) if !past_deadline() => {
+                return match shard.move_cutoff_past(g.cutoff).await {
+                    Ok(()) => Ok(Attempt::CutoffMoved),
+                    Err(_) => Err(unanswered.into()),
+                };
+            }
+            Err(e) => return Err(e.into()),
         };
         if let (AcquireTxn::Granted { revision }, Some(r)) = (&txn, reservation) {
             r.granted(shard.clone(), *revision);
@@ -253,6 +277,10 @@ impl Active {
             }
             AcquireTxn::RingChanged(found) => return Ok(Attempt::RingChanged(found)),
             AcquireTxn::IdentityChanged => return Ok(Attempt::IdentityChanged),
+            AcquireTxn::CutoffMoved(revision) => {
+                shard.learn_cutoff(revision);
+                return Ok(Attempt::CutoffMoved);
+            }
         }))
     }
 

@@ -19,9 +19,10 @@ use super::acquire::{Attempt, Handoff};
 use super::*;
 use crate::config::LockDelay;
 use crate::placement::topology::Router;
-use crate::shard::fake::{FakeShard, IDENTITY, RING};
+use crate::shard::fake::{FakeShard, Lost, IDENTITY, RING};
 use crate::shard::keys::{name_hash, Recorded, RingMeta};
 use crate::shard::ops::LockShard;
+use crate::shard::AcquireTxn;
 
 const TTL: u32 = 10;
 
@@ -269,6 +270,77 @@ fn denied(answer: Result<Attempt, LockError>) -> bool {
     matches!(answer, Err(LockError::PermissionDenied(_)))
 }
 
+/// A grant txn whose answer is lost (docs/design.md, "An acquire that was
+/// not answered"): the router moves the grant cut-off past it and asks
+/// again. Held on its way, the txn lands after the move and grants
+/// nothing, while the caller was granted afresh; applied before its answer
+/// was lost, the next attempt answers that very grant. A shard that
+/// cannot take the move leaves the caller a 503, and a move another
+/// acquire made since is not made again.
+#[tokio::test]
+async fn an_acquire_whose_answer_was_lost_is_resolved_and_its_late_txn_grants_nothing() {
+    let (active, shard) = (active(), shard("a"));
+    // Held on its way: the retry grants, and the late txn grants nothing.
+    shard.lose_next_answer(Lost::Held);
+    let req = acquire(&shard, "order-7", "w1");
+    assert!(matches!(attempt(&active, &req).await, Attempt::CutoffMoved));
+    assert_eq!(shard.cutoff_moves(), 1);
+    let grant = granted(attempt(&active, &req).await);
+    let key = shard.lock_key("order-7").expect("held");
+    assert_eq!(key.create_revision(), lock_id(&active, &grant).revision);
+    // The caller is done with it; the txn lands on the free name.
+    release(&active, &shard, &grant).await;
+    assert!(matches!(shard.land_held_txn(), AcquireTxn::CutoffMoved(_)));
+    assert!(
+        shard.lock_key("order-7").is_none(),
+        "a grant nobody knows of"
+    );
+    // Another replica's txn that compared the old cut-off is refused too,
+    // and it learns the new one.
+    let mut stale = shard.grantable();
+    stale.cutoff = 0;
+    let k = shard.name_keys(&name_hash("order-8"));
+    let other = acquire(&shard, "order-8", "w2");
+    let answer = active.attempt(&other, &k, &stale, None).await;
+    assert!(matches!(answer, Ok(Attempt::CutoffMoved)));
+    assert!(shard.lock_key("order-8").is_none());
+    granted(attempt(&active, &other).await);
+
+    // Applied before its answer was lost: the retry answers that grant.
+    shard.lose_next_answer(Lost::Applied);
+    let req = acquire(&shard, "order-9", "w1");
+    let before = shard.cutoff_moves();
+    assert!(matches!(attempt(&active, &req).await, Attempt::CutoffMoved));
+    assert_eq!(shard.cutoff_moves(), before + 1);
+    let made = shard
+        .lock_key("order-9")
+        .expect("granted before the answer was lost");
+    let grant = granted(attempt(&active, &req).await);
+    assert_eq!(lock_id(&active, &grant).revision, made.create_revision());
+
+    // A move made since the txn was sent is enough: none of its own.
+    shard.lose_next_answer(Lost::Held);
+    let k = shard.name_keys(&name_hash("order-10"));
+    let late = acquire(&shard, "order-10", "w1");
+    let moves = shard.cutoff_moves();
+    let answer = active.attempt(&late, &k, &stale, None).await;
+    assert!(matches!(answer, Ok(Attempt::CutoffMoved)));
+    assert_eq!(shard.cutoff_moves(), moves, "moved again");
+    assert!(matches!(shard.land_held_txn(), AcquireTxn::CutoffMoved(_)));
+
+    // A shard that answers nobody: 503, and no grant.
+    shard.cutoff_unreachable(true);
+    shard.lose_next_answer(Lost::Held);
+    let req = acquire(&shard, "order-11", "w1");
+    let answer = attempt_with(&active, &req, None).await;
+    assert!(
+        matches!(answer, Err(LockError::ShardUnavailable { .. })),
+        "{:?}",
+        answer.err()
+    );
+    assert!(shard.lock_key("order-11").is_none());
+}
+
 /// A grant's reservation fills the quota until the shard's cache counts
 /// the grant, and until then the cache does not show the name held: the
 /// holder's own re-acquire (a retry of an acquire it won) is read and
@@ -395,6 +467,7 @@ async fn a_shard_recording_another_ring_or_identity_grants_nothing() {
     let other = Grantable {
         ring: moved_on,
         identity: b"another cluster".to_vec(),
+        cutoff: 0,
     };
     let answer = active.attempt(&req, &k, &other, None).await;
     assert!(matches!(answer, Ok(Attempt::IdentityChanged)));
@@ -644,6 +717,30 @@ async fn waiters_get_the_name_in_the_order_they_queued() {
     assert_eq!(shard.queued("order-42"), 0);
 }
 
+/// A waiter's grant txn whose answer is lost, as a plain acquire's
+/// (`an_acquire_whose_answer_was_lost_is_resolved_and_its_late_txn_grants_nothing`):
+/// the router moves the grant cut-off past it, then reads the name.
+/// Applied before its answer was lost, the waiter is answered that grant;
+/// held on its way, it waits on and is granted by its next txn.
+#[tokio::test]
+async fn a_waiters_grant_whose_answer_was_lost_is_answered_or_granted_again() {
+    let (active, shard) = (Arc::new(active()), shard("a"));
+    for (round, lost) in [Lost::Applied, Lost::Held].into_iter().enumerate() {
+        let holder = granted(attempt(&active, &acquire(&shard, "order-42", "h")).await);
+        let waiter = wait_in_queue(&active, &shard, "w1", Duration::from_secs(5));
+        until_queued(&shard, 1).await;
+        shard.lose_next_answer(lost);
+        release(&active, &shard, &holder).await;
+        let grant = grant_of(waited(waiter).await);
+        let key = shard.lock_key("order-42").expect("held by the waiter");
+        assert_eq!(key.create_revision(), lock_id(&active, &grant).revision);
+        assert!(grant.fencing_token > holder.fencing_token, "{lost:?}");
+        assert_eq!(shard.cutoff_moves(), round as u32 + 1, "{lost:?}");
+        assert_eq!(shard.queued("order-42"), 0, "{lost:?}");
+        release(&active, &shard, &grant).await;
+    }
+}
+
 #[tokio::test]
 async fn a_waiter_whose_own_client_got_the_name_is_answered_that_grant() {
     let (active, shard) = (Arc::new(active()), shard("a"));
@@ -715,6 +812,39 @@ async fn an_extended_lock_keeps_its_token_on_a_session_of_its_new_ttl() {
     shard.expire(after.lease);
     let until = refused(attempt(&active, &acquire(&shard, "order-42", "w2")).await);
     assert!(about(until, 31));
+}
+
+/// An extend's move whose answer is lost (docs/design.md, "An acquire
+/// that was not answered", and "Extend"): the router moves the grant
+/// cut-off past it and reads the lock again. Applied before its answer was
+/// lost, the answer is that move (the new lockId, the same token); held on
+/// its way (it can no longer land), the next move is made and answered.
+/// Either way the holder learns where its lock is, and no move of it can
+/// land later behind its back.
+#[tokio::test]
+async fn an_extend_whose_move_went_unanswered_is_answered_where_the_lock_is() {
+    let (active, shard) = (active(), shard("a"));
+    for (round, lost) in [Lost::Applied, Lost::Held].into_iter().enumerate() {
+        let name = format!("order-{round}");
+        let grant = granted(attempt(&active, &acquire(&shard, &name, "w1")).await);
+        let before = lock_id(&active, &grant);
+        shard.lose_next_answer(lost);
+        let Extended::Moved(moved) = extend(&active, &shard, &grant, 30).await else {
+            panic!("{lost:?}: expected the lock moved");
+        };
+        assert_eq!(moved.fencing_token, grant.fencing_token, "{lost:?}");
+        let after = lock_id(&active, &moved);
+        let key = shard.lock_key(&name).expect("still held");
+        assert_eq!(
+            (key.create_revision(), key.lease()),
+            (before.revision, after.lease),
+            "{lost:?}"
+        );
+        assert_eq!(shard.cutoff_moves(), round as u32 + 1, "{lost:?}");
+        let RenewOutcome::Renewed(_) = renew(&active, &shard, &moved).await else {
+            panic!("{lost:?}: expected the new lockId renewed");
+        };
+    }
 }
 
 #[tokio::test]

@@ -6,6 +6,7 @@
 use std::time::Instant;
 
 use super::*;
+use crate::shard::SessionLease;
 use crate::token::lock_id::LockId;
 
 impl Active {
@@ -59,8 +60,13 @@ impl Active {
             });
         }
         let k = shard.name_keys(&id.name_hash);
-        // Retried when the session lease of the new TTL turned out gone, or
-        // the lock's records changed between the read and the txn.
+        // A move whose txn went unanswered, once the cut-off moved past it:
+        // the session it moved the lock onto, that session's renewal and
+        // its send, and the value moved. The next read says whether it did.
+        let mut unanswered: Option<(SessionLease, Renewal, Instant, LockValue)> = None;
+        // Retried when the session lease of the new TTL turned out gone, the
+        // lock's records changed between the read and the txn, or the txn
+        // went unanswered.
         for _ in 0..3 {
             let identity = shard.verified_identity().ok_or_else(|| {
                 unavailable(shard, "the shard's identity is not verified yet; retry")
@@ -76,6 +82,12 @@ impl Active {
             let Some(lock) = state.lock else {
                 return Ok(Extended::Refused(RenewOutcome::Expired));
             };
+            if let Some((session, renewal, sent, value)) = unanswered.take() {
+                if (lock.create_revision(), lock.lease()) == (id.revision, session.id) {
+                    // That move was applied before the cut-off moved.
+                    return self.extended(id, (session, ttl_secs), &value.client, &renewal, sent);
+                }
+            }
             if (lock.create_revision(), lock.lease()) != (id.revision, id.lease) {
                 return Ok(Extended::Refused(RenewOutcome::Stolen));
             }
@@ -99,21 +111,26 @@ impl Active {
                 continue; // gone, and forgotten: the next try gets another
             };
             let was = (&lock, state.held.as_ref());
-            let moved = (shard.move_lock(&k, was, &value, session.id, &identity)).await;
-            match moved {
+            let cutoff = shard.cutoff();
+            let moved = shard.move_lock(&k, was, &value, session.id, (&identity, cutoff));
+            match moved.await {
                 Ok(true) => {
-                    let lock = LockId {
-                        ttl_secs,
-                        lease: session.id,
-                        ..id.clone()
-                    };
-                    let grant = self.grant(lock, &value.client, &renewal, sent)?;
-                    return Ok(Extended::Moved(grant));
+                    return self.extended(id, (session, ttl_secs), &value.client, &renewal, sent);
                 }
                 // Changed since the read: read again, which tells.
                 Ok(false) => {}
                 Err(EtcdError::LeaseNotFound) => {
                     shard.forget_session(&value.client, &session).await
+                }
+                // As for an acquire's grant (`acquire.rs`): a move held on
+                // its way could land later and take the lock off the lease
+                // its holder renews. Once the cut-off has moved past it, it
+                // cannot, and the next read says whether it did before.
+                Err(e @ EtcdError::Unavailable { .. }) if !acquire::past_deadline() => {
+                    if shard.move_cutoff_past(cutoff).await.is_err() {
+                        return Err(e.into());
+                    }
+                    unanswered = Some((session, renewal, sent, value));
                 }
                 Err(e) => return Err(e.into()),
             }
@@ -122,5 +139,23 @@ impl Active {
             shard,
             "the lock's records or its new session lease kept changing; retry",
         ))
+    }
+
+    /// The answer of a lock `id` moved onto `session` (of `ttl_secs`), whose
+    /// `renewal` was sent at `sent`: the new lockId, the same token.
+    fn extended(
+        &self,
+        id: &LockId,
+        (session, ttl_secs): (SessionLease, u32),
+        client: &str,
+        renewal: &Renewal,
+        sent: Instant,
+    ) -> Result<Extended, LockError> {
+        let lock = LockId {
+            ttl_secs,
+            lease: session.id,
+            ..id.clone()
+        };
+        Ok(Extended::Moved(self.grant(lock, client, renewal, sent)?))
     }
 }

@@ -17,11 +17,13 @@
 
 use std::time::{Duration, Instant};
 
+use super::acquire::past_deadline;
 use crate::config::LockDelay;
 use crate::locks::{
     epoch_of, lease_end, lock_value, Acquire, Acquired, Active, Expiry, LockError, WaitSlots,
 };
 use crate::refusal::RateLimited;
+use crate::shard::conn::EtcdError;
 use crate::shard::keys::{name_hash, LockValue, Recorded, Stored};
 use crate::shard::ops::{LockShard, QueueWaiter};
 use crate::shard::queue::Awaited;
@@ -118,7 +120,24 @@ impl Active {
             let value = lock_value(req, &g.ring)?;
             let reservation = self.reserve_lock(shard.as_ref(), req.owner.as_ref())?;
             let sent = Instant::now();
-            let step = waiter.grant(&value, &g, replace_held.take()).await?;
+            let step = match waiter.grant(&value, &g, replace_held.take()).await {
+                Ok(step) => step,
+                // As for a plain acquire (`acquire.rs`): the txn, held on
+                // its way, may still land; once the cut-off has moved past
+                // it, it cannot, and a read says whether it did before.
+                Err(unanswered @ EtcdError::Unavailable { .. }) if !past_deadline() => {
+                    if shard.move_cutoff_past(g.cutoff).await.is_err() {
+                        return Err(unanswered.into());
+                    }
+                    let state = shard.read_name(waiter.keys()).await?;
+                    if let Some(kv) = state.lock.filter(|kv| holds(kv, holder)) {
+                        let held = self.held(&**shard, holder, kv, waiter.keys(), None, sent);
+                        return held.await.map(Some);
+                    }
+                    continue;
+                }
+                Err(e) => return Err(e.into()),
+            };
             let awaited = match step {
                 AcquireTxn::Granted { revision } => {
                     if let Some(r) = reservation {
@@ -181,6 +200,10 @@ impl Active {
                         }
                         None => {}
                     }
+                    continue;
+                }
+                AcquireTxn::CutoffMoved(revision) => {
+                    shard.learn_cutoff(revision);
                     continue;
                 }
                 // Free and first, yet the txn failed: something changed.

@@ -423,8 +423,8 @@ impl Router {
         self.confirmed.load(Ordering::Relaxed)
     }
 
-    /// What a grant on `shard` compares (its recorded ring and verified
-    /// identity), if it may grant.
+    /// What a grant on `shard` compares (its recorded ring, verified
+    /// identity and the grant cut-off last seen), if it may grant.
     pub fn grantable(&self, shard: &Shard) -> Result<Grantable, NotServing> {
         if !shard.is_up() {
             return Err(NotServing::Down);
@@ -455,7 +455,11 @@ impl Router {
         let identity = shard
             .verified_identity()
             .ok_or_else(|| NotServing::Ring("the shard's identity is not verified yet".into()))?;
-        Ok(Grantable { ring, identity })
+        Ok(Grantable {
+            ring,
+            identity,
+            cutoff: shard.cutoff(),
+        })
     }
 
     /// What `shard` records, as this router sees it. The state is kept on

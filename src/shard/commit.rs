@@ -32,8 +32,8 @@ use tokio_util::sync::CancellationToken;
 use super::conn::{EtcdConn, EtcdError};
 use super::keys::{Keys, LockValue, Recorded};
 use super::name::{
-    acquire_txn, classify_refusal, gets, grant_ops, name_compares, name_state, own_reads,
-    release_outcome, release_txn, revision, shard_compares,
+    acquire_txn, classify_refusal, cutoff_compare, gets, grant_ops, name_compares, name_state,
+    own_reads, refusal_or_cutoff, release_outcome, release_txn, revision, shard_compares,
 };
 use super::name::{AcquireTxn, Grantable, NameKeys, NameState, ReleaseTxn};
 
@@ -259,7 +259,10 @@ impl Batch {
     /// Adds `job`, or hands it back if it cannot share this batch's txn.
     fn join(&mut self, job: Job) -> Option<Job> {
         if let (Job::Acquire(j), Some(first)) = (&job, self.acquires.first()) {
-            if j.g.ring != first.g.ring || j.g.identity != first.g.identity {
+            if j.g.ring != first.g.ring
+                || j.g.identity != first.g.identity
+                || j.g.cutoff != first.g.cutoff
+            {
                 return Some(job);
             }
         }
@@ -381,10 +384,16 @@ fn batch_txn(k: &Keys, acquires: &[AcquireJob], releases: &[ReleaseJob]) -> Txn 
     let granted = acquires
         .iter()
         .map(|j| TxnOp::txn(nested_acquire(&j.k, &j.value, j.lease, j.replace_held)));
+    let mut when = shard_compares(k, &first.g).to_vec();
+    when.push(cutoff_compare(k, &first.g));
     Txn::new()
-        .when(shard_compares(k, &first.g))
+        .when(when)
         .and_then(granted.chain(released).collect::<Vec<_>>())
-        .or_else([TxnOp::get(k.ring(), None), TxnOp::get(k.identity(), None)])
+        .or_else([
+            TxnOp::get(k.ring(), None),
+            TxnOp::get(k.identity(), None),
+            TxnOp::get(k.cutoff(), None),
+        ])
 }
 
 /// Answers each job of a batch from its txn's answer: the acquires' nested
@@ -398,15 +407,19 @@ fn answer(
 ) -> Vec<ReleaseJob> {
     let granted_at = revision(&resp);
     if !resp.succeeded() {
-        // The ring or the identity changed: every acquire sees it.
+        // The ring, the identity or the cut-off changed: every acquire
+        // sees it.
         let mut reads = gets(resp);
         let ring = reads.next().flatten().map(|kv| Recorded::parse(kv.value()));
         let identity = reads.next().flatten().map(|kv| kv.value().to_vec());
+        let cutoff = reads.next().flatten().map_or(0, |kv| kv.mod_revision());
         for job in acquires {
             let outcome = if identity.as_deref() != Some(job.g.identity.as_slice()) {
                 AcquireTxn::IdentityChanged
-            } else {
+            } else if ring.as_ref() != Some(&job.g.ring) || cutoff == job.g.cutoff {
                 AcquireTxn::RingChanged(ring.clone())
+            } else {
+                AcquireTxn::CutoffMoved(cutoff)
             };
             let _ = job.reply.send(Ok(outcome));
         }
@@ -482,7 +495,9 @@ fn single_outcome(resp: TxnResponse, g: &Grantable) -> AcquireTxn {
             revision: revision(&resp),
         };
     }
-    classify_refusal(name_state(&mut gets(resp)), g).unwrap_or(AcquireTxn::Queued)
+    let mut reads = gets(resp);
+    let state = name_state(&mut reads);
+    refusal_or_cutoff(state, reads.next().flatten(), g)
 }
 
 /// The latest of the batch's request deadlines; `None` if one of its jobs
@@ -536,6 +551,7 @@ mod tests {
         Grantable {
             ring: Recorded::new(meta),
             identity: b"shard a".to_vec(),
+            cutoff: 0,
         }
     }
 

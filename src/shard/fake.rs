@@ -71,6 +71,34 @@ struct State {
     deletions: u64,
     /// Set while the cache lags: the last revision it has seen.
     cache_held_at: Option<i64>,
+    /// The grant cut-off's mod revision (0: never moved), and the one the
+    /// router last saw.
+    cutoff_key: i64,
+    cutoff_seen: i64,
+    /// Moves of the cut-off put so far; whether the next ones fail.
+    cutoff_moves: u32,
+    cutoff_unreachable: bool,
+    /// The next grant's answer is lost: applied first or not at all.
+    lose_next_answer: Option<Lost>,
+    /// A grant txn held on its way (its answer lost), to land later.
+    held_txn: Option<HeldTxn>,
+}
+
+/// What becomes of a grant txn whose answer is lost.
+#[derive(Clone, Copy, Debug)]
+pub enum Lost {
+    /// Applied before its answer was lost.
+    Applied,
+    /// Held on its way: [`FakeShard::land_held_txn`] applies it later.
+    Held,
+}
+
+/// A grant txn held on its way, as it was sent.
+struct HeldTxn {
+    k: NameKeys,
+    value: LockValue,
+    lease: i64,
+    g: Grantable,
 }
 
 impl FakeShard {
@@ -102,6 +130,7 @@ impl FakeShard {
         Grantable {
             ring: s.ring.clone().expect("a recorded ring"),
             identity: s.identity.clone().expect("an identity"),
+            cutoff: s.cutoff_seen,
         }
     }
 
@@ -166,6 +195,33 @@ impl FakeShard {
     /// Keepalives asked of `lease` so far (by renewals and re-acquires).
     pub fn keepalives(&self, lease: i64) -> u32 {
         self.lock().keepalives.get(&lease).copied().unwrap_or(0)
+    }
+
+    /// Loses the answer of the next grant txn (a plain acquire's, a
+    /// waiter's or an extend's move), which is then `lost`: applied, or
+    /// held on its way (a waiter's or a move's is then never applied), and
+    /// fails its call as a silent member's would.
+    pub fn lose_next_answer(&self, lost: Lost) {
+        self.lock().lose_next_answer = Some(lost);
+    }
+
+    /// Applies the grant txn held on its way, as it was sent, and says
+    /// what it did.
+    pub fn land_held_txn(&self) -> AcquireTxn {
+        let mut s = self.lock();
+        let t = s.held_txn.take().expect("a grant txn held on its way");
+        s.acquire_txn(&t.k, &t.value, (t.lease, false), &t.g, None)
+    }
+
+    /// Makes the cut-off's moves fail (`true`), as on a shard that answers
+    /// nobody, or succeed again.
+    pub fn cutoff_unreachable(&self, unreachable: bool) {
+        self.lock().cutoff_unreachable = unreachable;
+    }
+
+    /// Moves of the grant cut-off put so far.
+    pub fn cutoff_moves(&self) -> u32 {
+        self.lock().cutoff_moves
     }
 
     /// Grant txns sent so far.
@@ -257,6 +313,9 @@ impl State {
         if let Some(held) = state.held.filter(|h| Some(h.mod_revision) != replace_held) {
             return AcquireTxn::Lost(held);
         }
+        if g.cutoff != self.cutoff_key {
+            return AcquireTxn::CutoffMoved(self.cutoff_key);
+        }
         if !head && self.kv.keys().any(|key| key.starts_with(&k.waiters)) {
             return AcquireTxn::Queued;
         }
@@ -332,6 +391,29 @@ impl LockShard for FakeShard {
         Ok(self.lock().name_state(k))
     }
 
+    fn cutoff(&self) -> i64 {
+        self.lock().cutoff_seen
+    }
+
+    fn learn_cutoff(&self, revision: i64) {
+        self.lock().cutoff_seen = revision;
+    }
+
+    async fn move_cutoff_past(&self, compared: i64) -> Result<(), EtcdError> {
+        let mut s = self.lock();
+        if s.cutoff_seen > compared {
+            return Ok(());
+        }
+        s.cutoff_moves += 1;
+        if s.cutoff_unreachable {
+            return Err(unanswered(&self.name));
+        }
+        s.revision += 1;
+        s.cutoff_key = s.revision;
+        s.cutoff_seen = s.cutoff_key;
+        Ok(())
+    }
+
     async fn session<E: From<EtcdError>>(
         &self,
         holder: &str,
@@ -370,6 +452,23 @@ impl LockShard for FakeShard {
         if !s.leases.contains_key(&session.id) {
             s.sessions.remove(&(value.client.clone(), session.ttl_secs));
             return Ok(SessionGrant::SessionGone);
+        }
+        match s.lose_next_answer.take() {
+            None => {}
+            Some(Lost::Applied) => {
+                s.acquire_txn(k, value, (session.id, false), g, replace_held);
+                return Err(unanswered(&self.name));
+            }
+            Some(Lost::Held) => {
+                let (k, value, g) = (k.clone(), value.clone(), g.clone());
+                s.held_txn = Some(HeldTxn {
+                    k,
+                    value,
+                    lease: session.id,
+                    g,
+                });
+                return Err(unanswered(&self.name));
+            }
         }
         let txn = s.acquire_txn(k, value, (session.id, false), g, replace_held);
         Ok(SessionGrant::Answered(txn, Ok(s.renewal(session.id))))
@@ -441,21 +540,28 @@ impl LockShard for FakeShard {
         (lock, held_was): (&Stored, Option<&Stored>),
         value: &LockValue,
         lease: i64,
-        identity: &[u8],
+        (identity, cutoff): (&[u8], i64),
     ) -> Result<bool, EtcdError> {
         let mut s = self.lock();
         let version = |key: &Vec<u8>| s.kv.get(key).map_or(0, |kv| kv.mod_revision);
         let unchanged = version(&k.lock) == lock.mod_revision
             && version(&k.held) == held_was.map_or(0, |h| h.mod_revision)
             && s.identity.as_deref() == Some(identity);
-        if !unchanged {
+        if !unchanged || cutoff != s.cutoff_key {
+            s.cutoff_seen = s.cutoff_key;
             return Ok(false);
         }
         if !s.leases.contains_key(&lease) {
             return Err(EtcdError::LeaseNotFound);
         }
-        s.grant_writes(k, value, lease);
-        Ok(true)
+        let lost = s.lose_next_answer.take();
+        if !matches!(lost, Some(Lost::Held)) {
+            s.grant_writes(k, value, lease);
+        }
+        match lost {
+            Some(_) => Err(unanswered(&self.name)),
+            None => Ok(true),
+        }
     }
 
     async fn release_txn(
@@ -596,6 +702,11 @@ impl QueueWaiter for FakeWaiter {
         // First in the queue: granted as a plain acquire would be, but for
         // its own entry, which the grant deletes.
         let entry = s.kv.remove(&self.key).expect("its entry");
+        let lost = s.lose_next_answer.take();
+        if let Some(Lost::Held) = lost {
+            s.kv.insert(self.key.clone(), entry);
+            return Err(unanswered(&self.shard.name));
+        }
         let txn = s.acquire_txn(k, value, (self.session.id, true), g, replace_held);
         if matches!(txn, AcquireTxn::Granted { .. }) {
             s.deletions += 1;
@@ -604,7 +715,10 @@ impl QueueWaiter for FakeWaiter {
         } else {
             s.kv.insert(self.key.clone(), entry);
         }
-        Ok(txn)
+        match lost {
+            Some(Lost::Applied) => Err(unanswered(&self.shard.name)),
+            _ => Ok(txn),
+        }
     }
 
     async fn sleep(&mut self, _awaited: Awaited, deadline: Instant) -> Result<Woke, EtcdError> {
@@ -620,5 +734,13 @@ impl QueueWaiter for FakeWaiter {
         let woke = tokio::time::timeout(left, deleted).await;
         self.seen = self.shard.lock().deletions;
         Ok(if woke.is_ok() { Woke::Gone } else { Woke::Due })
+    }
+}
+
+/// A call that had no answer, as a silent member's fails.
+fn unanswered(shard: &str) -> EtcdError {
+    EtcdError::Unavailable {
+        shard: shard.into(),
+        detail: "no answer within 1000 ms".into(),
     }
 }

@@ -10,6 +10,9 @@
 //!   ([`Reservation`]): an epoch bump or a migration reserves its epoch on
 //!   every shard before it records it anywhere, so a later bump always goes
 //!   past every epoch that may have been used, even on a shard since wiped.
+//! - `P/cutoff` is the grant cut-off, an empty value whose mod revision
+//!   every acquire txn compares: a router whose grant txn went unanswered
+//!   puts it, so that the txn grants nothing if it lands later.
 //! - `P/locks/<hex of the first 16 bytes of SHA-256(name)>` is a held lock,
 //!   attached to its session lease, with a [`LockValue`] naming the holder.
 //!   Hashing bounds key size and keeps lockIds short; a collision could only
@@ -65,6 +68,14 @@ impl Keys {
 
     pub fn identity(&self) -> Vec<u8> {
         format!("{}/shard", self.prefix).into_bytes()
+    }
+
+    /// The grant cut-off: every acquire txn compares its mod revision, and
+    /// a router whose grant txn went unanswered moves it (puts it), so that
+    /// the txn, if it lands later, grants nothing (`docs/design.md`, "An
+    /// acquire that was not answered").
+    pub fn cutoff(&self) -> Vec<u8> {
+        format!("{}/cutoff", self.prefix).into_bytes()
     }
 
     pub fn epoch(&self) -> Vec<u8> {

@@ -15,7 +15,7 @@
 //! in [`keepalive`], the lock-key cache renewals consult in [`cache`], batched
 //! verification for when the cache cannot vouch in [`verify`], the
 //! session-lease cache in [`sessions`], the group commit of grants and
-//! releases in [`commit`], the renewal latency that sheds acquires first in
+//! releases in [`commit`], the grant cut-off in [`cutoff`], the renewal latency that sheds acquires first in
 //! [`pressure`]), the ring state it last read from etcd, and the
 //! shard identity it verified (`P/shard`, see [`keys`]). Every grant
 //! compares both byte for byte, so a router whose ring differs from the
@@ -48,6 +48,7 @@ pub mod access;
 mod cache;
 mod commit;
 pub mod conn;
+mod cutoff;
 #[cfg(test)]
 pub(crate) mod fake;
 mod keepalive;
@@ -200,6 +201,8 @@ pub struct Shard {
     pressure: pressure::Pressure,
     /// Where the paced sweep of lost holders is.
     sweep: std::sync::Mutex<pages::Sweep>,
+    /// The grant cut-off this replica last saw, and the turn to move it.
+    cutoff: std::sync::Arc<cutoff::Cutoff>,
 }
 
 impl Shard {
@@ -231,6 +234,7 @@ impl Shard {
             acquiring: std::sync::atomic::AtomicUsize::new(0),
             pressure: Default::default(),
             sweep: Default::default(),
+            cutoff: Default::default(),
         }
     }
 

@@ -13,11 +13,14 @@ use super::conn::EtcdError;
 use super::keepalive::Renewal;
 use super::keys::{HeldValue, Keys, LockValue, NameHash, Recorded, Stored};
 
-/// What a grant compares: the ring and the identity the router verified.
+/// What a grant compares: the ring and the identity the router verified,
+/// and the grant cut-off it last saw.
 #[derive(Debug, Clone)]
 pub struct Grantable {
     pub ring: Recorded,
     pub identity: Vec<u8>,
+    /// The mod revision of `P/cutoff` (0 while it does not exist).
+    pub cutoff: i64,
 }
 
 /// The keys of one name on one shard.
@@ -67,6 +70,9 @@ pub enum AcquireTxn {
     RingChanged(Option<Recorded>),
     /// The shard's identity is not the one the router verified.
     IdentityChanged,
+    /// The grant cut-off moved past the one compared (to this revision):
+    /// a txn sent before the move grants nothing; try again.
+    CutoffMoved(i64),
 }
 
 /// What a grant on a client's session lease came to.
@@ -101,10 +107,29 @@ pub fn acquire_txn(
     let mut when = grant_compares(keys, k, g, replace_held);
     // No queued waiter: an empty range compares as revision 0.
     when.push(Compare::create_revision(k.waiters.clone(), CompareOp::Equal, 0).with_prefix());
+    when.push(cutoff_compare(keys, g));
+    let mut reads = name_reads(keys, k);
+    reads.push(TxnOp::get(keys.cutoff(), None));
     Txn::new()
         .when(when)
         .and_then(grant_ops(k, value, lease))
-        .or_else(name_reads(keys, k))
+        .or_else(reads)
+}
+
+/// An acquire txn's compare of the grant cut-off it last saw: a move of
+/// the cut-off after the txn was sent makes it grant nothing.
+pub fn cutoff_compare(keys: &Keys, g: &Grantable) -> Compare {
+    Compare::mod_revision(keys.cutoff(), CompareOp::Equal, g.cutoff)
+}
+
+/// Why an acquire txn that read the name's state and then the cut-off
+/// (`read`: the cut-off key's read) did not grant: what the name's state
+/// says, or, when it says nothing, the cut-off's move.
+pub fn refusal_or_cutoff(state: NameState, read: Option<Stored>, g: &Grantable) -> AcquireTxn {
+    classify_refusal(state, g).unwrap_or_else(|| match read.map_or(0, |kv| kv.mod_revision()) {
+        moved if moved != g.cutoff => AcquireTxn::CutoffMoved(moved),
+        _ => AcquireTxn::Queued,
+    })
 }
 
 /// The release txn of one lock (`Shard::release_txn`). The lock key's
@@ -303,6 +328,7 @@ mod tests {
         Grantable {
             ring: ring("r1"),
             identity: b"id".to_vec(),
+            cutoff: 0,
         }
     }
 

@@ -58,6 +58,12 @@ pub trait LockShard: CacheCounts + 'static {
 
     async fn read_name(&self, k: &NameKeys) -> Result<NameState, EtcdError>;
 
+    fn cutoff(&self) -> i64;
+
+    fn learn_cutoff(&self, revision: i64);
+
+    async fn move_cutoff_past(&self, compared: i64) -> Result<(), EtcdError>;
+
     async fn session<E: From<EtcdError>>(
         &self,
         holder: &str,
@@ -109,7 +115,7 @@ pub trait LockShard: CacheCounts + 'static {
         was: (&Stored, Option<&Stored>),
         value: &LockValue,
         lease: i64,
-        identity: &[u8],
+        shard_was: (&[u8], i64),
     ) -> Result<bool, EtcdError>;
 
     async fn release_txn(
@@ -230,6 +236,18 @@ impl LockShard for Shard {
         Shard::read_name(self, k).await
     }
 
+    fn cutoff(&self) -> i64 {
+        Shard::cutoff(self)
+    }
+
+    fn learn_cutoff(&self, revision: i64) {
+        Shard::learn_cutoff(self, revision)
+    }
+
+    async fn move_cutoff_past(&self, compared: i64) -> Result<(), EtcdError> {
+        Shard::move_cutoff_past(self, compared).await
+    }
+
     async fn session<E: From<EtcdError>>(
         &self,
         holder: &str,
@@ -297,9 +315,9 @@ impl LockShard for Shard {
         was: (&Stored, Option<&Stored>),
         value: &LockValue,
         lease: i64,
-        identity: &[u8],
+        shard_was: (&[u8], i64),
     ) -> Result<bool, EtcdError> {
-        Shard::move_lock(self, k, was, value, lease, identity).await
+        Shard::move_lock(self, k, was, value, lease, shard_was).await
     }
 
     async fn release_txn(

@@ -34,8 +34,8 @@ use super::conn::EtcdError;
 use super::keepalive::Renewal;
 use super::keys::{LockValue, Stored};
 use super::name::{
-    classify_refusal, gets, grant_compares, grant_ops, name_reads, name_state, revision,
-    AcquireTxn, Grantable, NameKeys, NameState,
+    classify_refusal, cutoff_compare, gets, grant_compares, grant_ops, name_reads, name_state,
+    revision, AcquireTxn, Grantable, NameKeys, NameState,
 };
 use super::sessions::SessionLease;
 use super::Shard;
@@ -280,6 +280,7 @@ impl Shard {
             Compare::create_revision(k.waiters.clone(), CompareOp::Greater, mine.revision - 1)
                 .with_prefix(),
         );
+        when.push(cutoff_compare(&self.keys, g));
         let mut then = grant_ops(k, value, lease);
         then.push(TxnOp::delete(mine.key.as_slice(), None));
         let predecessor = GetOptions::new()
@@ -290,6 +291,7 @@ impl Shard {
         let mut reads = name_reads(&self.keys, k);
         reads.push(TxnOp::get(mine.key.as_slice(), None));
         reads.push(TxnOp::get(k.waiters.clone(), Some(predecessor)));
+        reads.push(TxnOp::get(self.keys.cutoff(), None));
         let txn = Txn::new().when(when).and_then(then).or_else(reads);
         let resp = self.txn(txn).await?;
         if resp.succeeded() {
@@ -300,7 +302,8 @@ impl Shard {
         let mut gets = gets(resp);
         let state = name_state(&mut gets);
         let (me, ahead) = (gets.next().flatten(), gets.next().flatten());
-        Ok(head_refusal(state, me, ahead, g))
+        let cutoff = gets.next().flatten().map_or(0, |kv| kv.mod_revision());
+        Ok(head_refusal(state, me, ahead, (g, cutoff)))
     }
 }
 
@@ -425,15 +428,16 @@ impl QueueWatch {
 }
 
 /// Why a head-of-queue grant did not grant, from what its `Else` read:
-/// the name's state, the waiter's own entry and the entry just ahead of
-/// it. A changed ring or identity first (nothing else read means much
-/// then), then a waiter whose entry is gone, then the entry ahead of it,
-/// and only for the first in line the name's own refusal.
+/// the name's state, the waiter's own entry, the entry just ahead of it
+/// and the grant cut-off. A changed ring or identity first (nothing else
+/// read means much then), then a waiter whose entry is gone, then the
+/// entry ahead of it, and only for the first in line the name's own
+/// refusal, or else the cut-off's move.
 fn head_refusal(
     state: NameState,
     me: Option<Stored>,
     ahead: Option<Stored>,
-    g: &Grantable,
+    (g, cutoff): (&Grantable, i64),
 ) -> AcquireTxn {
     let holder = state.lock.clone();
     match (classify_refusal(state, g), ahead) {
@@ -441,6 +445,7 @@ fn head_refusal(
         _ if me.is_none() => AcquireTxn::Gone,
         (_, Some(ahead)) => AcquireTxn::Behind(ahead.key().to_vec(), holder),
         (Some(other), None) => other,
+        (None, None) if cutoff != g.cutoff => AcquireTxn::CutoffMoved(cutoff),
         // Free and first, yet the txn failed: something changed; look again.
         (None, None) => AcquireTxn::Queued,
     }
@@ -483,6 +488,7 @@ mod tests {
         Grantable {
             ring: ring("r1"),
             identity: b"id".to_vec(),
+            cutoff: 0,
         }
     }
 
@@ -507,23 +513,26 @@ mod tests {
     #[test]
     fn a_waiter_behind_another_waits_for_that_entry_and_learns_the_holder() {
         let g = grantable();
-        let refusal = head_refusal(state(true, "r1"), Some(kv("me")), Some(kv("W1")), &g);
+        let refusal = head_refusal(state(true, "r1"), Some(kv("me")), Some(kv("W1")), (&g, 0));
         assert!(matches!(
             refusal,
             AcquireTxn::Behind(ahead, Some(holder)) if ahead == b"W1" && holder.key() == b"K"
         ));
-        let free = head_refusal(state(false, "r1"), Some(kv("me")), Some(kv("W1")), &g);
+        let free = head_refusal(state(false, "r1"), Some(kv("me")), Some(kv("W1")), (&g, 0));
         assert!(matches!(free, AcquireTxn::Behind(ahead, None) if ahead == b"W1"));
     }
 
     #[test]
     fn the_first_in_line_gets_the_names_own_refusal() {
         let g = grantable();
-        let held = head_refusal(state(true, "r1"), Some(kv("me")), None, &g);
+        let held = head_refusal(state(true, "r1"), Some(kv("me")), None, (&g, 0));
         assert!(matches!(held, AcquireTxn::Held(h) if h.key() == b"K"));
         // Free and first, yet refused: something changed; look again.
-        let changed = head_refusal(state(false, "r1"), Some(kv("me")), None, &g);
+        let changed = head_refusal(state(false, "r1"), Some(kv("me")), None, (&g, 0));
         assert!(matches!(changed, AcquireTxn::Queued));
+        // The grant cut-off moved since the router last saw it.
+        let moved = head_refusal(state(false, "r1"), Some(kv("me")), None, (&g, 9));
+        assert!(matches!(moved, AcquireTxn::CutoffMoved(9)));
     }
 
     #[test]
@@ -550,14 +559,14 @@ mod tests {
     #[test]
     fn a_gone_entry_ends_the_wait_unless_the_shard_changed() {
         let g = grantable();
-        let gone = head_refusal(state(true, "r1"), None, Some(kv("W1")), &g);
+        let gone = head_refusal(state(true, "r1"), None, Some(kv("W1")), (&g, 0));
         assert!(matches!(gone, AcquireTxn::Gone));
         // Another ring first: nothing else read under it means much.
-        let other_ring = head_refusal(state(true, "r2"), None, Some(kv("W1")), &g);
+        let other_ring = head_refusal(state(true, "r2"), None, Some(kv("W1")), (&g, 0));
         assert!(matches!(other_ring, AcquireTxn::RingChanged(Some(_))));
         let mut other_cluster = state(true, "r1");
         other_cluster.identity = Some(b"other".to_vec());
-        let refusal = head_refusal(other_cluster, Some(kv("me")), Some(kv("W1")), &g);
+        let refusal = head_refusal(other_cluster, Some(kv("me")), Some(kv("W1")), (&g, 0));
         assert!(matches!(refusal, AcquireTxn::IdentityChanged));
     }
 }

@@ -12,7 +12,7 @@ use futures::StreamExt;
 use super::conn::EtcdError;
 use super::keys::{HeldValue, LockValue, Stored};
 use super::name::{
-    grant_ops, name_reads, read_name, AcquireTxn, Grantable, NameKeys, NameState, ReleaseTxn,
+    gets, grant_ops, name_reads, read_name, AcquireTxn, Grantable, NameKeys, NameState, ReleaseTxn,
     SessionGrant,
 };
 use super::sessions::SessionLease;
@@ -26,6 +26,34 @@ pub const SWEEP_STEP_LOST: usize = 100;
 const SETTLING_AT_ONCE: usize = 8;
 
 impl Shard {
+    /// The grant cut-off every acquire txn compares (the last seen).
+    pub fn cutoff(&self) -> i64 {
+        self.cutoff.seen()
+    }
+
+    /// The cut-off a refused txn read: kept as the one to compare.
+    pub fn learn_cutoff(&self, revision: i64) {
+        self.cutoff.learn(revision);
+    }
+
+    /// Moves the grant cut-off past `compared`, the cut-off a grant txn
+    /// that went unanswered compared, so that the txn grants nothing if it
+    /// lands later (`docs/design.md`, "An acquire that was not answered").
+    /// The move runs in a task of its own: a request that stops waiting
+    /// (its deadline passed) does not stop it. On a shard marked down (one
+    /// endpoint, whose call just failed) it is not waited for: the caller
+    /// is answered at once, and the move is tried once in the background.
+    pub async fn move_cutoff_past(&self, compared: i64) -> Result<(), EtcdError> {
+        let (conn, key, cutoff) = (self.conn.clone(), self.keys.cutoff(), self.cutoff.clone());
+        let moving = tokio::spawn(async move { cutoff.move_past(&conn, key, compared).await });
+        if !self.is_up() {
+            return Err(self.conn.unavailable("down, with a grant txn unanswered"));
+        }
+        moving
+            .await
+            .unwrap_or_else(|e| Err(self.conn.unavailable(format!("cut-off move: {e}"))))
+    }
+
     /// Grants the name to `lease` if nobody holds it, no lock-delay or lost
     /// holder is pending, nobody is queued, and the shard still records
     /// `g`'s ring and identity; otherwise reads why not. `replace_held`:
@@ -159,19 +187,20 @@ impl Shard {
     /// (an extend): puts the lock key with `value` on `lease` and its held
     /// record, as a grant writes them ([`grant_ops`]), only if the key and
     /// the record are still the versions `lock` and `held_was` (their mod
-    /// revisions; an absent record compares as 0) and the shard still
-    /// carries `identity`. A put keeps a key's create revision, so the lock
-    /// keeps its fencing token. Returns whether it moved; a failed compare
-    /// means the lock changed (released, expired, taken, or moved by
-    /// another call): read again. A lock moved onto `lease` counts as a
-    /// renewal of it ([`Shard::sweep_sessions`]).
+    /// revisions; an absent record compares as 0), the shard still
+    /// carries `identity` and its grant cut-off is still `cutoff`. A put
+    /// keeps a key's create revision, so the lock keeps its fencing token.
+    /// Returns whether it moved; a failed compare means the lock changed
+    /// (released, expired, taken, or moved by another call) or the
+    /// cut-off moved (kept from the txn's read): read again. A lock moved
+    /// onto `lease` counts as a renewal of it ([`Shard::sweep_sessions`]).
     pub async fn move_lock(
         &self,
         k: &NameKeys,
         (lock, held_was): (&Stored, Option<&Stored>),
         value: &LockValue,
         lease: i64,
-        identity: &[u8],
+        (identity, cutoff): (&[u8], i64),
     ) -> Result<bool, EtcdError> {
         let held_rev = held_was.map_or(0, Stored::mod_revision);
         let txn = Txn::new()
@@ -179,13 +208,18 @@ impl Shard {
                 Compare::mod_revision(k.lock.clone(), CompareOp::Equal, lock.mod_revision()),
                 Compare::mod_revision(k.held.clone(), CompareOp::Equal, held_rev),
                 Compare::value(self.keys.identity(), CompareOp::Equal, identity.to_vec()),
+                Compare::mod_revision(self.keys.cutoff(), CompareOp::Equal, cutoff),
             ])
-            .and_then(grant_ops(k, value, lease));
-        let moved = self.txn(txn).await?.succeeded();
-        if moved {
-            self.sessions.touch(lease);
+            .and_then(grant_ops(k, value, lease))
+            .or_else([TxnOp::get(self.keys.cutoff(), None)]);
+        let resp = self.txn(txn).await?;
+        if !resp.succeeded() {
+            let read = gets(resp).next().flatten();
+            self.learn_cutoff(read.map_or(0, |kv| kv.mod_revision()));
+            return Ok(false);
         }
-        Ok(moved)
+        self.sessions.touch(lease);
+        Ok(true)
     }
 
     /// Sets the lock-delay of a lost holder's name: grants a lease of `ttl`
