@@ -16,7 +16,7 @@ import { Lock } from "./lock.js";
 import { Registry, type Claim } from "./registry.js";
 import { Renewer } from "./renewal.js";
 import { Grant } from "./state.js";
-import { Transport, type LockRef } from "./transport.js";
+import { Transport, type Acquired, type LockRef } from "./transport.js";
 import { margin, now, validUntil } from "./validity.js";
 
 export interface ClientOptions {
@@ -67,12 +67,30 @@ const MIN_WAIT_CHUNK_MS = 500;
 const MAX_TIMER_MS = 2 ** 31 - 1;
 
 /**
+ * Winds down a client that was never closed once it and every `Lock` it
+ * made are garbage-collected (a `Lock` keeps its client reachable until it
+ * is released), as `close()` would, with nobody waiting: what the client
+ * still holds is released in the background, and its renewal loop gives
+ * those releases one more request timeout, then stops. It renews nothing
+ * from then on and leaves no timer behind.
+ */
+const abandoned = new FinalizationRegistry<Keeper>((keeper) => {
+  keeper.closed = true;
+  for (const g of keeper.registry.unreleased()) keeper.releaseInBackground(g);
+  void keeper.renewer.close();
+});
+
+/**
  * A connection to a lockrouter under one client id. Every lock a client
  * holds rides on the router's session lease for (client id, TTL, shard).
  * Within one client a name has one holder at a time: another acquire of a
  * name it holds waits its turn (or, asked as `reentrant`, joins the hold,
  * counted). Use one client per process (or per independent worker); close
- * it when done.
+ * it when done. While it holds locks its renewal timer keeps the process
+ * alive. A client never closed is wound down once it and every `Lock` it
+ * made are garbage-collected: what it held is released and its renewal loop
+ * ends within a request timeout (see {@link close}); when that happens is
+ * the garbage collector's choice.
  *
  * ```ts
  * await using client = new Client({ url: "http://127.0.0.1:8080" });
@@ -86,6 +104,8 @@ export class Client implements AsyncDisposable {
   private readonly keeper: Keeper;
   private nextKey = 0;
   private closing: Promise<void> | undefined;
+  /** Aborted when `close()` begins: ends every acquire on the wire. */
+  private readonly closed = new AbortController();
   /** The longest wait the router accepts at once, as far as this client knows (it shrinks when the router refuses one). */
   private waitChunkMs = WAIT_CHUNK_MS;
 
@@ -103,6 +123,7 @@ export class Client implements AsyncDisposable {
     const renewer = new Renewer(transport, requestTimeoutMs, (g) => registry.forget(g));
     this.keeper = new Keeper(transport, requestTimeoutMs, renewer, registry, new Holds(), safetyMarginMs);
     this.clientId = clientId ?? randomBytes(16).toString("hex");
+    abandoned.register(this, this.keeper, this);
   }
 
   /**
@@ -147,7 +168,7 @@ export class Client implements AsyncDisposable {
     const { holds } = this.keeper;
     if (reentrant) {
       const joined = holds.join(name);
-      if (joined !== undefined) return new Lock(joined, this.keeper);
+      if (joined !== undefined) return new Lock(joined, this.keeper, this);
     }
     const start = now();
     if (!(await holds.take(name, waitMs, signal))) return null;
@@ -247,7 +268,7 @@ export class Client implements AsyncDisposable {
       }
       if (claim.kind === "held" || claim.kind === "new") {
         this.keeper.holds.hold(name, claim.grant);
-        return new Lock(claim.grant, this.keeper);
+        return new Lock(claim.grant, this.keeper, this);
       }
       if (claim.kind === "releasing") {
         // The answer overtook this client's release of the same grant,
@@ -261,15 +282,22 @@ export class Client implements AsyncDisposable {
   }
 
   /**
-   * Stops renewing, releases every lock this client still holds (each
-   * retried while its validity lasts), gives unconfirmed releases one more
-   * request timeout, and stops every timer of the client. Never rejects; a
-   * lock whose release was not confirmed expires at its TTL, since nothing
-   * renews it any more. Calling it again returns the same promise.
+   * Stops renewing, ends every acquire on its way (waiting its turn or at
+   * the router) with a {@link ConfigError}, releases every lock this client
+   * still holds (each retried while its validity lasts), gives unconfirmed
+   * releases one more request timeout, and stops every timer of the client.
+   * Never rejects; a lock whose release got no answer expires at its
+   * TTL, since nothing renews it any more, and its `release()` rejects
+   * with a {@link ConfigError}. A closed client sends nothing more: its
+   * `acquire`, `tryAcquire`, `using` and `inspect` reject with a
+   * {@link ConfigError}. Calling it again returns the same promise.
    */
   close(): Promise<void> {
     this.closing ??= (async () => {
       const { registry, renewer, holds } = this.keeper;
+      abandoned.unregister(this);
+      this.keeper.closed = true;
+      this.closed.abort();
       holds.close(new ConfigError("the client was closed while this acquire waited its turn"));
       await Promise.allSettled(registry.unreleased().map((g) => this.keeper.release(g)));
       await renewer.close();
@@ -291,11 +319,24 @@ export class Client implements AsyncDisposable {
     metadata: Json | undefined,
   ): Promise<Claim | null> {
     const { transport, requestTimeoutMs } = this.keeper;
-    const sentAt = now();
-    const extra: { metadata?: Json; signal?: AbortSignal } = {};
+    if (this.closing !== undefined) throw closedDuringAcquire(name);
+    // close() ends the request at once, as `signal` does (the router drops
+    // a waiter with its request). Listeners, not AbortSignal.any, which
+    // leaks when one of its signals lives as long as the client.
+    const cancel = new AbortController();
+    const stop = (): void => cancel.abort(signal?.aborted ? signal.reason : closedDuringAcquire(name));
+    const sources = signal === undefined ? [this.closed.signal] : [signal, this.closed.signal];
+    for (const s of sources) s.addEventListener("abort", stop, { once: true });
+    if (signal?.aborted) stop();
+    const extra: { metadata?: Json; signal: AbortSignal } = { signal: cancel.signal };
     if (metadata !== undefined) extra.metadata = metadata;
-    if (signal !== undefined) extra.signal = signal;
-    const a = await transport.acquire(name, ttlMs, this.clientId, waitMs, requestTimeoutMs + waitMs, extra);
+    const sentAt = now();
+    let a: Acquired;
+    try {
+      a = await transport.acquire(name, ttlMs, this.clientId, waitMs, requestTimeoutMs + waitMs, extra);
+    } finally {
+      for (const s of sources) s.removeEventListener("abort", stop);
+    }
     if (!a.acquired) return null;
     if (a.lockId === undefined || a.fencingToken === undefined || a.expiresInMs === undefined) {
       throw new RouterError(200, "malformed_answer", "acquired without lockId, fencingToken or expiresInMs");
@@ -331,7 +372,7 @@ export class Client implements AsyncDisposable {
     if (this.closing !== undefined) {
       // close() ran while this acquire was on the wire: nothing would renew the lock.
       if (claim.kind === "new") this.keeper.release(claim.grant).catch(() => {});
-      throw new ConfigError("the client was closed during the acquire");
+      throw closedDuringAcquire(name);
     }
     if (claim.kind === "new") this.keeper.renewer.track(claim.grant);
     return claim;
@@ -344,6 +385,11 @@ export class Client implements AsyncDisposable {
       () => new Grant(this.nextKey++, name, ref, ttlMs, marginMs, this.clientId, until),
     );
   }
+}
+
+/** An acquire of `name` that was on its way when its client closed: it never hands out a lock that nothing renews. */
+function closedDuringAcquire(name: string): ConfigError {
+  return new ConfigError(`the client was closed during the acquire of ${JSON.stringify(name)}`);
 }
 
 /** The retryable error of an acquire that found this client's release of an earlier grant of `name` still unanswered. */

@@ -5,7 +5,7 @@
  * so the lock layer sits below the client that makes locks.
  */
 
-import { isRetryable, LockLostError } from "./errors.js";
+import { ConfigError, isRetryable, LockLostError } from "./errors.js";
 import type { Holds } from "./holds.js";
 import type { Registry } from "./registry.js";
 import { attempt, retryRelease, unstarted } from "./release.js";
@@ -26,13 +26,39 @@ export class Keeper {
   ) {}
 
   /**
+   * Set when the client's `close()` begins: from then on nothing sends a
+   * release any more, so one not confirmed by the end of the attempts
+   * under way never will be.
+   */
+  closed = false;
+
+  /**
    * Releases `grant` at the router: marks it lost (`released`) at once,
    * stops renewing it, and resolves once the router confirmed. Retries while
    * the lock's validity lasts (never sooner than a refusal's `Retry-After`
    * asks), then rejects and leaves the renewal loop retrying from where it
-   * stopped. Every caller for one grant shares the first call's outcome.
+   * stopped. Every caller for one grant shares the first call's outcome;
+   * once the client is closing or closed, a release left unconfirmed for
+   * want of an answer (a retryable error, which nothing will retry now)
+   * rejects with the closed client's {@link ConfigError} instead. A refusal
+   * stays the router's answer.
    */
   release(grant: Grant): Promise<void> {
+    const outcome = this.releaseOnce(grant);
+    if (!this.closed) return outcome;
+    return outcome.catch((e: unknown) => {
+      // Confirmed in the background after all (within close()'s last request timeout).
+      if (grant.release === "done") return;
+      if (!isRetryable(e)) throw e;
+      throw new ConfigError(
+        `the client is closed and its release of ${JSON.stringify(grant.name)} was not confirmed; ` +
+          "nothing renews the lock any more, so it expires at its TTL",
+        { cause: e },
+      );
+    });
+  }
+
+  private releaseOnce(grant: Grant): Promise<void> {
     if (grant.releasing !== undefined) return grant.releasing;
     if (!this.registry.owns(grant)) {
       // A newer Lock of this client owns the grant now: leave it alone.

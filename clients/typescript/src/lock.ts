@@ -15,7 +15,9 @@ import { margin, now, validUntil } from "./validity.js";
  * A lock held through a {@link Client}. The client's renewal loop renews it
  * until it is released or lost. Release it with `await using` or
  * `try { … } finally { await lock.release() }`; a `Lock` left unreleased is
- * renewed until `client.close()`.
+ * renewed until `client.close()`, or until its client, never closed, and
+ * every `Lock` of that client are garbage-collected (then the client winds
+ * down as `close()` would: see {@link Client}).
  *
  * ```ts
  * await using lock = await client.acquire("process_order:42", { ttlMs: 30_000 });
@@ -28,13 +30,25 @@ export class Lock implements AsyncDisposable {
   /** Whether this object still has its hold of the name, and whether giving it back was the grant's last. */
   private holding = true;
   private last = true;
+  /**
+   * The client that made this lock, kept reachable while this lock holds
+   * its name: a client is wound down when garbage-collected, and must not
+   * be while a `Lock` of it is in use. Never read.
+   */
+  private owner: object | undefined;
 
   /** @internal */
   constructor(
     private readonly grant: Grant,
     private readonly keeper: Keeper,
+    owner: object,
   ) {
-    const follow = (): void => this.controller.abort(grant.signal.reason);
+    this.owner = owner;
+    // The grant (which the renewal loop keeps) reaches this lock's
+    // controller, never the lock itself: an unreleased lock nobody can use
+    // any more stays collectable, and its client with it.
+    const controller = this.controller;
+    const follow = (): void => controller.abort(grant.signal.reason);
     if (grant.signal.aborted) follow();
     else grant.signal.addEventListener("abort", follow, { once: true });
   }
@@ -118,7 +132,11 @@ export class Lock implements AsyncDisposable {
    * validity runs out first, or that time would end after it, it rejects
    * with the last error and the client keeps retrying in the background
    * (no sooner than the router asked) while it is open. Calling it again
-   * returns the same outcome.
+   * returns the same outcome. Once the client is closed (or closing), it
+   * resolves if the release was confirmed, by `close()` or before; if no
+   * answer confirmed it, it rejects with a {@link ConfigError} (its `cause`
+   * the last, retryable, error) instead: nothing sends the release any
+   * more, and the lock expires at its TTL.
    * Rejects with {@link LockLostError} if the lock was lost and this client
    * has since acquired the same grant through a newer `Lock`. A re-entrant
    * hold that is not the grant's last only gives its hold back.
@@ -126,6 +144,7 @@ export class Lock implements AsyncDisposable {
   release(): Promise<void> {
     if (this.holding) {
       this.holding = false;
+      this.owner = undefined;
       this.last = this.keeper.holds.letGo(this.grant);
       if (!this.last) this.controller.abort(new LockLostError(this.name, "released"));
     }
@@ -197,17 +216,19 @@ export class Lock implements AsyncDisposable {
    * `await using` support: releases the lock (as {@link release}). If the
    * lock had been lost before the block ended, throws {@link LockLostError}
    * after releasing: the block's work was not protected to the end.
+   *
+   * A release that fails is not thrown. A disposer cannot see whether its
+   * block threw, and an error it throws would reach the caller in place of
+   * the block's own (wrapped in a `SuppressedError`). The failure is not
+   * lost: while the client is open the renewal loop keeps retrying a
+   * retryable one; otherwise the lock, renewed no more, expires at its TTL.
+   * `await lock.release()` in the block, or after it (it returns the same
+   * outcome), reports it.
    */
   async [Symbol.asyncDispose](): Promise<void> {
     const lostBefore = this.lostReason;
-    let failure: unknown = undefined;
-    try {
-      await this.release();
-    } catch (e) {
-      failure = e;
-    }
+    await this.release().catch(() => {});
     if (lostBefore !== undefined && lostBefore !== "released") throw new LockLostError(this.name, lostBefore);
-    if (failure !== undefined) throw failure;
   }
 
   toString(): string {

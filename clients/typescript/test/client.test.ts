@@ -8,15 +8,24 @@
  * loses only that shard's locks, re-entrant holds and tasks of one client
  * excluding each other, waits past the router's cap and their cancellation,
  * extending to another TTL (with a renewal under the old lockId in flight),
- * metadata, inspect, extend and `using`.
+ * metadata, inspect, extend and `using`; a closed client's calls (an
+ * acquire queued at the router when it closes, a release it could not
+ * confirm) and an `await using` block's own exception kept at its exit;
+ * and a client never closed, winding down in a child process once it and
+ * its lock are garbage-collected.
  */
 
 import assert from "node:assert/strict";
+import { spawn } from "node:child_process";
+import { createInterface } from "node:readline";
 import { after, before, describe, test } from "node:test";
 import { setTimeout as sleep } from "node:timers/promises";
 
-import { Client, LockLostError, NotAcquiredError } from "../src/index.js";
-import { abortedAt, Cluster, Router, within } from "./harness.js";
+import { Client, ConfigError, LockLostError, NotAcquiredError, type Lock } from "../src/index.js";
+import { abortedAt, Cluster, Router, track, within } from "./harness.js";
+
+/** The package as a program using it imports it (dist/src/index.js). */
+const INDEX = new URL("../src/index.js", import.meta.url).href;
 
 let cluster: Cluster;
 let url: string;
@@ -522,5 +531,121 @@ describe("against a real router", () => {
     });
     await assert.rejects(within(3_000, "using rejects on loss", cut), (e: unknown) => e instanceof LockLostError && e.reason === "expired");
     assert.ok(seenSignal?.aborted, "the work's signal aborted");
+  });
+
+  test("an acquire waiting at the router when its client closes rejects at once with the closed client's ConfigError, and leaves the router's queue", { timeout: 20_000 }, async () => {
+    const name = fresh("closed-wait");
+    await using holder = new Client({ url });
+    const held = await holder.acquire(name, { ttlMs: 10_000 });
+    const waiter = new Client({ url });
+    const waiting = waiter.acquire(name, { ttlMs: 10_000, waitMs: 20_000 });
+    waiting.catch(() => {});
+    await sleep(500);
+    assert.equal((await holder.inspect(name)).waiters, 1, "queued at the router");
+    await waiter.close();
+    await assert.rejects(within(1_000, "the waiting acquire ends with close()", waiting), (e: unknown) => {
+      assert.ok(e instanceof ConfigError && !e.retryable, `not the closed client's ConfigError: ${String(e)}`);
+      assert.match(e.message, /closed during the acquire/);
+      return true;
+    });
+    await sleep(300);
+    assert.equal((await holder.inspect(name)).waiters, 0, "the router dropped the waiter with its request");
+    await held.release();
+    const next = await holder.tryAcquire(name, { ttlMs: 10_000 });
+    assert.ok(next !== null, "nothing was granted to the closed client");
+    await next.release();
+  });
+
+  test("with the router gone, an `await using` block that closes its client ends with its own exception; the release close could not confirm, and any acquire, reject with the closed client's ConfigError", { timeout: 20_000 }, async () => {
+    const name = fresh("closed-down");
+    const doomed = await cluster.extraRouter();
+    const client = new Client({ url: doomed.url, requestTimeoutMs: 500 });
+    const boom = new Error("the block's own error");
+    const closedClient = (e: unknown): boolean => {
+      assert.ok(e instanceof ConfigError && !e.retryable, `not the closed client's ConfigError: ${String(e)}`);
+      return true;
+    };
+    try {
+      let disposed: Lock | undefined;
+      let caught: unknown;
+      try {
+        await using lock = await client.acquire(name, { ttlMs: 2_000 });
+        disposed = lock;
+        await doomed.kill();
+        // Its release cannot get through (retried while the lock is valid,
+        // 1.8 s, then one request timeout more): the exit's cannot either.
+        await client.close();
+        throw boom;
+      } catch (e) {
+        caught = e;
+      }
+      assert.equal(caught, boom, `the exit replaced the block's exception with ${String(caught)}`);
+      assert.equal(disposed?.lostReason, "released");
+      await assert.rejects(disposed!.release(), (e: unknown) => closedClient(e) && (e as Error).message.includes(JSON.stringify(name)));
+      await assert.rejects(client.acquire(name, { ttlMs: 2_000 }), closedClient);
+    } finally {
+      await client.close();
+      await doomed.kill();
+    }
+  });
+
+  test("a client never closed, once it and its lock are garbage-collected, releases what it held and ends its renewal loop: its process exits by itself", { timeout: 60_000 }, async () => {
+    // A child process holds a 30 s lock through a client with a 1 s request
+    // timeout, and when told drops both, unreleased and unclosed, and
+    // collects garbage (--expose-gc: when V8 would do it is its own choice).
+    // The renewal loop keeps a process alive while it renews; only the
+    // client winding down lets the child exit before the lock's validity (27 s) ends.
+    const orphan = async (routerUrl: string, name: string) => {
+      // Acquired in a function: a top-level await keeps the last value it
+      // awaited reachable (from the module's own generator).
+      const script = [
+        `import { Client } from ${JSON.stringify(INDEX)};`,
+        `let held;`,
+        `async function hold() {`,
+        `  const client = new Client({ url: ${JSON.stringify(routerUrl)}, requestTimeoutMs: 1000 });`,
+        `  held = { client, lock: await client.acquire(${JSON.stringify(name)}, { ttlMs: 30000 }) };`,
+        `  process.stdout.write(JSON.stringify({ token: String(held.lock.fencingToken) }) + "\\n");`,
+        `}`,
+        `await hold();`,
+        `process.stdin.once("data", () => {`,
+        `  process.stdin.destroy();`,
+        `  held = undefined;`,
+        `  globalThis.gc();`,
+        `  setTimeout(() => globalThis.gc(), 200).unref();`,
+        `});`,
+      ].join("\n");
+      const child = spawn(process.execPath, ["--expose-gc", "--input-type=module", "-e", script], { stdio: ["pipe", "pipe", "inherit"] });
+      track(child);
+      const exited = new Promise<number | null>((resolve) => child.once("exit", (code) => resolve(code)));
+      const lines = createInterface({ input: child.stdout! });
+      const line = await within(10_000, "the child's lock", new Promise<string>((resolve) => lines.once("line", resolve)));
+      return { child, exited, token: (JSON.parse(line) as { token: string }).token, drop: () => child.stdin!.end("drop\n") };
+    };
+
+    // The router up: the lock is released on the way out, not left to its TTL.
+    const name = fresh("orphan");
+    const up = await orphan(url, name);
+    try {
+      assert.deepEqual(await cluster.router.inspect(name), { held: true, fencingToken: up.token });
+      up.drop();
+      assert.equal(await within(10_000, "the child exits by itself", up.exited), 0);
+      assert.deepEqual(await cluster.router.inspect(name), { held: false }, "released, well within its 30 s TTL");
+    } finally {
+      up.child.kill("SIGKILL");
+    }
+
+    // The router gone: the release gets its last request timeout, then the child exits all the same.
+    const doomed = await cluster.extraRouter();
+    const down = await orphan(doomed.url, fresh("orphan-down"));
+    try {
+      await doomed.kill();
+      const start = performance.now();
+      down.drop();
+      assert.equal(await within(8_000, "the child exits by itself", down.exited), 0);
+      assert.ok(performance.now() - start < 8_000);
+    } finally {
+      down.child.kill("SIGKILL");
+      await doomed.kill();
+    }
   });
 });

@@ -4,15 +4,17 @@
  * along), what each answer means, typed errors and the fencing helpers;
  * a grant whose release was confirmed never handed out again; and, over an
  * injected fetch, a refused release not retried, a refused batch renewed
- * lock by lock, releases and extends never crossing, and the router's
- * `Retry-After` read into errors and waited out by the client's own retries.
+ * lock by lock, releases and extends never crossing, the router's
+ * `Retry-After` read into errors and waited out by the client's own retries,
+ * a closed client's calls ending with its `ConfigError`, and a block's own
+ * exception never replaced by a release failing at its exit.
  */
 
 import assert from "node:assert/strict";
 import { describe, test } from "node:test";
 import { setTimeout as sleep } from "node:timers/promises";
 
-import { Client, ConfigError, LockLostError, RouterError, TransportError, fencing, isRetryable, parseJson, stringifyJson } from "../src/index.js";
+import { Client, ConfigError, Lock, LockLostError, RouterError, TransportError, fencing, isRetryable, parseJson, stringifyJson } from "../src/index.js";
 import { dueBatches, outcome, type Due } from "../src/renewal.js";
 import { Registry } from "../src/registry.js";
 import { Grant } from "../src/state.js";
@@ -339,6 +341,117 @@ describe("the client over an injected fetch", () => {
       assert.ok(!batches.at(-1)!.body.includes('"L2"'));
     } finally {
       await client.close();
+    }
+  });
+});
+
+describe("a closed client, and the exit of a block", () => {
+  const answer = (status: number, body: string): Response => new Response(body, { status, headers: { "content-type": "application/json" } });
+  const granted = (lockId: string, token: number): Response =>
+    answer(200, `{"acquired":true,"lockId":"${lockId}","fencingToken":${token},"expiresInMs":2000}`);
+  /** What undici throws when the router is unreachable. */
+  const unreachable = (): TypeError => new TypeError("fetch failed", { cause: new Error("connect ECONNREFUSED 127.0.0.1:1") });
+  /** Every lock of a renew-batch renewed. */
+  const renewedAll = (body: unknown): Response => {
+    const n = (JSON.parse(String(body)) as { locks: unknown[] }).locks.length;
+    return answer(200, JSON.stringify({ results: Array.from({ length: n }, () => ({ renewed: true, expiresInMs: 2000 })) }));
+  };
+  const closedClient = (what: RegExp) => (e: unknown): boolean => {
+    assert.ok(e instanceof ConfigError, `not the closed client's ConfigError: ${String(e)}`);
+    assert.ok(!isRetryable(e));
+    assert.match(e.message, what);
+    return true;
+  };
+
+  test("after close, calls reject with the closed client's ConfigError and send nothing: an acquire after close or on the wire during it, a release close could not confirm", { timeout: 15_000 }, async () => {
+    const calls: string[] = [];
+    let acquired = 0;
+    const fake: typeof fetch = async (input, init) => {
+      const path = new URL(String(input)).pathname.split("/").pop()!;
+      const body = JSON.parse(String(init?.body)) as { name?: string; lockId?: string };
+      calls.push(`${path} ${body.name ?? body.lockId}`);
+      if (path === "acquire" && body.name === "queued") {
+        // Queued at the router until the request is cut, which rejects the way fetch does.
+        return new Promise<Response>((_, reject) =>
+          init?.signal?.addEventListener("abort", () => reject(new DOMException("This operation was aborted", "AbortError"))),
+        );
+      }
+      if (path === "acquire") return granted(`L${++acquired}`, acquired);
+      if (path === "release" && body.lockId === "L1") return new Response(null, { status: 204 });
+      if (path === "release") throw unreachable();
+      return renewedAll(init?.body);
+    };
+    const c = new Client({ url: "http://router.example:1", fetch: fake, requestTimeoutMs: 300 });
+    const up = await c.acquire("up", { ttlMs: 2_000 });
+    const down = await c.acquire("down", { ttlMs: 2_000 });
+    const queued = c.acquire("queued", { ttlMs: 2_000, waitMs: Infinity });
+    queued.catch(() => {});
+    await sleep(50);
+    assert.deepEqual(calls, ["acquire up", "acquire down", "acquire queued"]);
+
+    const closing = c.close();
+    const start = now();
+    // Ended at once, not once the router answers (it never would) nor when close() is done.
+    const cut = Promise.race([queued, sleep(1_000).then(() => Promise.reject(new Error("still on the wire 1 s into close()")))]);
+    await assert.rejects(cut, closedClient(/closed during the acquire of "queued"/));
+    assert.ok(now() - start < 500, `the acquire on the wire ended ${Math.round(now() - start)} ms into close()`);
+    // close() confirmed one release; the other it retried while the lock
+    // was valid (1.8 s), then one request timeout more, in vain.
+    await closing;
+    assert.ok(calls.filter((x) => x === "release L2").length >= 2, JSON.stringify(calls));
+    const sent = calls.length;
+
+    await up.release();
+    await assert.rejects(down.release(), (e: unknown) => {
+      closedClient(/"down" was not confirmed/)(e);
+      assert.ok((e as Error).cause instanceof TransportError, `caused by ${String((e as Error).cause)}`);
+      return true;
+    });
+    assert.equal(down.lostReason, "released");
+    await assert.rejects(c.acquire("up", { ttlMs: 2_000 }), closedClient(/closed/));
+    await assert.rejects(c.tryAcquire("new", { ttlMs: 2_000 }), closedClient(/closed/));
+    await assert.rejects(c.using("new", { ttlMs: 2_000 }, async () => 1), closedClient(/closed/));
+    await assert.rejects(c.inspect("up"), closedClient(/closed/));
+    await sleep(300);
+    assert.deepEqual(calls.slice(sent), [], "a closed client sends nothing");
+  });
+
+  test("a block's own exception is never replaced by a failing release at its exit: `await using` and using(name, fn)", { timeout: 15_000 }, async () => {
+    let refuse = true;
+    let acquired = 0;
+    const fake: typeof fetch = async (input, init) => {
+      const path = new URL(String(input)).pathname;
+      if (path.endsWith("/acquire")) return granted(`L${++acquired}`, acquired);
+      if (path.endsWith("/release") && refuse) return answer(400, '{"error":{"code":"invalid_argument","message":"bad"}}');
+      if (path.endsWith("/release")) throw unreachable();
+      return renewedAll(init?.body);
+    };
+    await using c = new Client({ url: "http://router.example:1", fetch: fake, requestTimeoutMs: 300 });
+    const boom = new Error("the block's own error");
+    for (const how of ["refused", "unreachable"] as const) {
+      refuse = how === "refused";
+      // A refusal ends the release at once; an unreachable router, once the lock's validity (1.8 s) is over.
+      const failed = (e: unknown): boolean => (how === "refused" ? e instanceof RouterError && e.status === 400 : e instanceof TransportError);
+
+      let disposed: Lock | undefined;
+      let caught: unknown;
+      try {
+        await using lock = await c.acquire(`exit-${how}`, { ttlMs: 2_000 });
+        disposed = lock;
+        throw boom;
+      } catch (e) {
+        caught = e;
+      }
+      assert.equal(caught, boom, `await using (${how}): the exit replaced the block's exception with ${String(caught)}`);
+      await assert.rejects(disposed!.release(), failed, "the release at the exit did fail");
+
+      let worked: Lock | undefined;
+      const work = async (_signal: AbortSignal, lock: Lock): Promise<never> => {
+        worked = lock;
+        throw boom;
+      };
+      await assert.rejects(c.using(`using-${how}`, { ttlMs: 2_000 }, work), (e: unknown) => e === boom);
+      await assert.rejects(worked!.release(), failed, "the release after the work did fail");
     }
   });
 });
