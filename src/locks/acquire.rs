@@ -14,8 +14,34 @@ use crate::shard::{AcquireTxn, Grantable, NameKeys, Renewal, SessionGrant, Sessi
 use crate::token::lock_id::LockId;
 
 /// Whether the request being served is past its deadline.
-pub(super) fn past_deadline() -> bool {
+fn past_deadline() -> bool {
     crate::task::request_deadline().is_some_and(|d| Instant::now() >= d)
+}
+
+/// The answer of a grant txn (an acquire's, a waiting acquire's, an
+/// extend's move) that compared the grant cut-off `compared`, or `None`
+/// when it went unanswered and the cut-off has since moved past it: the
+/// txn, which may still land, then grants nothing, and a read tells what
+/// it did before the move (`docs/design.md`, "An acquire that was not
+/// answered"). An unanswered txn whose cut-off could not be moved keeps
+/// its error (its outcome is unknown), and so does one the caller's own
+/// deadline cut short: that caller is answered 504 whatever comes, and a
+/// move would only refuse every txn in flight on a shard too slow
+/// already.
+pub(super) async fn unless_cut_off<S: LockShard, T>(
+    shard: &S,
+    compared: i64,
+    answer: Result<T, EtcdError>,
+) -> Result<Option<T>, EtcdError> {
+    match answer {
+        Err(unanswered @ EtcdError::Unavailable { .. }) if !past_deadline() => {
+            match shard.move_cutoff_past(compared).await {
+                Ok(()) => Ok(None),
+                Err(_) => Err(unanswered),
+            }
+        }
+        answer => answer.map(Some),
+    }
 }
 
 /// What a moved name's previous shard said of it during a migration.
@@ -158,22 +184,12 @@ impl Active {
         let window = self.window(session.ttl_secs);
         let sent = Instant::now();
         let grant = shard.grant_on_session(k, &value, &session, window, g, replace_held);
-        let (txn, renewal) = match grant.await {
-            Ok(SessionGrant::SessionGone) => return Ok(Attempt::SessionGone),
-            Ok(SessionGrant::Answered(txn, renewal)) => (txn, renewal),
-            // The txn may still land, and grant to a caller told 503: once
-            // the cut-off has moved past it, it grants nothing, and the
-            // next attempt finds whatever it did grant before the move.
-            // Not for a caller whose own deadline cut the call short: it
-            // is answered 504 whatever comes, and a move would only refuse
-            // every txn in flight on a shard too slow already.
-            Err(unanswered @ EtcdError::Unavailable { .. }) if !past_deadline() => {
-                return match shard.move_cutoff_past(g.cutoff).await {
-                    Ok(()) => Ok(Attempt::CutoffMoved),
-                    Err(_) => Err(unanswered.into()),
-                };
-            }
-            Err(e) => return Err(e.into()),
+        let (txn, renewal) = match unless_cut_off(shard.as_ref(), g.cutoff, grant.await).await? {
+            Some(SessionGrant::SessionGone) => return Ok(Attempt::SessionGone),
+            Some(SessionGrant::Answered(txn, renewal)) => (txn, renewal),
+            // Unanswered, and cut off: the next attempt finds whatever
+            // the txn granted before the move.
+            None => return Ok(Attempt::CutoffMoved),
         };
         if let (AcquireTxn::Granted { revision }, Some(r)) = (&txn, reservation) {
             r.granted(shard.clone(), *revision);

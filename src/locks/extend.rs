@@ -113,24 +113,19 @@ impl Active {
             let was = (&lock, state.held.as_ref());
             let cutoff = shard.cutoff();
             let moved = shard.move_lock(&k, was, &value, session.id, (&identity, cutoff));
-            match moved.await {
-                Ok(true) => {
+            match acquire::unless_cut_off(shard, cutoff, moved.await).await {
+                Ok(Some(true)) => {
                     return self.extended(id, (session, ttl_secs), &value.client, &renewal, sent);
                 }
                 // Changed since the read: read again, which tells.
-                Ok(false) => {}
+                Ok(Some(false)) => {}
+                // Unanswered, and cut off: a move held on its way could
+                // have landed later and taken the lock off the lease its
+                // holder renews; now it cannot, and the next read says
+                // whether it did before.
+                Ok(None) => unanswered = Some((session, renewal, sent, value)),
                 Err(EtcdError::LeaseNotFound) => {
                     shard.forget_session(&value.client, &session).await
-                }
-                // As for an acquire's grant (`acquire.rs`): a move held on
-                // its way could land later and take the lock off the lease
-                // its holder renews. Once the cut-off has moved past it, it
-                // cannot, and the next read says whether it did before.
-                Err(e @ EtcdError::Unavailable { .. }) if !acquire::past_deadline() => {
-                    if shard.move_cutoff_past(cutoff).await.is_err() {
-                        return Err(e.into());
-                    }
-                    unanswered = Some((session, renewal, sent, value));
                 }
                 Err(e) => return Err(e.into()),
             }

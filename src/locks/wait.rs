@@ -17,13 +17,12 @@
 
 use std::time::{Duration, Instant};
 
-use super::acquire::past_deadline;
+use super::acquire::unless_cut_off;
 use crate::config::LockDelay;
 use crate::locks::{
     epoch_of, lease_end, lock_value, Acquire, Acquired, Active, Expiry, LockError, WaitSlots,
 };
 use crate::refusal::RateLimited;
-use crate::shard::conn::EtcdError;
 use crate::shard::keys::{name_hash, LockValue, Recorded, Stored};
 use crate::shard::ops::{LockShard, QueueWaiter};
 use crate::shard::queue::Awaited;
@@ -120,23 +119,15 @@ impl Active {
             let value = lock_value(req, &g.ring)?;
             let reservation = self.reserve_lock(shard.as_ref(), req.owner.as_ref())?;
             let sent = Instant::now();
-            let step = match waiter.grant(&value, &g, replace_held.take()).await {
-                Ok(step) => step,
-                // As for a plain acquire (`acquire.rs`): the txn, held on
-                // its way, may still land; once the cut-off has moved past
-                // it, it cannot, and a read says whether it did before.
-                Err(unanswered @ EtcdError::Unavailable { .. }) if !past_deadline() => {
-                    if shard.move_cutoff_past(g.cutoff).await.is_err() {
-                        return Err(unanswered.into());
-                    }
-                    let state = shard.read_name(waiter.keys()).await?;
-                    if let Some(kv) = state.lock.filter(|kv| holds(kv, holder)) {
-                        let held = self.held(&**shard, holder, kv, waiter.keys(), None, sent);
-                        return held.await.map(Some);
-                    }
-                    continue;
+            let granted = waiter.grant(&value, &g, replace_held.take()).await;
+            let Some(step) = unless_cut_off(&**shard, g.cutoff, granted).await? else {
+                // Unanswered, and cut off: a read says whether it granted.
+                let state = shard.read_name(waiter.keys()).await?;
+                if let Some(kv) = state.lock.filter(|kv| holds(kv, holder)) {
+                    let held = self.held(&**shard, holder, kv, waiter.keys(), None, sent);
+                    return held.await.map(Some);
                 }
-                Err(e) => return Err(e.into()),
+                continue;
             };
             let awaited = match step {
                 AcquireTxn::Granted { revision } => {
