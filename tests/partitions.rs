@@ -12,14 +12,18 @@
 //!   schedule throughout;
 //! - acquires whose grant txns a leader cut from its followers held past
 //!   the router's deadline are answered with what the shard holds, and
-//!   leave no grant their client does not know of.
+//!   leave no grant their client does not know of;
+//! - a grant txn that compared an older grant cut-off writes nothing, and
+//!   the router learns the shard's cut-off from its refusal.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use etcd_client::{GetOptions, Txn, TxnOp, TxnOpResponse};
 use futures::future::join_all;
 use serde_json::json;
 
+use lockrouter::keys::{Keys, Stored};
 use lockrouter_testkit::config::config_toml;
 use lockrouter_testkit::etcd::EtcdCluster;
 use lockrouter_testkit::history::History;
@@ -294,6 +298,14 @@ async fn an_acquire_whose_txn_a_cut_off_leader_held_is_answered_and_leaves_no_un
     // test in this process.
     let toml =
         config_toml(&[&etcd], "127.0.0.1:0", "").replace("name = \"a\"", "name = \"unanswered\"");
+    // Earlier moves of the cut-off (by another replica): the router learns
+    // mark 7 from its first grant txn's refusal, and its own move puts 8
+    // and deletes the marks below.
+    let keys = Keys::new("/lockrouter");
+    let mut c = etcd.client().await;
+    for mark in [3, 7] {
+        c.put(keys.cutoff_mark(mark), "", None).await.unwrap();
+    }
     let router = TestRouter::with_toml(&toml).await;
     // The client's other lock, on the same session lease (same TTL).
     let keeper = router.api.must_acquire("keeper", 10_000, "X").await;
@@ -355,5 +367,85 @@ async fn an_acquire_whose_txn_a_cut_off_leader_held_is_answered_and_leaves_no_un
     assert!(
         moved >= 1.0,
         "no grant txn went unanswered: the cut did not bite"
+    );
+    // One move (the txns compared one cut-off), one mark left.
+    let (start, end) = keys.cutoff_marks();
+    let marks = c
+        .get(start, Some(GetOptions::new().with_range(end)))
+        .await
+        .unwrap();
+    let marks: Vec<_> = marks.kvs().iter().map(|kv| kv.key().to_vec()).collect();
+    assert_eq!(marks, [keys.cutoff_mark(8)], "the marks left");
+}
+
+/// docs/design.md, "An acquire that was not answered", on real etcd: the
+/// grant cut-off's compare and read as the router builds them, and a
+/// router meeting moves another replica made. A txn that compared a
+/// cut-off below the shard's highest mark writes nothing and reads that
+/// mark; one that compared the highest mark (or above) is applied. The
+/// router, which saw none of the marks put under it, has its acquire, an
+/// extend's move and a waiter's grant each refused by a move, learns the
+/// mark, and grants on the next txn.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_grant_txn_that_compared_an_older_cut_off_writes_nothing_and_the_router_learns_the_mark()
+{
+    let etcd = EtcdCluster::single();
+    let keys = Keys::new("/lockrouter");
+    let mut c = etcd.client().await;
+    let probe = |seen: i64| {
+        Txn::new()
+            .when([keys.cutoff_compare(seen)])
+            .and_then([TxnOp::put("probe", format!("compared {seen}"), None)])
+            .or_else([keys.cutoff_read()])
+    };
+    // No mark yet: the compare holds.
+    assert!(c.txn(probe(0)).await.unwrap().succeeded());
+    for mark in [1, 9, 12] {
+        c.put(keys.cutoff_mark(mark), "", None).await.unwrap();
+    }
+    for seen in [0, 1, 9, 11] {
+        let resp = c.txn(probe(seen)).await.unwrap();
+        assert!(!resp.succeeded(), "compared {seen}, below mark 12");
+        let read = match &resp.op_responses()[..] {
+            [TxnOpResponse::Get(get)] => get.kvs().first().cloned().map(Stored::from),
+            other => panic!("{other:?}"),
+        };
+        assert_eq!(keys.cutoff_of(read), 12, "the highest mark is read");
+    }
+    for seen in [12, 13] {
+        assert!(c.txn(probe(seen)).await.unwrap().succeeded(), "{seen}");
+    }
+    let probed = c.get("probe", None).await.unwrap().kvs()[0]
+        .value_str()
+        .unwrap()
+        .to_string();
+    assert_eq!(probed, "compared 13", "a refused txn wrote nothing");
+
+    let router = TestRouter::start(&[&etcd]).await;
+    let api = &router.api;
+    // An acquire: refused by mark 12 (the router has seen none), granted.
+    let lock = api.must_acquire("marks/acquire", 5_000, "X").await;
+    // An extend's move, after another replica's move to mark 13.
+    c.put(keys.cutoff_mark(13), "", None).await.unwrap();
+    let body = json!({"lockId": lock.0, "fencingToken": lock.1, "ttlMs": 8_000});
+    let extended = api.post("/api/v1/locks/extend", body).await;
+    assert_eq!(extended.status, 200, "{extended:?}");
+    assert_eq!(extended.body["fencingToken"], lock.1, "{extended:?}");
+    // A waiter's grant at the head of the queue, after a move to mark 20.
+    let held = api.must_acquire("marks/wait", 5_000, "X").await;
+    let waiting = {
+        let api = api.clone();
+        let body = json!({"name": "marks/wait", "ttlMs": 5_000, "clientId": "Y", "waitMs": 10_000});
+        tokio::spawn(async move { api.post("/api/v1/locks/acquire", body).await })
+    };
+    sleep_ms(300).await;
+    c.put(keys.cutoff_mark(20), "", None).await.unwrap();
+    assert_eq!(api.release(&held).await.status, 204);
+    let granted = waiting.await.unwrap();
+    assert_eq!(granted.status, 200, "{granted:?}");
+    assert_eq!(granted.body["acquired"], true, "{granted:?}");
+    assert!(
+        granted.body["fencingToken"].as_u64().unwrap() > held.1,
+        "{granted:?}"
     );
 }

@@ -32,8 +32,8 @@ use tokio_util::sync::CancellationToken;
 use super::conn::{EtcdConn, EtcdError};
 use super::keys::{Keys, LockValue, Recorded};
 use super::name::{
-    acquire_txn, classify_refusal, cutoff_compare, gets, grant_ops, name_compares, name_state,
-    own_reads, refusal_or_cutoff, release_outcome, release_txn, revision, shard_compares,
+    acquire_txn, classify_refusal, gets, grant_ops, name_compares, name_state, own_reads,
+    refusal_or_cutoff, release_outcome, release_txn, revision, shard_compares,
 };
 use super::name::{AcquireTxn, Grantable, NameKeys, NameState, ReleaseTxn};
 
@@ -315,7 +315,7 @@ async fn commit(target: &Target, mut acquires: Vec<AcquireJob>, releases: Vec<Re
             );
             let result = call(target, txn, deadline)
                 .await
-                .map(|resp| single_outcome(resp, &job.g));
+                .map(|resp| single_outcome(resp, &target.keys, &job.g));
             let _ = job.reply.send(result);
             return;
         }
@@ -336,7 +336,7 @@ async fn commit(target: &Target, mut acquires: Vec<AcquireJob>, releases: Vec<Re
     .await
     {
         Ok(resp) => {
-            let unsent = answer(resp, acquires, releases);
+            let unsent = answer(resp, &target.keys, acquires, releases);
             if !unsent.is_empty() {
                 Box::pin(commit(target, Vec::new(), unsent)).await;
             }
@@ -385,23 +385,25 @@ fn batch_txn(k: &Keys, acquires: &[AcquireJob], releases: &[ReleaseJob]) -> Txn 
         .iter()
         .map(|j| TxnOp::txn(nested_acquire(&j.k, &j.value, j.lease, j.replace_held)));
     let mut when = shard_compares(k, &first.g).to_vec();
-    when.push(cutoff_compare(k, &first.g));
+    when.push(k.cutoff_compare(first.g.cutoff));
     Txn::new()
         .when(when)
         .and_then(granted.chain(released).collect::<Vec<_>>())
         .or_else([
             TxnOp::get(k.ring(), None),
             TxnOp::get(k.identity(), None),
-            TxnOp::get(k.cutoff(), None),
+            k.cutoff_read(),
         ])
 }
 
 /// Answers each job of a batch from its txn's answer: the acquires' nested
-/// answers (or the outer `Else`'s ring and identity), then the releases';
-/// returns the releases that did not run (the outer compare failed).
+/// answers (or the outer `Else`'s ring, identity and cut-off), then the
+/// releases'; returns the releases that did not run (the outer compare
+/// failed).
 #[must_use]
 fn answer(
     resp: TxnResponse,
+    keys: &Keys,
     acquires: Vec<AcquireJob>,
     releases: Vec<ReleaseJob>,
 ) -> Vec<ReleaseJob> {
@@ -412,11 +414,11 @@ fn answer(
         let mut reads = gets(resp);
         let ring = reads.next().flatten().map(|kv| Recorded::parse(kv.value()));
         let identity = reads.next().flatten().map(|kv| kv.value().to_vec());
-        let cutoff = reads.next().flatten().map_or(0, |kv| kv.mod_revision());
+        let cutoff = keys.cutoff_of(reads.next().flatten());
         for job in acquires {
             let outcome = if identity.as_deref() != Some(job.g.identity.as_slice()) {
                 AcquireTxn::IdentityChanged
-            } else if ring.as_ref() != Some(&job.g.ring) || cutoff == job.g.cutoff {
+            } else if ring.as_ref() != Some(&job.g.ring) || cutoff <= job.g.cutoff {
                 AcquireTxn::RingChanged(ring.clone())
             } else {
                 AcquireTxn::CutoffMoved(cutoff)
@@ -489,7 +491,7 @@ fn nested_refusal(inner: TxnResponse, g: &Grantable) -> AcquireTxn {
     classify_refusal(state, g).unwrap_or(AcquireTxn::Queued)
 }
 
-fn single_outcome(resp: TxnResponse, g: &Grantable) -> AcquireTxn {
+fn single_outcome(resp: TxnResponse, keys: &Keys, g: &Grantable) -> AcquireTxn {
     if resp.succeeded() {
         return AcquireTxn::Granted {
             revision: revision(&resp),
@@ -497,7 +499,7 @@ fn single_outcome(resp: TxnResponse, g: &Grantable) -> AcquireTxn {
     }
     let mut reads = gets(resp);
     let state = name_state(&mut reads);
-    refusal_or_cutoff(state, reads.next().flatten(), g)
+    refusal_or_cutoff(state, keys.cutoff_of(reads.next().flatten()), g)
 }
 
 /// The latest of the batch's request deadlines; `None` if one of its jobs

@@ -1,14 +1,18 @@
-//! The grant cut-off (`P/cutoff`): every acquire txn compares its mod
-//! revision, and a router whose grant txn went unanswered moves it, so
-//! that the txn grants nothing if it lands later (`docs/design.md`, "An
-//! acquire that was not answered").
+//! The grant cut-off (its marks `P/cutoff/<n>`): every acquire txn
+//! compares that no mark above the one its router last saw exists, and a
+//! router whose grant txn went unanswered puts the next mark, so that the
+//! txn grants nothing if it lands later (`docs/design.md`, "An acquire
+//! that was not answered").
 
 use std::sync::atomic::{AtomicI64, Ordering};
 
-use super::conn::{EtcdConn, EtcdError};
+use etcd_client::{DeleteOptions, Txn, TxnOp};
 
-/// The grant cut-off (`P/cutoff`) as a replica knows it: the mod revision
-/// it last saw, and one move at a time.
+use super::conn::{EtcdConn, EtcdError};
+use super::keys::Keys;
+
+/// The grant cut-off as a replica knows it: the highest mark it last saw,
+/// and one move at a time.
 #[derive(Default)]
 pub struct Cutoff {
     seen: AtomicI64,
@@ -21,42 +25,48 @@ impl Cutoff {
         self.seen.load(Ordering::Acquire)
     }
 
-    /// Keeps `revision`, read from the shard, as the cut-off. Not only a
+    /// Keeps `mark`, read from the shard, as the cut-off. Not only a
     /// larger one: a shard restored from a snapshot may go back, and its
     /// grants compare what it holds. An older read kept by a race costs
     /// one refused txn, which reads the cut-off again; it never skips a
     /// move that is needed ([`Cutoff::move_past`]).
-    pub fn learn(&self, revision: i64) {
-        self.seen.store(revision, Ordering::Release);
+    pub fn learn(&self, mark: i64) {
+        self.seen.store(mark, Ordering::Release);
     }
 
-    /// Puts `key` unless a move past `compared` was seen since; the put is
-    /// hedged (running it twice moves the cut-off twice, which is as good).
-    /// A cut-off seen above `compared` is one the key had at some moment,
-    /// and its mod revision only grows from there: a txn comparing
-    /// `compared` can never be applied, and needs no move.
+    /// Puts the mark above `compared` (and above the last seen) and deletes
+    /// those below it, unless a mark above `compared` was seen since. The
+    /// txn is hedged: running it twice puts the same mark again. A mark
+    /// seen above `compared` existed at some moment, and a move deletes
+    /// only marks below the one it puts, so one at least as high exists
+    /// from then on: a txn comparing `compared` can never be applied, and
+    /// needs no move.
     pub async fn move_past(
         &self,
         conn: &EtcdConn,
-        key: Vec<u8>,
+        keys: &Keys,
         compared: i64,
     ) -> Result<(), EtcdError> {
         let _turn = self.moving.lock().await;
-        if self.seen() > compared {
+        let seen = self.seen();
+        if seen > compared {
             return Ok(());
         }
-        let put = conn.call_hedged("Put", |client| {
-            let key = key.clone();
-            async move { client.kv_client().put(key, Vec::<u8>::new(), None).await }
-        });
-        let result = put.await;
-        let moved = (result.as_ref()).map(|resp| resp.header().map_or(0, |h| h.revision()));
-        match moved {
-            Ok(revision) => {
-                self.seen.fetch_max(revision, Ordering::AcqRel);
+        let mark = seen.max(compared).saturating_add(1);
+        let (first, _) = keys.cutoff_marks();
+        let key = keys.cutoff_mark(mark);
+        let below = DeleteOptions::new().with_range(key.clone());
+        let txn = Txn::new().and_then([
+            TxnOp::put(key, Vec::<u8>::new(), None),
+            TxnOp::delete(first, Some(below)),
+        ]);
+        let moved = conn.txn_hedged(txn).await;
+        match &moved {
+            Ok(_) => {
+                self.seen.fetch_max(mark, Ordering::AcqRel);
                 tracing::info!(
                     shard = %conn.shard(),
-                    revision,
+                    mark,
                     "a grant txn went unanswered: the grant cut-off moved past it"
                 );
             }
@@ -67,6 +77,6 @@ impl Cutoff {
             ),
         }
         conn.metrics().cutoff_moved(moved.is_ok());
-        result.map(|_| ())
+        moved.map(|_| ())
     }
 }

@@ -71,8 +71,8 @@ struct State {
     deletions: u64,
     /// Set while the cache lags: the last revision it has seen.
     cache_held_at: Option<i64>,
-    /// The grant cut-off's mod revision (0: never moved), and the one the
-    /// router last saw.
+    /// The grant cut-off, the highest mark (0: never moved), and the one
+    /// the router last saw.
     cutoff_key: i64,
     cutoff_seen: i64,
     /// Moves of the cut-off put so far; whether the next ones fail.
@@ -313,7 +313,7 @@ impl State {
         if let Some(held) = state.held.filter(|h| Some(h.mod_revision) != replace_held) {
             return AcquireTxn::Lost(held);
         }
-        if g.cutoff != self.cutoff_key {
+        if g.cutoff < self.cutoff_key {
             return AcquireTxn::CutoffMoved(self.cutoff_key);
         }
         if !head && self.kv.keys().any(|key| key.starts_with(&k.waiters)) {
@@ -395,8 +395,8 @@ impl LockShard for FakeShard {
         self.lock().cutoff_seen
     }
 
-    fn learn_cutoff(&self, revision: i64) {
-        self.lock().cutoff_seen = revision;
+    fn learn_cutoff(&self, mark: i64) {
+        self.lock().cutoff_seen = mark;
     }
 
     async fn move_cutoff_past(&self, compared: i64) -> Result<(), EtcdError> {
@@ -409,7 +409,7 @@ impl LockShard for FakeShard {
             return Err(unanswered(&self.name));
         }
         s.revision += 1;
-        s.cutoff_key = s.revision;
+        s.cutoff_key = s.cutoff_seen.max(compared) + 1;
         s.cutoff_seen = s.cutoff_key;
         Ok(())
     }
@@ -547,7 +547,7 @@ impl LockShard for FakeShard {
         let unchanged = version(&k.lock) == lock.mod_revision
             && version(&k.held) == held_was.map_or(0, |h| h.mod_revision)
             && s.identity.as_deref() == Some(identity);
-        if !unchanged || cutoff != s.cutoff_key {
+        if !unchanged || cutoff < s.cutoff_key {
             s.cutoff_seen = s.cutoff_key;
             return Ok(false);
         }

@@ -10,9 +10,10 @@
 //!   ([`Reservation`]): an epoch bump or a migration reserves its epoch on
 //!   every shard before it records it anywhere, so a later bump always goes
 //!   past every epoch that may have been used, even on a shard since wiped.
-//! - `P/cutoff` is the grant cut-off, an empty value whose mod revision
-//!   every acquire txn compares: a router whose grant txn went unanswered
-//!   puts it, so that the txn grants nothing if it lands later.
+//! - `P/cutoff/<n, 20 digits>` are the grant cut-off's marks, empty
+//!   values: every acquire txn compares that no mark above the one its
+//!   router last saw exists, and a router whose grant txn went unanswered
+//!   puts the next mark, so that the txn grants nothing if it lands later.
 //! - `P/locks/<hex of the first 16 bytes of SHA-256(name)>` is a held lock,
 //!   attached to its session lease, with a [`LockValue`] naming the holder.
 //!   Hashing bounds key size and keeps lockIds short; a collision could only
@@ -27,6 +28,7 @@
 //!   (`waitMs`), attached to a lease of its own; the queue is ordered by the
 //!   keys' create revisions.
 
+use etcd_client::{Compare, CompareOp, GetOptions, SortOrder, SortTarget, TxnOp};
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 
@@ -70,12 +72,60 @@ impl Keys {
         format!("{}/shard", self.prefix).into_bytes()
     }
 
-    /// The grant cut-off: every acquire txn compares its mod revision, and
-    /// a router whose grant txn went unanswered moves it (puts it), so that
-    /// the txn, if it lands later, grants nothing (`docs/design.md`, "An
-    /// acquire that was not answered").
-    pub fn cutoff(&self) -> Vec<u8> {
-        format!("{}/cutoff", self.prefix).into_bytes()
+    /// The grant cut-off's mark `n` (`P/cutoff/<n>`, zero-padded to 20
+    /// digits so that marks sort as numbers): every acquire txn compares
+    /// that no mark above the one its router last saw exists, and a router
+    /// whose grant txn went unanswered puts the next one, so that the txn,
+    /// if it lands later, grants nothing (`docs/design.md`, "An acquire
+    /// that was not answered").
+    pub fn cutoff_mark(&self, n: i64) -> Vec<u8> {
+        format!("{}/cutoff/{n:020}", self.prefix).into_bytes()
+    }
+
+    /// Start and end (exclusive) of the range of cut-off marks.
+    pub fn cutoff_marks(&self) -> (Vec<u8>, Vec<u8>) {
+        self.range("cutoff")
+    }
+
+    /// A grant txn's compare of the grant cut-off `seen` it last saw: no
+    /// mark above it exists (the range compares as 0 while it is empty),
+    /// so a move of the cut-off after the txn was sent makes it grant
+    /// nothing. A range with no key in it is answered from etcd's index,
+    /// without the read of the backend a compare of an existing key costs.
+    pub fn cutoff_compare(&self, seen: i64) -> Compare {
+        let end = format!("{}/cutoff0", self.prefix).into_bytes(); // '0' follows '/'
+        Compare::create_revision(
+            self.cutoff_mark(seen.saturating_add(1)),
+            CompareOp::Equal,
+            0,
+        )
+        .with_range(end)
+    }
+
+    /// The read of the shard's grant cut-off: its highest mark, which
+    /// [`Keys::cutoff_of`] takes.
+    pub fn cutoff_read(&self) -> TxnOp {
+        let (start, end) = self.cutoff_marks();
+        let highest = GetOptions::new()
+            .with_range(end)
+            .with_sort(SortTarget::Key, SortOrder::Descend)
+            .with_limit(1)
+            .with_keys_only();
+        TxnOp::get(start, Some(highest))
+    }
+
+    /// The cut-off a [`Keys::cutoff_read`] found: the mark its key names,
+    /// 0 if there was none.
+    pub fn cutoff_of(&self, read: Option<Stored>) -> i64 {
+        let (start, _) = self.cutoff_marks();
+        let digits = |mark: Stored| {
+            let n = mark
+                .key()
+                .strip_prefix(start.as_slice())
+                .map(<[u8]>::to_vec);
+            n.and_then(|n| String::from_utf8(n).ok()?.parse().ok())
+        };
+        read.and_then(digits).unwrap_or(0)
     }
 
     pub fn epoch(&self) -> Vec<u8> {
@@ -380,6 +430,35 @@ mod tests {
     }
 
     use super::*;
+
+    fn stored(key: &[u8]) -> Stored {
+        let pb = etcd_client::proto::PbKeyValue {
+            key: key.to_vec(),
+            ..Default::default()
+        };
+        Stored::from(<&etcd_client::KeyValue>::from(&pb).clone())
+    }
+
+    /// A txn compares the range of marks above the one it saw, and a move
+    /// deletes the range below its own: both need marks that sort as the
+    /// numbers they name, and a read of the highest to name it back.
+    #[test]
+    fn cutoff_marks_sort_as_their_numbers_and_read_back() {
+        let keys = Keys::new("/lockrouter");
+        let (start, end) = keys.cutoff_marks();
+        let marks: Vec<Vec<u8>> = [1, 9, 10, 99, 100, i64::MAX]
+            .iter()
+            .map(|&n| keys.cutoff_mark(n))
+            .collect();
+        assert!(marks.windows(2).all(|w| w[0] < w[1]), "{marks:?}");
+        assert!(marks.iter().all(|m| start < *m && *m < end));
+        assert_eq!(keys.cutoff_of(Some(stored(&keys.cutoff_mark(10)))), 10);
+        assert_eq!(keys.cutoff_of(Some(stored(&marks[5]))), i64::MAX);
+        // No mark read, or a key that is not one: no cut-off seen.
+        assert_eq!(keys.cutoff_of(None), 0);
+        assert_eq!(keys.cutoff_of(Some(stored(b"/lockrouter/cutoff/x"))), 0);
+        assert_eq!(keys.cutoff_of(Some(stored(b"/other/cutoff/7"))), 0);
+    }
 
     #[test]
     fn a_stored_key_keeps_what_etcd_answered() {

@@ -19,7 +19,8 @@ use super::keys::{HeldValue, Keys, LockValue, NameHash, Recorded, Stored};
 pub struct Grantable {
     pub ring: Recorded,
     pub identity: Vec<u8>,
-    /// The mod revision of `P/cutoff` (0 while it does not exist).
+    /// The grant cut-off: the highest mark `P/cutoff/<n>` seen (0 while
+    /// none was).
     pub cutoff: i64,
 }
 
@@ -107,28 +108,23 @@ pub fn acquire_txn(
     let mut when = grant_compares(keys, k, g, replace_held);
     // No queued waiter: an empty range compares as revision 0.
     when.push(Compare::create_revision(k.waiters.clone(), CompareOp::Equal, 0).with_prefix());
-    when.push(cutoff_compare(keys, g));
+    when.push(keys.cutoff_compare(g.cutoff));
     let mut reads = name_reads(keys, k);
-    reads.push(TxnOp::get(keys.cutoff(), None));
+    reads.push(keys.cutoff_read());
     Txn::new()
         .when(when)
         .and_then(grant_ops(k, value, lease))
         .or_else(reads)
 }
 
-/// An acquire txn's compare of the grant cut-off it last saw: a move of
-/// the cut-off after the txn was sent makes it grant nothing.
-pub fn cutoff_compare(keys: &Keys, g: &Grantable) -> Compare {
-    Compare::mod_revision(keys.cutoff(), CompareOp::Equal, g.cutoff)
-}
-
-/// Why an acquire txn that read the name's state and then the cut-off
-/// (`read`: the cut-off key's read) did not grant: what the name's state
-/// says, or, when it says nothing, the cut-off's move.
-pub fn refusal_or_cutoff(state: NameState, read: Option<Stored>, g: &Grantable) -> AcquireTxn {
-    classify_refusal(state, g).unwrap_or_else(|| match read.map_or(0, |kv| kv.mod_revision()) {
-        moved if moved != g.cutoff => AcquireTxn::CutoffMoved(moved),
-        _ => AcquireTxn::Queued,
+/// Why an acquire txn did not grant, from the name's `state` and the
+/// shard's `cutoff` its `Else` read: what the name's state says, or, when
+/// it says nothing, a mark above the cut-off the txn compared.
+pub fn refusal_or_cutoff(state: NameState, cutoff: i64, g: &Grantable) -> AcquireTxn {
+    classify_refusal(state, g).unwrap_or(if cutoff > g.cutoff {
+        AcquireTxn::CutoffMoved(cutoff)
+    } else {
+        AcquireTxn::Queued
     })
 }
 

@@ -34,8 +34,8 @@ use super::conn::EtcdError;
 use super::keepalive::Renewal;
 use super::keys::{LockValue, Stored};
 use super::name::{
-    classify_refusal, cutoff_compare, gets, grant_compares, grant_ops, name_reads, name_state,
-    revision, AcquireTxn, Grantable, NameKeys, NameState,
+    classify_refusal, gets, grant_compares, grant_ops, name_reads, name_state, revision,
+    AcquireTxn, Grantable, NameKeys, NameState,
 };
 use super::sessions::SessionLease;
 use super::Shard;
@@ -280,7 +280,7 @@ impl Shard {
             Compare::create_revision(k.waiters.clone(), CompareOp::Greater, mine.revision - 1)
                 .with_prefix(),
         );
-        when.push(cutoff_compare(&self.keys, g));
+        when.push(self.keys.cutoff_compare(g.cutoff));
         let mut then = grant_ops(k, value, lease);
         then.push(TxnOp::delete(mine.key.as_slice(), None));
         let predecessor = GetOptions::new()
@@ -291,7 +291,7 @@ impl Shard {
         let mut reads = name_reads(&self.keys, k);
         reads.push(TxnOp::get(mine.key.as_slice(), None));
         reads.push(TxnOp::get(k.waiters.clone(), Some(predecessor)));
-        reads.push(TxnOp::get(self.keys.cutoff(), None));
+        reads.push(self.keys.cutoff_read());
         let txn = Txn::new().when(when).and_then(then).or_else(reads);
         let resp = self.txn(txn).await?;
         if resp.succeeded() {
@@ -302,7 +302,7 @@ impl Shard {
         let mut gets = gets(resp);
         let state = name_state(&mut gets);
         let (me, ahead) = (gets.next().flatten(), gets.next().flatten());
-        let cutoff = gets.next().flatten().map_or(0, |kv| kv.mod_revision());
+        let cutoff = self.keys.cutoff_of(gets.next().flatten());
         Ok(head_refusal(state, me, ahead, (g, cutoff)))
     }
 }
@@ -445,7 +445,7 @@ fn head_refusal(
         _ if me.is_none() => AcquireTxn::Gone,
         (_, Some(ahead)) => AcquireTxn::Behind(ahead.key().to_vec(), holder),
         (Some(other), None) => other,
-        (None, None) if cutoff != g.cutoff => AcquireTxn::CutoffMoved(cutoff),
+        (None, None) if cutoff > g.cutoff => AcquireTxn::CutoffMoved(cutoff),
         // Free and first, yet the txn failed: something changed; look again.
         (None, None) => AcquireTxn::Queued,
     }

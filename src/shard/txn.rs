@@ -44,8 +44,8 @@ impl Shard {
     /// endpoint, whose call just failed) it is not waited for: the caller
     /// is answered at once, and the move is tried once in the background.
     pub async fn move_cutoff_past(&self, compared: i64) -> Result<(), EtcdError> {
-        let (conn, key, cutoff) = (self.conn.clone(), self.keys.cutoff(), self.cutoff.clone());
-        let moving = tokio::spawn(async move { cutoff.move_past(&conn, key, compared).await });
+        let (conn, keys, cutoff) = (self.conn.clone(), self.keys.clone(), self.cutoff.clone());
+        let moving = tokio::spawn(async move { cutoff.move_past(&conn, &keys, compared).await });
         if !self.is_up() {
             return Err(self.conn.unavailable("down, with a grant txn unanswered"));
         }
@@ -208,14 +208,14 @@ impl Shard {
                 Compare::mod_revision(k.lock.clone(), CompareOp::Equal, lock.mod_revision()),
                 Compare::mod_revision(k.held.clone(), CompareOp::Equal, held_rev),
                 Compare::value(self.keys.identity(), CompareOp::Equal, identity.to_vec()),
-                Compare::mod_revision(self.keys.cutoff(), CompareOp::Equal, cutoff),
+                self.keys.cutoff_compare(cutoff),
             ])
             .and_then(grant_ops(k, value, lease))
-            .or_else([TxnOp::get(self.keys.cutoff(), None)]);
+            .or_else([self.keys.cutoff_read()]);
         let resp = self.txn(txn).await?;
         if !resp.succeeded() {
             let read = gets(resp).next().flatten();
-            self.learn_cutoff(read.map_or(0, |kv| kv.mod_revision()));
+            self.learn_cutoff(self.keys.cutoff_of(read));
             return Ok(false);
         }
         self.sessions.touch(lease);
