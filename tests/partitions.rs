@@ -12,7 +12,8 @@
 //!   schedule throughout;
 //! - acquires whose grant txns a leader cut from its followers held past
 //!   the router's deadline are answered with what the shard holds, and
-//!   leave no grant their client does not know of;
+//!   leave no grant their client does not know of, even when the
+//!   router's monitor marked the shard down meanwhile;
 //! - a grant txn that compared an older grant cut-off writes nothing, and
 //!   the router learns the shard's cut-off from its refusal.
 
@@ -288,6 +289,30 @@ async fn a_member_cut_off_and_back_rejoins_while_renewals_stay_on_schedule() {
 /// name is free for another.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_acquire_whose_txn_a_cut_off_leader_held_is_answered_and_leaves_no_unknown_grant() {
+    unanswered_acquires("unanswered", 0, 1_100).await;
+}
+
+/// The same, with the acquires sent 300 ms into the cut and the heal at
+/// 1.5 s: the monitor's probes (every 200 ms, each waiting out the 1 s
+/// deadline) have marked the shard down by the time the txns go
+/// unanswered. The router still waits for its move of the cut-off, hedged
+/// to every member, which the heal lets through, and asks again: every
+/// acquire is answered with what the shard holds, none 503. (Before, a
+/// shard marked down was not waited for, and these were answered 503
+/// with their outcome unknown.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_acquire_unanswered_while_the_shard_is_marked_down_is_still_answered() {
+    let down = unanswered_acquires("unanswered-down", 300, 1_500).await;
+    assert!(down, "the shard was not marked down before the heal");
+}
+
+/// Cuts the leader of a fresh 3-member shard (named `shard`) from its
+/// followers, sends six acquires of one client `delay_ms` later and heals
+/// `heal_ms` after the cut; checks that every acquire was answered with a
+/// grant the shard holds, that no name is left held by a grant nobody
+/// knows of, and that the router moved the cut-off once. Returns whether
+/// the shard was marked down just before the heal.
+async fn unanswered_acquires(shard: &str, delay_ms: u64, heal_ms: u64) -> bool {
     let net = network();
     let etcd = EtcdCluster::builder(net.size())
         .in_network(net.clone())
@@ -296,8 +321,8 @@ async fn an_acquire_whose_txn_a_cut_off_leader_held_is_answered_and_leaves_no_un
         .unwrap_or_else(|e| panic!("{e}"));
     // A shard name of its own: the metrics recorder is shared by every
     // test in this process.
-    let toml =
-        config_toml(&[&etcd], "127.0.0.1:0", "").replace("name = \"a\"", "name = \"unanswered\"");
+    let toml = config_toml(&[&etcd], "127.0.0.1:0", "")
+        .replace("name = \"a\"", &format!("name = \"{shard}\""));
     // Earlier moves of the cut-off (by another replica): the router learns
     // mark 7 from its first grant txn's refusal, and its own move puts 8
     // and deletes the marks below.
@@ -315,17 +340,26 @@ async fn an_acquire_whose_txn_a_cut_off_leader_held_is_answered_and_leaves_no_un
     let cut = Instant::now();
     let acquires = join_all(names.iter().map(|name| {
         let api = router.api.clone();
-        async move { api.acquire(name, 10_000, "X").await }
+        async move {
+            sleep_ms(delay_ms).await;
+            api.acquire(name, 10_000, "X").await
+        }
     }));
     let heal = async {
-        sleep_ms(1_100).await;
+        sleep_ms(heal_ms).await;
+        let up = lockrouter_testkit::metrics::sum(
+            &router.api.metrics().await,
+            "lockrouter_shard_up",
+            &[("shard", shard)],
+        );
         net.heal_peers(leader);
         eprintln!(
-            "member {leader} (the leader) cut from its followers for {:?}",
+            "member {leader} (the leader) cut from its followers for {:?}; shard up before the heal: {up}",
             cut.elapsed()
         );
+        up == 0.0
     };
-    let (answers, ()) = futures::join!(acquires, heal);
+    let (answers, down) = futures::join!(acquires, heal);
     let (mut granted, mut unknown) = (Vec::new(), Vec::new());
     for (name, r) in names.iter().zip(&answers) {
         eprintln!("{name}: {} after the cut: {}", r.status, r.body);
@@ -362,7 +396,7 @@ async fn an_acquire_whose_txn_a_cut_off_leader_held_is_answered_and_leaves_no_un
     let moved = lockrouter_testkit::metrics::sum(
         &router.api.metrics().await,
         "lockrouter_grant_cutoffs_total",
-        &[("shard", "unanswered"), ("outcome", "moved")],
+        &[("shard", shard), ("outcome", "moved")],
     );
     assert!(
         moved >= 1.0,
@@ -376,6 +410,7 @@ async fn an_acquire_whose_txn_a_cut_off_leader_held_is_answered_and_leaves_no_un
         .unwrap();
     let marks: Vec<_> = marks.kvs().iter().map(|kv| kv.key().to_vec()).collect();
     assert_eq!(marks, [keys.cutoff_mark(8)], "the marks left");
+    down
 }
 
 /// docs/design.md, "An acquire that was not answered", on real etcd: the

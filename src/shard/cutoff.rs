@@ -64,6 +64,10 @@ impl Cutoff {
         match &moved {
             Ok(_) => {
                 self.seen.fetch_max(mark, Ordering::AcqRel);
+                // A write the shard committed: it has a leader and a
+                // quorum, whatever the monitor's last probe said, and the
+                // acquire asks again there at once.
+                conn.set_up(true);
                 tracing::info!(
                     shard = %conn.shard(),
                     mark,

@@ -40,13 +40,16 @@ impl Shard {
     /// that went unanswered compared, so that the txn grants nothing if it
     /// lands later (`docs/design.md`, "An acquire that was not answered").
     /// The move runs in a task of its own: a request that stops waiting
-    /// (its deadline passed) does not stop it. On a shard marked down (one
-    /// endpoint, whose call just failed) it is not waited for: the caller
+    /// (its deadline passed) does not stop it. On a shard of one endpoint
+    /// marked down (its call just failed) it is not waited for: the caller
     /// is answered at once, and the move is tried once in the background.
+    /// A shard of several members is waited for even when the monitor has
+    /// marked it down: the move is hedged to every member, and the one
+    /// that answers it gives the caller a definite answer.
     pub async fn move_cutoff_past(&self, compared: i64) -> Result<(), EtcdError> {
         let (conn, keys, cutoff) = (self.conn.clone(), self.keys.clone(), self.cutoff.clone());
         let moving = tokio::spawn(async move { cutoff.move_past(&conn, &keys, compared).await });
-        if !self.is_up() {
+        if !self.is_up() && !self.conn.has_several_members() {
             return Err(self.conn.unavailable("down, with a grant txn unanswered"));
         }
         moving
