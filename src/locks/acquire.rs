@@ -293,8 +293,8 @@ impl Active {
             }
             AcquireTxn::RingChanged(found) => return Ok(Attempt::RingChanged(found)),
             AcquireTxn::IdentityChanged => return Ok(Attempt::IdentityChanged),
-            AcquireTxn::CutoffMoved(revision) => {
-                shard.learn_cutoff(revision);
+            AcquireTxn::CutoffMoved(mark) => {
+                shard.learn_cutoff(mark);
                 return Ok(Attempt::CutoffMoved);
             }
         }))

@@ -193,8 +193,8 @@ impl Active {
                     }
                     continue;
                 }
-                AcquireTxn::CutoffMoved(revision) => {
-                    shard.learn_cutoff(revision);
+                AcquireTxn::CutoffMoved(mark) => {
+                    shard.learn_cutoff(mark);
                     continue;
                 }
                 // Free and first, yet the txn failed: something changed.

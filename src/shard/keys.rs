@@ -93,7 +93,7 @@ impl Keys {
     /// nothing. A range with no key in it is answered from etcd's index,
     /// without the read of the backend a compare of an existing key costs.
     pub fn cutoff_compare(&self, seen: i64) -> Compare {
-        let end = format!("{}/cutoff0", self.prefix).into_bytes(); // '0' follows '/'
+        let end = self.range_end("cutoff");
         Compare::create_revision(
             self.cutoff_mark(seen.saturating_add(1)),
             CompareOp::Equal,
@@ -119,11 +119,8 @@ impl Keys {
     pub fn cutoff_of(&self, read: Option<Stored>) -> i64 {
         let (start, _) = self.cutoff_marks();
         let digits = |mark: Stored| {
-            let n = mark
-                .key()
-                .strip_prefix(start.as_slice())
-                .map(<[u8]>::to_vec);
-            n.and_then(|n| String::from_utf8(n).ok()?.parse().ok())
+            let n = mark.key().strip_prefix(start.as_slice())?;
+            std::str::from_utf8(n).ok()?.parse().ok()
         };
         read.and_then(digits).unwrap_or(0)
     }
@@ -211,10 +208,13 @@ impl Keys {
     }
 
     fn range(&self, kind: &str) -> (Vec<u8>, Vec<u8>) {
-        (
-            format!("{}/{kind}/", self.prefix).into_bytes(),
-            format!("{}/{kind}0", self.prefix).into_bytes(), // '0' follows '/'
-        )
+        let start = format!("{}/{kind}/", self.prefix).into_bytes();
+        (start, self.range_end(kind))
+    }
+
+    /// The end (exclusive) of [`Keys::range`] of `kind`.
+    fn range_end(&self, kind: &str) -> Vec<u8> {
+        format!("{}/{kind}0", self.prefix).into_bytes() // '0' follows '/'
     }
 }
 

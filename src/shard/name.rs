@@ -71,8 +71,8 @@ pub enum AcquireTxn {
     RingChanged(Option<Recorded>),
     /// The shard's identity is not the one the router verified.
     IdentityChanged,
-    /// The grant cut-off moved past the one compared (to this revision):
-    /// a txn sent before the move grants nothing; try again.
+    /// The grant cut-off moved past the one compared (to this mark): a
+    /// txn sent before the move grants nothing; try again.
     CutoffMoved(i64),
 }
 

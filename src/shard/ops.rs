@@ -60,7 +60,7 @@ pub trait LockShard: CacheCounts + 'static {
 
     fn cutoff(&self) -> i64;
 
-    fn learn_cutoff(&self, revision: i64);
+    fn learn_cutoff(&self, mark: i64);
 
     async fn move_cutoff_past(&self, compared: i64) -> Result<(), EtcdError>;
 
@@ -240,8 +240,8 @@ impl LockShard for Shard {
         Shard::cutoff(self)
     }
 
-    fn learn_cutoff(&self, revision: i64) {
-        Shard::learn_cutoff(self, revision)
+    fn learn_cutoff(&self, mark: i64) {
+        Shard::learn_cutoff(self, mark)
     }
 
     async fn move_cutoff_past(&self, compared: i64) -> Result<(), EtcdError> {

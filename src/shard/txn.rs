@@ -32,8 +32,8 @@ impl Shard {
     }
 
     /// The cut-off a refused txn read: kept as the one to compare.
-    pub fn learn_cutoff(&self, revision: i64) {
-        self.cutoff.learn(revision);
+    pub fn learn_cutoff(&self, mark: i64) {
+        self.cutoff.learn(mark);
     }
 
     /// Moves the grant cut-off past `compared`, the cut-off a grant txn
