@@ -47,6 +47,11 @@ pub fn request_deadline() -> Option<Instant> {
     REQUEST_DEADLINE.try_with(|d| *d).ok()
 }
 
+/// Whether the request being served is past its deadline.
+pub fn past_request_deadline() -> bool {
+    request_deadline().is_some_and(|d| Instant::now() >= d)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -13,11 +13,6 @@ use crate::shard::ops::LockShard;
 use crate::shard::{AcquireTxn, Grantable, NameKeys, Renewal, SessionGrant, SessionLease};
 use crate::token::lock_id::LockId;
 
-/// Whether the request being served is past its deadline.
-fn past_deadline() -> bool {
-    crate::task::request_deadline().is_some_and(|d| Instant::now() >= d)
-}
-
 /// The answer of a grant txn (an acquire's, a waiting acquire's, an
 /// extend's move) that compared the grant cut-off `compared`, or `None`
 /// when it went unanswered and the cut-off has since moved past it: the
@@ -34,7 +29,9 @@ pub(super) async fn unless_cut_off<S: LockShard, T>(
     answer: Result<T, EtcdError>,
 ) -> Result<Option<T>, EtcdError> {
     match answer {
-        Err(unanswered @ EtcdError::Unavailable { .. }) if !past_deadline() => {
+        Err(unanswered @ EtcdError::Unavailable { .. })
+            if !crate::task::past_request_deadline() =>
+        {
             match shard.move_cutoff_past(compared).await {
                 Ok(()) => Ok(None),
                 Err(_) => Err(unanswered),
@@ -42,6 +39,48 @@ pub(super) async fn unless_cut_off<S: LockShard, T>(
         }
         answer => answer.map(Some),
     }
+}
+
+/// What a grant txn cut off by [`unless_cut_off`] granted the caller's
+/// client `client_id` before the move, read at once by the read that
+/// settles it ([`LockShard::read_name_settled`]): the grant, if the name is
+/// held by that client (answered as its idempotent re-acquire), else
+/// `None` (the caller asks again). Read at once rather than left to the
+/// caller's next steps, any of which may fail: an error then would leave
+/// the caller unaware of a grant its client holds. `sent`: the send of the
+/// cut-off txn.
+pub(super) async fn granted_before_cut_off<S: LockShard>(
+    active: &Active,
+    shard: &S,
+    k: &NameKeys,
+    client_id: &str,
+    sent: Instant,
+) -> Result<Option<Acquired>, LockError> {
+    let state = shard.read_name_settled(k).await?;
+    match state.lock.filter(|kv| holds(kv, client_id)) {
+        Some(kv) => active
+            .held(shard, client_id, kv, k, None, sent)
+            .await
+            .map(Some),
+        None => Ok(None),
+    }
+}
+
+/// Whether the lock record `kv` was granted to the client `client_id`.
+pub(super) fn holds(kv: &Stored, client_id: &str) -> bool {
+    serde_json::from_slice::<LockValue>(kv.value()).is_ok_and(|v| v.client == client_id)
+}
+
+/// `renewal` (of `lease`, sent beside a txn that granted on it, or asked
+/// for a client's own lock), or if it failed, the lease's last confirmed
+/// renewal: the lock is on the lease, which lasts at least that long, and
+/// an error would leave the caller unaware of a grant its client holds.
+pub(super) fn or_confirmed<S: LockShard>(
+    shard: &S,
+    lease: i64,
+    renewal: Result<Renewal, EtcdError>,
+) -> Result<Renewal, EtcdError> {
+    renewal.or_else(|unanswered| shard.confirmed_renewal(lease).ok_or(unanswered))
 }
 
 /// What a moved name's previous shard said of it during a migration.
@@ -68,9 +107,9 @@ pub(crate) enum Attempt {
     IdentityChanged,
     /// The grant cut-off moved past the one compared: by another's move (a
     /// txn sent before it grants nothing), or by this attempt's, whose
-    /// grant txn went unanswered. Try again: the next attempt finds what
-    /// that txn did, if anything (`docs/design.md`, "An acquire that was
-    /// not answered").
+    /// grant txn went unanswered and was found to have granted the caller
+    /// nothing ([`granted_before_cut_off`]). Try again (`docs/design.md`,
+    /// "An acquire that was not answered").
     CutoffMoved,
 }
 
@@ -187,9 +226,15 @@ impl Active {
         let (txn, renewal) = match unless_cut_off(shard.as_ref(), g.cutoff, grant.await).await? {
             Some(SessionGrant::SessionGone) => return Ok(Attempt::SessionGone),
             Some(SessionGrant::Answered(txn, renewal)) => (txn, renewal),
-            // Unanswered, and cut off: the next attempt finds whatever
-            // the txn granted before the move.
-            None => return Ok(Attempt::CutoffMoved),
+            // Unanswered, and cut off: what the txn granted before the
+            // move, if anything, is the answer.
+            None => {
+                let granted = granted_before_cut_off(self, shard.as_ref(), k, holder, sent);
+                return Ok(match granted.await? {
+                    Some(answer) => Attempt::Done(answer),
+                    None => Attempt::CutoffMoved,
+                });
+            }
         };
         if let (AcquireTxn::Granted { revision }, Some(r)) = (&txn, reservation) {
             r.granted(shard.clone(), *revision);
@@ -276,7 +321,8 @@ impl Active {
                     name_hash: k.hash,
                     owner: Default::default(),
                 };
-                Acquired::Granted(self.grant(lock, client_id, &renewal?, sent)?)
+                let renewal = or_confirmed(shard, session.id, renewal)?;
+                Acquired::Granted(self.grant(lock, client_id, &renewal, sent)?)
             }
             AcquireTxn::Held(holder) => {
                 let own = (session.id == holder.lease()).then_some(renewal);
@@ -437,13 +483,14 @@ impl Active {
         match value {
             Some(v) if v.client == client_id => {
                 let renewal = match own {
-                    Some(renewal) => renewal?,
+                    Some(renewal) => renewal,
                     None => {
                         let ttl = v.ttl.max(2);
                         let window = self.window(ttl);
-                        shard.renew_lease(holder.lease(), window, ttl).await?
+                        shard.renew_lease(holder.lease(), window, ttl).await
                     }
                 };
+                let renewal = or_confirmed(shard, holder.lease(), renewal)?;
                 if !renewal.alive() {
                     // Its lease just ran out; etcd deletes the key momentarily.
                     return Ok(Acquired::Held(Expiry(Instant::now())));

@@ -306,16 +306,16 @@ async fn an_acquire_whose_answer_was_lost_is_resolved_and_its_late_txn_grants_no
     assert!(shard.lock_key("order-8").is_none());
     granted(attempt(&active, &other).await);
 
-    // Applied before its answer was lost: the retry answers that grant.
+    // Applied before its answer was lost: the attempt answers that grant,
+    // read once the cut-off moved.
     shard.lose_next_answer(Lost::Applied);
     let req = acquire(&shard, "order-9", "w1");
     let before = shard.cutoff_moves();
-    assert!(matches!(attempt(&active, &req).await, Attempt::CutoffMoved));
+    let grant = granted(attempt(&active, &req).await);
     assert_eq!(shard.cutoff_moves(), before + 1);
     let made = shard
         .lock_key("order-9")
         .expect("granted before the answer was lost");
-    let grant = granted(attempt(&active, &req).await);
     assert_eq!(lock_id(&active, &grant).revision, made.create_revision());
 
     // A move made since the txn was sent is enough: none of its own.
@@ -339,6 +339,66 @@ async fn an_acquire_whose_answer_was_lost_is_resolved_and_its_late_txn_grants_no
         answer.err()
     );
     assert!(shard.lock_key("order-11").is_none());
+}
+
+/// A grant txn applied but unanswered, on a shard whose plain reads then
+/// go unanswered for a while too (a follower back from a cut answers no
+/// linearizable read for seconds on etcd 3.4): once the cut-off moved, the
+/// read that settles the txn's outcome answers the acquire its grant, in
+/// the same attempt. Never an error while the client holds the name: it
+/// might never ask again, and its other locks would keep the name.
+#[tokio::test]
+async fn an_acquire_whose_answer_was_lost_is_answered_its_grant_while_reads_fail() {
+    let (active, shard) = (active(), shard("a"));
+    shard.lose_next_answer(Lost::Applied);
+    shard.lose_reads_with_answer(5);
+    let req = acquire(&shard, "order-7", "w1");
+    let answer = attempt_with(&active, &req, None).await;
+    let grant = match answer {
+        Ok(Attempt::Done(Acquired::Granted(grant))) => grant,
+        Ok(_) => panic!("expected the grant the txn made"),
+        Err(e) => panic!("answered an error over a grant its client holds: {e}"),
+    };
+    let key = shard
+        .lock_key("order-7")
+        .expect("granted before the answer was lost");
+    assert_eq!(lock_id(&active, &grant).revision, key.create_revision());
+    assert_eq!(shard.cutoff_moves(), 1);
+}
+
+/// A grant txn answered while the keepalive sent beside it went
+/// unanswered: the grant stands (its key is on the session lease), and it
+/// is answered with the expiry the lease's last confirmed renewal vouches
+/// for, not an error. So is the client's re-acquire of a lock it holds.
+#[tokio::test]
+async fn a_grant_whose_keepalive_went_unanswered_is_answered_by_its_last_renewal() {
+    let (active, shard) = (active(), shard("a"));
+    let first = granted(attempt(&active, &acquire(&shard, "order-1", "w1")).await);
+    shard.lose_keepalives(true);
+    let req = acquire(&shard, "order-2", "w1");
+    let answer = attempt_with(&active, &req, None).await;
+    let grant = match answer {
+        Ok(Attempt::Done(Acquired::Granted(grant))) => grant,
+        Ok(_) => panic!("expected a grant"),
+        Err(e) => panic!("answered an error over a grant its client holds: {e}"),
+    };
+    let key = shard.lock_key("order-2").expect("granted");
+    assert_eq!(lock_id(&active, &grant).revision, key.create_revision());
+    assert_eq!(
+        lock_id(&active, &grant).lease,
+        lock_id(&active, &first).lease
+    );
+    assert!(
+        about(grant.expires, 10),
+        "as the session's last renewal vouches"
+    );
+    let again = granted(attempt(&active, &acquire(&shard, "order-1", "w1")).await);
+    assert_eq!(again.fencing_token, first.fencing_token);
+    // A lease with no confirmed renewal left to vouch for it is an error.
+    let other = shard.lock_key("order-1").expect("held").lease();
+    shard.forget_confirmed(other);
+    let answer = attempt_with(&active, &acquire(&shard, "order-1", "w1"), None).await;
+    assert!(matches!(answer, Err(LockError::ShardUnavailable { .. })));
 }
 
 /// A grant's reservation fills the quota until the shard's cache counts
@@ -741,6 +801,36 @@ async fn a_waiters_grant_whose_answer_was_lost_is_answered_or_granted_again() {
     }
 }
 
+/// A waiter's grant txn applied but unanswered while reads fail too, and a
+/// waiter's grant whose keepalive went unanswered: each is answered its
+/// grant (`an_acquire_whose_answer_was_lost_is_answered_its_grant_while_reads_fail`).
+#[tokio::test]
+async fn a_waiters_grant_is_answered_as_such_when_the_calls_after_its_txn_fail() {
+    let (active, shard) = (Arc::new(active()), shard("a"));
+    for round in ["reads", "keepalives"] {
+        let holder = granted(attempt(&active, &acquire(&shard, "order-42", "h")).await);
+        let waiter = wait_in_queue(&active, &shard, "w1", Duration::from_secs(5));
+        until_queued(&shard, 1).await;
+        match round {
+            "reads" => {
+                shard.lose_next_answer(Lost::Applied);
+                shard.lose_reads_with_answer(5);
+            }
+            _ => shard.lose_keepalives(true),
+        }
+        release(&active, &shard, &holder).await;
+        let grant = grant_of(waited(waiter).await);
+        let key = shard.lock_key("order-42").expect("held by the waiter");
+        assert_eq!(
+            key.create_revision(),
+            lock_id(&active, &grant).revision,
+            "{round}"
+        );
+        shard.lose_keepalives(false);
+        release(&active, &shard, &grant).await;
+    }
+}
+
 #[tokio::test]
 async fn a_waiter_whose_own_client_got_the_name_is_answered_that_grant() {
     let (active, shard) = (Arc::new(active()), shard("a"));
@@ -845,6 +935,28 @@ async fn an_extend_whose_move_went_unanswered_is_answered_where_the_lock_is() {
             panic!("{lost:?}: expected the new lockId renewed");
         };
     }
+}
+
+/// An extend whose move was applied but unanswered, on a shard whose plain
+/// reads then go unanswered too: the read that settles the move answers
+/// it (the new lockId), not an error while the lock sits on a lease its
+/// holder does not know of.
+#[tokio::test]
+async fn an_extend_whose_move_went_unanswered_is_answered_it_while_reads_fail() {
+    let (active, shard) = (active(), shard("a"));
+    let grant = granted(attempt(&active, &acquire(&shard, "order-1", "w1")).await);
+    shard.lose_next_answer(Lost::Applied);
+    shard.lose_reads_with_answer(5);
+    let id = lock_id(&active, &grant);
+    let sealed = (grant.lock_id.as_str(), grant.fencing_token);
+    let verified = || panic!("the shard is the one verified");
+    let answer = (active.extend_on(&*shard, &id, sealed, ttl(30), None, verified)).await;
+    let Ok(Extended::Moved(moved)) = answer else {
+        panic!("expected the move answered: {:?}", answer.err());
+    };
+    let key = shard.lock_key("order-1").expect("still held");
+    assert_eq!(key.lease(), lock_id(&active, &moved).lease);
+    assert_eq!(moved.fencing_token, grant.fencing_token);
 }
 
 #[tokio::test]

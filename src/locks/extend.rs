@@ -60,10 +60,6 @@ impl Active {
             });
         }
         let k = shard.name_keys(&id.name_hash);
-        // A move whose txn went unanswered, once the cut-off moved past it:
-        // the session it moved the lock onto, that session's renewal and
-        // its send, and the value moved. The next read says whether it did.
-        let mut unanswered: Option<(SessionLease, Renewal, Instant, LockValue)> = None;
         // Retried when the session lease of the new TTL turned out gone, the
         // lock's records changed between the read and the txn, or the txn
         // went unanswered.
@@ -82,12 +78,6 @@ impl Active {
             let Some(lock) = state.lock else {
                 return Ok(Extended::Refused(RenewOutcome::Expired));
             };
-            if let Some((session, renewal, sent, value)) = unanswered.take() {
-                if (lock.create_revision(), lock.lease()) == (id.revision, session.id) {
-                    // That move was applied before the cut-off moved.
-                    return self.extended(id, (session, ttl_secs), &value.client, &renewal, sent);
-                }
-            }
             if (lock.create_revision(), lock.lease()) != (id.revision, id.lease) {
                 return Ok(Extended::Refused(RenewOutcome::Stolen));
             }
@@ -121,9 +111,22 @@ impl Active {
                 Ok(Some(false)) => {}
                 // Unanswered, and cut off: a move held on its way could
                 // have landed later and taken the lock off the lease its
-                // holder renews; now it cannot, and the next read says
-                // whether it did before.
-                Ok(None) => unanswered = Some((session, renewal, sent, value)),
+                // holder renews; now it cannot, and the read that settles
+                // it says at once whether it did before (an error of a
+                // later step would leave the caller unaware of it).
+                Ok(None) => {
+                    let settled = shard.read_name_settled(&k).await?;
+                    let moved_to = |l: &Stored| (l.create_revision(), l.lease());
+                    if settled.lock.as_ref().map(moved_to) == Some((id.revision, session.id)) {
+                        return self.extended(
+                            id,
+                            (session, ttl_secs),
+                            &value.client,
+                            &renewal,
+                            sent,
+                        );
+                    }
+                }
                 Err(EtcdError::LeaseNotFound) => {
                     shard.forget_session(&value.client, &session).await
                 }

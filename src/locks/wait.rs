@@ -17,13 +17,13 @@
 
 use std::time::{Duration, Instant};
 
-use super::acquire::unless_cut_off;
+use super::acquire::{granted_before_cut_off, holds, unless_cut_off};
 use crate::config::LockDelay;
 use crate::locks::{
     epoch_of, lease_end, lock_value, Acquire, Acquired, Active, Expiry, LockError, WaitSlots,
 };
 use crate::refusal::RateLimited;
-use crate::shard::keys::{name_hash, LockValue, Recorded, Stored};
+use crate::shard::keys::{name_hash, Recorded};
 use crate::shard::ops::{LockShard, QueueWaiter};
 use crate::shard::queue::Awaited;
 use crate::shard::{AcquireTxn, Grantable};
@@ -121,13 +121,13 @@ impl Active {
             let sent = Instant::now();
             let granted = waiter.grant(&value, &g, replace_held.take()).await;
             let Some(step) = unless_cut_off(&**shard, g.cutoff, granted).await? else {
-                // Unanswered, and cut off: a read says whether it granted.
-                let state = shard.read_name(waiter.keys()).await?;
-                if let Some(kv) = state.lock.filter(|kv| holds(kv, holder)) {
-                    let held = self.held(&**shard, holder, kv, waiter.keys(), None, sent);
-                    return held.await.map(Some);
+                // Unanswered, and cut off: what it granted, if anything,
+                // is the answer.
+                let keys = waiter.keys();
+                match granted_before_cut_off(self, &**shard, keys, holder, sent).await? {
+                    Some(answer) => return Ok(Some(answer)),
+                    None => continue,
                 }
-                continue;
             };
             let awaited = match step {
                 AcquireTxn::Granted { revision } => {
@@ -136,7 +136,12 @@ impl Active {
                     }
                     let window = self.window(ttl_secs);
                     let session = waiter.session();
-                    let Some(renewal) = shard.keep_session(holder, session, window).await? else {
+                    // Unanswered, the keepalive leaves the lock on the lease
+                    // for as long as its last confirmed renewal vouches.
+                    let kept = shard.keep_session(holder, session, window).await;
+                    let kept =
+                        kept.or_else(|e| shard.confirmed_renewal(session.id).map(Some).ok_or(e));
+                    let Some(renewal) = kept? else {
                         // The session ran out right after: the lock went with it.
                         return Ok(Some(Acquired::Held(Expiry(Instant::now()))));
                     };
@@ -251,9 +256,4 @@ impl Standing for OnRouter<'_> {
     fn identity_changed(&self) {
         self.active.router.identity_changed(&self.req.shard);
     }
-}
-
-/// Whether the lock key `kv` is held by `client_id`.
-fn holds(kv: &Stored, client_id: &str) -> bool {
-    serde_json::from_slice::<LockValue>(kv.value()).is_ok_and(|v| v.client == client_id)
 }

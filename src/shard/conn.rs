@@ -313,6 +313,41 @@ impl EtcdConn {
         .await
     }
 
+    /// A read-only txn sent at once through the balanced channel and to
+    /// every member whose client can be used, under the shard's deadline;
+    /// the first answer counts. For the rare read that must be answered if
+    /// any member can answer it: what a grant txn cut off by the grant
+    /// cut-off did ([`Shard::read_name_settled`](super::Shard::read_name_settled)).
+    /// A member that lost its leader for a while may hold linearizable
+    /// reads for seconds after it is back (etcd 3.4 waits out its whole
+    /// read-index timeout), while the leader answers them at once.
+    pub async fn txn_everywhere(&self, txn: Txn) -> Result<TxnResponse, EtcdError> {
+        use futures::stream::{FuturesUnordered, StreamExt};
+        let send = |client: Client| {
+            let txn = txn.clone();
+            async move { client.kv_client().txn(txn).await }
+        };
+        let everywhere = async {
+            let mut tries: FuturesUnordered<_> = (self.inner.members.iter())
+                .filter(|member| member.login.is_ready())
+                .map(|member| send(member.client.clone()))
+                .collect();
+            tries.push(send(self.inner.client.clone()));
+            if tries.len() > 1 {
+                self.inner.metrics.hedged("Txn");
+            }
+            let mut last = None;
+            while let Some(r) = tries.next().await {
+                match r {
+                    Ok(v) => return Ok(v),
+                    Err(e) => last = Some(e),
+                }
+            }
+            Err(last.expect("at least one try"))
+        };
+        self.call_inline("Txn", everywhere).await
+    }
+
     pub fn shard(&self) -> &str {
         &self.inner.shard
     }

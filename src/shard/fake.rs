@@ -82,6 +82,14 @@ struct State {
     lose_next_answer: Option<Lost>,
     /// A grant txn held on its way (its answer lost), to land later.
     held_txn: Option<HeldTxn>,
+    /// Each lease's last confirmed renewal (its grant or a keepalive).
+    confirmed: HashMap<i64, Renewal>,
+    /// Whether keepalives go unanswered.
+    keepalives_unanswered: bool,
+    /// How many of the next plain reads of a name go unanswered, and how
+    /// many will once a grant's answer is lost.
+    reads_unanswered: u32,
+    reads_lost_with_answer: u32,
 }
 
 /// What becomes of a grant txn whose answer is lost.
@@ -197,6 +205,26 @@ impl FakeShard {
         self.lock().keepalives.get(&lease).copied().unwrap_or(0)
     }
 
+    /// Keepalives go unanswered from now on (`true`), or are answered
+    /// again: a grant's keepalive, a re-acquire's.
+    pub fn lose_keepalives(&self, lost: bool) {
+        self.lock().keepalives_unanswered = lost;
+    }
+
+    /// Forgets `lease`'s last confirmed renewal, as a router whose last
+    /// one's deadline passed.
+    pub fn forget_confirmed(&self, lease: i64) {
+        self.lock().confirmed.remove(&lease);
+    }
+
+    /// Once the next grant txn's answer is lost, the `n` plain reads of a
+    /// name that follow go unanswered too (as a follower's that lost its
+    /// leader may for a while after it is back); the read that settles a
+    /// cut-off grant txn's outcome reaches every member, and is answered.
+    pub fn lose_reads_with_answer(&self, n: u32) {
+        self.lock().reads_lost_with_answer = n;
+    }
+
     /// Loses the answer of the next grant txn (a plain acquire's, a
     /// waiter's or an extend's move), which is then `lost`: applied, or
     /// held on its way (a waiter's or a move's is then never applied), and
@@ -260,12 +288,24 @@ impl State {
         self.next_lease += 1;
         let id = id.unwrap_or(self.next_lease);
         self.leases.insert(id, ttl_secs);
+        self.confirmed.insert(id, self.renewal(id));
         id
+    }
+
+    /// What becomes of the grant txn sent now, if its answer is lost.
+    fn take_lost_answer(&mut self) -> Option<Lost> {
+        let lost = self.lose_next_answer.take();
+        if lost.is_some() {
+            self.reads_unanswered = std::mem::take(&mut self.reads_lost_with_answer);
+        }
+        lost
     }
 
     fn keepalive(&mut self, lease: i64) -> Renewal {
         *self.keepalives.entry(lease).or_default() += 1;
-        self.renewal(lease)
+        let renewal = self.renewal(lease);
+        self.confirmed.insert(lease, renewal);
+        renewal
     }
 
     fn renewal(&self, lease: i64) -> Renewal {
@@ -388,6 +428,15 @@ impl LockShard for FakeShard {
     }
 
     async fn read_name(&self, k: &NameKeys) -> Result<NameState, EtcdError> {
+        let mut s = self.lock();
+        if s.reads_unanswered > 0 {
+            s.reads_unanswered -= 1;
+            return Err(unanswered(&self.name));
+        }
+        Ok(s.name_state(k))
+    }
+
+    async fn read_name_settled(&self, k: &NameKeys) -> Result<NameState, EtcdError> {
         Ok(self.lock().name_state(k))
     }
 
@@ -453,7 +502,7 @@ impl LockShard for FakeShard {
             s.sessions.remove(&(value.client.clone(), session.ttl_secs));
             return Ok(SessionGrant::SessionGone);
         }
-        match s.lose_next_answer.take() {
+        match s.take_lost_answer() {
             None => {}
             Some(Lost::Applied) => {
                 s.acquire_txn(k, value, (session.id, false), g, replace_held);
@@ -471,7 +520,11 @@ impl LockShard for FakeShard {
             }
         }
         let txn = s.acquire_txn(k, value, (session.id, false), g, replace_held);
-        Ok(SessionGrant::Answered(txn, Ok(s.renewal(session.id))))
+        let renewal = match s.keepalives_unanswered {
+            true => Err(unanswered(&self.name)),
+            false => Ok(s.renewal(session.id)),
+        };
+        Ok(SessionGrant::Answered(txn, renewal))
     }
 
     async fn renew_lease(
@@ -480,11 +533,22 @@ impl LockShard for FakeShard {
         _window: Duration,
         _ttl_secs: u32,
     ) -> Result<Renewal, EtcdError> {
-        Ok(self.lock().keepalive(lease))
+        let mut s = self.lock();
+        if s.keepalives_unanswered {
+            return Err(unanswered(&self.name));
+        }
+        Ok(s.keepalive(lease))
     }
 
     async fn time_to_live(&self, lease: i64) -> Result<i64, EtcdError> {
         Ok(self.lock().leases.get(&lease).copied().unwrap_or(0))
+    }
+
+    fn confirmed_renewal(&self, lease: i64) -> Option<Renewal> {
+        let s = self.lock();
+        s.leases
+            .contains_key(&lease)
+            .then(|| s.confirmed.get(&lease).copied())?
     }
 
     async fn set_lock_delay(
@@ -554,7 +618,7 @@ impl LockShard for FakeShard {
         if !s.leases.contains_key(&lease) {
             return Err(EtcdError::LeaseNotFound);
         }
-        let lost = s.lose_next_answer.take();
+        let lost = s.take_lost_answer();
         if !matches!(lost, Some(Lost::Held)) {
             s.grant_writes(k, value, lease);
         }
@@ -605,6 +669,9 @@ impl LockShard for FakeShard {
         _window: Duration,
     ) -> Result<Option<Renewal>, EtcdError> {
         let mut s = self.lock();
+        if s.keepalives_unanswered {
+            return Err(unanswered(&self.name));
+        }
         let renewal = s.keepalive(session.id);
         if renewal.alive() {
             return Ok(Some(renewal));
@@ -702,7 +769,7 @@ impl QueueWaiter for FakeWaiter {
         // First in the queue: granted as a plain acquire would be, but for
         // its own entry, which the grant deletes.
         let entry = s.kv.remove(&self.key).expect("its entry");
-        let lost = s.lose_next_answer.take();
+        let lost = s.take_lost_answer();
         if let Some(Lost::Held) = lost {
             s.kv.insert(self.key.clone(), entry);
             return Err(unanswered(&self.shard.name));

@@ -292,6 +292,14 @@ impl Keepalive {
         self.lane(lease).known.lasts(lease, Instant::now() + margin)
     }
 
+    /// The last renewal of `lease` etcd confirmed (a keepalive's answer or
+    /// its grant), unless it is known gone since or its deadline passed:
+    /// the lease lasts at least until that deadline.
+    pub fn confirmed(&self, lease: i64) -> Option<Renewal> {
+        let known = self.lane(lease).known.recent(lease);
+        known.filter(|r| r.deadline() > Instant::now())
+    }
+
     /// A lease was just granted: its grant counts as a keepalive.
     pub fn seed(&self, lease: i64, renewal: Renewal) {
         self.lane(lease).known.learn(lease, renewal);

@@ -102,6 +102,14 @@ impl Shard {
         self.keepalive.refresh(lease, window, ttl_secs).await
     }
 
+    /// The last renewal of `lease` etcd confirmed, unless it is known gone
+    /// since: what a grant on it is answered with when the keepalive sent
+    /// beside its txn went unanswered (the key is on the lease, which
+    /// lasts at least that long).
+    pub fn confirmed_renewal(&self, lease: i64) -> Option<Renewal> {
+        self.keepalive.confirmed(lease)
+    }
+
     /// Forgets the sessions neither acquired through nor renewed for two
     /// TTLs plus `grace`; returns how many remain.
     pub fn sweep_sessions(&self, grace: Duration) -> usize {

@@ -58,6 +58,9 @@ pub trait LockShard: CacheCounts + 'static {
 
     async fn read_name(&self, k: &NameKeys) -> Result<NameState, EtcdError>;
 
+    /// A read of what a grant txn cut off did ([`Shard::read_name_settled`]).
+    async fn read_name_settled(&self, k: &NameKeys) -> Result<NameState, EtcdError>;
+
     fn cutoff(&self) -> i64;
 
     fn learn_cutoff(&self, mark: i64);
@@ -90,6 +93,9 @@ pub trait LockShard: CacheCounts + 'static {
     ) -> Result<Renewal, EtcdError>;
 
     async fn time_to_live(&self, lease: i64) -> Result<i64, EtcdError>;
+
+    /// [`Shard::confirmed_renewal`].
+    fn confirmed_renewal(&self, lease: i64) -> Option<Renewal>;
 
     async fn set_lock_delay(
         &self,
@@ -236,6 +242,10 @@ impl LockShard for Shard {
         Shard::read_name(self, k).await
     }
 
+    async fn read_name_settled(&self, k: &NameKeys) -> Result<NameState, EtcdError> {
+        Shard::read_name_settled(self, k).await
+    }
+
     fn cutoff(&self) -> i64 {
         Shard::cutoff(self)
     }
@@ -281,6 +291,10 @@ impl LockShard for Shard {
 
     async fn time_to_live(&self, lease: i64) -> Result<i64, EtcdError> {
         Shard::time_to_live(self, lease).await
+    }
+
+    fn confirmed_renewal(&self, lease: i64) -> Option<Renewal> {
+        Shard::confirmed_renewal(self, lease)
     }
 
     async fn set_lock_delay(

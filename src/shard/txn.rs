@@ -24,6 +24,9 @@ use crate::config::LockDelay;
 pub const SWEEP_STEP_LOST: usize = 100;
 /// Lost holders a sweep settles at once.
 const SETTLING_AT_ONCE: usize = 8;
+/// Times a read that settles a cut-off grant txn's outcome is sent
+/// ([`Shard::read_name_settled`]), each under the shard's deadline.
+const SETTLED_READ_TRIES: u32 = 3;
 
 impl Shard {
     /// The grant cut-off every acquire txn compares (the last seen).
@@ -132,6 +135,30 @@ impl Shard {
             .txn_hedged(Txn::new().and_then(name_reads(&self.keys, k)))
             .await?;
         Ok(read_name(resp))
+    }
+
+    /// [`Shard::read_name`] for learning what a grant txn did once the
+    /// grant cut-off moved past it (an acquire's, a waiter's grant, an
+    /// extend's move): its outcome is settled then, and its caller must be
+    /// told it rather than an error that leaves it unknown. So the read
+    /// goes to every member at once ([`EtcdConn::txn_everywhere`]) and is
+    /// sent again, up to [`SETTLED_READ_TRIES`] times within the request's
+    /// deadline, until one answers.
+    ///
+    /// [`EtcdConn::txn_everywhere`]: super::conn::EtcdConn::txn_everywhere
+    pub async fn read_name_settled(&self, k: &NameKeys) -> Result<NameState, EtcdError> {
+        let txn = Txn::new().and_then(name_reads(&self.keys, k));
+        let mut tries = 1;
+        loop {
+            match self.conn.txn_everywhere(txn.clone()).await {
+                Ok(resp) => return Ok(read_name(resp)),
+                Err(e) if tries >= SETTLED_READ_TRIES || crate::task::past_request_deadline() => {
+                    return Err(e)
+                }
+                Err(_) => tries += 1,
+            }
+            tokio::time::sleep(super::conn::HEDGE_AFTER).await;
+        }
     }
 
     /// Turns a lost holder's held record into a lock-delay on `delay_lease`
