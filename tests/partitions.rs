@@ -309,6 +309,66 @@ async fn an_acquire_unanswered_while_the_shard_is_marked_down_is_still_answered(
     assert!(down, "the shard was not marked down before the heal");
 }
 
+/// The same on a shard of one endpoint: its etcd paused (SIGSTOP, as by a
+/// long GC or a stalled disk) with six acquires of one client in its
+/// socket, and resumed 1.5 s later. The router's 1 s deadline passes
+/// first and marks the shard down (its only endpoint failed); the txns are
+/// applied once etcd resumes (or, when the pause outlasted the
+/// connection's pings and the router dropped it, maybe not). Before, such
+/// a shard was not waited for: each acquire was answered 503 at once, and
+/// its grant landed after it, held by a client that did not know of it.
+/// Now the move of the cut-off is waited for (sent again on a fresh
+/// connection if the old one was dropped), and every acquire is answered
+/// with what the shard holds for it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_acquire_whose_txn_a_paused_etcd_of_one_endpoint_held_is_answered() {
+    let etcd = EtcdCluster::single();
+    let shard = "paused-one";
+    let toml = config_toml(&[&etcd], "127.0.0.1:0", "")
+        .replace("name = \"a\"", &format!("name = \"{shard}\""));
+    let router = TestRouter::with_toml(&toml).await;
+    // The client's other lock, on the same session lease (same TTL).
+    let keeper = router.api.must_acquire("keeper", 10_000, "X").await;
+    let names: Vec<String> = (0..6).map(|i| format!("paused-{i}")).collect();
+    etcd.pause_member(0);
+    let acquires = join_all(names.iter().map(|name| {
+        let api = router.api.clone();
+        async move { api.acquire(name, 10_000, "X").await }
+    }));
+    let resume = async {
+        sleep_ms(1_500).await;
+        etcd.resume_member(0);
+    };
+    let (answers, ()) = futures::join!(acquires, resume);
+    let mut granted = Vec::new();
+    for (name, r) in names.iter().zip(&answers) {
+        eprintln!("{name}: {} after the pause: {}", r.status, r.body);
+        assert_eq!(r.status, 200, "{name}: {r:?}");
+        assert_eq!(r.body["acquired"], true, "{name}: {r:?}");
+        granted.push(r.granted());
+    }
+    for lock in &granted {
+        assert_eq!(router.api.release(lock).await.status, 204);
+    }
+    assert_eq!(router.api.renew(&keeper).await.status, 200);
+    for name in &names {
+        let other = router.api.acquire(name, 10_000, "C").await;
+        assert_eq!(
+            other.body["acquired"], true,
+            "{name} is held by a grant its client was never told of: {other:?}"
+        );
+    }
+    let moved = lockrouter_testkit::metrics::sum(
+        &router.api.metrics().await,
+        "lockrouter_grant_cutoffs_total",
+        &[("shard", shard), ("outcome", "moved")],
+    );
+    assert!(
+        moved >= 1.0,
+        "no grant txn went unanswered: the pause did not bite"
+    );
+}
+
 /// Cuts the leader of a fresh 3-member shard (named `shard`) from its
 /// followers, sends six acquires of one client `delay_ms` later and heals
 /// `heal_ms` after the cut; checks that every acquire was answered with a

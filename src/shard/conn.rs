@@ -369,12 +369,6 @@ impl EtcdConn {
         self.inner.up.load(Ordering::Relaxed)
     }
 
-    /// Whether the shard is reached through several members: a call that
-    /// failed on one may still be answered through another (hedged).
-    pub fn has_several_members(&self) -> bool {
-        self.inner.members.len() > 1
-    }
-
     pub fn set_up(&self, up: bool) {
         self.set_state(up, "");
     }

@@ -4,12 +4,16 @@
 //! txn grants nothing if it lands later (`docs/design.md`, "An acquire
 //! that was not answered").
 
-use std::sync::atomic::{AtomicI64, Ordering};
+use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
+use std::time::{Duration, Instant};
 
 use etcd_client::{DeleteOptions, Txn, TxnOp};
 
 use super::conn::{EtcdConn, EtcdError};
 use super::keys::Keys;
+
+/// How long a move that failed at once waits before it is sent again.
+const AGAIN_AFTER: Duration = Duration::from_millis(100);
 
 /// The grant cut-off as a replica knows it: the highest mark it last saw,
 /// and one move at a time.
@@ -17,6 +21,8 @@ use super::keys::Keys;
 pub struct Cutoff {
     seen: AtomicI64,
     moving: tokio::sync::Mutex<()>,
+    /// Moves that failed so far.
+    failed: AtomicU64,
 }
 
 impl Cutoff {
@@ -40,17 +46,28 @@ impl Cutoff {
     /// seen above `compared` existed at some moment, and a move deletes
     /// only marks below the one it puts, so one at least as high exists
     /// from then on: a txn comparing `compared` can never be applied, and
-    /// needs no move.
+    /// needs no move. The move is sent again, after a failure that came
+    /// early, for as long as one deadline of the shard lasts. A caller that
+    /// waited for its turn while a move failed fails at once, unmoved: the
+    /// shard answered nobody just then.
     pub async fn move_past(
         &self,
         conn: &EtcdConn,
         keys: &Keys,
         compared: i64,
     ) -> Result<(), EtcdError> {
+        let failed = self.failed.load(Ordering::Acquire);
         let _turn = self.moving.lock().await;
         let seen = self.seen();
         if seen > compared {
             return Ok(());
+        }
+        if self.failed.load(Ordering::Acquire) != failed {
+            // A move failed while this one waited for its turn: the shard
+            // answered nobody a moment ago, and trying again would keep
+            // each caller queued here one more deadline.
+            conn.metrics().cutoff_moved(false);
+            return Err(conn.unavailable("the grant cut-off could not be moved just now"));
         }
         let mark = seen.max(compared).saturating_add(1);
         let (first, _) = keys.cutoff_marks();
@@ -60,7 +77,18 @@ impl Cutoff {
             TxnOp::put(key, Vec::<u8>::new(), None),
             TxnOp::delete(first, Some(below)),
         ]);
-        let moved = conn.txn_hedged(txn).await;
+        // Sent again while one deadline lasts: a move that failed at once
+        // met a connection just broken (a shard of one endpoint drops its
+        // connection when a pause outlasts its pings), and the next one
+        // is a fresh connection.
+        let until = Instant::now() + conn.timeout();
+        let moved = loop {
+            let moved = conn.txn_hedged(txn.clone()).await;
+            if moved.is_ok() || Instant::now() + AGAIN_AFTER >= until {
+                break moved;
+            }
+            tokio::time::sleep(AGAIN_AFTER).await;
+        };
         match &moved {
             Ok(_) => {
                 self.seen.fetch_max(mark, Ordering::AcqRel);
@@ -74,11 +102,14 @@ impl Cutoff {
                     "a grant txn went unanswered: the grant cut-off moved past it"
                 );
             }
-            Err(e) => tracing::warn!(
-                shard = %conn.shard(),
-                error = %e,
-                "a grant txn went unanswered, and the grant cut-off could not be moved"
-            ),
+            Err(e) => {
+                self.failed.fetch_add(1, Ordering::AcqRel);
+                tracing::warn!(
+                    shard = %conn.shard(),
+                    error = %e,
+                    "a grant txn went unanswered, and the grant cut-off could not be moved"
+                )
+            }
         }
         conn.metrics().cutoff_moved(moved.is_ok());
         moved.map(|_| ())

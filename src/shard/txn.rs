@@ -43,18 +43,18 @@ impl Shard {
     /// that went unanswered compared, so that the txn grants nothing if it
     /// lands later (`docs/design.md`, "An acquire that was not answered").
     /// The move runs in a task of its own: a request that stops waiting
-    /// (its deadline passed) does not stop it. On a shard of one endpoint
-    /// marked down (its call just failed) it is not waited for: the caller
-    /// is answered at once, and the move is tried once in the background.
-    /// A shard of several members is waited for even when the monitor has
-    /// marked it down: the move is hedged to every member, and the one
-    /// that answers it gives the caller a definite answer.
+    /// (its deadline passed) does not stop it. It is waited for even when
+    /// the shard is marked down meanwhile (a shard of one endpoint is, by
+    /// the very call that went unanswered; one of several by the
+    /// monitor's probes failing through the same fault): a shard that
+    /// answers the move gives the caller a definite answer, as after a
+    /// pause, an election or a connection broken once. On a shard that
+    /// answers nobody the caller waits one deadline more, and no longer:
+    /// callers queued behind a move that failed fail at once
+    /// ([`Cutoff::move_past`](super::cutoff::Cutoff::move_past)).
     pub async fn move_cutoff_past(&self, compared: i64) -> Result<(), EtcdError> {
         let (conn, keys, cutoff) = (self.conn.clone(), self.keys.clone(), self.cutoff.clone());
         let moving = tokio::spawn(async move { cutoff.move_past(&conn, &keys, compared).await });
-        if !self.is_up() && !self.conn.has_several_members() {
-            return Err(self.conn.unavailable("down, with a grant txn unanswered"));
-        }
         moving
             .await
             .unwrap_or_else(|e| Err(self.conn.unavailable(format!("cut-off move: {e}"))))
