@@ -369,6 +369,77 @@ async fn an_acquire_whose_txn_a_paused_etcd_of_one_endpoint_held_is_answered() {
     );
 }
 
+/// A shard of one endpoint whose etcd stays paused with six acquires of
+/// one client in its socket: each acquire waits for its move of the grant
+/// cut-off, which cannot be made, and no longer. The first move gives up
+/// after one deadline, and the moves queued behind it fail at once, so
+/// all six are answered 503 about two deadlines after they were sent,
+/// while etcd is still paused (moved one after another, the last would
+/// be answered six deadlines later, after etcd resumed). Their outcome is
+/// then unknown (design.md section 7), and learnt as docs/client.md says:
+/// once the shard answers, the client acquiring each name again is
+/// answered its grant (the one made, or a new one), and once it releases
+/// them every name is free for another.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn acquires_on_a_paused_etcd_of_one_endpoint_fail_after_one_move_and_are_learnt_again() {
+    let etcd = EtcdCluster::single();
+    let shard = "paused-long";
+    let toml = config_toml(&[&etcd], "127.0.0.1:0", "")
+        .replace("name = \"a\"", &format!("name = \"{shard}\""));
+    let router = TestRouter::with_toml(&toml).await;
+    let keeper = router.api.must_acquire("keeper", 10_000, "X").await;
+    let names: Vec<String> = (0..6).map(|i| format!("paused-long-{i}")).collect();
+    etcd.pause_member(0);
+    let sent = Instant::now();
+    let answers = join_all(
+        names
+            .iter()
+            .map(|name| router.api.acquire(name, 10_000, "X")),
+    )
+    .await;
+    let took = sent.elapsed();
+    etcd.resume_member(0);
+    for (name, r) in names.iter().zip(&answers) {
+        eprintln!("{name}: {} after {took:?}: {}", r.status, r.body);
+        assert_eq!(r.status, 503, "{name}: {r:?}");
+    }
+    // Two deadlines of 1 s, and room for a slow machine; six moves one
+    // after another would take seven.
+    assert!(
+        took < Duration::from_millis(4_500),
+        "answered after {took:?}"
+    );
+    // The outcome, learnt by acquiring again once the shard answers.
+    let deadline = Instant::now() + Duration::from_secs(15);
+    let mut granted = Vec::new();
+    for name in &names {
+        let again = loop {
+            let again = router.api.acquire(name, 10_000, "X").await;
+            if again.status != 503 || Instant::now() > deadline {
+                break again;
+            }
+            sleep_ms(200).await;
+        };
+        assert_eq!(again.status, 200, "{name}: {again:?}");
+        assert_eq!(again.body["acquired"], true, "{name}: {again:?}");
+        granted.push(again.granted());
+    }
+    for lock in &granted {
+        assert_eq!(router.api.release(lock).await.status, 204);
+    }
+    assert_eq!(router.api.renew(&keeper).await.status, 200);
+    for name in &names {
+        let other = router.api.acquire(name, 10_000, "C").await;
+        assert_eq!(other.body["acquired"], true, "{name}: {other:?}");
+    }
+    let failed = lockrouter_testkit::metrics::sum(
+        &router.api.metrics().await,
+        "lockrouter_grant_cutoffs_total",
+        &[("shard", shard), ("outcome", "failed")],
+    );
+    assert!(failed >= 1.0, "no move failed: the pause did not bite");
+}
+
 /// Cuts the leader of a fresh 3-member shard (named `shard`) from its
 /// followers, sends six acquires of one client `delay_ms` later and heals
 /// `heal_ms` after the cut; checks that every acquire was answered with a

@@ -47,7 +47,7 @@ impl Cutoff {
     /// only marks below the one it puts, so one at least as high exists
     /// from then on: a txn comparing `compared` can never be applied, and
     /// needs no move. The move is sent again, after a failure that came
-    /// early, for as long as one deadline of the shard lasts. A caller that
+    /// early, within one deadline of the shard in all. A caller that
     /// waited for its turn while a move failed fails at once, unmoved: the
     /// shard answered nobody just then.
     pub async fn move_past(
@@ -83,7 +83,10 @@ impl Cutoff {
         // is a fresh connection.
         let until = Instant::now() + conn.timeout();
         let moved = loop {
-            let moved = conn.txn_hedged(txn.clone()).await;
+            let left = until.saturating_duration_since(Instant::now());
+            let moved = tokio::time::timeout(left, conn.txn_hedged(txn.clone()))
+                .await
+                .unwrap_or_else(|_| Err(conn.unavailable("the move had no answer in time")));
             if moved.is_ok() || Instant::now() + AGAIN_AFTER >= until {
                 break moved;
             }
