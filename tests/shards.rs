@@ -285,7 +285,8 @@ async fn a_three_member_shard_survives_losing_a_member() {
             sleep_ms(100).await;
         }
     }
-    assert_eq!(api.release(&locks[0]).await.status, 204);
+    let r = api.release(&locks[0]).await;
+    assert_eq!(r.status, 204, "{r:?}");
     // The active-lock gauge counts what etcd holds: 4 + 5.
     let deadline = Instant::now() + Duration::from_secs(10);
     loop {

@@ -163,6 +163,23 @@ impl Wire {
         Client::from_channel(channel, Some(options)).await
     }
 
+    /// A member in rotation other than `failed` (which could not be
+    /// connected to) with a connection, or one made now; `None` for a
+    /// member's own wire, or when no other member can be connected to.
+    async fn another_connected(&self, failed: &Arc<Link>) -> Option<Arc<Link>> {
+        if self.only.is_some() {
+            return None;
+        }
+        let others = (self.links.iter())
+            .filter(|l| !Arc::ptr_eq(l, failed) && l.serving.load(Ordering::Relaxed));
+        for link in others.filter(|l| !l.backing_off()) {
+            if link.sender().await.is_ok() {
+                return Some(link.clone());
+            }
+        }
+        None
+    }
+
     /// The member the next call goes to: in rotation and not backing off,
     /// taken in turn; else any in rotation (its call fails at once, saying
     /// why), else any.
@@ -193,8 +210,20 @@ impl tower::Service<http::Request<Body>> for Wire {
     }
 
     fn call(&mut self, req: http::Request<Body>) -> Self::Future {
-        let link = self.pick().clone();
-        Box::pin(async move { link.call(req).await.map_err(BoxError::from) })
+        let (first, wire) = (self.pick().clone(), self.clone());
+        Box::pin(async move {
+            let link = match first.sender().await {
+                Ok(_) => first,
+                // Not connected, the call was never sent: a balanced call
+                // goes to another member instead (one that died a moment
+                // ago stays in rotation until the next member probe).
+                Err(refused) => match wire.another_connected(&first).await {
+                    Some(other) => other,
+                    None => return Err(BoxError::from(refused)),
+                },
+            };
+            link.call(req).await.map_err(BoxError::from)
+        })
     }
 }
 
@@ -761,6 +790,35 @@ mod tests {
         let third = link.clone().call(unary_call()).await.unwrap_err();
         assert!(!third.message().contains("tried again in"), "{third:?}");
         assert_eq!(link.state.lock().unwrap().failures, 2);
+    }
+
+    /// A balanced call whose member cannot be connected to was never
+    /// sent, and goes to another member (before the member probes take a
+    /// dead member out of rotation, every other call went to it and
+    /// failed); a call on a member's own wire does not.
+    #[tokio::test]
+    async fn a_balanced_call_a_dead_member_cannot_take_goes_to_another() {
+        let dead = {
+            let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+            listener.local_addr().unwrap().port()
+        };
+        let endpoints = [
+            format!("http://127.0.0.1:{dead}"),
+            "http://127.0.0.1:2379".to_string(),
+        ];
+        let mut wire = Wire::new("a", &endpoints, None, PING_EVERY).unwrap();
+        let (client_io, server_io) = tokio::io::duplex(1 << 20);
+        tokio::spawn(serve(server_io));
+        wire.links[1].handshake(client_io).await.unwrap();
+        for round in 0..4 {
+            let answer = tower::Service::call(&mut wire, unary_call()).await;
+            assert!(answer.is_ok(), "round {round}: {:?}", answer.err());
+            // Past the dead member's backoff, the rotation picks it again.
+            tokio::time::sleep(BACKOFF_MIN * 2).await;
+        }
+        assert!(wire.links[0].state.lock().unwrap().failures >= 1);
+        let mut own = wire.member(0);
+        assert!(tower::Service::call(&mut own, unary_call()).await.is_err());
     }
 
     #[test]
