@@ -322,13 +322,8 @@ async fn an_acquire_unanswered_while_the_shard_is_marked_down_is_still_answered(
 /// with what the shard holds for it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_acquire_whose_txn_a_paused_etcd_of_one_endpoint_held_is_answered() {
-    let etcd = EtcdCluster::single();
     let shard = "paused-one";
-    let toml = config_toml(&[&etcd], "127.0.0.1:0", "")
-        .replace("name = \"a\"", &format!("name = \"{shard}\""));
-    let router = TestRouter::with_toml(&toml).await;
-    // The client's other lock, on the same session lease (same TTL).
-    let keeper = router.api.must_acquire("keeper", 10_000, "X").await;
+    let (etcd, router, keeper) = one_endpoint_shard(shard).await;
     let names: Vec<String> = (0..6).map(|i| format!("paused-{i}")).collect();
     etcd.pause_member(0);
     let acquires = join_all(names.iter().map(|name| {
@@ -347,22 +342,8 @@ async fn an_acquire_whose_txn_a_paused_etcd_of_one_endpoint_held_is_answered() {
         assert_eq!(r.body["acquired"], true, "{name}: {r:?}");
         granted.push(r.granted());
     }
-    for lock in &granted {
-        assert_eq!(router.api.release(lock).await.status, 204);
-    }
-    assert_eq!(router.api.renew(&keeper).await.status, 200);
-    for name in &names {
-        let other = router.api.acquire(name, 10_000, "C").await;
-        assert_eq!(
-            other.body["acquired"], true,
-            "{name} is held by a grant its client was never told of: {other:?}"
-        );
-    }
-    let moved = lockrouter_testkit::metrics::sum(
-        &router.api.metrics().await,
-        "lockrouter_grant_cutoffs_total",
-        &[("shard", shard), ("outcome", "moved")],
-    );
+    every_name_is_free_once_released(&router, &granted, &keeper, &names).await;
+    let moved = cutoff_moves(&router, shard, "moved").await;
     assert!(
         moved >= 1.0,
         "no grant txn went unanswered: the pause did not bite"
@@ -382,12 +363,8 @@ async fn an_acquire_whose_txn_a_paused_etcd_of_one_endpoint_held_is_answered() {
 /// them every name is free for another.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn acquires_on_a_paused_etcd_of_one_endpoint_fail_after_one_move_and_are_learnt_again() {
-    let etcd = EtcdCluster::single();
     let shard = "paused-long";
-    let toml = config_toml(&[&etcd], "127.0.0.1:0", "")
-        .replace("name = \"a\"", &format!("name = \"{shard}\""));
-    let router = TestRouter::with_toml(&toml).await;
-    let keeper = router.api.must_acquire("keeper", 10_000, "X").await;
+    let (etcd, router, keeper) = one_endpoint_shard(shard).await;
     let names: Vec<String> = (0..6).map(|i| format!("paused-long-{i}")).collect();
     etcd.pause_member(0);
     let sent = Instant::now();
@@ -424,20 +401,52 @@ async fn acquires_on_a_paused_etcd_of_one_endpoint_fail_after_one_move_and_are_l
         assert_eq!(again.body["acquired"], true, "{name}: {again:?}");
         granted.push(again.granted());
     }
-    for lock in &granted {
+    every_name_is_free_once_released(&router, &granted, &keeper, &names).await;
+    let failed = cutoff_moves(&router, shard, "failed").await;
+    assert!(failed >= 1.0, "no move failed: the pause did not bite");
+}
+
+/// A router in front of one etcd reached through one endpoint, its shard
+/// named `shard` (the metrics recorder is shared by every test in this
+/// process), and client X's lock `keeper`: another lock on the session
+/// lease X's acquires of the same TTL ride on.
+async fn one_endpoint_shard(shard: &str) -> (EtcdCluster, TestRouter, (String, u64)) {
+    let etcd = EtcdCluster::single();
+    let toml = config_toml(&[&etcd], "127.0.0.1:0", "")
+        .replace("name = \"a\"", &format!("name = \"{shard}\""));
+    let router = TestRouter::with_toml(&toml).await;
+    let keeper = router.api.must_acquire("keeper", 10_000, "X").await;
+    (etcd, router, keeper)
+}
+
+/// Renews and releases client X's `granted` locks, checks that its
+/// `keeper` still renews, and that every one of `names` is then granted to
+/// another client: none is held by a grant X was never told of.
+async fn every_name_is_free_once_released(
+    router: &TestRouter,
+    granted: &[(String, u64)],
+    keeper: &(String, u64),
+    names: &[String],
+) {
+    for lock in granted {
+        assert_eq!(router.api.renew(lock).await.status, 200);
         assert_eq!(router.api.release(lock).await.status, 204);
     }
-    assert_eq!(router.api.renew(&keeper).await.status, 200);
-    for name in &names {
+    assert_eq!(router.api.renew(keeper).await.status, 200);
+    for name in names {
         let other = router.api.acquire(name, 10_000, "C").await;
-        assert_eq!(other.body["acquired"], true, "{name}: {other:?}");
+        assert_eq!(
+            other.body["acquired"], true,
+            "{name} is held by a grant its client was never told of: {other:?}"
+        );
     }
-    let failed = lockrouter_testkit::metrics::sum(
-        &router.api.metrics().await,
-        "lockrouter_grant_cutoffs_total",
-        &[("shard", shard), ("outcome", "failed")],
-    );
-    assert!(failed >= 1.0, "no move failed: the pause did not bite");
+}
+
+/// `lockrouter_grant_cutoffs_total` of `shard` with `outcome`.
+async fn cutoff_moves(router: &TestRouter, shard: &str, outcome: &str) -> f64 {
+    let text = router.api.metrics().await;
+    let labels = [("shard", shard), ("outcome", outcome)];
+    lockrouter_testkit::metrics::sum(&text, "lockrouter_grant_cutoffs_total", &labels)
 }
 
 /// Cuts the leader of a fresh 3-member shard (named `shard`) from its
@@ -503,35 +512,17 @@ async fn unanswered_acquires(shard: &str, delay_ms: u64, heal_ms: u64) -> bool {
         }
         assert_eq!(r.status, 200, "{name}: {r:?}");
         assert_eq!(r.body["acquired"], true, "{name}: {r:?}");
-        granted.push((
-            r.body["lockId"].as_str().unwrap().to_string(),
-            r.body["fencingToken"].as_u64().unwrap(),
-        ));
+        granted.push(r.granted());
     }
     // Whatever landed late grants nothing more: the client's grants are
     // what the shard holds, and once they are released every name is free
     // (a name answered 503 too: a grant made for it would be one its
     // client was never told of).
     sleep_ms(1_500).await;
-    for lock in &granted {
-        assert_eq!(router.api.renew(lock).await.status, 200);
-        assert_eq!(router.api.release(lock).await.status, 204);
-    }
-    assert_eq!(router.api.renew(&keeper).await.status, 200);
-    for name in &names {
-        let other = router.api.acquire(name, 10_000, "C").await;
-        assert_eq!(
-            other.body["acquired"], true,
-            "{name} is held by a grant its client was never told of: {other:?}"
-        );
-    }
+    every_name_is_free_once_released(&router, &granted, &keeper, &names).await;
     // No acquire was left with an unknown outcome, and the cut bit.
     assert!(unknown.is_empty(), "answered 503: {unknown:?}");
-    let moved = lockrouter_testkit::metrics::sum(
-        &router.api.metrics().await,
-        "lockrouter_grant_cutoffs_total",
-        &[("shard", shard), ("outcome", "moved")],
-    );
+    let moved = cutoff_moves(&router, shard, "moved").await;
     assert!(
         moved >= 1.0,
         "no grant txn went unanswered: the cut did not bite"

@@ -353,12 +353,7 @@ async fn an_acquire_whose_answer_was_lost_is_answered_its_grant_while_reads_fail
     shard.lose_next_answer(Lost::Applied);
     shard.lose_reads_with_answer(5);
     let req = acquire(&shard, "order-7", "w1");
-    let answer = attempt_with(&active, &req, None).await;
-    let grant = match answer {
-        Ok(Attempt::Done(Acquired::Granted(grant))) => grant,
-        Ok(_) => panic!("expected the grant the txn made"),
-        Err(e) => panic!("answered an error over a grant its client holds: {e}"),
-    };
+    let grant = granted(attempt(&active, &req).await);
     let key = shard
         .lock_key("order-7")
         .expect("granted before the answer was lost");
@@ -376,12 +371,7 @@ async fn a_grant_whose_keepalive_went_unanswered_is_answered_by_its_last_renewal
     let first = granted(attempt(&active, &acquire(&shard, "order-1", "w1")).await);
     shard.lose_keepalives(true);
     let req = acquire(&shard, "order-2", "w1");
-    let answer = attempt_with(&active, &req, None).await;
-    let grant = match answer {
-        Ok(Attempt::Done(Acquired::Granted(grant))) => grant,
-        Ok(_) => panic!("expected a grant"),
-        Err(e) => panic!("answered an error over a grant its client holds: {e}"),
-    };
+    let grant = granted(attempt(&active, &req).await);
     let key = shard.lock_key("order-2").expect("granted");
     assert_eq!(lock_id(&active, &grant).revision, key.create_revision());
     assert_eq!(

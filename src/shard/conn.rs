@@ -33,6 +33,22 @@ const MEMBER_PROBE_EVERY: Duration = Duration::from_millis(250);
 /// probe answers in time again.
 const MEMBER_PROBE_TIMEOUT: Duration = Duration::from_millis(500);
 
+/// The first of `tries` that succeeds, or the last failure when none
+/// does (`tries` holds at least one).
+async fn first_success<T, E>(
+    mut tries: futures::stream::FuturesUnordered<impl Future<Output = Result<T, E>>>,
+) -> Result<T, E> {
+    use futures::stream::StreamExt;
+    let mut last = None;
+    while let Some(r) = tries.next().await {
+        match r {
+            Ok(v) => return Ok(v),
+            Err(e) => last = Some(e),
+        }
+    }
+    Err(last.expect("at least one try"))
+}
+
 /// [`Inner::leader`] when no member is known to lead.
 const NO_LEADER: usize = usize::MAX;
 
@@ -291,14 +307,7 @@ impl EtcdConn {
             if tries.len() > 1 {
                 self.inner.metrics.hedged(rpc);
             }
-            let mut last = None;
-            while let Some(r) = tries.next().await {
-                match r {
-                    Ok(v) => return Ok(v),
-                    Err(e) => last = Some(e),
-                }
-            }
-            Err(last.expect("at least one try"))
+            first_success(tries).await
         };
         self.call_inline(rpc, hedged).await
     }
@@ -322,13 +331,13 @@ impl EtcdConn {
     /// reads for seconds after it is back (etcd 3.4 waits out its whole
     /// read-index timeout), while the leader answers them at once.
     pub async fn txn_everywhere(&self, txn: Txn) -> Result<TxnResponse, EtcdError> {
-        use futures::stream::{FuturesUnordered, StreamExt};
+        use futures::stream::FuturesUnordered;
         let send = |client: Client| {
             let txn = txn.clone();
             async move { client.kv_client().txn(txn).await }
         };
         let everywhere = async {
-            let mut tries: FuturesUnordered<_> = (self.inner.members.iter())
+            let tries: FuturesUnordered<_> = (self.inner.members.iter())
                 .filter(|member| member.login.is_ready())
                 .map(|member| send(member.client.clone()))
                 .collect();
@@ -336,14 +345,7 @@ impl EtcdConn {
             if tries.len() > 1 {
                 self.inner.metrics.hedged("Txn");
             }
-            let mut last = None;
-            while let Some(r) = tries.next().await {
-                match r {
-                    Ok(v) => return Ok(v),
-                    Err(e) => last = Some(e),
-                }
-            }
-            Err(last.expect("at least one try"))
+            first_success(tries).await
         };
         self.call_inline("Txn", everywhere).await
     }

@@ -103,7 +103,7 @@ impl Shard {
     }
 
     /// The last renewal of `lease` etcd confirmed, unless it is known gone
-    /// since: what a grant on it is answered with when the keepalive sent
+    /// since or its deadline passed: what a grant on it is answered with when the keepalive sent
     /// beside its txn went unanswered (the key is on the lease, which
     /// lasts at least that long).
     pub fn confirmed_renewal(&self, lease: i64) -> Option<Renewal> {

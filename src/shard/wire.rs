@@ -166,15 +166,18 @@ impl Wire {
     /// A member in rotation other than `failed` (which could not be
     /// connected to) with a connection, or one made now; `None` for a
     /// member's own wire, or when no other member can be connected to.
-    async fn another_connected(&self, failed: &Arc<Link>) -> Option<Arc<Link>> {
+    async fn another_connected(
+        &self,
+        failed: &Arc<Link>,
+    ) -> Option<(Arc<Link>, SendRequest<Bytes>)> {
         if self.only.is_some() {
             return None;
         }
         let others = (self.links.iter())
             .filter(|l| !Arc::ptr_eq(l, failed) && l.serving.load(Ordering::Relaxed));
         for link in others.filter(|l| !l.backing_off()) {
-            if link.sender().await.is_ok() {
-                return Some(link.clone());
+            if let Ok(sender) = link.sender().await {
+                return Some((link.clone(), sender));
             }
         }
         None
@@ -212,8 +215,8 @@ impl tower::Service<http::Request<Body>> for Wire {
     fn call(&mut self, req: http::Request<Body>) -> Self::Future {
         let (first, wire) = (self.pick().clone(), self.clone());
         Box::pin(async move {
-            let link = match first.sender().await {
-                Ok(_) => first,
+            let (link, sender) = match first.sender().await {
+                Ok(sender) => (first, sender),
                 // Not connected, the call was never sent: a balanced call
                 // goes to another member instead (one that died a moment
                 // ago stays in rotation until the next member probe).
@@ -222,7 +225,7 @@ impl tower::Service<http::Request<Body>> for Wire {
                     None => return Err(BoxError::from(refused)),
                 },
             };
-            link.call(req).await.map_err(BoxError::from)
+            link.call_on(sender, req).await.map_err(BoxError::from)
         })
     }
 }
@@ -279,10 +282,12 @@ impl Link {
         Status::unavailable(format!("member {}: {why}", self.endpoint))
     }
 
-    /// One call: the body's ready part read first, then HEADERS and that
-    /// DATA queued together; the rest of a stream's body piped after.
-    async fn call(
+    /// One call on `sender`, this member's connection: the body's ready
+    /// part read first, then HEADERS and that DATA queued together; the
+    /// rest of a stream's body piped after.
+    async fn call_on(
         self: Arc<Self>,
+        sender: SendRequest<Bytes>,
         req: http::Request<Body>,
     ) -> Result<http::Response<Body>, Status> {
         let (mut parts, mut body) = req.into_parts();
@@ -307,7 +312,6 @@ impl Link {
         parts.uri = Uri::from_parts(path).map_err(|e| Status::internal(e.to_string()))?;
         parts.version = Version::HTTP_2;
 
-        let sender = self.sender().await?;
         let mut sender = sender.ready().await.map_err(|e| self.broken(e))?;
         let header_only = ended && ready.is_empty();
         let (answer, mut send) = sender
@@ -657,6 +661,15 @@ mod tests {
         }
     }
 
+    /// One call on `link`, connecting first if it must.
+    async fn call(
+        link: Arc<Link>,
+        req: http::Request<Body>,
+    ) -> Result<http::Response<Body>, Status> {
+        let sender = link.sender().await?;
+        link.call_on(sender, req).await
+    }
+
     fn unary_call() -> http::Request<Body> {
         let message = http_body_util::Full::new(Bytes::from_static(b"\0\0\0\0\x05hello"));
         http::Request::builder()
@@ -679,7 +692,7 @@ mod tests {
         };
         link.handshake(io).await.unwrap();
         for _ in 0..3 {
-            let answer = link.clone().call(unary_call()).await.unwrap();
+            let answer = call(link.clone(), unary_call()).await.unwrap();
             let mut body = answer.into_body();
             let mut got = Vec::new();
             while let Some(frame) =
@@ -733,7 +746,7 @@ mod tests {
         let body = Body::new(http_body_util::StreamBody::new(rx));
         let mut req = unary_call();
         *req.body_mut() = body;
-        let answer = link.clone().call(req).await.unwrap();
+        let answer = call(link.clone(), req).await.unwrap();
         for message in [&b"one"[..], b"two"] {
             messages
                 .unbounded_send(Ok(Frame::data(Bytes::from_static(message))))
@@ -777,17 +790,17 @@ mod tests {
         };
         let endpoint = format!("http://127.0.0.1:{port}");
         let link = Arc::new(Link::new("a", &endpoint, None, PING_EVERY).unwrap());
-        let first = link.clone().call(unary_call()).await.unwrap_err();
+        let first = call(link.clone(), unary_call()).await.unwrap_err();
         assert_eq!(first.code(), tonic::Code::Unavailable);
         assert!(first.message().contains(&endpoint), "{first:?}");
         assert!(link.backing_off());
-        let again = link.clone().call(unary_call()).await.unwrap_err();
+        let again = call(link.clone(), unary_call()).await.unwrap_err();
         assert_eq!(again.code(), tonic::Code::Unavailable);
         assert!(again.message().contains("tried again in"), "{again:?}");
         // Past the backoff it is tried again (and fails again, for longer).
         tokio::time::sleep(BACKOFF_MIN * 2).await;
         assert!(!link.backing_off());
-        let third = link.clone().call(unary_call()).await.unwrap_err();
+        let third = call(link.clone(), unary_call()).await.unwrap_err();
         assert!(!third.message().contains("tried again in"), "{third:?}");
         assert_eq!(link.state.lock().unwrap().failures, 2);
     }
