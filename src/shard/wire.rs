@@ -573,6 +573,10 @@ mod tests {
     use super::*;
     use std::io::IoSlice;
 
+    /// The endpoint of a link these tests handshake over an in-memory pipe:
+    /// a name in the reserved `.invalid` domain, so nothing is ever dialled.
+    const IN_MEMORY: &str = "http://in-memory.invalid:2379";
+
     /// One side of an in-memory connection that keeps each write's bytes.
     struct Recording {
         io: tokio::io::DuplexStream,
@@ -685,7 +689,7 @@ mod tests {
         let (client_io, server_io) = tokio::io::duplex(1 << 20);
         tokio::spawn(serve(server_io));
         let writes = Arc::new(Mutex::new(Vec::new()));
-        let link = Arc::new(Link::new("a", "http://127.0.0.1:2379", None, PING_EVERY).unwrap());
+        let link = Arc::new(Link::new("a", IN_MEMORY, None, PING_EVERY).unwrap());
         let io = Recording {
             io: client_io,
             writes: writes.clone(),
@@ -740,7 +744,7 @@ mod tests {
                 }
             }
         });
-        let link = Arc::new(Link::new("a", "http://127.0.0.1:2379", None, PING_EVERY).unwrap());
+        let link = Arc::new(Link::new("a", IN_MEMORY, None, PING_EVERY).unwrap());
         link.handshake(client_io).await.unwrap();
         let (messages, rx) = futures::channel::mpsc::unbounded::<Result<Frame<Bytes>, Status>>();
         let body = Body::new(http_body_util::StreamBody::new(rx));
@@ -773,7 +777,7 @@ mod tests {
             let _conn = h2::server::handshake(server_io).await.unwrap();
             std::future::pending::<()>().await;
         });
-        let link = Arc::new(Link::new("a", "http://127.0.0.1:2379", None, PING_EVERY).unwrap());
+        let link = Arc::new(Link::new("a", IN_MEMORY, None, PING_EVERY).unwrap());
         link.handshake(client_io).await.unwrap();
         assert!(link.live().is_some());
         tokio::time::sleep(PING_EVERY + PING_TIMEOUT / 2).await;
@@ -815,10 +819,7 @@ mod tests {
             let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
             listener.local_addr().unwrap().port()
         };
-        let endpoints = [
-            format!("http://127.0.0.1:{dead}"),
-            "http://127.0.0.1:2379".to_string(),
-        ];
+        let endpoints = [format!("http://127.0.0.1:{dead}"), IN_MEMORY.to_string()];
         let mut wire = Wire::new("a", &endpoints, None, PING_EVERY).unwrap();
         let (client_io, server_io) = tokio::io::duplex(1 << 20);
         tokio::spawn(serve(server_io));
