@@ -40,7 +40,7 @@
 //!               accept (leaf)
 //!   metrics.rs  Prometheus series (leaf)
 //!   task.rs     background tasks that end with their owner, and the
-//!               deadline of the request a task serves (leaf)
+//!               deadline and names of the request a task serves (leaf)
 //!   refusal.rs  refusals more than one layer gives: Denied (403) and
 //!               RateLimited (429) (leaf)
 //! ```

@@ -15,6 +15,7 @@ use lockrouter::cli::ops::{
 };
 use lockrouter::cli::output::{Format, OutputArg};
 use lockrouter::cli::target::Target;
+use lockrouter::http::request_id::NamingRequests;
 use lockrouter::{Application, Settings};
 use tokio_util::sync::CancellationToken;
 
@@ -218,14 +219,21 @@ fn main() -> ExitCode {
         // which panics, and a panicking signal task would leave the router
         // deaf to SIGTERM.
         .log_internal_errors(false);
+    // Every line logged while serving a request names it (its id, op,
+    // shard, outcome): a `request{..}` prefix in text, `span` in JSON.
+    let format = tracing_subscriber::fmt::format();
     match cli.log_format {
-        LogFormat::Text => logs.with_ansi(std::io::stderr().is_terminal()).init(),
-        // The current span's fields (the request's id, op, shard) go with
-        // every line logged inside it.
+        LogFormat::Text => {
+            let ansi = std::io::stderr().is_terminal();
+            logs.with_ansi(ansi)
+                .event_format(NamingRequests::text(format.with_ansi(ansi)))
+                .init()
+        }
         LogFormat::Json => logs
-            .json()
-            .with_current_span(true)
-            .with_span_list(false)
+            .fmt_fields(tracing_subscriber::fmt::format::JsonFields::new())
+            .event_format(NamingRequests::json(
+                format.json().with_current_span(true).with_span_list(false),
+            ))
             .init(),
     }
     match cli.command {

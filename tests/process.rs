@@ -278,6 +278,26 @@ async fn json_logs_name_the_request_a_line_is_about() {
         .unwrap_or_else(|e| panic!("{e}"));
     router.api.wait_ready().await;
     router.api.must_acquire("logged", 5_000, "A").await;
+    // A line logged inside a request's handling (a force-release's warn)
+    // names the request under `span`, as the access log's does.
+    router.api.must_acquire("forced", 5_000, "A").await;
+    let req = (router.api.http)
+        .post(format!(
+            "{}/admin/v1/locks/forced/force-release",
+            router.api.base
+        ))
+        .header("X-Request-Id", "force-7")
+        .json(&serde_json::json!({"reason": "log test"}));
+    let r = router.api.send(req).await;
+    assert_eq!(r.status, 200, "{r:?}");
+    let log = router.log_text();
+    let forced = (log.lines())
+        .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+        .find(|l| l["fields"]["message"] == "lock force-released")
+        .unwrap_or_else(|| panic!("no force-release line:\n{log}"));
+    assert_eq!(forced["span"]["request_id"], "force-7", "{forced}");
+    assert_eq!(forced["span"]["name"], "request", "{forced}");
+    assert!(forced["span"]["shard"].is_string(), "{forced}");
     // The shard goes away: the next acquire fails with a 503, which the
     // router logs at warn with the request's id.
     etcd.kill();

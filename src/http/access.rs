@@ -1,8 +1,8 @@
 //! The access log: with `server.access_log` on, one info line per HTTP
-//! request, target `lockrouter::access`, logged inside the request's span,
-//! so that the span's fields (`op`, `request_id`, `shard`, `outcome`) go
+//! request, target `lockrouter::access`, logged while the request is
+//! served, so that its names (`op`, `request_id`, `shard`, `outcome`) go
 //! with it as with every line logged for the request: the `request{...}`
-//! prefix in text, `span` in JSON. Whether it is on comes with the
+//! prefix in text, `span` in JSON (`request_id::NamingRequests`). Whether it is on comes with the
 //! generation in force, so a reload turns the log on or off from the next
 //! request on.
 //!
@@ -80,28 +80,27 @@ pub struct Line<'a> {
     pub request_id: &'a str,
 }
 
-/// Logs the request's line inside `span`, if its facts say the log was on
-/// when it arrived.
-pub fn log(span: &tracing::Span, line: Line<'_>, facts: &Facts) {
+/// Logs the request's line, if its facts say the log was on when it
+/// arrived (named by the request's names, as every line logged while it is
+/// served).
+pub fn log(line: Line<'_>, facts: &Facts) {
     if !facts.on {
         return;
     }
     // Milliseconds to the microsecond.
     let latency_ms = (line.elapsed.as_secs_f64() * 1e6).round() / 1e3;
-    span.in_scope(|| {
-        tracing::info!(
-            target: "lockrouter::access",
-            method = line.method.as_str(),
-            route = line.route,
-            status = line.status,
-            latency_ms,
-            client_id = facts.client_id.as_deref(),
-            principal = facts.principal.as_deref(),
-            lock_name = facts.name.as_deref(),
-            request_id = line.request_id,
-            "request"
-        )
-    });
+    tracing::info!(
+        target: "lockrouter::access",
+        method = line.method.as_str(),
+        route = line.route,
+        status = line.status,
+        latency_ms,
+        client_id = facts.client_id.as_deref(),
+        principal = facts.principal.as_deref(),
+        lock_name = facts.name.as_deref(),
+        request_id = line.request_id,
+        "request"
+    );
 }
 
 #[cfg(test)]

@@ -77,9 +77,209 @@ pub(crate) fn generated() -> String {
     String::from_utf8(digits.to_vec()).expect("hex digits are ASCII")
 }
 
+/// The log's line format, naming the request a line was logged for: the
+/// `request{op=.. request_id=.. shard=.. outcome=..}: ` prefix before the
+/// target in text, a `span` object in JSON, as a tracing span around each
+/// request would give, from the names the request's task keeps
+/// ([`crate::task::RequestNames`]). A span costs its fields' formatting on
+/// every request (docs/benchmarks.md, "The log level"); these cost
+/// something only on the lines logged.
+pub struct NamingRequests<F> {
+    inner: F,
+    json: bool,
+}
+
+impl<F> NamingRequests<F> {
+    /// Text lines by `inner`.
+    pub fn text(inner: F) -> Self {
+        Self { inner, json: false }
+    }
+
+    /// JSON lines by `inner`.
+    pub fn json(inner: F) -> Self {
+        Self { inner, json: true }
+    }
+}
+
+impl<S, N, F> tracing_subscriber::fmt::FormatEvent<S, N> for NamingRequests<F>
+where
+    S: tracing::Subscriber + for<'a> tracing_subscriber::registry::LookupSpan<'a>,
+    N: for<'a> tracing_subscriber::fmt::FormatFields<'a> + 'static,
+    F: tracing_subscriber::fmt::FormatEvent<S, N>,
+{
+    fn format_event(
+        &self,
+        ctx: &tracing_subscriber::fmt::FmtContext<'_, S, N>,
+        mut writer: tracing_subscriber::fmt::format::Writer<'_>,
+        event: &tracing::Event<'_>,
+    ) -> std::fmt::Result {
+        let Some(names) = crate::task::request_names(|n| naming(n, self.json)) else {
+            return self.inner.format_event(ctx, writer, event);
+        };
+        let mut line = String::new();
+        let plain = tracing_subscriber::fmt::format::Writer::new(&mut line);
+        self.inner.format_event(ctx, plain, event)?;
+        if self.json {
+            // `{...}\n`: the request's object goes in as the last key.
+            match line.trim_end().strip_suffix('}') {
+                Some(open) => {
+                    let comma = if open.ends_with('{') { "" } else { "," };
+                    writer.write_str(open)?;
+                    write!(writer, "{comma}\"span\":{names}}}")?;
+                    return writeln!(writer);
+                }
+                None => return writer.write_str(&line),
+            }
+        }
+        // Before the target, where a span's prefix goes.
+        let target = event.metadata().target();
+        match line.find(&format!("{target}: ")) {
+            Some(at) => {
+                writer.write_str(&line[..at])?;
+                write!(writer, "{names}: ")?;
+                writer.write_str(&line[at..])
+            }
+            None => writer.write_str(&line),
+        }
+    }
+}
+
+/// A request's names as a line shows them: text as a span's prefix,
+/// `request{op="acquire" request_id=.. shard="a"}`, or a JSON object.
+fn naming(n: &crate::task::RequestNames, json: bool) -> String {
+    let shard = n.shard();
+    if json {
+        let mut o = serde_json::Map::new();
+        o.insert("op".into(), n.op.into());
+        o.insert("request_id".into(), n.id.as_str().into());
+        if let Some(shard) = &shard {
+            o.insert("shard".into(), serde_json::Value::from(&**shard));
+        }
+        if let Some(outcome) = n.outcome() {
+            o.insert("outcome".into(), outcome.into());
+        }
+        o.insert("name".into(), "request".into());
+        return serde_json::Value::Object(o).to_string();
+    }
+    let mut text = format!("request{{op={:?} request_id={}", n.op, n.id);
+    if let Some(shard) = &shard {
+        text.push_str(&format!(" shard={:?}", &**shard));
+    }
+    if let Some(outcome) = n.outcome() {
+        text.push_str(&format!(" outcome={outcome:?}"));
+    }
+    text.push('}');
+    text
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::task::{name_outcome, name_shard, naming_sync, RequestNames};
+    use std::sync::{Arc, Mutex};
+    use tracing_subscriber::fmt::format;
+    use tracing_subscriber::fmt::format::JsonFields;
+
+    /// The lines a subscriber wrote.
+    #[derive(Clone, Default)]
+    struct Lines(Arc<Mutex<Vec<u8>>>);
+
+    impl std::io::Write for Lines {
+        fn write(&mut self, b: &[u8]) -> std::io::Result<usize> {
+            self.0.lock().unwrap().extend_from_slice(b);
+            Ok(b.len())
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+
+    impl<'a> tracing_subscriber::fmt::MakeWriter<'a> for Lines {
+        type Writer = Lines;
+        fn make_writer(&'a self) -> Lines {
+            self.clone()
+        }
+    }
+
+    impl Lines {
+        fn all(&self) -> Vec<String> {
+            let bytes = self.0.lock().unwrap().clone();
+            String::from_utf8(bytes)
+                .unwrap()
+                .lines()
+                .map(String::from)
+                .collect()
+        }
+    }
+
+    /// A line outside any request, then two inside one (before and after
+    /// its shard and outcome are known), logged through `subscriber`.
+    fn log_a_request(subscriber: impl tracing::Subscriber + Send + Sync, id: &str) {
+        tracing::subscriber::with_default(subscriber, || {
+            tracing::warn!(target: "lockrouter::t", "outside");
+            naming_sync(RequestNames::new("acquire", id.into()), || {
+                tracing::warn!(target: "lockrouter::t", "early");
+                name_shard("a");
+                name_outcome("ok");
+                tracing::info!(target: "lockrouter::t", n = 3, "late");
+            });
+        });
+    }
+
+    #[test]
+    fn text_lines_logged_while_a_request_is_served_name_it_before_the_target() {
+        let lines = Lines::default();
+        let subscriber = tracing_subscriber::fmt()
+            .with_writer(lines.clone())
+            .event_format(NamingRequests::text(format().with_ansi(false)))
+            .finish();
+        log_a_request(subscriber, "id-7");
+        let all = lines.all();
+        assert_eq!(all.len(), 3, "{all:#?}");
+        assert!(all[0].ends_with(" WARN lockrouter::t: outside"), "{all:#?}");
+        assert!(
+            all[1]
+                .ends_with(r#" WARN request{op="acquire" request_id=id-7}: lockrouter::t: early"#),
+            "{all:#?}"
+        );
+        assert!(
+            all[2].ends_with(
+                r#" INFO request{op="acquire" request_id=id-7 shard="a" outcome="ok"}: lockrouter::t: late n=3"#
+            ),
+            "{all:#?}"
+        );
+    }
+
+    #[test]
+    fn json_lines_logged_while_a_request_is_served_name_it_under_span() {
+        let lines = Lines::default();
+        let subscriber = tracing_subscriber::fmt()
+            .with_writer(lines.clone())
+            .fmt_fields(JsonFields::new())
+            .event_format(NamingRequests::json(
+                format()
+                    .json()
+                    .with_current_span(true)
+                    .with_span_list(false),
+            ))
+            .finish();
+        // Visible ASCII ids may hold quotes and backslashes.
+        log_a_request(subscriber, r#"id-"7"\"#);
+        let all: Vec<serde_json::Value> = (lines.all().iter())
+            .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("{e}: {l}")))
+            .collect();
+        assert_eq!(all.len(), 3, "{all:#?}");
+        assert_eq!(all[0]["fields"]["message"], "outside");
+        assert!(all[0].get("span").is_none(), "{:#}", all[0]);
+        let early =
+            serde_json::json!({"name": "request", "op": "acquire", "request_id": r#"id-"7"\"#});
+        assert_eq!(all[1]["span"], early, "{:#}", all[1]);
+        assert_eq!(all[1]["fields"]["message"], "early");
+        assert_eq!(all[2]["span"]["shard"], "a", "{:#}", all[2]);
+        assert_eq!(all[2]["span"]["outcome"], "ok", "{:#}", all[2]);
+        assert_eq!(all[2]["fields"]["n"], 3, "{:#}", all[2]);
+        assert_eq!(all[2]["target"], "lockrouter::t", "{:#}", all[2]);
+    }
 
     fn headers(pairs: &[(&'static str, &str)]) -> HeaderMap {
         let mut h = HeaderMap::new();

@@ -152,7 +152,7 @@ impl Active {
     /// [`Active::check_acquire`] passed.
     pub(crate) async fn acquire_now(&self, req: &Acquire) -> Result<Acquired, LockError> {
         let shard = &req.shard;
-        tracing::Span::current().record("shard", shard.name());
+        crate::task::name_shard(shard.name());
         let k = shard.name_keys(&name_hash(req.name.as_str()));
         let mut replace_held = None;
         // Retried when the session lease expired between the cache and the

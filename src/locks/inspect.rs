@@ -13,7 +13,7 @@ impl Active {
     /// go).
     pub(crate) fn places(&self, name: &LockName) -> Vec<Arc<Shard>> {
         let shard = self.router.shard_for(name.as_str());
-        tracing::Span::current().record("shard", shard.name());
+        crate::task::name_shard(shard.name());
         let mut places = vec![shard.clone()];
         if let Some(m) = self.router.migration() {
             let previous = m.previous_shard(name.as_str());

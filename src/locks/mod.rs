@@ -674,7 +674,7 @@ impl Active {
     /// gone: the router may not have reloaded yet, and a drained shard is
     /// indistinguishable from one still to be learned of.
     fn shard_of(&self, id: &LockId) -> Result<Arc<Shard>, LockError> {
-        tracing::Span::current().record("shard", id.shard.as_str());
+        crate::task::name_shard(id.shard.as_str());
         self.router.shard_named(&id.shard).ok_or_else(|| LockError::ShardUnavailable {
             shard: id.shard.to_string(),
             detail: "this router does not know the shard (not reloaded yet, or the shard was removed)".into(),
