@@ -12,6 +12,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use futures::future::join_all;
+use lockrouter::http::request_id::NamingRequests;
 use serde_json::json;
 
 use lockrouter_testkit::api::Api;
@@ -496,7 +497,13 @@ fn with_keepalive_log<F: std::future::Future<Output = ()>>(test: impl FnOnce() -
         tracing_subscriber::fmt()
             .with_writer(move || writer.clone())
             .with_ansi(false)
-            .with_timer(tracing_subscriber::fmt::time::Uptime::default())
+            // Lines logged while a request is served name it, as the
+            // router process's do.
+            .event_format(NamingRequests::text(
+                tracing_subscriber::fmt::format()
+                    .with_ansi(false)
+                    .with_timer(tracing_subscriber::fmt::time::Uptime::default()),
+            ))
             .with_env_filter(tracing_subscriber::EnvFilter::new(
                 "lockrouter=info,lockrouter::shard=debug,tests=info",
             ))
@@ -1120,6 +1127,9 @@ fn torture_mixed_faults_never_break_mutual_exclusion_or_fencing() {
         tracing_subscriber::fmt()
             .with_writer(Mutex::new(log))
             .with_ansi(false)
+            .event_format(NamingRequests::text(
+                tracing_subscriber::fmt::format().with_ansi(false),
+            ))
             .with_env_filter(tracing_subscriber::EnvFilter::new("info"))
             .finish(),
     );
