@@ -97,8 +97,9 @@ pub async fn naming<F: Future>(names: RequestNames, f: F) -> F::Output {
     REQUEST_NAMES.scope(names, f).await
 }
 
-/// [`naming`] for synchronous code.
-pub fn naming_sync<R>(names: RequestNames, f: impl FnOnce() -> R) -> R {
+/// [`naming`] for synchronous code (the log format's tests).
+#[cfg(test)]
+pub(crate) fn naming_sync<R>(names: RequestNames, f: impl FnOnce() -> R) -> R {
     REQUEST_NAMES.sync_scope(names, f)
 }
 

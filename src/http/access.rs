@@ -2,9 +2,9 @@
 //! request, target `lockrouter::access`, logged while the request is
 //! served, so that its names (`op`, `request_id`, `shard`, `outcome`) go
 //! with it as with every line logged for the request: the `request{...}`
-//! prefix in text, `span` in JSON (`request_id::NamingRequests`). Whether it is on comes with the
-//! generation in force, so a reload turns the log on or off from the next
-//! request on.
+//! prefix in text, `span` in JSON (`request_id::NamingRequests`). Whether
+//! it is on comes with the generation in force, so a reload turns the log
+//! on or off from the next request on.
 //!
 //! A line says: `method`; `route`, the route's label (never the raw path,
 //! which may hold a lock name or a clientId); `status`; `latency_ms`;

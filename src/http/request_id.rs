@@ -161,12 +161,13 @@ fn naming(n: &crate::task::RequestNames, json: bool) -> String {
         o.insert("name".into(), "request".into());
         return serde_json::Value::Object(o).to_string();
     }
+    use std::fmt::Write as _;
     let mut text = format!("request{{op={:?} request_id={}", n.op, n.id);
     if let Some(shard) = &shard {
-        text.push_str(&format!(" shard={:?}", &**shard));
+        let _ = write!(text, " shard={:?}", &**shard);
     }
     if let Some(outcome) = n.outcome() {
-        text.push_str(&format!(" outcome={outcome:?}"));
+        let _ = write!(text, " outcome={outcome:?}");
     }
     text.push('}');
     text
