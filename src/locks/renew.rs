@@ -4,8 +4,12 @@
 //! coalesced keepalive of each lease a lock was verified on; a lock found
 //! gone is answered without a keepalive.
 
-use std::collections::HashMap;
 use std::time::Instant;
+
+// A request's own small maps (its seals, shards and leases, at most one
+// entry per lock of the request): keyed by what opened lockIds carry, so
+// a fast seeded hash, not SipHash.
+use foldhash::HashMap;
 
 use futures::future::join_all;
 
@@ -62,7 +66,7 @@ impl Active {
             )));
         }
         let mut ids = Vec::with_capacity(locks.len());
-        let mut seals: HashMap<&str, u64> = HashMap::new();
+        let mut seals: HashMap<&str, u64> = HashMap::default();
         for (i, (lock_id, token)) in locks.iter().enumerate() {
             let (id, seal) = self
                 .open_uncounted(lock_id, *token, caller)
@@ -81,7 +85,7 @@ impl Active {
         // One check and one keepalive per lease for each shard's locks. Each
         // known shard's latency is recorded as `by_shard` drops, when the
         // batch ends (also a shard that is down: its locks waited as long).
-        let mut by_shard: HashMap<&str, ShardGroup> = HashMap::new();
+        let mut by_shard: HashMap<&str, ShardGroup> = HashMap::default();
         for (i, id) in ids.iter().enumerate() {
             let entry = by_shard.entry(id.shard.as_str()).or_insert_with(|| {
                 let shard = self.shard_of(id).ok();
@@ -137,7 +141,7 @@ impl Active {
         let entries = shard.lock_entries(&hashes).await;
         let mine = |id: &LockId, entry: &Result<Option<Entry>, EtcdError>| matches!(entry, Ok(Some(e)) if *e == (id.revision, id.lease));
         // One keepalive per lease a lock of the request was verified on.
-        let mut verified: HashMap<i64, u32> = HashMap::new();
+        let mut verified: HashMap<i64, u32> = HashMap::default();
         for (id, entry) in ids.iter().zip(&entries) {
             if mine(id, entry) {
                 verified.entry(id.lease).or_insert(id.ttl_secs);

@@ -78,7 +78,7 @@ impl LockId {
 
     /// Decodes a checksummed (version 1) lockId.
     pub fn decode(s: &str) -> Result<Self, BadLockId> {
-        Self::decode_raw(&raw(s)?)
+        Self::decode_raw(raw(s, &mut [0; MAX_RAW])?)
     }
 
     /// Decodes the bytes of a checksummed (version 1) lockId.
@@ -114,30 +114,20 @@ impl LockId {
 /// Longest decoded lockId: what [`MAX_LEN`] characters of base64 hold.
 const MAX_RAW: usize = MAX_LEN / 4 * 3;
 
-/// A lockId's bytes, decoded on the stack: a renew-batch opens up to a
-/// thousand of them, and none needs the heap.
-struct Raw {
-    buf: [u8; MAX_RAW],
-    len: usize,
-}
+/// A buffer for a lockId's bytes, decoded on the stack: a renew-batch
+/// opens up to a thousand of them, and none needs the heap.
+type RawBuf = [u8; MAX_RAW];
 
-impl std::ops::Deref for Raw {
-    type Target = [u8];
-
-    fn deref(&self) -> &[u8] {
-        &self.buf[..self.len]
-    }
-}
-
-fn raw(s: &str) -> Result<Raw, BadLockId> {
+/// Decodes `s` into `buf` (the caller's, so the bytes are not copied out
+/// again) and returns them.
+fn raw<'b>(s: &str, buf: &'b mut RawBuf) -> Result<&'b [u8], BadLockId> {
     if s.len() > MAX_LEN {
         return Err(BadLockId);
     }
-    let mut buf = [0; MAX_RAW];
     let len = URL_SAFE_NO_PAD
-        .decode_slice(s, &mut buf)
+        .decode_slice(s, buf)
         .map_err(|_| BadLockId)?;
-    Ok(Raw { buf, len })
+    Ok(&buf[..len])
 }
 
 /// A length byte, then the bytes (callers bound the length below 256).
@@ -279,11 +269,12 @@ impl Sealer {
 
     /// Opens a lockId this deployment issued, naming the key that sealed it.
     pub fn open<'a>(&'a self, s: &str) -> Result<(LockId, Seal<'a>), BadLockId> {
-        let b = raw(s)?;
+        let mut buf = [0; MAX_RAW];
+        let b = raw(s, &mut buf)?;
         match b.first() {
-            Some(&SEALED) => self.open_sealed(&b),
+            Some(&SEALED) => self.open_sealed(b),
             Some(&CHECKSUMMED) if self.accept_unsigned => {
-                Ok((LockId::decode_raw(&b)?, Seal::Unsigned))
+                Ok((LockId::decode_raw(b)?, Seal::Unsigned))
             }
             _ => Err(BadLockId),
         }
