@@ -67,11 +67,16 @@ impl Times {
 
 /// The [`Times`] of many answers off one clock sample, each expiry
 /// formatted once: the locks of one session lease in a renew-batch share
-/// their expiry.
+/// their expiry, and follow each other.
 pub struct TimesAt {
     now: Instant,
     wall: SystemTime,
-    formatted: HashMap<Instant, Times>,
+    /// Each expiry's times, in the order first asked for.
+    formatted: Vec<(Instant, Times)>,
+    /// Where in `formatted` each expiry is.
+    index: HashMap<Instant, usize>,
+    /// The last one asked for: the next lock's, most often.
+    last: usize,
 }
 
 impl TimesAt {
@@ -79,7 +84,9 @@ impl TimesAt {
         Self {
             now: Instant::now(),
             wall: SystemTime::now(),
-            formatted: HashMap::new(),
+            formatted: Vec::new(),
+            index: HashMap::new(),
+            last: 0,
         }
     }
 
@@ -89,16 +96,38 @@ impl TimesAt {
 
     /// The times of `e`, formatted on first use.
     pub fn format(&mut self, e: &Expiry) -> &Times {
-        let (now, wall) = (self.now, self.wall);
-        self.formatted
-            .entry(e.0)
-            .or_insert_with(|| Times::from_report(e.report_at(now, wall)))
+        let i = match self.formatted.get(self.last) {
+            Some((at, _)) if *at == e.0 => self.last,
+            _ => {
+                let Self {
+                    now,
+                    wall,
+                    formatted,
+                    index,
+                    ..
+                } = self;
+                *index.entry(e.0).or_insert_with(|| {
+                    let times = Times::from_report(e.report_at(*now, *wall));
+                    formatted.push((e.0, times));
+                    formatted.len() - 1
+                })
+            }
+        };
+        self.last = i;
+        &self.formatted[i].1
     }
 
     /// The times of `e`, once [`format`](Self::format) has formatted them.
     #[cfg(test)]
     fn formatted(&self, e: &Expiry) -> &Times {
-        &self.formatted[&e.0]
+        &self.formatted[self.index[&e.0]].1
+    }
+
+    /// Makes `times` the times of the expiry `at`.
+    #[cfg(test)]
+    fn set(&mut self, at: Instant, times: Times) {
+        self.index.insert(at, self.formatted.len());
+        self.formatted.push((at, times));
     }
 }
 
@@ -219,7 +248,8 @@ pub struct BatchAnswer<'a> {
 /// serde writes for [`BatchAnswer`] (the tests hold the two to each other),
 /// without serde's pass over each lockId for characters to escape (a
 /// lockId that was opened is base64url; any other is escaped as serde
-/// would) nor a map lookup per entry for its times.
+/// would) nor a map lookup per entry for its times ([`TimesAt`] looks up
+/// only a lease's first lock).
 pub fn renew_batch_answer(
     locks: &[(&str, u64)],
     outcomes: &[RenewOutcome],
@@ -229,8 +259,6 @@ pub fn renew_batch_answer(
     let size = 16 + (locks.iter()).map(|(id, _)| id.len() + 96).sum::<usize>();
     let mut out = Vec::with_capacity(size);
     out.extend_from_slice(b"{\"results\":[");
-    // The locks of one lease follow each other and share their expiry.
-    let mut last: Option<(Instant, Times)> = None;
     for (i, (&(lock_id, _), o)) in locks.iter().zip(outcomes).enumerate() {
         if i > 0 {
             out.push(b',');
@@ -239,10 +267,7 @@ pub fn renew_batch_answer(
         write_json_str(&mut out, lock_id);
         match renewal(o) {
             Ok(e) => {
-                let t = match &last {
-                    Some((at, t)) if *at == e.0 => t,
-                    _ => &last.insert((e.0, times.of(e))).1,
-                };
+                let t = times.format(e);
                 out.extend_from_slice(b",\"renewed\":true,\"expiresAt\":");
                 write_json_str(&mut out, &t.expires_at);
                 out.extend_from_slice(b",\"expiresInMs\":");
@@ -625,7 +650,7 @@ mod tests {
                         expires_at: got["expiresAt"].as_str().unwrap().into(),
                         expires_in_ms: got["expiresInMs"].as_u64().unwrap(),
                     };
-                    times.formatted.insert(e.0, t);
+                    times.set(e.0, t);
                 }
             }
             let results = (locks.iter().zip(&outcomes))
@@ -660,6 +685,26 @@ mod tests {
             r[1],
             json!({"lockId": "AQAC", "renewed": false, "reason": "expired"})
         );
+    }
+
+    /// Each expiry is formatted once, whichever lease's lock comes next.
+    #[test]
+    fn times_at_formats_each_expiry_once() {
+        let mut times = TimesAt::now();
+        let a = Expiry(times.now + std::time::Duration::from_millis(20_000));
+        let b = Expiry(times.now + std::time::Duration::from_millis(9_000));
+        let mut seen = Vec::new();
+        for e in [a, a, b, a, b, b] {
+            let t = times.format(&e);
+            seen.push((t.expires_at.clone(), t.expires_in_ms));
+        }
+        assert_eq!(times.formatted.len(), 2);
+        assert_eq!((seen[0].1, seen[2].1), (20_000, 9_000));
+        for (i, e) in [a, a, b, a, b, b].iter().enumerate() {
+            let first = if e.0 == a.0 { &seen[0] } else { &seen[2] };
+            assert_eq!(&seen[i], first, "lock {i}");
+        }
+        assert_ne!(seen[0].0, seen[2].0);
     }
 
     fn body_bytes(resp: Response<Full<Bytes>>) -> Vec<u8> {
