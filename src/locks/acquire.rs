@@ -197,6 +197,7 @@ impl Active {
         replace_held: Option<i64>,
     ) -> Result<Attempt, LockError> {
         let (shard, holder) = (&req.shard, req.holder.as_str());
+        shard.grant_settled(&k.hash).await;
         let shown_held = shard.cache_shows_held(&k.hash);
         if shown_held {
             if let Some(answer) = self.look_first(shard.as_ref(), k, holder, g).await? {

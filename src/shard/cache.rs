@@ -189,6 +189,110 @@ struct State {
     last_barrier: Mutex<Option<(i64, Instant)>>,
     /// Wakes lookups waiting for a barrier when the watch stops.
     stopped: tokio::sync::Notify,
+    /// Grants this router committed that the cache may not show yet.
+    recent: RecentGrants,
+    /// Grant txns this router has in flight, by name.
+    in_flight: Arc<GrantsInFlight>,
+}
+
+/// The grant txns this router has in flight on the shard, by name: one
+/// mark each, which its guard removes.
+#[derive(Default)]
+struct GrantsInFlight(Mutex<foldhash::HashMap<NameHash, watch::Receiver<()>>>);
+
+impl GrantsInFlight {
+    fn mark(this: &Arc<Self>, hash: NameHash) -> GrantInFlight {
+        let (done, mark) = watch::channel(());
+        (this.0.lock().expect("in-flight lock")).insert(hash, mark.clone());
+        GrantInFlight {
+            marks: this.clone(),
+            hash,
+            mark,
+            _done: done,
+        }
+    }
+
+    async fn settled(&self, hash: &NameHash) {
+        let flight = (self.0.lock().expect("in-flight lock")).get(hash).cloned();
+        if let Some(mut flight) = flight {
+            // Nothing is ever sent: this ends when the guard drops.
+            let _ = flight.changed().await;
+        }
+    }
+}
+
+/// A grant txn in flight ([`LockCache::granting`]); dropping it ends the
+/// wait of the acquires of the same name.
+pub struct GrantInFlight {
+    marks: Arc<GrantsInFlight>,
+    hash: NameHash,
+    /// Its mark in `marks`.
+    mark: watch::Receiver<()>,
+    _done: watch::Sender<()>,
+}
+
+impl Drop for GrantInFlight {
+    fn drop(&mut self) {
+        let mut marks = self.marks.0.lock().expect("in-flight lock");
+        // Another grant of the name may have been marked since: only this
+        // one's mark goes.
+        if (marks.get(&self.hash)).is_some_and(|m| m.same_channel(&self.mark)) {
+            marks.remove(&self.hash);
+        }
+    }
+}
+
+/// Most grants [`RecentGrants`] keeps: past it, those the cache has applied
+/// are dropped, and if that is not enough (the cache is far behind, or
+/// stopped), all of them: they are hints.
+const RECENT_GRANTS_MAX: usize = 4_096;
+
+/// The grants this router committed on the shard, each until the cache has
+/// applied its revision or the router released the lock: with the cache's
+/// entries, what an acquire looks at before it writes. A contended name is
+/// granted and then asked for again within the watch's lag, and each of
+/// those acquires would otherwise send a grant txn that fails, which etcd
+/// 3.4 still proposes. A hint like the cache's entries, stale either way
+/// (another router may have released the name since): the acquire reads
+/// the name before it answers from it.
+#[derive(Default)]
+struct RecentGrants(Mutex<foldhash::HashMap<NameHash, i64>>);
+
+impl RecentGrants {
+    /// `hash`'s name was granted at `revision`; the cache has applied
+    /// changes up to `applied`.
+    fn granted(&self, hash: NameHash, revision: i64, applied: i64) {
+        let mut grants = self.0.lock().expect("recent grants lock");
+        if grants.len() >= RECENT_GRANTS_MAX {
+            grants.retain(|_, r| *r > applied);
+            if grants.len() >= RECENT_GRANTS_MAX {
+                grants.clear();
+            }
+        }
+        grants.insert(hash, revision);
+    }
+
+    /// The lock that `hash`'s grant at `revision` made was released.
+    fn released(&self, hash: &NameHash, revision: i64) {
+        let mut grants = self.0.lock().expect("recent grants lock");
+        if grants.get(hash) == Some(&revision) {
+            grants.remove(hash);
+        }
+    }
+
+    /// Whether a grant of `hash`'s name is newer than what the cache has
+    /// applied (`applied`).
+    fn shows(&self, hash: &NameHash, applied: i64) -> bool {
+        let mut grants = self.0.lock().expect("recent grants lock");
+        match grants.get(hash) {
+            Some(&revision) if revision > applied => true,
+            Some(_) => {
+                grants.remove(hash);
+                false
+            }
+            None => false,
+        }
+    }
 }
 
 /// What a barrier tells the renewals that waited for it.
@@ -231,6 +335,8 @@ impl LockCache {
             usable: AtomicBool::new(false),
             last_barrier: Mutex::new(None),
             stopped: tokio::sync::Notify::new(),
+            recent: RecentGrants::default(),
+            in_flight: Arc::default(),
         });
         let source = Source {
             conn,
@@ -293,6 +399,39 @@ impl LockCache {
             return None;
         }
         self.state.keys.read().expect("cache lock").keys.get(hash)
+    }
+
+    /// Whether the name of `hash` looks held: the cache shows its key, or
+    /// this router granted it at a revision the cache has not applied yet.
+    /// A hint with no barrier, stale either way ([`LockCache::hint`]).
+    pub fn shows_held(&self, hash: &NameHash) -> bool {
+        self.hint(hash).is_some() || self.state.recent.shows(hash, self.applied())
+    }
+
+    /// This router granted `hash`'s name at `revision` (the lock key's
+    /// create revision): until the cache applies it, the name looks held.
+    pub fn granted(&self, hash: NameHash, revision: i64) {
+        self.state.recent.granted(hash, revision, self.applied());
+    }
+
+    /// This router released the lock granted at `revision` on `hash`'s
+    /// name.
+    pub fn released(&self, hash: &NameHash, revision: i64) {
+        self.state.recent.released(hash, revision);
+    }
+
+    /// Marks a grant txn of `hash`'s name in flight from this router until
+    /// the guard is dropped (answered, failed or cancelled alike).
+    pub fn granting(&self, hash: NameHash) -> GrantInFlight {
+        GrantsInFlight::mark(&self.state.in_flight, hash)
+    }
+
+    /// Returns once no grant txn of `hash`'s name that this router had in
+    /// flight when called is in flight any more: an acquire that would
+    /// race it to the same name waits for its outcome (then looks again)
+    /// instead of sending a txn that fails once the other grants.
+    pub async fn grant_settled(&self, hash: &NameHash) {
+        self.state.in_flight.settled(hash).await
     }
 
     /// Whether each of `hashes` has a lock key, as of a revision at or
@@ -583,6 +722,67 @@ fn silent(state: &State, last_message: Instant) -> Option<i64> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// An acquire waits for the grant of its name in flight, whichever way
+    /// that ends, and only for the one marked last; other names do not wait.
+    #[tokio::test]
+    async fn an_acquire_waits_for_the_grant_of_its_name_in_flight() {
+        use crate::shard::keys::name_hash;
+        use futures::FutureExt;
+        let marks = Arc::new(GrantsInFlight::default());
+        let (a, b) = (name_hash("a"), name_hash("b"));
+        marks.settled(&a).now_or_never().expect("nothing in flight");
+        let first = GrantsInFlight::mark(&marks, a);
+        marks.settled(&b).now_or_never().expect("another name");
+        let mut waiting = Box::pin(marks.settled(&a));
+        assert!((&mut waiting).now_or_never().is_none());
+        drop(first);
+        waiting.now_or_never().expect("the grant ended");
+        // Two grants of one name in flight: the first's end leaves the
+        // second's mark.
+        let first = GrantsInFlight::mark(&marks, a);
+        let second = GrantsInFlight::mark(&marks, a);
+        drop(first);
+        let mut waiting = Box::pin(marks.settled(&a));
+        assert!((&mut waiting).now_or_never().is_none());
+        drop(second);
+        waiting.now_or_never().expect("the second grant ended");
+        assert!(marks.0.lock().unwrap().is_empty());
+    }
+
+    /// A grant looks held until the cache applies its revision or the
+    /// router releases that very grant; a release of an older grant of the
+    /// name leaves a newer one; the hints stay bounded.
+    #[test]
+    fn a_grant_looks_held_until_the_cache_applies_it_or_it_is_released() {
+        use crate::shard::keys::name_hash;
+        let recent = RecentGrants::default();
+        let (a, b) = (name_hash("a"), name_hash("b"));
+        assert!(!recent.shows(&a, 0));
+        recent.granted(a, 10, 5);
+        assert!(recent.shows(&a, 5) && recent.shows(&a, 9));
+        assert!(!recent.shows(&b, 5));
+        // The cache has applied the grant: its own entry speaks now.
+        assert!(!recent.shows(&a, 10));
+        assert!(!recent.shows(&a, 5), "forgotten once applied");
+        recent.granted(a, 20, 10);
+        recent.released(&a, 12);
+        assert!(recent.shows(&a, 10), "a release of another grant");
+        recent.released(&a, 20);
+        assert!(!recent.shows(&a, 10));
+        // Bounded: those applied go first, then all.
+        for i in 0..RECENT_GRANTS_MAX as i64 {
+            recent.granted(name_hash(&format!("n{i}")), 100 + i, 0);
+        }
+        recent.granted(b, 50_000, 100 + RECENT_GRANTS_MAX as i64 / 2);
+        let kept = recent.0.lock().unwrap().len();
+        assert_eq!(kept, RECENT_GRANTS_MAX / 2);
+        assert!(recent.shows(&b, 0));
+        for i in 0..RECENT_GRANTS_MAX as i64 {
+            recent.granted(name_hash(&format!("m{i}")), 100_000 + i, 0);
+        }
+        assert!(recent.0.lock().unwrap().len() < RECENT_GRANTS_MAX);
+    }
 
     #[test]
     fn the_key_map_answers_as_a_map_does_through_puts_replacements_and_deletes() {

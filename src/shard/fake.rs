@@ -427,6 +427,10 @@ impl LockShard for FakeShard {
         (s.kv.get(&self.keys.lock(hash))).is_some_and(|kv| kv.create_revision <= s.cache_seen())
     }
 
+    /// The fake answers each txn as it is called: none is ever in flight
+    /// for another acquire to wait for.
+    async fn grant_settled(&self, _hash: &NameHash) {}
+
     async fn read_name(&self, k: &NameKeys) -> Result<NameState, EtcdError> {
         let mut s = self.lock();
         if s.reads_unanswered > 0 {

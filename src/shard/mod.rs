@@ -273,11 +273,20 @@ impl Shard {
         AcquireSlot::take(&self.acquiring, bound).map_err(Busy::Full)
     }
 
-    /// Whether the cache shows `hash`'s name held now: a hint with no
-    /// barrier, which may be stale either way (an acquire reads such a name
-    /// before it writes; the txn decides).
+    /// Whether the cache shows `hash`'s name held now, or this router
+    /// granted it since what the cache has applied: a hint with no barrier,
+    /// which may be stale either way (an acquire reads such a name before
+    /// it writes; the txn decides).
     pub fn cache_shows_held(&self, hash: &NameHash) -> bool {
-        self.cache.hint(hash).is_some()
+        self.cache.shows_held(hash)
+    }
+
+    /// Returns once no grant txn of `hash`'s name that this router had in
+    /// flight is in flight any more (then the name looks held if it was
+    /// granted): acquires of a contended name wait for the one in flight
+    /// instead of each sending a txn that would fail.
+    pub async fn grant_settled(&self, hash: &NameHash) {
+        self.cache.grant_settled(hash).await
     }
 
     /// Whether the cache has applied every change up to `revision` (its

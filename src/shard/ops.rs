@@ -56,6 +56,9 @@ pub trait LockShard: CacheCounts + 'static {
     /// A hint that `hash`'s name is held ([`Shard::cache_shows_held`]).
     fn cache_shows_held(&self, hash: &NameHash) -> bool;
 
+    /// [`Shard::grant_settled`].
+    async fn grant_settled(&self, hash: &NameHash);
+
     async fn read_name(&self, k: &NameKeys) -> Result<NameState, EtcdError>;
 
     /// A read of what a grant txn cut off did ([`Shard::read_name_settled`]).
@@ -236,6 +239,10 @@ impl LockShard for Shard {
 
     fn cache_shows_held(&self, hash: &NameHash) -> bool {
         Shard::cache_shows_held(self, hash)
+    }
+
+    async fn grant_settled(&self, hash: &NameHash) {
+        Shard::grant_settled(self, hash).await
     }
 
     async fn read_name(&self, k: &NameKeys) -> Result<NameState, EtcdError> {

@@ -74,9 +74,15 @@ impl Shard {
         g: &Grantable,
         replace_held: Option<i64>,
     ) -> Result<AcquireTxn, EtcdError> {
-        self.committer
+        let _flight = self.cache.granting(k.hash);
+        let txn = self
+            .committer
             .acquire(k, value, lease, g, replace_held)
-            .await
+            .await;
+        if let Ok(AcquireTxn::Granted { revision }) = txn {
+            self.cache.granted(k.hash, revision);
+        }
+        txn
     }
 
     /// The whole grant of `k`'s name to `value.client` on its `session`:
@@ -210,7 +216,11 @@ impl Shard {
         revision: i64,
         lease: i64,
     ) -> Result<ReleaseTxn, EtcdError> {
-        self.committer.release(k, revision, lease).await
+        let txn = self.committer.release(k, revision, lease).await;
+        if matches!(txn, Ok(ReleaseTxn::Released { .. })) {
+            self.cache.released(&k.hash, revision);
+        }
+        txn
     }
 
     /// Moves a held lock onto the session lease `lease` with a new TTL
