@@ -7,7 +7,10 @@ use std::time::{Duration, Instant};
 use futures::future::join_all;
 use serde_json::json;
 
+use lockrouter_testkit::config::config_toml;
 use lockrouter_testkit::etcd::EtcdCluster;
+use lockrouter_testkit::metrics;
+use lockrouter_testkit::proxy::SilentProxy;
 use lockrouter_testkit::router::TestRouter;
 use lockrouter_testkit::sleep_ms;
 
@@ -699,6 +702,60 @@ async fn acquires_refused_because_the_name_is_held_cost_no_raft_write() {
     assert_eq!(api.release(&held).await.status, 204);
     let b = api.must_acquire("hot", 30_000, "B").await;
     assert!(b.1 > held.1);
+}
+
+/// While the router has a grant txn of a name in flight, its other
+/// acquires of that name wait for it instead of each sending a txn that
+/// would fail (a raft write each on etcd 3.4), and are then answered by a
+/// read: the grant just made looks held before the cache has it. The link
+/// to etcd is held silent so the grant stays in flight while the others
+/// come; without the wait they would all reach a txn and none would read
+/// first.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn acquires_of_a_name_whose_grant_is_in_flight_wait_for_it_then_read() {
+    let etcd = EtcdCluster::single();
+    let proxy = SilentProxy::start(&etcd.endpoints()[0]).await;
+    let toml = config_toml(&[&etcd], "127.0.0.1:0", "").replace(&etcd.endpoints()[0], &proxy.url());
+    let router = TestRouter::with_toml(&toml).await;
+    let api = &router.api;
+    let others = ["B", "C", "D", "E"];
+    // The sessions first, so that the acquires below need nothing else.
+    for c in std::iter::once("A").chain(others) {
+        api.must_acquire(&format!("warm-up-{c}"), 30_000, c).await;
+    }
+    let read_first = |text: &str| {
+        metrics::sum(
+            text,
+            "lockrouter_acquire_reads_first_total",
+            &[("answered", "true")],
+        )
+    };
+    let before = read_first(&api.metrics().await);
+    proxy.set_silent(true);
+    let first = tokio::spawn({
+        let api = api.clone();
+        async move { api.acquire("hot", 30_000, "A").await }
+    });
+    // A's grant txn is on its way, held by the silent link.
+    sleep_ms(150).await;
+    let rest: Vec<_> = others
+        .iter()
+        .map(|&c| {
+            let api = api.clone();
+            tokio::spawn(async move { api.acquire("hot", 30_000, c).await })
+        })
+        .collect();
+    sleep_ms(150).await;
+    proxy.set_silent(false);
+    let granted = first.await.unwrap();
+    assert_eq!(granted.body["acquired"], true, "{granted:?}");
+    for r in join_all(rest).await {
+        let r = r.unwrap();
+        assert_eq!(r.status, 200, "{r:?}");
+        assert_eq!(r.body["acquired"], false, "{r:?}");
+    }
+    let read = read_first(&api.metrics().await) - before;
+    assert_eq!(read, others.len() as f64, "every other acquire read first");
 }
 
 /// Keys under `prefix` on `etcd`.

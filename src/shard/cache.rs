@@ -249,12 +249,13 @@ const RECENT_GRANTS_MAX: usize = 4_096;
 
 /// The grants this router committed on the shard, each until the cache has
 /// applied its revision or the router released the lock: with the cache's
-/// entries, what an acquire looks at before it writes. A contended name is
-/// granted and then asked for again within the watch's lag, and each of
-/// those acquires would otherwise send a grant txn that fails, which etcd
-/// 3.4 still proposes. A hint like the cache's entries, stale either way
-/// (another router may have released the name since): the acquire reads
-/// the name before it answers from it.
+/// entries, what an acquire looks at before it writes. The acquires of a
+/// contended name that waited for its grant in flight ([`GrantsInFlight`])
+/// would otherwise find it still free in the cache (the watch's lag) and
+/// each send a grant txn that fails, which etcd 3.4 still proposes. A hint
+/// like the cache's entries, stale either way (another router may have
+/// released the name since): the acquire reads the name before it answers
+/// from it.
 #[derive(Default)]
 struct RecentGrants(Mutex<foldhash::HashMap<NameHash, i64>>);
 
