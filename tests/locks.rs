@@ -715,7 +715,11 @@ async fn acquires_refused_because_the_name_is_held_cost_no_raft_write() {
 async fn acquires_of_a_name_whose_grant_is_in_flight_wait_for_it_then_read() {
     let etcd = EtcdCluster::single();
     let proxy = SilentProxy::start(&etcd.endpoints()[0]).await;
-    let toml = config_toml(&[&etcd], "127.0.0.1:0", "").replace(&etcd.endpoints()[0], &proxy.url());
+    // A shard name of its own: the metrics of in-process routers are one
+    // process's, shared with the tests that run beside this one.
+    let toml = config_toml(&[&etcd], "127.0.0.1:0", "")
+        .replace(&etcd.endpoints()[0], &proxy.url())
+        .replace("name = \"a\"", "name = \"in-flight\"");
     let router = TestRouter::with_toml(&toml).await;
     let api = &router.api;
     let others = ["B", "C", "D", "E"];
@@ -727,7 +731,7 @@ async fn acquires_of_a_name_whose_grant_is_in_flight_wait_for_it_then_read() {
         metrics::sum(
             text,
             "lockrouter_acquire_reads_first_total",
-            &[("answered", "true")],
+            &[("shard", "in-flight"), ("answered", "true")],
         )
     };
     let before = read_first(&api.metrics().await);

@@ -197,13 +197,24 @@ impl Active {
         replace_held: Option<i64>,
     ) -> Result<Attempt, LockError> {
         let (shard, holder) = (&req.shard, req.holder.as_str());
-        shard.grant_settled(&k.hash).await;
-        let shown_held = shard.cache_shows_held(&k.hash);
-        if shown_held {
+        // A name looked at free may have been taken by another acquire
+        // through this router while it was read: then it is waited for and
+        // read once more, rather than sent a txn that would fail.
+        let mut looks = 0;
+        let shown_held = loop {
+            shard.grant_settled(&k.hash).await;
+            let shown_held = shard.cache_shows_held(&k.hash);
+            if !shown_held || looks == 2 {
+                break shown_held;
+            }
+            looks += 1;
             if let Some(answer) = self.look_first(shard.as_ref(), k, holder, g).await? {
                 return Ok(Attempt::Done(answer));
             }
-        }
+            if !shard.grant_pending(&k.hash) {
+                break true;
+            }
+        };
         // Not the holder's own re-acquire (that answered above): a new
         // grant, reserved in the owner's quota until its cache counts it.
         let value = lock_value(req, &g.ring)?;

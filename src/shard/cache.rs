@@ -427,6 +427,13 @@ impl LockCache {
         GrantsInFlight::mark(&self.state.in_flight, hash)
     }
 
+    /// Whether this router has a grant txn of `hash`'s name in flight, or
+    /// granted it at a revision the cache has not applied yet.
+    pub fn grant_pending(&self, hash: &NameHash) -> bool {
+        (self.state.in_flight.0.lock().expect("in-flight lock")).contains_key(hash)
+            || self.state.recent.shows(hash, self.applied())
+    }
+
     /// Returns once no grant txn of `hash`'s name that this router had in
     /// flight when called is in flight any more: an acquire that would
     /// race it to the same name waits for its outcome (then looks again)

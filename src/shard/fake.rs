@@ -431,6 +431,10 @@ impl LockShard for FakeShard {
     /// for another acquire to wait for.
     async fn grant_settled(&self, _hash: &NameHash) {}
 
+    fn grant_pending(&self, _hash: &NameHash) -> bool {
+        false
+    }
+
     async fn read_name(&self, k: &NameKeys) -> Result<NameState, EtcdError> {
         let mut s = self.lock();
         if s.reads_unanswered > 0 {

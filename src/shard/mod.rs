@@ -289,6 +289,13 @@ impl Shard {
         self.cache.grant_settled(hash).await
     }
 
+    /// Whether this router has a grant of `hash`'s name in flight, or made
+    /// one the cache has not applied yet: a name read as free a moment ago
+    /// may be taken by now.
+    pub fn grant_pending(&self, hash: &NameHash) -> bool {
+        self.cache.grant_pending(hash)
+    }
+
     /// Whether the cache has applied every change up to `revision` (its
     /// counts included).
     pub fn cache_has_seen(&self, revision: i64) -> bool {

@@ -59,6 +59,9 @@ pub trait LockShard: CacheCounts + 'static {
     /// [`Shard::grant_settled`].
     async fn grant_settled(&self, hash: &NameHash);
 
+    /// [`Shard::grant_pending`].
+    fn grant_pending(&self, hash: &NameHash) -> bool;
+
     async fn read_name(&self, k: &NameKeys) -> Result<NameState, EtcdError>;
 
     /// A read of what a grant txn cut off did ([`Shard::read_name_settled`]).
@@ -243,6 +246,10 @@ impl LockShard for Shard {
 
     async fn grant_settled(&self, hash: &NameHash) {
         Shard::grant_settled(self, hash).await
+    }
+
+    fn grant_pending(&self, hash: &NameHash) -> bool {
+        Shard::grant_pending(self, hash)
     }
 
     async fn read_name(&self, k: &NameKeys) -> Result<NameState, EtcdError> {
