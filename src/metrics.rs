@@ -212,7 +212,7 @@ fn describe() {
     );
     describe_counter!(
         "lockrouter_acquire_reads_first_total",
-        "acquires of names the lock-key cache showed held, read before any txn (answered=true: the read answered, no txn)"
+        "acquires of names the lock-key cache showed held (or this router was granting or had just granted), read before any txn (answered=true: the read answered, no txn)"
     );
     describe_counter!(
         "lockrouter_renewal_checks_total",
