@@ -734,19 +734,98 @@ async fn acquires_of_a_name_whose_grant_is_in_flight_wait_for_it_then_read() {
             &[("shard", "in-flight"), ("answered", "true")],
         )
     };
-    let before = read_first(&api.metrics().await);
+    let commits =
+        |text: &str| metrics::sum(text, "lockrouter_commits_total", &[("shard", "in-flight")]);
+    let text = api.metrics().await;
+    let (before, committed) = (read_first(&text), commits(&text));
     proxy.set_silent(true);
     let first = tokio::spawn({
         let api = api.clone();
         async move { api.acquire("hot", 30_000, "A").await }
     });
-    // A's grant txn is on its way, held by the silent link.
-    sleep_ms(150).await;
+    // A's grant txn is on its way (its batch counted as it is sent, after
+    // its mark), held by the silent link.
+    let started = Instant::now();
+    while commits(&api.metrics().await) == committed {
+        assert!(
+            started.elapsed() < Duration::from_secs(10),
+            "A's grant never sent"
+        );
+        sleep_ms(10).await;
+    }
     let rest: Vec<_> = others
         .iter()
         .map(|&c| {
             let api = api.clone();
             tokio::spawn(async move { api.acquire("hot", 30_000, c).await })
+        })
+        .collect();
+    // Those that come only after A's txn was answered read first as well
+    // (the router's own grant looks held).
+    sleep_ms(150).await;
+    proxy.set_silent(false);
+    let granted = first.await.unwrap();
+    assert_eq!(granted.body["acquired"], true, "{granted:?}");
+    for r in join_all(rest).await {
+        let r = r.unwrap();
+        assert_eq!(r.status, 200, "{r:?}");
+        assert_eq!(r.body["acquired"], false, "{r:?}");
+    }
+    let read = read_first(&api.metrics().await) - before;
+    assert_eq!(read, others.len() as f64, "every other acquire read first");
+}
+
+/// The same when the first acquire's session must be kept alive before
+/// its grant txn goes (its client was idle for half its TTL): the others
+/// wait from the moment that acquire began, not only once its txn is on
+/// its way, or theirs would reach etcd first.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn acquires_wait_for_a_grant_whose_session_is_being_kept_alive_first() {
+    let etcd = EtcdCluster::single();
+    let proxy = SilentProxy::start(&etcd.endpoints()[0]).await;
+    let toml = config_toml(&[&etcd], "127.0.0.1:0", "")
+        .replace(&etcd.endpoints()[0], &proxy.url())
+        .replace("name = \"a\"", "name = \"in-flight-idle\"");
+    let router = TestRouter::with_toml(&toml).await;
+    let api = &router.api;
+    let others = ["B", "C", "D", "E"];
+    for c in others {
+        api.must_acquire(&format!("warm-up-{c}"), 30_000, c).await;
+    }
+    // A's 2 s session, idle for more than half of it: its next acquire
+    // sends a keepalive first, and its txn only once that is answered. Z's
+    // likewise, first, opens the shard's keepalive stream.
+    api.must_acquire("warm-up-A", 2_000, "A").await;
+    api.must_acquire("warm-up-Z", 2_000, "Z").await;
+    sleep_ms(1_100).await;
+    api.must_acquire("warm-up-Z-again", 2_000, "Z").await;
+    let shard = [("shard", "in-flight-idle")];
+    let keepalives = |text: &str| metrics::sum(text, "lockrouter_keepalives_sent_total", &shard);
+    let read_first = |text: &str| {
+        let answered = [("shard", "in-flight-idle"), ("answered", "true")];
+        metrics::sum(text, "lockrouter_acquire_reads_first_total", &answered)
+    };
+    let text = api.metrics().await;
+    let (before, kept) = (read_first(&text), keepalives(&text));
+    // Silent for well under the router's 1 s ping timeout.
+    proxy.set_silent(true);
+    let first = tokio::spawn({
+        let api = api.clone();
+        async move { api.acquire("idle-hot", 2_000, "A").await }
+    });
+    let started = Instant::now();
+    while keepalives(&api.metrics().await) == kept {
+        assert!(
+            started.elapsed() < Duration::from_millis(500),
+            "A's keepalive never sent"
+        );
+        sleep_ms(10).await;
+    }
+    let rest: Vec<_> = others
+        .iter()
+        .map(|&c| {
+            let api = api.clone();
+            tokio::spawn(async move { api.acquire("idle-hot", 30_000, c).await })
         })
         .collect();
     sleep_ms(150).await;

@@ -97,7 +97,8 @@ impl Shard {
     /// idle) is renewed first, and only a live lease gets the txn: a lease
     /// that ran out without etcd having revoked it yet would still take a
     /// key, which then goes with the lease and leaves a held record that
-    /// looks like a lost holder.
+    /// looks like a lost holder. The grant is in flight (what acquires of
+    /// the same name wait for) from the start, keepalive included.
     pub async fn grant_on_session(
         &self,
         k: &NameKeys,
@@ -115,6 +116,10 @@ impl Shard {
                 self.keepalive.refresh(lease, window, ttl_secs),
             )
         } else {
+            // Marked in flight from now: the acquires of the name that come
+            // while the session is kept alive wait for this grant too
+            // ([`Shard::acquire_txn`] marks it again; this mark goes after).
+            let _flight = self.cache.granting(k.hash);
             let renewal = self.keepalive.refresh(lease, window, ttl_secs).await?;
             if renewal.alive() {
                 let txn = self.acquire_txn(k, value, lease, g, replace_held).await;
