@@ -65,8 +65,10 @@ impl Shard {
     /// `g`'s ring and identity; otherwise reads why not. `replace_held`:
     /// the mod revision of a lost holder's held record to overwrite (only
     /// when lock-delay is off). Goes to etcd in whatever group commit it
-    /// joins (see [`commit`](super::commit)).
-    pub async fn acquire_txn(
+    /// joins (see [`commit`](super::commit)). A grant it makes looks held
+    /// until the cache applies it; its caller marks it in flight
+    /// ([`Shard::grant_on_session`]).
+    async fn acquire_txn(
         &self,
         k: &NameKeys,
         value: &LockValue,
@@ -74,7 +76,6 @@ impl Shard {
         g: &Grantable,
         replace_held: Option<i64>,
     ) -> Result<AcquireTxn, EtcdError> {
-        let _flight = self.cache.granting(k.hash);
         let txn = self
             .committer
             .acquire(k, value, lease, g, replace_held)
@@ -110,16 +111,16 @@ impl Shard {
     ) -> Result<SessionGrant, EtcdError> {
         let (lease, ttl_secs) = (session.id, session.ttl_secs);
         let margin = (self.conn.timeout()).min(Duration::from_millis(u64::from(ttl_secs) * 500));
+        // In flight from the start, keepalive included, until both are
+        // answered (or failed, or cancelled): the acquires of the name that
+        // come meanwhile wait for it, then find a grant made looking held.
+        let flight = self.cache.granting(k.hash);
         let (txn, renewal) = if self.keepalive.lasts(lease, margin) {
             tokio::join!(
                 self.acquire_txn(k, value, lease, g, replace_held),
                 self.keepalive.refresh(lease, window, ttl_secs),
             )
         } else {
-            // Marked in flight from now: the acquires of the name that come
-            // while the session is kept alive wait for this grant too
-            // ([`Shard::acquire_txn`] marks it again; this mark goes after).
-            let _flight = self.cache.granting(k.hash);
             let renewal = self.keepalive.refresh(lease, window, ttl_secs).await?;
             if renewal.alive() {
                 let txn = self.acquire_txn(k, value, lease, g, replace_held).await;
@@ -128,6 +129,7 @@ impl Shard {
                 (Err(EtcdError::LeaseNotFound), Ok(renewal))
             }
         };
+        drop(flight);
         let lease_gone =
             matches!(txn, Err(EtcdError::LeaseNotFound)) || matches!(renewal, Ok(r) if !r.alive());
         if lease_gone {
