@@ -715,49 +715,103 @@ async fn acquires_refused_because_the_name_is_held_cost_no_raft_write() {
 async fn acquires_of_a_name_whose_grant_is_in_flight_wait_for_it_then_read() {
     let etcd = EtcdCluster::single();
     let proxy = SilentProxy::start(&etcd.endpoints()[0]).await;
-    // A shard name of its own: the metrics of in-process routers are one
-    // process's, shared with the tests that run beside this one.
-    let toml = config_toml(&[&etcd], "127.0.0.1:0", "")
-        .replace(&etcd.endpoints()[0], &proxy.url())
-        .replace("name = \"a\"", "name = \"in-flight\"");
-    let router = TestRouter::with_toml(&toml).await;
-    let api = &router.api;
-    let others = ["B", "C", "D", "E"];
+    let router = router_behind(&proxy, &etcd, "in-flight").await;
     // The sessions first, so that the acquires below need nothing else.
-    for c in std::iter::once("A").chain(others) {
+    for c in std::iter::once("A").chain(OTHERS) {
+        router
+            .api
+            .must_acquire(&format!("warm-up-{c}"), 30_000, c)
+            .await;
+    }
+    // A's grant txn is on its way once its batch is counted (as it is
+    // sent, after its mark).
+    others_wait_for_the_grant_of_a(
+        &router,
+        &proxy,
+        "in-flight",
+        30_000,
+        "lockrouter_commits_total",
+    )
+    .await;
+}
+
+/// The same when the first acquire's session must be kept alive before
+/// its grant txn goes (its client was idle for half its TTL): the others
+/// wait from the moment that acquire began, not only once its txn is on
+/// its way, or theirs would reach etcd first.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn acquires_wait_for_a_grant_whose_session_is_being_kept_alive_first() {
+    let etcd = EtcdCluster::single();
+    let proxy = SilentProxy::start(&etcd.endpoints()[0]).await;
+    let router = router_behind(&proxy, &etcd, "in-flight-idle").await;
+    let api = &router.api;
+    for c in OTHERS {
         api.must_acquire(&format!("warm-up-{c}"), 30_000, c).await;
     }
+    // A's 2 s session, idle for more than half of it: its next acquire
+    // sends a keepalive first, and its txn only once that is answered. Z's
+    // likewise, first, opens the shard's keepalive stream.
+    api.must_acquire("warm-up-A", 2_000, "A").await;
+    api.must_acquire("warm-up-Z", 2_000, "Z").await;
+    sleep_ms(1_100).await;
+    api.must_acquire("warm-up-Z-again", 2_000, "Z").await;
+    let sent = "lockrouter_keepalives_sent_total";
+    others_wait_for_the_grant_of_a(&router, &proxy, "in-flight-idle", 2_000, sent).await;
+}
+
+/// The clients that race A to a name in the tests above.
+const OTHERS: [&str; 4] = ["B", "C", "D", "E"];
+
+/// A router whose single shard, named `shard`, is `etcd` reached through
+/// `proxy`. A shard name of its own: the metrics of in-process routers are
+/// one process's, shared with the tests that run beside this one.
+async fn router_behind(proxy: &SilentProxy, etcd: &EtcdCluster, shard: &str) -> TestRouter {
+    let toml = config_toml(&[etcd], "127.0.0.1:0", "")
+        .replace(&etcd.endpoints()[0], &proxy.url())
+        .replace("name = \"a\"", &format!("name = \"{shard}\""));
+    TestRouter::with_toml(&toml).await
+}
+
+/// With the link to etcd silent, A acquires a contended name (on its
+/// `ttl_ms` session); once the router's counter `sent` on `shard` shows
+/// A's grant under way, [`OTHERS`] (on warm 30 s sessions) acquire it too;
+/// then the link speaks again. A is granted, and every other is refused by
+/// a read first: none sent a txn that raced A's.
+async fn others_wait_for_the_grant_of_a(
+    router: &TestRouter,
+    proxy: &SilentProxy,
+    shard: &str,
+    ttl_ms: u64,
+    sent: &str,
+) {
+    let api = &router.api;
+    let name = format!("hot-{shard}");
     let read_first = |text: &str| {
-        metrics::sum(
-            text,
-            "lockrouter_acquire_reads_first_total",
-            &[("shard", "in-flight"), ("answered", "true")],
-        )
+        let answered = [("shard", shard), ("answered", "true")];
+        metrics::sum(text, "lockrouter_acquire_reads_first_total", &answered)
     };
-    let commits =
-        |text: &str| metrics::sum(text, "lockrouter_commits_total", &[("shard", "in-flight")]);
+    let sent = |text: &str| metrics::sum(text, sent, &[("shard", shard)]);
     let text = api.metrics().await;
-    let (before, committed) = (read_first(&text), commits(&text));
+    let (before, sent_before) = (read_first(&text), sent(&text));
+    // Silent for well under the router's 1 s ping timeout.
     proxy.set_silent(true);
     let first = tokio::spawn({
-        let api = api.clone();
-        async move { api.acquire("hot", 30_000, "A").await }
+        let (api, name) = (api.clone(), name.clone());
+        async move { api.acquire(&name, ttl_ms, "A").await }
     });
-    // A's grant txn is on its way (its batch counted as it is sent, after
-    // its mark), held by the silent link.
     let started = Instant::now();
-    while commits(&api.metrics().await) == committed {
+    while sent(&api.metrics().await) == sent_before {
         assert!(
-            started.elapsed() < Duration::from_secs(10),
-            "A's grant never sent"
+            started.elapsed() < Duration::from_millis(500),
+            "A's grant never got under way"
         );
         sleep_ms(10).await;
     }
-    let rest: Vec<_> = others
+    let rest: Vec<_> = OTHERS
         .iter()
         .map(|&c| {
-            let api = api.clone();
-            tokio::spawn(async move { api.acquire("hot", 30_000, c).await })
+            let (api, name) = (api.clone(), name.clone());
+            tokio::spawn(async move { api.acquire(&name, 30_000, c).await })
         })
         .collect();
     // Those that come only after A's txn was answered read first as well
@@ -772,73 +826,7 @@ async fn acquires_of_a_name_whose_grant_is_in_flight_wait_for_it_then_read() {
         assert_eq!(r.body["acquired"], false, "{r:?}");
     }
     let read = read_first(&api.metrics().await) - before;
-    assert_eq!(read, others.len() as f64, "every other acquire read first");
-}
-
-/// The same when the first acquire's session must be kept alive before
-/// its grant txn goes (its client was idle for half its TTL): the others
-/// wait from the moment that acquire began, not only once its txn is on
-/// its way, or theirs would reach etcd first.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn acquires_wait_for_a_grant_whose_session_is_being_kept_alive_first() {
-    let etcd = EtcdCluster::single();
-    let proxy = SilentProxy::start(&etcd.endpoints()[0]).await;
-    let toml = config_toml(&[&etcd], "127.0.0.1:0", "")
-        .replace(&etcd.endpoints()[0], &proxy.url())
-        .replace("name = \"a\"", "name = \"in-flight-idle\"");
-    let router = TestRouter::with_toml(&toml).await;
-    let api = &router.api;
-    let others = ["B", "C", "D", "E"];
-    for c in others {
-        api.must_acquire(&format!("warm-up-{c}"), 30_000, c).await;
-    }
-    // A's 2 s session, idle for more than half of it: its next acquire
-    // sends a keepalive first, and its txn only once that is answered. Z's
-    // likewise, first, opens the shard's keepalive stream.
-    api.must_acquire("warm-up-A", 2_000, "A").await;
-    api.must_acquire("warm-up-Z", 2_000, "Z").await;
-    sleep_ms(1_100).await;
-    api.must_acquire("warm-up-Z-again", 2_000, "Z").await;
-    let shard = [("shard", "in-flight-idle")];
-    let keepalives = |text: &str| metrics::sum(text, "lockrouter_keepalives_sent_total", &shard);
-    let read_first = |text: &str| {
-        let answered = [("shard", "in-flight-idle"), ("answered", "true")];
-        metrics::sum(text, "lockrouter_acquire_reads_first_total", &answered)
-    };
-    let text = api.metrics().await;
-    let (before, kept) = (read_first(&text), keepalives(&text));
-    // Silent for well under the router's 1 s ping timeout.
-    proxy.set_silent(true);
-    let first = tokio::spawn({
-        let api = api.clone();
-        async move { api.acquire("idle-hot", 2_000, "A").await }
-    });
-    let started = Instant::now();
-    while keepalives(&api.metrics().await) == kept {
-        assert!(
-            started.elapsed() < Duration::from_millis(500),
-            "A's keepalive never sent"
-        );
-        sleep_ms(10).await;
-    }
-    let rest: Vec<_> = others
-        .iter()
-        .map(|&c| {
-            let api = api.clone();
-            tokio::spawn(async move { api.acquire("idle-hot", 30_000, c).await })
-        })
-        .collect();
-    sleep_ms(150).await;
-    proxy.set_silent(false);
-    let granted = first.await.unwrap();
-    assert_eq!(granted.body["acquired"], true, "{granted:?}");
-    for r in join_all(rest).await {
-        let r = r.unwrap();
-        assert_eq!(r.status, 200, "{r:?}");
-        assert_eq!(r.body["acquired"], false, "{r:?}");
-    }
-    let read = read_first(&api.metrics().await) - before;
-    assert_eq!(read, others.len() as f64, "every other acquire read first");
+    assert_eq!(read, OTHERS.len() as f64, "every other acquire read first");
 }
 
 /// Keys under `prefix` on `etcd`.
