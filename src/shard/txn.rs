@@ -4,6 +4,7 @@
 //! 3 and 7). The txns themselves are built in `name.rs`; the grant at the
 //! head of a waiting queue is in `queue.rs`.
 
+use std::future::Future;
 use std::time::{Duration, Instant};
 
 use etcd_client::{Compare, CompareOp, PutOptions, Txn, TxnOp};
@@ -16,7 +17,7 @@ use super::name::{
     SessionGrant,
 };
 use super::sessions::SessionLease;
-use super::Shard;
+use super::{Renewal, Shard};
 use crate::config::LockDelay;
 
 /// Most lost holders one step of the paced sweep settles (three calls
@@ -91,7 +92,8 @@ impl Shard {
     /// alongside (a keepalive unless one was confirmed less than `window`
     /// ago).
     ///
-    /// A session known to outlast the txn goes with it, concurrently. The
+    /// A session known to outlast the txn goes with it, concurrently, and
+    /// the grant is answered once the txn is ([`answered_with_txn`]). The
     /// txn is applied within the etcd deadline or fails; with a TTL shorter
     /// than that, half the TTL (a txn slower than that only risks a
     /// refusal, never a double grant). Any other session (its client was
@@ -116,10 +118,12 @@ impl Shard {
         // come meanwhile wait for it, then find a grant made looking held.
         let flight = self.cache.granting(k.hash);
         let (txn, renewal) = if self.keepalive.lasts(lease, margin) {
-            tokio::join!(
+            answered_with_txn(
                 self.acquire_txn(k, value, lease, g, replace_held),
                 self.keepalive.refresh(lease, window, ttl_secs),
+                || self.keepalive.confirmed(lease),
             )
+            .await
         } else {
             let renewal = self.keepalive.refresh(lease, window, ttl_secs).await?;
             if renewal.alive() {
@@ -373,5 +377,153 @@ impl Shard {
             .collect()
             .await;
         results.iter().all(Result::is_ok)
+    }
+}
+
+/// A grant `txn` and its session's keepalive `renew`, sent together, and
+/// answered once the txn is: with the keepalive's answer if it has come by
+/// then, else with `known()`, the lease's last confirmed renewal (its
+/// deadline is still ahead: the caller checked that it outlasts the txn).
+/// Only without one does it wait for the keepalive.
+///
+/// The keepalive left unanswered is not withdrawn: it is already with the
+/// shard's keepalive task, which sends it and learns its answer whoever
+/// waits for it, so the lease is renewed as before and the next renewal
+/// or acquire on it finds that answer. The grant's answer then reports the
+/// time the lease had before it, less than a full TTL but never more than
+/// the truth (docs/design.md, section 6, "An acquire waits for its txn,
+/// not its keepalive").
+async fn answered_with_txn<T>(
+    txn: impl Future<Output = T>,
+    renew: impl Future<Output = Result<Renewal, EtcdError>>,
+    known: impl FnOnce() -> Option<Renewal>,
+) -> (T, Result<Renewal, EtcdError>) {
+    use futures::future::{select, Either};
+    use futures::FutureExt;
+
+    let (txn, mut renew) = (std::pin::pin!(txn), std::pin::pin!(renew));
+    match select(txn, renew.as_mut()).await {
+        Either::Right((renewal, txn)) => (txn.await, renewal),
+        Either::Left((txn, _)) => match renew.as_mut().now_or_never() {
+            Some(renewal) => (txn, renewal),
+            None => match known() {
+                Some(known) => (txn, Ok(known)),
+                None => (txn, renew.await),
+            },
+        },
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::{Duration, Instant};
+
+    use super::{answered_with_txn, EtcdError, Renewal};
+
+    const MS: Duration = Duration::from_millis(1);
+
+    fn renewal(sent_at: Instant, ttl_secs: i64) -> Renewal {
+        Renewal { sent_at, ttl_secs }
+    }
+
+    /// Answers `value` after `delay` of (paused) time.
+    async fn after<T>(delay: Duration, value: T) -> T {
+        tokio::time::sleep(delay).await;
+        value
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_keepalive_answered_first_is_the_grants_answer() {
+        let (earlier, now) = (Instant::now() - Duration::from_secs(20), Instant::now());
+        let start = tokio::time::Instant::now();
+        let (txn, renewed) = answered_with_txn(
+            after(5 * MS, "granted"),
+            after(2 * MS, Ok(renewal(now, 30))),
+            || Some(renewal(earlier, 30)),
+        )
+        .await;
+        assert_eq!(txn, "granted");
+        assert_eq!(
+            renewed.unwrap().sent_at,
+            now,
+            "the fresh keepalive's answer, not the old one"
+        );
+        assert_eq!(start.elapsed(), 5 * MS, "answered with the txn");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_keepalive_answered_with_the_txn_is_the_grants_answer() {
+        let (earlier, now) = (Instant::now() - Duration::from_secs(20), Instant::now());
+        let (_, renewed) = answered_with_txn(
+            after(5 * MS, "granted"),
+            after(5 * MS, Ok(renewal(now, 30))),
+            || Some(renewal(earlier, 30)),
+        )
+        .await;
+        assert_eq!(renewed.unwrap().sent_at, now);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_slower_keepalive_is_not_waited_for_when_the_lease_is_known_alive() {
+        let (earlier, now) = (Instant::now() - Duration::from_secs(20), Instant::now());
+        let start = tokio::time::Instant::now();
+        let (txn, renewed) = answered_with_txn(
+            after(5 * MS, "granted"),
+            after(500 * MS, Ok(renewal(now, 30))),
+            || Some(renewal(earlier, 30)),
+        )
+        .await;
+        assert_eq!(txn, "granted");
+        let renewed = renewed.unwrap();
+        assert_eq!(
+            renewed.sent_at, earlier,
+            "the last confirmed renewal, never more"
+        );
+        assert_eq!(renewed.ttl_secs, 30);
+        assert_eq!(
+            start.elapsed(),
+            5 * MS,
+            "answered with the txn, not the keepalive"
+        );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn without_a_confirmed_renewal_the_keepalive_is_waited_for() {
+        let now = Instant::now();
+        let start = tokio::time::Instant::now();
+        let (_, renewed) = answered_with_txn(
+            after(5 * MS, "granted"),
+            after(500 * MS, Ok(renewal(now, 30))),
+            || None,
+        )
+        .await;
+        assert_eq!(renewed.unwrap().sent_at, now);
+        assert_eq!(start.elapsed(), 500 * MS);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_keepalive_that_finds_the_lease_gone_first_is_the_answer() {
+        let earlier = Instant::now() - Duration::from_secs(20);
+        let (_, renewed) = answered_with_txn(
+            after(5 * MS, "granted"),
+            after(MS, Ok(renewal(Instant::now(), 0))),
+            || Some(renewal(earlier, 30)),
+        )
+        .await;
+        assert!(
+            !renewed.unwrap().alive(),
+            "the lease found gone is what the grant learns"
+        );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_failed_keepalive_before_the_txn_is_passed_on() {
+        let earlier = Instant::now() - Duration::from_secs(20);
+        let failed = Err(EtcdError::LeaseNotFound);
+        let (_, renewed) = answered_with_txn(after(5 * MS, "granted"), after(MS, failed), || {
+            Some(renewal(earlier, 30))
+        })
+        .await;
+        assert!(matches!(renewed, Err(EtcdError::LeaseNotFound)));
     }
 }
