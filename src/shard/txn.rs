@@ -386,10 +386,11 @@ impl Shard {
 /// deadline is still ahead: the caller checked that it outlasts the txn).
 /// Only without one does it wait for the keepalive.
 ///
-/// The keepalive left unanswered is not withdrawn: it is already with the
-/// shard's keepalive task, which sends it and learns its answer whoever
-/// waits for it, so the lease is renewed as before and the next renewal
-/// or acquire on it finds that answer. The grant's answer then reports the
+/// The keepalive left unanswered is not withdrawn: it went to the shard's
+/// keepalive task when first polled (unless that task's queue was full:
+/// then the next renewal sends one), and the task sends it and learns its
+/// answer whoever waits for it, so the lease is renewed as before and the
+/// next renewal or acquire on it finds that answer. The grant's answer then reports the
 /// time the lease had before it, less than a full TTL but never more than
 /// the truth (docs/design.md, section 6, "An acquire waits for its txn,
 /// not its keepalive").
