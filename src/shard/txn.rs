@@ -101,7 +101,8 @@ impl Shard {
     /// that ran out without etcd having revoked it yet would still take a
     /// key, which then goes with the lease and leaves a held record that
     /// looks like a lost holder. The grant is in flight (what acquires of
-    /// the same name wait for) from the start, keepalive included.
+    /// the same name wait for) from the start, the slow branch's keepalive
+    /// included, until the grant is answered.
     pub async fn grant_on_session(
         &self,
         k: &NameKeys,
@@ -113,9 +114,10 @@ impl Shard {
     ) -> Result<SessionGrant, EtcdError> {
         let (lease, ttl_secs) = (session.id, session.ttl_secs);
         let margin = (self.conn.timeout()).min(Duration::from_millis(u64::from(ttl_secs) * 500));
-        // In flight from the start, keepalive included, until both are
-        // answered (or failed, or cancelled): the acquires of the name that
-        // come meanwhile wait for it, then find a grant made looking held.
+        // In flight from the start (the slow branch's keepalive included)
+        // until the grant is answered, failed or cancelled: the acquires of
+        // the name that come meanwhile wait for it, then find a grant made
+        // looking held.
         let flight = self.cache.granting(k.hash);
         let (txn, renewal) = if self.keepalive.lasts(lease, margin) {
             answered_with_txn(
@@ -390,10 +392,10 @@ impl Shard {
 /// keepalive task when first polled (unless that task's queue was full:
 /// then the next renewal sends one), and the task sends it and learns its
 /// answer whoever waits for it, so the lease is renewed as before and the
-/// next renewal or acquire on it finds that answer. The grant's answer then reports the
-/// time the lease had before it, less than a full TTL but never more than
-/// the truth (docs/design.md, section 6, "An acquire waits for its txn,
-/// not its keepalive").
+/// next renewal or acquire on it finds that answer. The grant's answer
+/// then reports the time the lease had before it, less than a full TTL
+/// but never more than the truth (docs/design.md, section 6, "An acquire
+/// waits for its txn, not its keepalive").
 async fn answered_with_txn<T>(
     txn: impl Future<Output = T>,
     renew: impl Future<Output = Result<Renewal, EtcdError>>,
@@ -427,90 +429,81 @@ mod tests {
         Renewal { sent_at, ttl_secs }
     }
 
+    /// A grant whose txn is answered after `txn` and its keepalive after
+    /// `renew` (with `renewed`), the lease's last confirmed renewal being
+    /// `known` (in paused time): what the grant is answered with, and
+    /// when.
+    async fn grant(
+        txn: Duration,
+        renew: Duration,
+        renewed: Result<Renewal, EtcdError>,
+        known: Option<Renewal>,
+    ) -> (Result<Renewal, EtcdError>, Duration) {
+        let start = tokio::time::Instant::now();
+        let (txn, renewal) =
+            answered_with_txn(after(txn, "granted"), after(renew, renewed), || known).await;
+        assert_eq!(txn, "granted");
+        (renewal, start.elapsed())
+    }
+
     /// Answers `value` after `delay` of (paused) time.
     async fn after<T>(delay: Duration, value: T) -> T {
         tokio::time::sleep(delay).await;
         value
     }
 
+    /// A renewal sent now, and one confirmed 20 s ago (30 s TTLs).
+    fn now_and_earlier() -> (Renewal, Renewal) {
+        let now = Instant::now();
+        (renewal(now, 30), renewal(now - Duration::from_secs(20), 30))
+    }
+
     #[tokio::test(start_paused = true)]
     async fn a_keepalive_answered_first_is_the_grants_answer() {
-        let (earlier, now) = (Instant::now() - Duration::from_secs(20), Instant::now());
-        let start = tokio::time::Instant::now();
-        let (txn, renewed) = answered_with_txn(
-            after(5 * MS, "granted"),
-            after(2 * MS, Ok(renewal(now, 30))),
-            || Some(renewal(earlier, 30)),
-        )
-        .await;
-        assert_eq!(txn, "granted");
+        let (fresh, earlier) = now_and_earlier();
+        let (renewed, took) = grant(5 * MS, 2 * MS, Ok(fresh), Some(earlier)).await;
+        let renewed = renewed.unwrap();
         assert_eq!(
-            renewed.unwrap().sent_at,
-            now,
-            "the fresh keepalive's answer, not the old one"
+            renewed.sent_at, fresh.sent_at,
+            "the fresh keepalive's answer"
         );
-        assert_eq!(start.elapsed(), 5 * MS, "answered with the txn");
+        assert_eq!(took, 5 * MS, "answered with the txn");
     }
 
     #[tokio::test(start_paused = true)]
     async fn a_keepalive_answered_with_the_txn_is_the_grants_answer() {
-        let (earlier, now) = (Instant::now() - Duration::from_secs(20), Instant::now());
-        let (_, renewed) = answered_with_txn(
-            after(5 * MS, "granted"),
-            after(5 * MS, Ok(renewal(now, 30))),
-            || Some(renewal(earlier, 30)),
-        )
-        .await;
-        assert_eq!(renewed.unwrap().sent_at, now);
+        let (fresh, earlier) = now_and_earlier();
+        let (renewed, took) = grant(5 * MS, 5 * MS, Ok(fresh), Some(earlier)).await;
+        assert_eq!(renewed.unwrap().sent_at, fresh.sent_at);
+        assert_eq!(took, 5 * MS);
     }
 
     #[tokio::test(start_paused = true)]
     async fn a_slower_keepalive_is_not_waited_for_when_the_lease_is_known_alive() {
-        let (earlier, now) = (Instant::now() - Duration::from_secs(20), Instant::now());
-        let start = tokio::time::Instant::now();
-        let (txn, renewed) = answered_with_txn(
-            after(5 * MS, "granted"),
-            after(500 * MS, Ok(renewal(now, 30))),
-            || Some(renewal(earlier, 30)),
-        )
-        .await;
-        assert_eq!(txn, "granted");
+        let (fresh, earlier) = now_and_earlier();
+        let (renewed, took) = grant(5 * MS, 500 * MS, Ok(fresh), Some(earlier)).await;
         let renewed = renewed.unwrap();
         assert_eq!(
-            renewed.sent_at, earlier,
+            renewed.sent_at, earlier.sent_at,
             "the last confirmed renewal, never more"
         );
         assert_eq!(renewed.ttl_secs, 30);
-        assert_eq!(
-            start.elapsed(),
-            5 * MS,
-            "answered with the txn, not the keepalive"
-        );
+        assert_eq!(took, 5 * MS, "answered with the txn, not the keepalive");
     }
 
     #[tokio::test(start_paused = true)]
     async fn without_a_confirmed_renewal_the_keepalive_is_waited_for() {
-        let now = Instant::now();
-        let start = tokio::time::Instant::now();
-        let (_, renewed) = answered_with_txn(
-            after(5 * MS, "granted"),
-            after(500 * MS, Ok(renewal(now, 30))),
-            || None,
-        )
-        .await;
-        assert_eq!(renewed.unwrap().sent_at, now);
-        assert_eq!(start.elapsed(), 500 * MS);
+        let (fresh, _) = now_and_earlier();
+        let (renewed, took) = grant(5 * MS, 500 * MS, Ok(fresh), None).await;
+        assert_eq!(renewed.unwrap().sent_at, fresh.sent_at);
+        assert_eq!(took, 500 * MS);
     }
 
     #[tokio::test(start_paused = true)]
     async fn a_keepalive_that_finds_the_lease_gone_first_is_the_answer() {
-        let earlier = Instant::now() - Duration::from_secs(20);
-        let (_, renewed) = answered_with_txn(
-            after(5 * MS, "granted"),
-            after(MS, Ok(renewal(Instant::now(), 0))),
-            || Some(renewal(earlier, 30)),
-        )
-        .await;
+        let (_, earlier) = now_and_earlier();
+        let gone = renewal(Instant::now(), 0);
+        let (renewed, _) = grant(5 * MS, MS, Ok(gone), Some(earlier)).await;
         assert!(
             !renewed.unwrap().alive(),
             "the lease found gone is what the grant learns"
@@ -519,12 +512,9 @@ mod tests {
 
     #[tokio::test(start_paused = true)]
     async fn a_failed_keepalive_before_the_txn_is_passed_on() {
-        let earlier = Instant::now() - Duration::from_secs(20);
+        let (_, earlier) = now_and_earlier();
         let failed = Err(EtcdError::LeaseNotFound);
-        let (_, renewed) = answered_with_txn(after(5 * MS, "granted"), after(MS, failed), || {
-            Some(renewal(earlier, 30))
-        })
-        .await;
+        let (renewed, _) = grant(5 * MS, MS, failed, Some(earlier)).await;
         assert!(matches!(renewed, Err(EtcdError::LeaseNotFound)));
     }
 }
