@@ -229,10 +229,30 @@ pub fn render(p: &Plan) -> String {
          {:.2}x before it saturates",
         l.growth_to_target, l.growth_to_saturation
     );
+    // With few locks held and many clients, the sessions their acquires
+    // alone keep alive can need more keepalives than one lease per lock's
+    // renewals: then coalescing costs keepalives instead of saving them.
+    let versus = |saving: f64, what: &str, digits: usize| {
+        if saving >= 1.0 {
+            format!("saves {saving:.digits$}x {what}")
+        } else if saving > 0.0 {
+            format!("costs {:.digits$}x the {what}", 1.0 / saving)
+        } else {
+            format!("costs {what} that one lease per lock does not need")
+        }
+    };
+    let keepalives = versus(p.keepalive_saving, "keepalives/s", 1);
+    let writes = versus(p.raft_write_saving, "raft writes/s", 2);
+    let writes = match (
+        keepalives.starts_with("saves "),
+        writes.strip_prefix("saves "),
+    ) {
+        (true, Some(rest)) => rest.to_string(),
+        _ => writes,
+    };
     let _ = writeln!(
         out,
-        "coalescing saves {:.1}x keepalives/s and {:.2}x raft writes/s against one lease per lock",
-        p.keepalive_saving, p.raft_write_saving
+        "coalescing {keepalives} and {writes} against one lease per lock"
     );
     out
 }
