@@ -254,14 +254,15 @@ impl Workload {
                 // read-only txn: no raft write, no keepalive of the
                 // caller's session.
                 let holding = self.sessions(share);
-                let churn = 2.0 * holding / self.client_lifetime_secs; // grant + revoke
-                                                                       // A session its renewals keep alive gets a keepalive at the
-                                                                       // first renewal past the renewal window, and its acquires
-                                                                       // add none.
+                // A grant and a revoke per session over its client's life.
+                let churn = 2.0 * holding / self.client_lifetime_secs;
+                // A session its renewals keep alive gets a keepalive at the
+                // first renewal past the renewal window, and its acquires
+                // add none.
                 let per_session = if holding > 0.0 {
                     match self.renewal {
                         Renewal::Batch => 1.0 / (renew * ((renewal_window / renew).floor() + 1.0)),
-                        Renewal::Each => dead_time(locks / holding, renewal_window),
+                        Renewal::Each => dead_time(locks / holding / renew, renewal_window),
                     }
                 } else {
                     0.0
@@ -678,6 +679,21 @@ mod tests {
         let each = args(&["--router-replicas", "1", "--renewal", "each"]);
         assert_eq!(each.renew_requests(1.0), 100_000.0);
         assert!(each.barrier_writes(1.0) <= 200.0);
+    }
+
+    #[test]
+    fn sessions_renewed_lock_by_lock_get_a_keepalive_per_renewal_window() {
+        // 1M locks on 10K clients, one shard, one replica: 100 locks per
+        // session, one `renew` each every 10 s, so a renewal every 0.1 s;
+        // the first past the 15 s window sends the keepalive.
+        let each = args(&["--router-replicas", "1", "--renewal", "each"]);
+        let l = each.shard_load(Design::Coalesced, 1.0);
+        let per_session = l.keepalives_per_sec / 10_000.0;
+        let expected = 10.0 / (1.0 + 10.0 * 15.0);
+        assert!(
+            (per_session - expected).abs() < 1e-6,
+            "{per_session} != {expected}"
+        );
     }
 
     #[test]
