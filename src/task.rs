@@ -92,9 +92,11 @@ tokio::task_local! {
     static REQUEST_NAMES: RequestNames;
 }
 
-/// Runs `f` (the serving of one request) named by `names`.
-pub async fn naming<F: Future>(names: RequestNames, f: F) -> F::Output {
-    REQUEST_NAMES.scope(names, f).await
+/// Runs `f` (the serving of one request) named by `names`. Not an `async
+/// fn`: that would hold `f` twice (its argument, then the scope's), and
+/// copy it from one to the other on its first poll.
+pub fn naming<F: Future>(names: RequestNames, f: F) -> impl Future<Output = F::Output> {
+    REQUEST_NAMES.scope(names, f)
 }
 
 /// [`naming`] for synchronous code (the log format's tests).

@@ -158,73 +158,79 @@ async fn handle(
     let counted = !ui::is_poll(&method, route, req.headers());
     // Every line logged while serving the request names it, and its shard
     // and outcome once known: the log reads these only when it writes one.
+    // The serving goes to the heap: kept inline, its kilobytes would make
+    // this future that large, and hyper copies this future into its slot
+    // for every request on a connection.
     let names = crate::task::RequestNames::new(op, request_id.clone());
-    crate::task::naming(names, async move {
-        // One generation serves the whole request, whatever a reload puts in
-        // force meanwhile.
-        let current = state.in_force.current();
-        let mut facts = access::Facts::of(current.front.access_log);
-        let result = match route {
-            Some(route) => {
-                dispatch(
-                    &state, &current, route, peer, &who, req, &mut facts, started,
-                )
-                .await
+    crate::task::naming(
+        names,
+        Box::pin(async move {
+            // One generation serves the whole request, whatever a reload puts in
+            // force meanwhile.
+            let current = state.in_force.current();
+            let mut facts = access::Facts::of(current.front.access_log);
+            let result = match route {
+                Some(route) => {
+                    dispatch(
+                        &state, &current, route, peer, &who, req, &mut facts, started,
+                    )
+                    .await
+                }
+                None => Err(ApiError::not_found()),
+            };
+            let (mut resp, outcome) = match result {
+                Ok(ok) => ok,
+                Err(e) => {
+                    let code = e.code;
+                    (e.into_response(Some(&request_id)), code)
+                }
+            };
+            if let Ok(value) = http::HeaderValue::from_str(&request_id) {
+                resp.headers_mut().insert(request_id::HEADER_NAME, value);
             }
-            None => Err(ApiError::not_found()),
-        };
-        let (mut resp, outcome) = match result {
-            Ok(ok) => ok,
-            Err(e) => {
-                let code = e.code;
-                (e.into_response(Some(&request_id)), code)
+            crate::task::name_outcome(outcome);
+            // A 503 from /readyz is an answer, not a failure (probes ask often).
+            // Failures are logged one by one only while few (failure_log.rs): a
+            // request shed as `overloaded` gets one line a second at most, counting
+            // the refusals since the last; any other 5xx 10 lines a second for its
+            // outcome, counting those left out.
+            if outcome == "overloaded" {
+                if let Some(left_out) = state.failures.shed.hit() {
+                    let refused = left_out + 1;
+                    tracing::warn!(
+                        op,
+                        request_id = %request_id,
+                        refused,
+                        "shedding load: requests refused as overloaded since the last such line"
+                    );
+                }
+            } else if resp.status().is_server_error() && route != Some(Route::Readyz) {
+                if let Some(suppressed) = state.failures.failed(outcome) {
+                    tracing::warn!(
+                        op,
+                        outcome,
+                        request_id = %request_id,
+                        status = resp.status().as_u16(),
+                        suppressed,
+                        "request failed"
+                    );
+                }
             }
-        };
-        if let Ok(value) = http::HeaderValue::from_str(&request_id) {
-            resp.headers_mut().insert(request_id::HEADER_NAME, value);
-        }
-        crate::task::name_outcome(outcome);
-        // A 503 from /readyz is an answer, not a failure (probes ask often).
-        // Failures are logged one by one only while few (failure_log.rs): a
-        // request shed as `overloaded` gets one line a second at most, counting
-        // the refusals since the last; any other 5xx 10 lines a second for its
-        // outcome, counting those left out.
-        if outcome == "overloaded" {
-            if let Some(left_out) = state.failures.shed.hit() {
-                let refused = left_out + 1;
-                tracing::warn!(
-                    op,
-                    request_id = %request_id,
-                    refused,
-                    "shedding load: requests refused as overloaded since the last such line"
-                );
+            let elapsed = started.elapsed();
+            if counted {
+                m::request(op, outcome, elapsed);
             }
-        } else if resp.status().is_server_error() && route != Some(Route::Readyz) {
-            if let Some(suppressed) = state.failures.failed(outcome) {
-                tracing::warn!(
-                    op,
-                    outcome,
-                    request_id = %request_id,
-                    status = resp.status().as_u16(),
-                    suppressed,
-                    "request failed"
-                );
-            }
-        }
-        let elapsed = started.elapsed();
-        if counted {
-            m::request(op, outcome, elapsed);
-        }
-        let line = access::Line {
-            method: &method,
-            route: op,
-            status: resp.status().as_u16(),
-            elapsed,
-            request_id: &request_id,
-        };
-        access::log(line, &facts);
-        Ok(resp)
-    })
+            let line = access::Line {
+                method: &method,
+                route: op,
+                status: resp.status().as_u16(),
+                elapsed,
+                request_id: &request_id,
+            };
+            access::log(line, &facts);
+            Ok(resp)
+        }),
+    )
     .await
 }
 
