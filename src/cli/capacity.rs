@@ -269,9 +269,7 @@ impl Workload {
                 };
                 // The other session slots hold no lock: only their
                 // acquires keep them alive.
-                let slots = self.clients
-                    * f64::from(self.router_replicas)
-                    * f64::from(self.ttls_per_client);
+                let slots = self.clients * self.slots_per_client();
                 let idle = (slots - holding).max(0.0);
                 let by_acquires = kept_by_acquires(acquires / slots, renewal_window, self.ttl_secs);
                 let barriers = self.barrier_writes(share);
@@ -343,9 +341,15 @@ impl Workload {
     /// a client's locks rides on one of `replicas × ttls` sessions per shard
     /// it lands on, so a client with few locks touches few sessions.
     fn sessions(&self, share: f64) -> f64 {
-        let slots = f64::from(self.router_replicas) * f64::from(self.ttls_per_client);
+        let slots = self.slots_per_client();
         let per_client = self.locks / self.clients;
         self.clients * slots * (1.0 - (1.0 - share / slots).powf(per_client))
+    }
+
+    /// Session leases a client may have on one shard: one per (router
+    /// replica, TTL).
+    fn slots_per_client(&self) -> f64 {
+        f64::from(self.router_replicas) * f64::from(self.ttls_per_client)
     }
 
     fn layout(&self, design: Design, shards: u32, imbalance: f64) -> Layout {

@@ -234,25 +234,27 @@ pub fn render(p: &Plan) -> String {
     // renewals: then coalescing costs keepalives instead of saving them.
     let versus = |saving: f64, what: &str, digits: usize| {
         if saving >= 1.0 {
-            format!("saves {saving:.digits$}x {what}")
+            ("saves", format!("{saving:.digits$}x {what}"))
         } else if saving > 0.0 {
-            format!("costs {:.digits$}x the {what}", 1.0 / saving)
+            ("costs", format!("{:.digits$}x the {what}", 1.0 / saving))
         } else {
-            format!("costs {what} that one lease per lock does not need")
+            (
+                "costs",
+                format!("{what} that one lease per lock does not need"),
+            )
         }
     };
-    let keepalives = versus(p.keepalive_saving, "keepalives/s", 1);
-    let writes = versus(p.raft_write_saving, "raft writes/s", 2);
-    let writes = match (
-        keepalives.starts_with("saves "),
-        writes.strip_prefix("saves "),
-    ) {
-        (true, Some(rest)) => rest.to_string(),
-        _ => writes,
+    let (k_verb, keepalives) = versus(p.keepalive_saving, "keepalives/s", 1);
+    let (w_verb, writes) = versus(p.raft_write_saving, "raft writes/s", 2);
+    // One verb for both when they share it ("saves A and B").
+    let writes = if k_verb == w_verb {
+        writes
+    } else {
+        format!("{w_verb} {writes}")
     };
     let _ = writeln!(
         out,
-        "coalescing {keepalives} and {writes} against one lease per lock"
+        "coalescing {k_verb} {keepalives} and {writes} against one lease per lock"
     );
     out
 }
