@@ -1065,12 +1065,13 @@ async fn the_lock_key_cache_reports_that_it_vouches_and_what_it_holds() {
 }
 
 /// Renewals back to back share barriers: one shard writes at most one
-/// barrier per 20 ms however fast renewals come, so etcd's raft writes for
-/// renewals stay bounded while renewals grow. Counted by etcd itself (the
+/// barrier per `etcd.barrier_spacing_ms` (default 50 ms) however fast
+/// renewals come, so etcd's raft writes for renewals stay bounded while
+/// renewals grow. Counted by etcd itself (the
 /// router's metrics are shared by every test in this process): while only
 /// renewals run, barriers are the only raft writes.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn renewals_back_to_back_share_barriers_at_most_one_per_20_ms() {
+async fn renewals_back_to_back_share_barriers_at_most_one_per_spacing() {
     let etcd = EtcdCluster::single();
     let router = TestRouter::start(&[&etcd]).await;
     let lock = router.api.must_acquire("spaced", 30_000, "A").await;
@@ -1101,7 +1102,8 @@ async fn renewals_back_to_back_share_barriers_at_most_one_per_20_ms() {
     join_all(renewers).await;
     let elapsed = began.elapsed();
     let written = proposals() - before;
-    let most = (elapsed.as_secs_f64() / 0.020).floor() + 1.0;
+    let spacing = lockrouter::config::EtcdSettings::default().barrier_spacing();
+    let most = (elapsed.as_secs_f64() / spacing.as_secs_f64()).floor() + 1.0;
     assert!(
         written >= 1.0 && written <= most,
         "{written} barriers for 100 renewals in {elapsed:?}: at most {most}"

@@ -114,6 +114,31 @@ fn json_output_matches_the_worked_example() {
     assert_eq!(p["recommendedShards"].as_u64(), Some(shards));
 }
 
+/// The busiest shard's barriers follow the routers' spacing: the worked
+/// example's renew-batches always find one in flight, so each replica
+/// writes one per spacing (`2 / 0.05 = 40` at the default 50 ms, 100 at
+/// 20 ms), and the raft writes move by as many.
+#[test]
+fn barriers_follow_the_routers_spacing() {
+    let busiest = |extra: &[&str]| {
+        let mut args = WORKED_EXAMPLE.to_vec();
+        args.extend(["--shards", "5"]);
+        args.extend(extra);
+        let out = plan(&args);
+        assert!(out.status.success(), "{out:?}");
+        let p: Value = serde_json::from_slice(&out.stdout).unwrap();
+        let b = &p["lockrouter"]["busiestShard"];
+        let f = |k: &str| b[k].as_f64().unwrap();
+        (f("barrierWritesPerSec"), f("raftWritesPerSec"))
+    };
+    let (default, raft_default) = busiest(&[]);
+    let (twenty, raft_twenty) = busiest(&["--barrier-spacing-ms", "20"]);
+    assert!((default - 40.0).abs() < 0.5, "{default}");
+    assert!((twenty - 100.0).abs() < 0.5, "{twenty}");
+    let moved = (raft_twenty - raft_default) - (twenty - default);
+    assert!(moved.abs() < 1e-6, "{raft_twenty} - {raft_default}");
+}
+
 #[test]
 fn refused_acquires_are_reads_not_raft_writes() {
     let base = WORKED_EXAMPLE;
@@ -137,12 +162,14 @@ fn refused_acquires_are_reads_not_raft_writes() {
 #[test]
 fn refused_inputs_exit_2_naming_the_flag() {
     let base = ["--locks", "10", "--clients", "1", "--acquires-per-sec", "1"];
-    for (extra, flag) in [
-        (["--ttl-secs", "1"], "--ttl-secs"),
-        (["--renew-every-secs", "60"], "--renew-every-secs"),
-        (["--target-utilisation", "1.5"], "--target-utilisation"),
-        (["--shards", "0"], "--shards"),
-    ] {
+    let refused: [(&[&str], &str); 5] = [
+        (&["--ttl-secs", "1"], "--ttl-secs"),
+        (&["--renew-every-secs", "60"], "--renew-every-secs"),
+        (&["--target-utilisation", "1.5"], "--target-utilisation"),
+        (&["--shards", "0"], "--shards"),
+        (&["--barrier-spacing-ms=-5"], "--barrier-spacing-ms"),
+    ];
+    for (extra, flag) in refused {
         let mut args = base.to_vec();
         args.extend(extra);
         let out = plan(&args);

@@ -40,8 +40,9 @@ struct Overloaded {
     warm: WarmupOutcome,
 }
 
-/// Barriers per second per shard in the `barrier` windows: 50, the most
-/// one router replica writes (one per 20 ms), then four times that; the
+/// Barriers per second per shard in the `barrier` windows: 50 (the most one
+/// router replica wrote when barriers were 20 ms apart; 20 now, at the
+/// default `etcd.barrier_spacing_ms`), then four times that; the
 /// difference gives what one more barrier costs, apart from what etcd
 /// spends when idle.
 const BARRIER_RATES_PER_SHARD: [usize; 2] = [50, 200];

@@ -95,6 +95,8 @@ pub struct Workload {
     /// How long one lock-key cache barrier (a one-key `Put`) takes from
     /// send to answer, in milliseconds.
     pub barrier_latency_ms: f64,
+    /// The routers' `etcd.barrier_spacing_ms`.
+    pub barrier_spacing_ms: f64,
     /// The routers' `ring.vnodes`.
     pub vnodes: u32,
     /// Raft writes/s one shard sustains.
@@ -183,6 +185,7 @@ impl Workload {
             ("--acquires-per-sec", self.acquires_per_sec),
             ("--refused-acquires-per-sec", self.refused_acquires_per_sec),
             ("--barrier-latency-ms", self.barrier_latency_ms),
+            ("--barrier-spacing-ms", self.barrier_spacing_ms),
         ];
         for (name, v) in nonneg {
             if !(v.is_finite() && v >= 0.0) {
@@ -326,13 +329,13 @@ impl Workload {
 
     /// Barrier writes/s on a shard with `share` of the names: each router
     /// replica keeps its own cache and writes one barrier at a time per
-    /// shard, at least `BARRIER_SPACING` after the previous one, shared by
+    /// shard, at least `barrier_spacing_ms` after the previous one, shared by
     /// every renewal that arrived meanwhile. Renewals are spread evenly
     /// over the replicas.
     fn barrier_writes(&self, share: f64) -> f64 {
         let replicas = f64::from(self.router_replicas);
         let per_replica = self.renew_requests(share) / replicas;
-        let spacing = crate::config::BARRIER_SPACING.as_secs_f64();
+        let spacing = self.barrier_spacing_ms / 1_000.0;
         let cycle = (self.barrier_latency_ms / 1_000.0).max(spacing);
         replicas * one_in_flight(per_replica, cycle)
     }
@@ -621,7 +624,7 @@ mod tests {
                         );
                         // At most one barrier in flight per replica, and
                         // at most one per spacing.
-                        let spacing = crate::config::BARRIER_SPACING.as_secs_f64();
+                        let spacing = a.barrier_spacing_ms / 1_000.0;
                         let cycle = (a.barrier_latency_ms / 1_000.0).max(spacing);
                         let most = a.router_replicas as f64 / cycle;
                         assert!(barriers <= most * (1.0 + 1e-12), "{barriers} > {most}");

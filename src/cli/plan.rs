@@ -62,6 +62,9 @@ pub struct PlanArgs {
     /// send to answer, in milliseconds.
     #[arg(long, default_value_t = 5.0)]
     pub barrier_latency_ms: f64,
+    /// The routers' `etcd.barrier_spacing_ms`.
+    #[arg(long, default_value_t = 50.0)]
+    pub barrier_spacing_ms: f64,
     /// The routers' `ring.vnodes`.
     #[arg(long, default_value_t = 160)]
     pub vnodes: u32,
@@ -112,6 +115,7 @@ impl From<&PlanArgs> for Workload {
             coalesce_ms: a.coalesce_ms,
             keepalive_below_pct: a.keepalive_below_pct,
             barrier_latency_ms: a.barrier_latency_ms,
+            barrier_spacing_ms: a.barrier_spacing_ms,
             vnodes: a.vnodes,
             max_raft_writes_per_sec: a.max_raft_writes_per_sec,
             max_keepalives_per_sec: a.max_keepalives_per_sec,
@@ -171,11 +175,12 @@ pub fn render(p: &Plan) -> String {
     let _ = writeln!(
         out,
         "limits per shard: {} raft writes/s, {} keepalives/s, {} backend quota, \
-         {} ms per barrier write; target utilisation {:.0}%",
+         {} ms per barrier write, at least {} ms apart; target utilisation {:.0}%",
         num(w.max_raft_writes_per_sec),
         num(w.max_keepalives_per_sec),
         bytes(w.quota_bytes),
         w.barrier_latency_ms,
+        w.barrier_spacing_ms,
         w.target_utilisation * 100.0
     );
     let _ = writeln!(out, "calibration: {}", p.calibration_source);

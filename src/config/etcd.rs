@@ -49,17 +49,14 @@ pub struct EtcdSettings {
     /// How often active locks per shard are counted (a count-only range).
     #[serde(default = "defaults::count_interval_ms")]
     pub count_interval_ms: u64,
+    /// Least ms between two barriers of the lock-key cache on one shard
+    /// (each a raft write that every renewal arriving meanwhile shares): a
+    /// renewal that finds none sent within it gets one at once, others wait
+    /// up to this long for the next. Caps barriers at 1000 / this per
+    /// shard and replica, whatever the renewal rate; 0: one after another.
+    #[serde(default = "defaults::barrier_spacing_ms")]
+    pub barrier_spacing_ms: u64,
 }
-
-/// Least time between two barriers of the lock-key cache on one shard (a
-/// constant, not a setting). Renewals tolerate a few ms of waiting (they
-/// come every third of a TTL); etcd pays for every barrier with a raft
-/// write. Under load this caps barriers at 50/s per shard and replica,
-/// whatever the renewal rate; a renewal that finds no barrier sent in the
-/// last 20 ms gets one at once. Kept here, below every layer, so that the
-/// cache (`shard/cache.rs`) and the capacity model (`cli/capacity.rs`)
-/// read the one value.
-pub const BARRIER_SPACING: Duration = Duration::from_millis(20);
 
 impl EtcdSettings {
     /// Deadline of one etcd request.
@@ -92,6 +89,11 @@ impl EtcdSettings {
         Duration::from_millis(self.keepalive_burst_ms)
     }
 
+    /// Least time between two barriers of the lock-key cache on one shard.
+    pub fn barrier_spacing(&self) -> Duration {
+        Duration::from_millis(self.barrier_spacing_ms)
+    }
+
     pub(super) fn validate(&self) -> Result<(), ConfigError> {
         let p = &self.prefix;
         if p.is_empty() || p.ends_with('/') || p.chars().any(char::is_control) {
@@ -122,6 +124,14 @@ impl EtcdSettings {
                 self.keepalive_below_pct
             )));
         }
+        // A renewal waits up to this long for its barrier, and with the
+        // shortest TTL allowed (2 s) renewals come every 667 ms.
+        if self.barrier_spacing_ms > MAX_BARRIER_SPACING_MS {
+            return Err(invalid(format!(
+                "etcd.barrier_spacing_ms = {} must be 0..={MAX_BARRIER_SPACING_MS}",
+                self.barrier_spacing_ms
+            )));
+        }
         if !(1..=MAX_KEEPALIVE_STREAMS).contains(&self.keepalive_streams) {
             return Err(invalid(format!(
                 "etcd.keepalive_streams = {} must be 1..={MAX_KEEPALIVE_STREAMS}",
@@ -136,6 +146,9 @@ impl EtcdSettings {
 /// task in the router.
 const MAX_KEEPALIVE_STREAMS: usize = 16;
 
+/// Longest `etcd.barrier_spacing_ms`: a renewal may wait that much more.
+const MAX_BARRIER_SPACING_MS: u64 = 250;
+
 impl Default for EtcdSettings {
     fn default() -> Self {
         Self {
@@ -148,6 +161,7 @@ impl Default for EtcdSettings {
             keepalive_coalesce_ms: defaults::keepalive_coalesce_ms(),
             keepalive_below_pct: defaults::keepalive_below_pct(),
             count_interval_ms: defaults::count_interval_ms(),
+            barrier_spacing_ms: defaults::barrier_spacing_ms(),
         }
     }
 }
@@ -170,6 +184,9 @@ mod defaults {
     }
     pub fn keepalive_burst_ms() -> u64 {
         20
+    }
+    pub fn barrier_spacing_ms() -> u64 {
+        50
     }
     pub fn keepalive_streams() -> usize {
         1

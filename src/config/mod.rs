@@ -29,7 +29,7 @@ mod validate;
 
 pub use admin::AdminSettings;
 pub use auth::{AuthSettings, LockIdKey, LockIdSecret, PrincipalSettings};
-pub use etcd::{EtcdSettings, BARRIER_SPACING};
+pub use etcd::EtcdSettings;
 pub use limits::Limits;
 pub use locks::{LockDelay, LockSettings};
 pub use secret::Secret;
@@ -283,6 +283,26 @@ pub(crate) mod tests {
         assert_eq!(
             Settings::from_toml(MINIMAL).unwrap().etcd.keepalive_streams,
             1
+        );
+        use std::time;
+        let spacing = |ms: &str| {
+            MINIMAL.replace(
+                "prefix = \"/lockrouter\"",
+                &format!("prefix = \"/lockrouter\"\nbarrier_spacing_ms = {ms}"),
+            )
+        };
+        rejects(&spacing("251"), "etcd.barrier_spacing_ms");
+        rejects(&spacing("-1"), "barrier_spacing_ms");
+        for (ms, expected) in [("0", 0), ("250", 250)] {
+            let etcd = Settings::from_toml(&spacing(ms)).unwrap().etcd;
+            assert_eq!(
+                etcd.barrier_spacing(),
+                time::Duration::from_millis(expected)
+            );
+        }
+        assert_eq!(
+            Settings::from_toml(MINIMAL).unwrap().etcd.barrier_spacing(),
+            time::Duration::from_millis(50)
         );
     }
 }

@@ -55,6 +55,8 @@ struct PoolSettings {
     /// How keepalives go out (`etcd.keepalive_burst_ms`,
     /// `etcd.keepalive_streams`).
     keepalive: KeepaliveSettings,
+    /// `etcd.barrier_spacing_ms`.
+    barrier_spacing: Duration,
 }
 
 impl ShardPool {
@@ -149,7 +151,13 @@ impl ShardPool {
                 shard: name.to_string(),
                 source,
             })?;
-        let shard = Arc::new(Shard::new(conn, &s.prefix, s.keepalive, &self.cancel));
+        let shard = Arc::new(Shard::new(
+            conn,
+            &s.prefix,
+            s.keepalive,
+            s.barrier_spacing,
+            &self.cancel,
+        ));
         self.shards
             .lock()
             .expect("pool lock")
@@ -168,6 +176,7 @@ impl PoolSettings {
                 burst: s.etcd.keepalive_burst(),
                 streams: s.etcd.keepalive_streams,
             },
+            barrier_spacing: s.etcd.barrier_spacing(),
         }
     }
 }

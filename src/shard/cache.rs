@@ -26,7 +26,6 @@ use tokio_util::sync::CancellationToken;
 use super::conn::{EtcdConn, EtcdError};
 use super::keys::{hash_of_hex, Keys, NameHash};
 use super::verify::IdentityCell;
-use crate::config::BARRIER_SPACING;
 use crate::token::lease_tag::LeaseTag;
 
 /// Longest a renewal waits for the cache to apply its barrier before it
@@ -324,10 +323,13 @@ struct Source {
 }
 
 impl LockCache {
+    /// `spacing`: the least time between two barriers
+    /// (`etcd.barrier_spacing_ms`).
     pub fn start(
         conn: EtcdConn,
         keys: Keys,
         identity: IdentityCell,
+        spacing: Duration,
         cancel: &CancellationToken,
     ) -> Self {
         let state = Arc::new(State {
@@ -348,7 +350,13 @@ impl LockCache {
         let feeder_cancel = cancel.child_token();
         let barrier_cancel = cancel.child_token();
         let feeder = tokio::spawn(feed(source.clone(), state.clone(), feeder_cancel.clone()));
-        let barrier = tokio::spawn(barriers(source, state.clone(), rx, barrier_cancel.clone()));
+        let barrier = tokio::spawn(barriers(
+            source,
+            state.clone(),
+            rx,
+            spacing,
+            barrier_cancel.clone(),
+        ));
         Self {
             state,
             barriers: tx,
@@ -474,13 +482,14 @@ impl LockCache {
     }
 }
 
-/// Writes barriers: one at a time, at least [`BARRIER_SPACING`] apart, each
+/// Writes barriers: one at a time, at least `spacing` apart, each
 /// answering every request that arrived before it was sent, once the cache
 /// has applied it (so a renewal waits for one message, not two).
 async fn barriers(
     source: Source,
     state: Arc<State>,
     mut rx: mpsc::Receiver<BarrierReply>,
+    spacing: Duration,
     cancel: CancellationToken,
 ) {
     let mut last_sent: Option<tokio::time::Instant> = None;
@@ -489,7 +498,7 @@ async fn barriers(
             r = rx.recv() => match r { Some(r) => r, None => return },
             _ = cancel.cancelled() => return,
         };
-        let next = last_sent.map(|t| t + BARRIER_SPACING);
+        let next = last_sent.map(|t| t + spacing);
         if let Some(next) = next.filter(|&n| n > tokio::time::Instant::now()) {
             tokio::select! {
                 _ = tokio::time::sleep_until(next) => {}

@@ -836,7 +836,8 @@ impl Task {
 /// etcd pays per message it reads, not per keepalive: one keepalive per
 /// HTTP/2 frame cost a 3.4 server about 340 µs of CPU each, twenty per frame
 /// 88 µs. So bursts are spaced `window` apart (`etcd.keepalive_burst_ms`,
-/// 20 ms by default), as the lock-key cache's barriers are: a keepalive
+/// 20 ms by default), as the lock-key cache's barriers are
+/// (`etcd.barrier_spacing_ms`): a keepalive
 /// that finds no burst sent within `window` goes at once, so a trickle
 /// waits for nothing; under load the writer gathers every keepalive that
 /// comes until `window` after the last burst (or [`MAX_BURST`] of them)

@@ -40,6 +40,7 @@
 //! the unit tests' in-memory shard (`fake.rs`) over a map.
 
 use std::sync::RwLock;
+use std::time::Duration;
 
 use etcd_client::{LeaseTimeToLiveOptions, Txn, TxnResponse};
 use tokio_util::sync::CancellationToken;
@@ -206,11 +207,13 @@ pub struct Shard {
 }
 
 impl Shard {
-    /// `keepalive`: how its keepalives go out (bursts, streams).
+    /// `keepalive`: how its keepalives go out (bursts, streams);
+    /// `barrier_spacing`: the least time between its cache's barriers.
     pub fn new(
         conn: EtcdConn,
         prefix: &str,
         keepalive: KeepaliveSettings,
+        barrier_spacing: Duration,
         cancel: &CancellationToken,
     ) -> Self {
         let keys = Keys::new(prefix);
@@ -224,7 +227,13 @@ impl Shard {
                 identity.clone(),
                 cancel.child_token(),
             ),
-            cache: LockCache::start(conn.clone(), keys.clone(), identity.clone(), cancel),
+            cache: LockCache::start(
+                conn.clone(),
+                keys.clone(),
+                identity.clone(),
+                barrier_spacing,
+                cancel,
+            ),
             committer: Committer::start(conn.clone(), keys.clone(), cancel),
             keys,
             sessions: Sessions::default(),
