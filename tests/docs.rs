@@ -151,3 +151,38 @@ fn metrics_md_has_a_row_for_every_series() {
         "docs/metrics.md has no row for {missing:?}"
     );
 }
+
+/// The README's configuration table has a row for every key the config
+/// accepts (design.md says it lists them all): named in a row's first
+/// cell, or, for an array's entries, in the row of the array (`a[]`).
+#[test]
+fn the_readme_lists_every_config_key() {
+    let readme = read("README.md");
+    // Each row's first cell's keys, and the whole row.
+    let rows: Vec<(Vec<&str>, &str)> = readme
+        .lines()
+        .filter(|l| l.starts_with("| `"))
+        .map(|l| {
+            let first = l[1..].split('|').next().unwrap_or("");
+            (first.split('`').skip(1).step_by(2).collect(), l)
+        })
+        .collect();
+    let listed = |key: &str| {
+        rows.iter().any(|(keys, row)| {
+            keys.contains(&key)
+                || key.split_once("[].").is_some_and(|(array, field)| {
+                    keys.contains(&format!("{array}[]").as_str())
+                        && row.contains(&format!("`{field}`"))
+                })
+        })
+    };
+    let missing: Vec<String> = Settings::keys()
+        .values()
+        .into_iter()
+        .filter(|k| !listed(k))
+        .collect();
+    assert!(
+        missing.is_empty(),
+        "README.md's configuration table lacks {missing:?}"
+    );
+}
