@@ -62,8 +62,9 @@ pub struct PlanArgs {
     /// send to answer, in milliseconds.
     #[arg(long, default_value_t = 5.0)]
     pub barrier_latency_ms: f64,
-    /// The routers' `etcd.barrier_spacing_ms`.
-    #[arg(long, default_value_t = 50.0)]
+    /// The routers' `etcd.barrier_spacing_ms` (the router's default unless
+    /// given).
+    #[arg(long, default_value_t = crate::config::EtcdSettings::default().barrier_spacing_ms as f64)]
     pub barrier_spacing_ms: f64,
     /// The routers' `ring.vnodes`.
     #[arg(long, default_value_t = 160)]
