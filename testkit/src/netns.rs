@@ -162,6 +162,42 @@ impl Network {
         self.attach(&format!("p{i}h"), Some("brp"));
     }
 
+    /// Undoes [`cut_peers`](Self::cut_peers) and resets member `i`'s raft
+    /// connections, as a middlebox that lost their state would: the
+    /// members dial each other again at once. Without the reset, their
+    /// connections carry traffic again only at TCP's next retransmission,
+    /// whose interval doubles while the cut lasts (200 ms, 400, 800, …): a
+    /// cut of 1.5 s may keep the members apart for 1.6 s after the heal,
+    /// longer than a test that heals to let a write through within one
+    /// deadline can wait. Returns how many connections were reset.
+    pub fn heal_peers_resetting(&self, i: usize) -> usize {
+        self.heal_peers(i);
+        let src = self.peer_addr(i).to_string();
+        let ns = self.member(i);
+        let args = [
+            "netns",
+            "exec",
+            &ns,
+            "ss",
+            "--kill",
+            "--tcp",
+            "--no-header",
+            "src",
+            &src,
+        ];
+        let out = Command::new("ip")
+            .args(args)
+            .output()
+            .unwrap_or_else(|e| panic!("ip {}: {e}", args.join(" ")));
+        assert!(
+            out.status.success(),
+            "ip {}: {}",
+            args.join(" "),
+            String::from_utf8_lossy(&out.stderr).trim()
+        );
+        String::from_utf8_lossy(&out.stdout).lines().count()
+    }
+
     /// Cuts member `i` from the other members and from every client.
     pub fn isolate(&self, i: usize) {
         self.cut_peers(i);
