@@ -43,10 +43,18 @@ lint: prereqs-build
 # load and check every panel within a deadline, and the renewal test judges
 # live clients' 2 s locks while thousands of leases expire: they get the
 # machine to themselves.
+#
+# Every debug build below is `cargo test --workspace` or DEBUG_BUILD, which
+# compile the same crates with the same features: a stage that selected
+# fewer packages (`-p lockrouter`, `--test tests`, `--bin lockrouter`) would
+# resolve other features and compile most dependencies again (about two
+# minutes each on a 2-core machine). Filters match test names: lib unit
+# tests live in `mod tests`, integration tests never do.
+DEBUG_BUILD := cargo build --workspace --all-targets
 test: prereqs lint
 	deploy/local/prereqs-selftest.sh
 	cargo test --workspace -- --test-threads=3 --skip dashboards:: --skip renewals::
-	cargo test -p lockrouter --test tests -- --test-threads=1 dashboards:: renewals::
+	cargo test --workspace --tests -- --test-threads=1 dashboards:: renewals:: --skip ::tests::
 	$(MAKE) test-etcd35
 	$(MAKE) test-python
 	$(MAKE) test-typescript
@@ -75,8 +83,8 @@ ETCD35_TESTS := faults:: partitions:: identity:: rebalance:: wait:: fencing:: \
 	locks::stale_lock_id locks::a_renewal_sent_after locks::a_lease_revoked_early
 .PHONY: test-etcd35
 test-etcd35: prereqs-bench
-	LOCKROUTER_ETCD_BIN=$(ETCD35_BIN) cargo test -p lockrouter --test tests -- \
-		--test-threads=3 $(ETCD35_TESTS) --skip faults::a_silent_member
+	LOCKROUTER_ETCD_BIN=$(ETCD35_BIN) cargo test --workspace --tests -- \
+		--test-threads=3 $(ETCD35_TESTS) --skip faults::a_silent_member --skip ::tests::
 
 # The Python SDK (clients/python, docs/client.md) against a real router and
 # real etcd started by its fixtures: builds the router, keeps a venv in
@@ -86,7 +94,7 @@ test-etcd35: prereqs-bench
 # target/, not the system's temp dir. About a minute.
 PYTHON_VENV := target/python-venv
 test-python:
-	cargo build --bin lockrouter
+	$(DEBUG_BUILD)
 	test -x $(PYTHON_VENV)/bin/pip || python3 -m venv $(PYTHON_VENV)
 	$(PYTHON_VENV)/bin/pip install --quiet --disable-pip-version-check -e 'clients/python[test]'
 	LOCKROUTER_BIN=$(CURDIR)/target/debug/lockrouter timeout 300 \
@@ -98,7 +106,7 @@ test-python:
 # SDK's build tools from its lock file (npm ci), compiles with tsc and runs
 # node's test runner, the whole run bounded by timeout(1). Under a minute.
 test-typescript:
-	cargo build --bin lockrouter
+	$(DEBUG_BUILD)
 	cd clients/typescript && npm ci --no-audit --no-fund --loglevel=error
 	cd clients/typescript && LOCKROUTER_BIN=$(CURDIR)/target/debug/lockrouter timeout 300 npm test
 
@@ -113,7 +121,7 @@ test-typescript:
 # timeout(1). About a minute (the first run also fills the venv).
 API_FUZZ_VENV := target/api-fuzz-venv
 test-api-fuzz:
-	cargo build --bin lockrouter
+	$(DEBUG_BUILD)
 	test -x $(API_FUZZ_VENV)/bin/pip || python3 -m venv $(API_FUZZ_VENV)
 	$(API_FUZZ_VENV)/bin/pip install --quiet --disable-pip-version-check -r tests/api-fuzz/requirements.txt
 	LOCKROUTER_BIN=$(CURDIR)/target/debug/lockrouter timeout 300 \
@@ -139,6 +147,5 @@ bench: prereqs-bench
 	./target/release/lockrouter-loadtest --compare target/bench,target/bench/etcd-3.5 --out target/bench
 
 bench-smoke: prereqs-bench
-	cargo build -p lockrouter --bin lockrouter
-	cargo build -p lockrouter-loadtest
+	$(DEBUG_BUILD)
 	./target/debug/lockrouter-loadtest --profile smoke --check --out target/bench/smoke
