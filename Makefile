@@ -91,14 +91,16 @@ test-etcd35: prereqs-bench
 # target/python-venv (made once), installs the SDK editable with its test
 # extras, and runs pytest, each test bounded by pytest-timeout and the whole
 # run by timeout(1); the tests' temp dirs (etcd's data among them) go under
-# target/, not the system's temp dir. About a minute.
+# target/, not the system's temp dir. Two pytest-xdist workers (the tests
+# mostly wait for their processes; each worker picks ports from its own
+# share of the range). About a minute.
 PYTHON_VENV := target/python-venv
 test-python:
 	$(DEBUG_BUILD)
 	test -x $(PYTHON_VENV)/bin/pip || python3 -m venv $(PYTHON_VENV)
 	$(PYTHON_VENV)/bin/pip install --quiet --disable-pip-version-check -e 'clients/python[test]'
 	LOCKROUTER_BIN=$(CURDIR)/target/debug/lockrouter timeout 300 \
-		$(PYTHON_VENV)/bin/python -m pytest clients/python/tests -q --timeout 60 \
+		$(PYTHON_VENV)/bin/python -m pytest clients/python/tests -q --timeout 60 -n 2 \
 			--basetemp $(CURDIR)/target/pytest-tmp
 
 # The TypeScript SDK (clients/typescript, docs/client.md) against a real

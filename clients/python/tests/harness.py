@@ -57,13 +57,21 @@ def router_binary() -> str:
 
 def _port_window() -> tuple[int, int]:
     """(first port, count) of up to 20,000 ports just below the kernel's
-    ephemeral range (as the Rust test kit, testkit/src/loopback.rs)."""
+    ephemeral range (as the Rust test kit, testkit/src/loopback.rs); under
+    pytest-xdist, this worker's share of them, so that workers never pick
+    the same port."""
     try:
         first = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
     except (OSError, ValueError, IndexError):
         first = 32768
     low = max(first - 20_000, 1024)
-    return low, first - low
+    size = first - low
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "")
+    workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+    if worker.startswith("gw") and workers > 1:
+        share = size // workers
+        return low + int(worker[2:]) * share, share
+    return low, size
 
 
 _PORTS = _port_window()
