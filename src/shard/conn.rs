@@ -49,6 +49,92 @@ async fn first_success<T, E>(
     Err(last.expect("at least one try"))
 }
 
+/// Whether a call that failed with `e` may be answered by another member:
+/// its member's transport failed or it could not serve (no leader, its
+/// deadline, its connection). An answer (a lease not found, a refused
+/// token, a request etcd rejects) would be the same from any member.
+fn another_member_may_answer(e: &etcd_client::Error) -> bool {
+    use etcd_client::Error as E;
+    if AuthProblem::of(e).is_some() {
+        return false;
+    }
+    match e {
+        E::GRpcStatus(s) => {
+            !s.message().contains("lease not found")
+                && tonic_code::UNAVAILABLE_CODES.contains(&(s.code() as i32))
+        }
+        E::TransportError(_) | E::IoError(_) => true,
+        E::LeaseKeepAliveError(msg) | E::WatchError(msg) => !msg.contains("lease not found"),
+        _ => false,
+    }
+}
+
+/// [`EtcdConn::call_hedged`]'s tries: `make(balanced)` first; when it has
+/// not answered within [`HEDGE_AFTER`] (or failed in a way another member
+/// may not), `make` of up to [`HEDGE_FANOUT`] of `members()` (each a
+/// different member, by index), and of the next one each time a try fails
+/// that way while others wait. The first success counts, and so does an
+/// answer another member would give the same; else the last failure.
+/// `failed` hears of each try that failed and was not the answer.
+async fn hedge<C, T, Fut>(
+    balanced: C,
+    members: impl FnOnce() -> Vec<(usize, C)>,
+    make: impl Fn(C) -> Fut,
+    failed: impl Fn(Option<usize>, &etcd_client::Error),
+) -> Result<T, etcd_client::Error>
+where
+    Fut: Future<Output = Result<T, etcd_client::Error>>,
+{
+    use futures::stream::{FuturesUnordered, StreamExt};
+    let tried = |member: Option<usize>, client: C| {
+        let call = make(client);
+        async move { (member, call.await) }
+    };
+    let mut tries = FuturesUnordered::new();
+    tries.push(tried(None, balanced));
+    let mut last = match tokio::time::timeout(HEDGE_AFTER, tries.next()).await {
+        Ok(Some((_, Ok(v)))) => return Ok(v),
+        Ok(Some((_, Err(e)))) if !another_member_may_answer(&e) => return Err(e),
+        Ok(Some((member, Err(e)))) => {
+            failed(member, &e);
+            Some(e)
+        }
+        _ => None,
+    };
+    let mut spare = members().into_iter();
+    for (i, client) in spare.by_ref().take(HEDGE_FANOUT) {
+        tries.push(tried(Some(i), client));
+    }
+    while let Some((member, r)) = tries.next().await {
+        match r {
+            Ok(v) => return Ok(v),
+            Err(e) if !another_member_may_answer(&e) => return Err(e),
+            Err(e) => {
+                failed(member, &e);
+                if let Some((i, client)) = spare.next() {
+                    tries.push(tried(Some(i), client));
+                }
+                last = Some(e);
+            }
+        }
+    }
+    Err(last.expect("a try failed"))
+}
+
+/// Moves the member `leader` (an index) to the front of `members`, the
+/// others keeping their order. Hedges go to the leader first: a write (a
+/// barrier, a move of the grant cut-off) is applied only once the leader
+/// has it, and a follower cut off from the leader drops what it forwards
+/// to it, so a write hedged to followers alone waits out its deadline
+/// even once the cut heals (seen: a move of the cut-off whose three tries
+/// all went to followers, the leader left out); a linearizable read waits
+/// for the leader's read index too.
+fn leader_first<C>(members: &mut [(usize, C)], leader: Option<usize>) {
+    if let Some(at) = leader.and_then(|l| members.iter().position(|(i, _)| *i == l)) {
+        members[..=at].rotate_right(1);
+    }
+}
+
 /// [`Inner::leader`] when no member is known to lead.
 const NO_LEADER: usize = usize::MAX;
 
@@ -231,22 +317,29 @@ impl EtcdConn {
     /// is skipped when another is in rotation. `None` for a shard with one
     /// endpoint, or when no member's client can be used.
     pub fn member(&self, avoid: Option<usize>) -> Option<(usize, Client)> {
+        let in_turn = self.members_in_turn();
+        let pick = (in_turn.iter())
+            .position(|(i, _)| Some(*i) != avoid)
+            .unwrap_or(0);
+        in_turn.into_iter().nth(pick)
+    }
+
+    /// Every member's own client that is in rotation and holds a token if
+    /// the shard has a user, each once, starting from the next in turn
+    /// (so that callers spread over them). Empty for a shard with one
+    /// endpoint.
+    fn members_in_turn(&self) -> Vec<(usize, Client)> {
         let members = &self.inner.members;
         if members.is_empty() {
-            return None;
+            return Vec::new();
         }
         let live = self.inner.in_rotation.lock().expect("members lock");
         let start = self.inner.next_member.fetch_add(1, Ordering::Relaxed);
-        let candidates = (0..members.len()).map(|k| (start + k) % members.len());
-        let in_rotation: Vec<usize> = candidates
+        (0..members.len())
+            .map(|k| (start + k) % members.len())
             .filter(|&i| live.contains(&members[i].endpoint) && members[i].login.is_ready())
-            .collect();
-        let pick = in_rotation
-            .iter()
-            .copied()
-            .find(|&i| Some(i) != avoid)
-            .or(in_rotation.first().copied())?;
-        Some((pick, members[pick].client.clone()))
+            .map(|i| (i, members[i].client.clone()))
+            .collect()
     }
 
     /// The member that led at the last probe, if it is in rotation and
@@ -281,34 +374,34 @@ impl EtcdConn {
 
     /// Runs an RPC that may safely run twice (a read, a barrier put) under
     /// the shard's deadline, hedged: when the balanced channel has not
-    /// answered within [`HEDGE_AFTER`], the same request also goes to up
-    /// to two members in rotation, and the first success counts. A silent
-    /// member then costs the request [`HEDGE_AFTER`], not the deadline.
+    /// answered within [`HEDGE_AFTER`] (or failed at once: its connection
+    /// just dropped), the same request also goes to up to
+    /// [`HEDGE_FANOUT`] members in rotation, each a different one and the
+    /// leader first ([`leader_first`]), and the first success counts. A try that fails while others wait is
+    /// replaced by one to a member in rotation not tried yet, so a member
+    /// that fails fast never leaves the request waiting on a silent one.
+    /// A silent member then costs the request [`HEDGE_AFTER`], not the
+    /// deadline. An answer that another member would give the same (a
+    /// lease not found, a refused request) ends the request at once.
     pub async fn call_hedged<T, F, Fut>(&self, rpc: &'static str, make: F) -> Result<T, EtcdError>
     where
         F: Fn(Client) -> Fut,
         Fut: Future<Output = Result<T, etcd_client::Error>>,
     {
-        use futures::stream::{FuturesUnordered, StreamExt};
-        let hedged = async {
-            let mut tries = FuturesUnordered::new();
-            tries.push(make(self.inner.client.clone()));
-            if let Ok(Some(first)) = tokio::time::timeout(HEDGE_AFTER, tries.next()).await {
-                return first;
-            }
-            let mut seen = HashSet::new();
-            for _ in 0..HEDGE_FANOUT {
-                if let Some((i, client)) = self.member(None) {
-                    if seen.insert(i) {
-                        tries.push(make(client));
-                    }
-                }
-            }
-            if tries.len() > 1 {
+        let shard = self.inner.shard.as_str();
+        let balanced = self.inner.client.clone();
+        let members = || {
+            let mut in_turn = self.members_in_turn();
+            leader_first(&mut in_turn, self.leader());
+            if !in_turn.is_empty() {
                 self.inner.metrics.hedged(rpc);
             }
-            first_success(tries).await
+            in_turn
         };
+        let hedged = hedge(balanced, members, &make, |member, e| {
+            let member = member.map(|i| self.inner.members[i].endpoint.as_str());
+            tracing::debug!(shard, rpc, ?member, error = %e, "a hedged try failed");
+        });
         self.call_inline(rpc, hedged).await
     }
 
@@ -681,6 +774,115 @@ pub fn release_risk(version: &str) -> Option<Risk> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// How each member (by index) answers a hedged try in these tests.
+    #[derive(Clone, Copy)]
+    enum Acts {
+        /// Never answers (its connection silent).
+        Silent,
+        /// Fails at once as a member whose connection dropped does.
+        FailsFast,
+        /// Answers with its index after 5 ms.
+        Answers,
+        /// Answers that the lease is gone (any member would).
+        LeaseGone,
+    }
+
+    /// `hedge` over a balanced try acting as `balanced` and members acting
+    /// as `members`; the answer and when it came (the clock is paused).
+    async fn hedged(balanced: Acts, members: &[Acts]) -> (Result<usize, String>, Duration) {
+        let started = tokio::time::Instant::now();
+        let all: Vec<(usize, (usize, Acts))> = (members.iter().copied().enumerate())
+            .map(|(i, acts)| (i, (i, acts)))
+            .collect();
+        let make = |(i, acts): (usize, Acts)| async move {
+            match acts {
+                Acts::Silent => std::future::pending().await,
+                Acts::FailsFast => Err(etcd_client::Error::IoError(std::io::Error::new(
+                    std::io::ErrorKind::BrokenPipe,
+                    format!("member {i}: broken pipe"),
+                ))),
+                Acts::Answers => {
+                    tokio::time::sleep(Duration::from_millis(5)).await;
+                    Ok(i)
+                }
+                Acts::LeaseGone => Err(etcd_client::Error::GRpcStatus(tonic::Status::not_found(
+                    "etcdserver: requested lease not found",
+                ))),
+            }
+        };
+        let call = hedge((usize::MAX, balanced), || all, make, |_, _| {});
+        // A call left waiting on silent members answers nothing, ever.
+        let answer = match tokio::time::timeout(Duration::from_secs(60), call).await {
+            Ok(answer) => answer.map_err(|e| e.to_string()),
+            Err(_) => Err("never answered".into()),
+        };
+        (answer, started.elapsed())
+    }
+
+    #[test]
+    fn hedges_go_to_the_leader_first() {
+        let order = |leader: Option<usize>| {
+            let mut members = vec![(2, ()), (0, ()), (1, ())];
+            leader_first(&mut members, leader);
+            members.iter().map(|(i, _)| *i).collect::<Vec<_>>()
+        };
+        assert_eq!(order(Some(1)), [1, 2, 0]);
+        assert_eq!(order(Some(0)), [0, 2, 1]);
+        assert_eq!(order(Some(2)), [2, 0, 1]);
+        // No leader known, or one out of rotation: the turn as it was.
+        assert_eq!(order(None), [2, 0, 1]);
+        assert_eq!(order(Some(3)), [2, 0, 1]);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_member_that_fails_fast_never_leaves_a_hedged_call_on_a_silent_one() {
+        use Acts::*;
+        // The balanced try and the first hedge are on silent members, the
+        // second hedge fails at once: the third member, not tried yet, is.
+        let (answer, took) = hedged(Silent, &[Silent, FailsFast, Answers]).await;
+        assert_eq!(answer, Ok(2));
+        assert!(took < HEDGE_AFTER * 2, "{took:?}");
+        // The same with the failing member first.
+        let (answer, _) = hedged(Silent, &[FailsFast, Silent, Answers]).await;
+        assert_eq!(answer, Ok(2));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_balanced_try_that_fails_fast_is_hedged_at_once() {
+        use Acts::*;
+        let (answer, took) = hedged(FailsFast, &[Answers, Answers, Answers]).await;
+        assert_eq!(answer, Ok(0));
+        assert!(took < HEDGE_AFTER, "{took:?}");
+        // A shard of one endpoint has no member to hedge to: its failure is
+        // the answer, at once.
+        let (answer, took) = hedged(FailsFast, &[]).await;
+        assert!(answer.unwrap_err().contains("broken pipe"));
+        assert_eq!(took, Duration::ZERO);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn an_answer_any_member_would_give_ends_a_hedged_call() {
+        use Acts::*;
+        // Not waited past, and not hidden by a later failure elsewhere.
+        let (answer, took) = hedged(LeaseGone, &[Answers]).await;
+        assert!(answer.unwrap_err().contains("lease not found"));
+        assert_eq!(took, Duration::ZERO);
+        let (answer, _) = hedged(Silent, &[LeaseGone, FailsFast]).await;
+        assert!(answer.unwrap_err().contains("lease not found"));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_hedged_call_fails_with_the_last_failure_once_every_member_failed() {
+        use Acts::*;
+        let (answer, took) = hedged(FailsFast, &[FailsFast, FailsFast, FailsFast]).await;
+        assert!(answer.unwrap_err().contains("member 2"));
+        assert_eq!(took, Duration::ZERO);
+        // The balanced try answers before the hedges are sent: none is.
+        let (answer, took) = hedged(Answers, &[Silent]).await;
+        assert_eq!(answer, Ok(usize::MAX));
+        assert_eq!(took, Duration::from_millis(5));
+    }
 
     #[test]
     fn the_leader_is_the_serving_member_whose_id_it_is() {
