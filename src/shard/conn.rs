@@ -52,7 +52,10 @@ async fn first_success<T, E>(
 /// Whether a call that failed with `e` may be answered by another member:
 /// its member's transport failed or it could not serve (no leader, its
 /// deadline, its connection). An answer (a lease not found, a refused
-/// token, a request etcd rejects) would be the same from any member.
+/// token, a request etcd rejects) would be the same from any member, and
+/// so would etcd's "too many requests" (the leader's backlog of entries
+/// not yet applied, which every member's requests join): sending that
+/// one to more members would only add to the backlog.
 fn another_member_may_answer(e: &etcd_client::Error) -> bool {
     use etcd_client::Error as E;
     if AuthProblem::of(e).is_some() {
@@ -60,8 +63,10 @@ fn another_member_may_answer(e: &etcd_client::Error) -> bool {
     }
     match e {
         E::GRpcStatus(s) => {
+            let code = s.code() as i32;
             !s.message().contains("lease not found")
-                && tonic_code::UNAVAILABLE_CODES.contains(&(s.code() as i32))
+                && code != tonic_code::RESOURCE_EXHAUSTED
+                && tonic_code::UNAVAILABLE_CODES.contains(&code)
         }
         E::TransportError(_) | E::IoError(_) => true,
         E::LeaseKeepAliveError(msg) | E::WatchError(msg) => !msg.contains("lease not found"),
@@ -786,6 +791,9 @@ mod tests {
         Answers,
         /// Answers that the lease is gone (any member would).
         LeaseGone,
+        /// Answers etcd's "too many requests" (the leader's backlog, which
+        /// any member's request would join).
+        TooMany,
     }
 
     /// `hedge` over a balanced try acting as `balanced` and members acting
@@ -809,6 +817,9 @@ mod tests {
                 Acts::LeaseGone => Err(etcd_client::Error::GRpcStatus(tonic::Status::not_found(
                     "etcdserver: requested lease not found",
                 ))),
+                Acts::TooMany => Err(etcd_client::Error::GRpcStatus(
+                    tonic::Status::resource_exhausted("etcdserver: too many requests"),
+                )),
             }
         };
         let call = hedge((usize::MAX, balanced), || all, make, |_, _| {});
@@ -870,6 +881,10 @@ mod tests {
         assert_eq!(took, Duration::ZERO);
         let (answer, _) = hedged(Silent, &[LeaseGone, FailsFast]).await;
         assert!(answer.unwrap_err().contains("lease not found"));
+        // An overloaded leader is not sent more of the same.
+        let (answer, took) = hedged(TooMany, &[Answers, Answers]).await;
+        assert!(answer.unwrap_err().contains("too many requests"));
+        assert_eq!(took, Duration::ZERO);
     }
 
     #[tokio::test(start_paused = true)]
@@ -940,6 +955,8 @@ mod tests {
 
 /// gRPC status codes (numbers fixed by the gRPC spec) that mean "try again".
 mod tonic_code {
+    /// etcd's "too many requests".
+    pub const RESOURCE_EXHAUSTED: i32 = 8;
     pub const UNAVAILABLE_CODES: [i32; 5] = [
         1,  // Cancelled
         2,  // Unknown: transport errors surface as Unknown in tonic
