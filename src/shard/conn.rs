@@ -49,29 +49,42 @@ async fn first_success<T, E>(
     Err(last.expect("at least one try"))
 }
 
-/// Whether a call that failed with `e` may be answered by another member:
-/// its member's transport failed or it could not serve (no leader, its
-/// deadline, its connection). An answer (a lease not found, a refused
-/// token, a request etcd rejects) would be the same from any member, and
-/// so would etcd's "too many requests" (the leader's backlog of entries
-/// not yet applied, which every member's requests join): sending that
-/// one to more members would only add to the backlog.
-fn another_member_may_answer(e: &etcd_client::Error) -> bool {
+/// What an etcd call's error says, authentication aside
+/// ([`AuthProblem`], looked at first by whoever asks).
+#[derive(PartialEq)]
+enum Failure {
+    LeaseNotFound,
+    /// Unreachable, no leader, past a deadline: retry later.
+    Unavailable,
+    /// An answer etcd gave that retrying would not change.
+    Refused,
+}
+
+fn failure(e: &etcd_client::Error) -> Failure {
     use etcd_client::Error as E;
-    if AuthProblem::of(e).is_some() {
-        return false;
-    }
     match e {
-        E::GRpcStatus(s) => {
-            let code = s.code() as i32;
-            !s.message().contains("lease not found")
-                && code != tonic_code::RESOURCE_EXHAUSTED
-                && tonic_code::UNAVAILABLE_CODES.contains(&code)
+        E::GRpcStatus(s) if s.message().contains("lease not found") => Failure::LeaseNotFound,
+        E::LeaseKeepAliveError(msg) if msg.contains("lease not found") => Failure::LeaseNotFound,
+        E::GRpcStatus(s) if tonic_code::UNAVAILABLE_CODES.contains(&(s.code() as i32)) => {
+            Failure::Unavailable
         }
-        E::TransportError(_) | E::IoError(_) => true,
-        E::LeaseKeepAliveError(msg) | E::WatchError(msg) => !msg.contains("lease not found"),
-        _ => false,
+        E::TransportError(_) | E::IoError(_) | E::LeaseKeepAliveError(_) | E::WatchError(_) => {
+            Failure::Unavailable
+        }
+        _ => Failure::Refused,
     }
+}
+
+/// Whether a call that failed with `e` may be answered by another member:
+/// it was unavailable ([`failure`]). An answer (a lease not found, a
+/// refused token, a request etcd rejects) would be the same from any
+/// member, and so would etcd's "too many requests" (the leader's backlog
+/// of entries not yet applied, which every member's requests join):
+/// sending that one to more members would only add to the backlog.
+fn another_member_may_answer(e: &etcd_client::Error) -> bool {
+    let backlog = matches!(e, etcd_client::Error::GRpcStatus(s)
+        if s.code() as i32 == tonic_code::RESOURCE_EXHAUSTED);
+    AuthProblem::of(e).is_none() && failure(e) == Failure::Unavailable && !backlog
 }
 
 /// [`EtcdConn::call_hedged`]'s tries: `make(balanced)` first; when it has
@@ -382,12 +395,13 @@ impl EtcdConn {
     /// answered within [`HEDGE_AFTER`] (or failed at once: its connection
     /// just dropped), the same request also goes to up to
     /// [`HEDGE_FANOUT`] members in rotation, each a different one and the
-    /// leader first ([`leader_first`]), and the first success counts. A try that fails while others wait is
-    /// replaced by one to a member in rotation not tried yet, so a member
-    /// that fails fast never leaves the request waiting on a silent one.
-    /// A silent member then costs the request [`HEDGE_AFTER`], not the
-    /// deadline. An answer that another member would give the same (a
-    /// lease not found, a refused request) ends the request at once.
+    /// leader first ([`leader_first`]), and the first success counts. A
+    /// try that fails while others wait is replaced by one to a member in
+    /// rotation not tried yet, so a member that fails fast never leaves the
+    /// request waiting on a silent one. A silent member then costs the
+    /// request [`HEDGE_AFTER`], not the deadline. An answer that another
+    /// member would give the same ([`another_member_may_answer`]) ends the
+    /// request at once.
     pub async fn call_hedged<T, F, Fut>(&self, rpc: &'static str, make: F) -> Result<T, EtcdError>
     where
         F: Fn(Client) -> Fut,
@@ -692,22 +706,21 @@ impl EtcdConn {
 
     pub fn classify(&self, e: etcd_client::Error) -> EtcdError {
         use etcd_client::Error as E;
-        use tonic_code::*;
         if let Some(problem) = AuthProblem::of(&e) {
             return self.refused(problem, e);
         }
-        match e {
-            E::GRpcStatus(s) if s.message().contains("lease not found") => EtcdError::LeaseNotFound,
-            E::LeaseKeepAliveError(msg) if msg.contains("lease not found") => {
-                EtcdError::LeaseNotFound
+        match (failure(&e), e) {
+            (Failure::LeaseNotFound, _) => EtcdError::LeaseNotFound,
+            (Failure::Unavailable, E::GRpcStatus(s)) => self.unavailable(s.message().to_string()),
+            (Failure::Unavailable, E::LeaseKeepAliveError(msg) | E::WatchError(msg)) => {
+                self.unavailable(msg)
             }
-            E::GRpcStatus(s) if UNAVAILABLE_CODES.contains(&(s.code() as i32)) => {
-                self.unavailable(s.message().to_string())
-            }
-            E::TransportError(t) => self.unavailable(t.to_string()),
-            E::IoError(io) => self.unavailable(io.to_string()),
-            E::LeaseKeepAliveError(msg) | E::WatchError(msg) => self.unavailable(msg),
-            other => EtcdError::Other {
+            (Failure::Unavailable, other) => self.unavailable(match other {
+                E::TransportError(t) => t.to_string(),
+                E::IoError(io) => io.to_string(),
+                other => other.to_string(),
+            }),
+            (Failure::Refused, other) => EtcdError::Other {
                 shard: self.inner.shard.clone(),
                 detail: other.to_string(),
             },
