@@ -650,6 +650,15 @@ pub fn session_granted(shard: &str) {
     counter!("lockrouter_session_grants_total", "shard" => shard.to_string()).increment(1);
 }
 
+/// Spare session leases: `granted` ahead of need, `used` by a new session,
+/// `expired` (dropped unused, too old to hand out; etcd lets them lapse).
+pub fn spare_leases(shard: &str, event: &'static str, n: usize) {
+    if n > 0 {
+        counter!("lockrouter_spare_leases_total", "shard" => shard.to_string(), "event" => event)
+            .increment(n as u64);
+    }
+}
+
 /// A connection to a shard's member: `made`, `failed` (could not be
 /// made: refused, unreachable, TLS, timed out) or `lost` (closed, or its
 /// pings went unanswered).

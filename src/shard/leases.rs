@@ -48,19 +48,27 @@ impl Shard {
         self.sessions.get_or_grant(holder, ttl_secs, grant).await
     }
 
-    /// A new session lease; its grant counts as its first keepalive.
+    /// A new session lease: a fresh spare if one is ready (granted ahead
+    /// of need, [`spares`](super::spares)), else one granted now. Its grant
+    /// counts as its first keepalive.
     async fn grant_session(
         &self,
         ttl_secs: u32,
         tag: Option<LeaseTag>,
     ) -> Result<SessionLease, EtcdError> {
-        let sent_at = Instant::now();
-        let (id, granted) = self.grant_with(ttl_secs, tag).await?;
-        crate::metrics::session_granted(&self.name);
-        let renewal = Renewal {
-            sent_at,
-            ttl_secs: granted,
+        let (id, renewal) = match self.spares.take(ttl_secs, tag) {
+            Some(spare) => (spare.id, spare.granted),
+            None => {
+                let sent_at = Instant::now();
+                let (id, granted) = self.grant_with(ttl_secs, tag).await?;
+                let renewal = Renewal {
+                    sent_at,
+                    ttl_secs: granted,
+                };
+                (id, renewal)
+            }
         };
+        crate::metrics::session_granted(&self.name);
         self.keepalive.seed(id, renewal);
         Ok(SessionLease { id, ttl_secs })
     }
@@ -113,6 +121,7 @@ impl Shard {
     /// Forgets the sessions neither acquired through nor renewed for two
     /// TTLs plus `grace`; returns how many remain.
     pub fn sweep_sessions(&self, grace: Duration) -> usize {
+        self.spares.sweep();
         self.sessions.sweep(grace)
     }
 }

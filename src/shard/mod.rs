@@ -14,7 +14,8 @@
 //! helpers that make the hot paths cheap (the multiplexed keepalive stream
 //! in [`keepalive`], the lock-key cache renewals consult in [`cache`], batched
 //! verification for when the cache cannot vouch in [`verify`], the
-//! session-lease cache in [`sessions`], the group commit of grants and
+//! session-lease cache in [`sessions`] and the leases granted ahead of
+//! new sessions in [`spares`], the group commit of grants and
 //! releases in [`commit`], the grant cut-off in [`cutoff`], the renewal latency that sheds acquires first in
 //! [`pressure`]), the ring state it last read from etcd, and the
 //! shard identity it verified (`P/shard`, see [`keys`]). Every grant
@@ -65,6 +66,7 @@ mod records;
 mod renewal;
 mod scan;
 mod sessions;
+mod spares;
 mod txn;
 mod verify;
 mod wire;
@@ -190,6 +192,8 @@ pub struct Shard {
     committer: Committer,
     /// Each client's session lease per TTL, shared by its acquires.
     sessions: Sessions,
+    /// Leases granted ahead of need while new sessions come often.
+    spares: spares::Spares,
     /// std `RwLock`: read on every acquire, written by the monitor, never
     /// held across an await.
     ring: RwLock<RingState>,
@@ -237,6 +241,7 @@ impl Shard {
             committer: Committer::start(conn.clone(), keys.clone(), cancel),
             keys,
             sessions: Sessions::default(),
+            spares: spares::Spares::new(conn.clone(), cancel.child_token()),
             ring: RwLock::new(RingState::Unknown),
             identity,
             conn,
@@ -364,13 +369,8 @@ impl Shard {
         ttl_secs: u32,
         tag: Option<crate::token::lease_tag::LeaseTag>,
     ) -> Result<(i64, i64), EtcdError> {
-        let mut lease = self.conn.client().lease_client();
-        let options = tag.map(|t| etcd_client::LeaseGrantOptions::new().with_id(t.new_lease_id()));
-        let resp = self
-            .conn
-            .call("LeaseGrant", lease.grant(ttl_secs.into(), options))
-            .await?;
-        Ok((resp.id(), resp.ttl()))
+        let (id, granted) = spares::grant_lease(&self.conn, ttl_secs, tag).await?;
+        Ok((id, granted.ttl_secs))
     }
 
     /// Seconds the lease has left (rounded down by etcd); 0 if it is gone.
