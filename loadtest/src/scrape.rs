@@ -132,6 +132,17 @@ pub struct RouterCounters {
     pub keepalive_bursts: f64,
     #[serde(default)]
     pub keepalives_in_bursts: f64,
+    /// Spare session leases granted ahead of need, and those new sessions
+    /// started on (the rest expired unused).
+    #[serde(default)]
+    pub spares_granted: f64,
+    #[serde(default)]
+    pub spares_used: f64,
+}
+
+/// `lockrouter_spare_leases_total` of one `event`, summed over shards.
+fn spares(text: &str, event: &str) -> f64 {
+    metrics::sum(text, "lockrouter_spare_leases_total", &[("event", event)]) + 0.0
 }
 
 impl RouterCounters {
@@ -157,6 +168,8 @@ impl RouterCounters {
             ),
             keepalive_bursts: metrics::sum(text, "lockrouter_keepalive_burst_size_count", &[]),
             keepalives_in_bursts: metrics::sum(text, "lockrouter_keepalive_burst_size_sum", &[]),
+            spares_granted: spares(text, "granted"),
+            spares_used: spares(text, "used"),
         }
     }
 
@@ -174,6 +187,8 @@ impl RouterCounters {
             renewal_checks_read: self.renewal_checks_read - o.renewal_checks_read,
             keepalive_bursts: self.keepalive_bursts - o.keepalive_bursts,
             keepalives_in_bursts: self.keepalives_in_bursts - o.keepalives_in_bursts,
+            spares_granted: self.spares_granted - o.spares_granted,
+            spares_used: self.spares_used - o.spares_used,
         }
     }
 
