@@ -595,6 +595,56 @@ async fn revoke_all_leases(etcd: &EtcdCluster) {
     }
 }
 
+/// Spare leases die with the rest when etcd ends leases early (its lease
+/// bugs, an operator revoking them all): the first acquire that meets a
+/// dead one makes the router drop every spare it holds and grant afresh,
+/// so new clients are still granted their names, never answered 503 for
+/// a pool of dead spares.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn spares_revoked_early_are_dropped_and_new_clients_still_acquire() {
+    use lockrouter_testkit::metrics::sum;
+    let etcd = EtcdCluster::single();
+    let toml = lockrouter_testkit::config::one_named_shard(&etcd, "revoked-spares", "");
+    let router = TestRouter::with_toml(&toml).await;
+    let api = &router.api;
+    let spares = |event: &'static str| async move {
+        sum(
+            &api.metrics().await,
+            "lockrouter_spare_leases_total",
+            &[("shard", "revoked-spares"), ("event", event)],
+        ) + 0.0
+    };
+    // A stream of new sessions fills the pool.
+    for c in 0..30 {
+        api.must_acquire(&format!("fill-{c}"), 30_000, &format!("F{c}"))
+            .await;
+    }
+    let started = Instant::now();
+    while spares("granted").await - spares("used").await < 3.0 {
+        assert!(
+            started.elapsed() < Duration::from_secs(5),
+            "no spares left ready"
+        );
+        sleep_ms(20).await;
+    }
+    revoke_all_leases(&etcd).await;
+    for c in 0..10 {
+        let r = api
+            .acquire(&format!("after-{c}"), 30_000, &format!("N{c}"))
+            .await;
+        assert_eq!(r.body["acquired"], true, "client {c}: {r:?}");
+        let lock = (
+            r.body["lockId"].as_str().unwrap().to_string(),
+            r.body["fencingToken"].as_u64().unwrap(),
+        );
+        assert_eq!(api.renew(&lock).await.status, 200, "client {c}");
+    }
+    assert!(
+        spares("expired").await >= 1.0,
+        "the dead spares were not dropped"
+    );
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_lease_revoked_early_keeps_the_name_until_its_holder_surely_stopped() {
     let etcd = EtcdCluster::single();

@@ -64,6 +64,8 @@ type Key = (u32, Option<LeaseTag>);
 #[derive(Default)]
 pub struct Ledger {
     pools: HashMap<Key, Pool>,
+    /// Counts flushes: a grant sent before the last one is not kept.
+    epoch: u64,
 }
 
 /// What a session start gets from the ledger: a spare, if a fresh one was
@@ -73,6 +75,8 @@ pub struct Take {
     pub spare: Option<Spare>,
     pub grant: usize,
     pub dropped: usize,
+    /// What the grants sent now report back with ([`Ledger::granted`]).
+    pub epoch: u64,
 }
 
 impl Ledger {
@@ -101,15 +105,36 @@ impl Ledger {
             spare,
             grant,
             dropped,
+            epoch: self.epoch,
         }
     }
 
-    /// A grant sent for the pool was answered: `spare`, or nothing if it
-    /// failed.
-    pub fn granted(&mut self, ttl_secs: u32, tag: Option<LeaseTag>, spare: Option<Spare>) {
+    /// A grant sent for the pool in `epoch` was answered: `spare`, or
+    /// nothing if it failed. One sent before the last flush is not kept.
+    pub fn granted(
+        &mut self,
+        ttl_secs: u32,
+        tag: Option<LeaseTag>,
+        epoch: u64,
+        spare: Option<Spare>,
+    ) {
         let pool = self.pools.entry((ttl_secs, tag)).or_default();
         pool.pending = pool.pending.saturating_sub(1);
-        pool.ready.extend(spare);
+        if epoch == self.epoch {
+            pool.ready.extend(spare);
+        }
+    }
+
+    /// Drops every spare ready, and those whose grants are still on their
+    /// way: a lease the router believed alive was found gone, and leases
+    /// granted before that moment may be gone with it (etcd's lease bugs,
+    /// an operator's revoke). Returns how many were dropped.
+    pub fn flush(&mut self) -> usize {
+        self.epoch += 1;
+        self.pools
+            .values_mut()
+            .map(|pool| std::mem::take(&mut pool.ready).len())
+            .sum()
     }
 
     /// Forgets pools with nothing ready, pending or needed lately; returns
@@ -155,6 +180,7 @@ impl Spares {
         let shard = self.conn.shard();
         crate::metrics::spare_leases(shard, "expired", take.dropped);
         crate::metrics::spare_leases(shard, "used", usize::from(take.spare.is_some()));
+        let epoch = take.epoch;
         for _ in 0..take.grant {
             let (conn, ledger) = (self.conn.clone(), self.ledger.clone());
             let cancel = self.cancel.clone();
@@ -167,14 +193,18 @@ impl Spares {
                     crate::metrics::spare_leases(conn.shard(), "granted", 1);
                 }
                 let mut ledger = ledger.lock().expect("spares lock");
-                ledger.granted(
-                    ttl_secs,
-                    tag,
-                    grant.map(|(id, granted)| Spare { id, granted }),
-                );
+                let spare = grant.map(|(id, granted)| Spare { id, granted });
+                ledger.granted(ttl_secs, tag, epoch, spare);
             });
         }
         take.spare
+    }
+
+    /// A lease believed alive was found gone: no spare granted before now
+    /// is handed out ([`Ledger::flush`]).
+    pub fn flush(&self) {
+        let dropped = self.ledger().flush();
+        crate::metrics::spare_leases(self.conn.shard(), "expired", dropped);
     }
 
     /// Forgets what is no longer needed (with the session sweep).
@@ -246,8 +276,8 @@ mod tests {
         assert_eq!(take.grant, 1);
         // While it is pending, a third wants two: one more.
         assert_eq!(ledger.take(30, None, ms(20)).grant, 1);
-        ledger.granted(30, None, spare(7, ms(21)));
-        ledger.granted(30, None, spare(8, ms(22)));
+        ledger.granted(30, None, 0, spare(7, ms(21)));
+        ledger.granted(30, None, 0, spare(8, ms(22)));
         // The fourth takes the older, and the pool wants three ready.
         let take = ledger.take(30, None, ms(30));
         assert_eq!(take.spare.map(|s| s.id), Some(7));
@@ -266,7 +296,7 @@ mod tests {
         let t0 = Instant::now();
         ledger.take(30, None, t0);
         ledger.take(30, None, t0);
-        ledger.granted(30, None, spare(7, t0));
+        ledger.granted(30, None, 0, spare(7, t0));
         let late = t0 + max_age(30) + Duration::from_millis(1);
         let take = ledger.take(30, None, late);
         assert!(take.spare.is_none());
@@ -286,7 +316,7 @@ mod tests {
         }
         assert_eq!(asked, MOST, "never more than MOST in flight or ready");
         for _ in 0..MOST {
-            ledger.granted(30, None, None);
+            ledger.granted(30, None, 0, None);
         }
         assert_eq!(
             ledger.take(30, None, t0 + Duration::from_micros(100)).grant,
@@ -295,12 +325,32 @@ mod tests {
     }
 
     #[test]
+    fn a_flush_drops_the_ready_spares_and_those_on_their_way() {
+        let mut ledger = Ledger::default();
+        let t0 = Instant::now();
+        for _ in 0..4 {
+            ledger.take(30, None, t0);
+        }
+        let sent = ledger.take(10, None, t0).epoch;
+        ledger.granted(30, None, sent, spare(7, t0));
+        assert_eq!(ledger.flush(), 1);
+        // Granted before the flush, answered after it: not kept.
+        ledger.granted(30, None, sent, spare(8, t0));
+        let take = ledger.take(30, None, t0);
+        assert!(take.spare.is_none());
+        assert_eq!(take.epoch, sent + 1);
+        // Grants sent after it are kept.
+        ledger.granted(30, None, take.epoch, spare(9, t0));
+        assert_eq!(ledger.take(30, None, t0).spare.map(|s| s.id), Some(9));
+    }
+
+    #[test]
     fn idle_pools_are_swept_and_their_old_spares_counted() {
         let mut ledger = Ledger::default();
         let t0 = Instant::now();
         ledger.take(30, None, t0);
         ledger.take(30, None, t0);
-        ledger.granted(30, None, spare(7, t0));
+        ledger.granted(30, None, 0, spare(7, t0));
         assert_eq!(ledger.sweep(t0), 0);
         assert_eq!(ledger.pools.len(), 1);
         assert_eq!(ledger.sweep(t0 + Duration::from_secs(2)), 1);

@@ -119,7 +119,8 @@ impl Shard {
         // the name that come meanwhile wait for it, then find a grant made
         // looking held.
         let flight = self.cache.granting(k.hash);
-        let (txn, renewal) = if self.keepalive.lasts(lease, margin) {
+        let believed_alive = self.keepalive.lasts(lease, margin);
+        let (txn, renewal) = if believed_alive {
             answered_with_txn(
                 self.acquire_txn(k, value, lease, g, replace_held),
                 self.keepalive.refresh(lease, window, ttl_secs),
@@ -139,6 +140,12 @@ impl Shard {
         let lease_gone =
             matches!(txn, Err(EtcdError::LeaseNotFound)) || matches!(renewal, Ok(r) if !r.alive());
         if lease_gone {
+            if believed_alive {
+                // Ended early (etcd's lease bugs, an operator's revoke):
+                // leases granted before now may be gone too, so the next
+                // attempt is granted a fresh one, not handed a spare.
+                self.spares.flush();
+            }
             self.forget_session(&value.client, session).await;
             return Ok(SessionGrant::SessionGone);
         }
