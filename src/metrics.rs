@@ -651,7 +651,7 @@ pub fn session_granted(shard: &str) {
 }
 
 /// Spare session leases: `granted` ahead of need, `used` by a new session,
-/// `expired` (dropped unused, too old to hand out; etcd lets them lapse).
+/// `expired` (dropped unused: too old, or flushed; etcd lets them lapse).
 pub fn spare_leases(shard: &str, event: &'static str, n: usize) {
     if n > 0 {
         counter!("lockrouter_spare_leases_total", "shard" => shard.to_string(), "event" => event)

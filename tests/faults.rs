@@ -15,6 +15,7 @@ use futures::future::join_all;
 use lockrouter::http::request_id::NamingRequests;
 use serde_json::json;
 
+use lockrouter_testkit::api::lock_of;
 use lockrouter_testkit::api::Api;
 use lockrouter_testkit::config::config_toml;
 use lockrouter_testkit::etcd::EtcdCluster;
@@ -39,13 +40,6 @@ impl Rng {
     fn below(&mut self, n: u64) -> u64 {
         self.next() % n
     }
-}
-
-fn lock_of(body: &serde_json::Value) -> (String, u64) {
-    (
-        body["lockId"].as_str().unwrap().to_string(),
-        body["fencingToken"].as_u64().unwrap(),
-    )
 }
 
 /// The sum of a metric's series in a Prometheus text page.

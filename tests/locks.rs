@@ -7,6 +7,7 @@ use std::time::{Duration, Instant};
 use futures::future::join_all;
 use serde_json::json;
 
+use lockrouter_testkit::api::{lock_of, Api};
 use lockrouter_testkit::config::config_toml;
 use lockrouter_testkit::etcd::EtcdCluster;
 use lockrouter_testkit::metrics;
@@ -419,7 +420,6 @@ async fn an_acquire_on_a_session_that_ran_out_grants_a_new_one_without_asking_et
 /// and the locks renew and release as any other.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn new_sessions_in_a_stream_start_on_spares_with_honest_expiries() {
-    use lockrouter_testkit::metrics::sum;
     let etcd = EtcdCluster::single();
     let toml = lockrouter_testkit::config::one_named_shard(&etcd, "spares", "");
     let router = TestRouter::with_toml(&toml).await;
@@ -432,32 +432,15 @@ async fn new_sessions_in_a_stream_start_on_spares_with_honest_expiries() {
         assert_eq!(r.body["acquired"], true, "{r:?}");
         let left = r.body["expiresInMs"].as_u64().unwrap();
         assert!((27_000..=30_000).contains(&left), "client {c}: {r:?}");
-        locks.push((
-            r.body["lockId"].as_str().unwrap().to_string(),
-            r.body["fencingToken"].as_u64().unwrap(),
-        ));
+        locks.push(lock_of(&r.body));
     }
-    let spares = |event: &'static str| async move {
-        sum(
-            &api.metrics().await,
-            "lockrouter_spare_leases_total",
-            &[("shard", "spares"), ("event", event)],
-        ) + 0.0 // an absent series sums to -0
-    };
-    let used = spares("used").await;
+    let used = spare_leases(api, "spares", "used").await;
     assert!(used > 0.0, "no session started on a spare");
-    assert!(spares("granted").await >= used);
+    assert!(spare_leases(api, "spares", "granted").await >= used);
     // One lease per client: each lock key on a lease of its own.
-    let mut c = etcd.client().await;
-    let keys = c
-        .get(
-            "/lockrouter/locks/",
-            Some(etcd_client::GetOptions::new().with_prefix()),
-        )
-        .await
-        .unwrap();
-    let leases: BTreeSet<i64> = keys.kvs().iter().map(|kv| kv.lease()).collect();
-    assert_eq!((keys.kvs().len(), leases.len()), (60, 60));
+    let leases = lock_key_leases(&etcd).await;
+    let distinct: BTreeSet<i64> = leases.iter().copied().collect();
+    assert_eq!((leases.len(), distinct.len()), (60, 60));
     for lock in &locks {
         let renewed = api.renew(lock).await;
         assert_eq!(renewed.status, 200, "{renewed:?}");
@@ -575,15 +558,28 @@ async fn expired_session_lease_is_replaced_on_the_next_acquire() {
     assert_eq!(api.renew(&second).await.status, 200);
     // Its lock on a lease of its own (two sessions started within 100 ms
     // may leave a spare lease beside it, with no key on it).
-    let keys = client
-        .get(
-            "/lockrouter/locks/",
-            Some(etcd_client::GetOptions::new().with_prefix()),
-        )
+    let leases = lock_key_leases(&etcd).await;
+    assert_eq!(leases.len(), 1);
+    assert_ne!(leases[0], revoked);
+}
+
+/// The lease of each lock key on `etcd`.
+async fn lock_key_leases(etcd: &EtcdCluster) -> Vec<i64> {
+    let all = etcd_client::GetOptions::new().with_prefix();
+    let keys = etcd
+        .client()
         .await
-        .unwrap();
-    assert_eq!(keys.kvs().len(), 1);
-    assert_ne!(keys.kvs()[0].lease(), revoked);
+        .get("/lockrouter/locks/", Some(all))
+        .await;
+    keys.unwrap().kvs().iter().map(|kv| kv.lease()).collect()
+}
+
+/// `lockrouter_spare_leases_total` of `shard` and `event` (0 while absent).
+async fn spare_leases(api: &Api, shard: &str, event: &str) -> f64 {
+    let metrics = api.metrics().await;
+    let labels = [("shard", shard), ("event", event)];
+    // An absent series sums to -0.
+    lockrouter_testkit::metrics::sum(&metrics, "lockrouter_spare_leases_total", &labels) + 0.0
 }
 
 /// Revokes every lease on `etcd`, as the stale-leader bug of etcd 3.4 and
@@ -602,18 +598,11 @@ async fn revoke_all_leases(etcd: &EtcdCluster) {
 /// a pool of dead spares.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn spares_revoked_early_are_dropped_and_new_clients_still_acquire() {
-    use lockrouter_testkit::metrics::sum;
     let etcd = EtcdCluster::single();
     let toml = lockrouter_testkit::config::one_named_shard(&etcd, "revoked-spares", "");
     let router = TestRouter::with_toml(&toml).await;
     let api = &router.api;
-    let spares = |event: &'static str| async move {
-        sum(
-            &api.metrics().await,
-            "lockrouter_spare_leases_total",
-            &[("shard", "revoked-spares"), ("event", event)],
-        ) + 0.0
-    };
+    let spares = |event| spare_leases(api, "revoked-spares", event);
     // A stream of new sessions fills the pool.
     for c in 0..30 {
         api.must_acquire(&format!("fill-{c}"), 30_000, &format!("F{c}"))
@@ -633,11 +622,7 @@ async fn spares_revoked_early_are_dropped_and_new_clients_still_acquire() {
             .acquire(&format!("after-{c}"), 30_000, &format!("N{c}"))
             .await;
         assert_eq!(r.body["acquired"], true, "client {c}: {r:?}");
-        let lock = (
-            r.body["lockId"].as_str().unwrap().to_string(),
-            r.body["fencingToken"].as_u64().unwrap(),
-        );
-        assert_eq!(api.renew(&lock).await.status, 200, "client {c}");
+        assert_eq!(api.renew(&lock_of(&r.body)).await.status, 200, "client {c}");
     }
     assert!(
         spares("expired").await >= 1.0,

@@ -62,10 +62,7 @@ async fn queue_empties(etcd: &EtcdCluster) {
 
 fn lock_of(r: &Reply) -> (String, u64) {
     assert_eq!(r.body["acquired"], true, "{r:?}");
-    (
-        r.body["lockId"].as_str().unwrap().to_string(),
-        r.body["fencingToken"].as_u64().unwrap(),
-    )
+    lockrouter_testkit::api::lock_of(&r.body)
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

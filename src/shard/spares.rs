@@ -57,6 +57,20 @@ struct Pool {
     needs: VecDeque<Instant>,
 }
 
+impl Pool {
+    /// Drops the spares too old to hand out at `now` and the session starts
+    /// older than [`WINDOW`]; returns how many spares it dropped.
+    fn age(&mut self, ttl_secs: u32, now: Instant) -> usize {
+        let oldest = max_age(ttl_secs);
+        let before = self.ready.len();
+        self.ready
+            .retain(|s| now.saturating_duration_since(s.granted.sent_at) <= oldest);
+        self.needs
+            .retain(|t| now.saturating_duration_since(*t) <= WINDOW);
+        before - self.ready.len()
+    }
+}
+
 type Key = (u32, Option<LeaseTag>);
 
 /// Pure bookkeeping of the spares (no I/O): which to hand out, how many
@@ -83,20 +97,9 @@ impl Ledger {
     /// A session of `ttl_secs` and `tag` starts at `now`.
     pub fn take(&mut self, ttl_secs: u32, tag: Option<LeaseTag>, now: Instant) -> Take {
         let pool = self.pools.entry((ttl_secs, tag)).or_default();
-        let oldest = max_age(ttl_secs);
-        let before = pool.ready.len();
-        pool.ready
-            .retain(|s| now.saturating_duration_since(s.granted.sent_at) <= oldest);
-        let dropped = before - pool.ready.len();
+        let dropped = pool.age(ttl_secs, now);
         // The oldest fresh one first: the rest stay fresh the longest.
         let spare = pool.ready.pop_front();
-        while pool
-            .needs
-            .front()
-            .is_some_and(|t| now.saturating_duration_since(*t) > WINDOW)
-        {
-            pool.needs.pop_front();
-        }
         let want = pool.needs.len().min(MOST);
         pool.needs.push_back(now);
         let grant = want.saturating_sub(pool.ready.len() + pool.pending);
@@ -142,13 +145,7 @@ impl Ledger {
     pub fn sweep(&mut self, now: Instant) -> usize {
         let mut dropped = 0;
         self.pools.retain(|(ttl, _), pool| {
-            let oldest = max_age(*ttl);
-            let before = pool.ready.len();
-            pool.ready
-                .retain(|s| now.saturating_duration_since(s.granted.sent_at) <= oldest);
-            dropped += before - pool.ready.len();
-            pool.needs
-                .retain(|t| now.saturating_duration_since(*t) <= WINDOW);
+            dropped += pool.age(*ttl, now);
             !(pool.ready.is_empty() && pool.pending == 0 && pool.needs.is_empty())
         });
         dropped

@@ -9,6 +9,14 @@ use serde_json::{json, Value};
 
 use crate::sleep_ms;
 
+/// The lock a granted acquire's answer names: its lockId and fencing token.
+pub fn lock_of(body: &Value) -> (String, u64) {
+    (
+        body["lockId"].as_str().unwrap().to_string(),
+        body["fencingToken"].as_u64().unwrap(),
+    )
+}
+
 /// A status code and a JSON body (Null when empty).
 #[derive(Debug, Clone)]
 pub struct Reply {
@@ -148,10 +156,7 @@ impl Api {
             r.body["acquired"], true,
             "{name} should be granted to {client}: {r:?}"
         );
-        (
-            r.body["lockId"].as_str().unwrap().to_string(),
-            r.body["fencingToken"].as_u64().unwrap(),
-        )
+        lock_of(&r.body)
     }
 
     /// Clients `c0`, `c1`, ... each acquire one name, `{prefix}-0`,
