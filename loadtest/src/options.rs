@@ -287,7 +287,7 @@ impl Cli {
             shards,
             users: self.users.unwrap_or(pick(smoke, 8, 64)),
             duration_s: self.duration_s.unwrap_or(pick(smoke, 4, 10)),
-            rounds: self.rounds.unwrap_or(pick(smoke, 2, 5)).max(1),
+            rounds: self.rounds.unwrap_or(pick(smoke, 1, 5)).max(1),
             acquire_clients: self
                 .acquire_clients
                 .unwrap_or(pick(smoke, 100, 10_000))
