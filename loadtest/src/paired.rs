@@ -315,13 +315,15 @@ impl Paired {
                 .join(", ")
         };
         let cpu_cause = format!("router windows: {cores}");
-        let mut push = |name: &str, v: Option<f64>, rule: &str, limit: f64, note: String| {
+        let rate_cause = self.fixed_rate_cause();
+        let mut push = |cause: &str, name: &str, v: Option<f64>, rule: &str, limit: f64, note| {
             if let Some(v) = v {
-                out.push(target(name, v, rule, limit, note).because(cpu_cause.clone()));
+                out.push(target(name, v, rule, limit, note).because(cause.to_string()));
             }
         };
         let n = self.rounds.len();
         push(
+            &cpu_cause,
             "uncontested lock lives/s, router / direct (paired median, shared cores)",
             m.router_per_direct,
             ">=",
@@ -329,6 +331,7 @@ impl Paired {
             format!("median of {n} rounds: {}", rounds(|r| r.router_per_direct)),
         );
         push(
+            &cpu_cause,
             "uncontested lock lives/s, router / naive (paired median, shared cores)",
             m.router_per_naive,
             ">=",
@@ -336,6 +339,7 @@ impl Paired {
             format!("median of {n} rounds: {}", rounds(|r| r.router_per_naive)),
         );
         push(
+            &cpu_cause,
             "raft writes per uncontested lock life",
             p.raft_writes_per_uncontested_lock_life,
             "<=",
@@ -348,13 +352,8 @@ impl Paired {
             ),
         );
         let r = self.fixed_rate;
-        let rate_cause = self.fixed_rate_cause();
-        let mut push = |name: &str, v: Option<f64>, rule: &str, limit: f64, note: String| {
-            if let Some(v) = v {
-                out.push(target(name, v, rule, limit, note).because(rate_cause.clone()));
-            }
-        };
         push(
+            &rate_cause,
             &format!("uncontested p99 at {r}/s, router / direct (paired median)"),
             m.p99_router_per_direct,
             "<=",
@@ -365,18 +364,15 @@ impl Paired {
             ),
         );
         push(
+            &rate_cause,
             &format!("uncontested p99 at {r}/s, router (ms, median of rounds)"),
             m.router_p99_ms,
             "<",
             10.0,
             format!("rounds: {}", rounds(|r| r.router_p99_ms)),
         );
-        let mut push = |name: &str, v: Option<f64>, rule: &str, limit: f64, note: String| {
-            if let Some(v) = v {
-                out.push(target(name, v, rule, limit, note).because(cpu_cause.clone()));
-            }
-        };
         push(
+            &cpu_cause,
             "router CPU per lock life, acquire + release (µs)",
             p.router_cpu_us_per_lock_life,
             "<=",
@@ -415,10 +411,10 @@ impl Paired {
         };
         let busy = |l: &&&Record| l.idle.as_ref().is_some_and(|i| !i.idle);
         format!(
-            "{r}/s windows: router {:.2} lease grants, {:.2} revokes and {:.2} keepalives per \
-             acquire (sessions that ran out between a client's acquires), {:.2} raft writes per \
-             acquire against direct's {:.2}; etcd still busy before {} of {} router windows; \
-             machine {:.2} cores busy",
+            "{r}/s windows: router {:.2} lease grants (each a session that ran out between its \
+             client's acquires), {:.2} revokes and {:.2} keepalives per acquire, {:.2} raft \
+             writes per acquire against direct's {:.2}; etcd still busy before {} of {} router \
+             windows; machine {:.2} cores busy",
             mean(&router, |l| l.etcd_lease_grants_per_acquire),
             mean(&router, |l| l.etcd_lease_revokes_per_acquire),
             mean(&router, |l| l.etcd_keepalives_per_acquire),
