@@ -1,21 +1,23 @@
 //! The leases the lock layer holds on a shard, as it asks for them: each
 //! client's session lease (got from the session cache of [`sessions`], or
 //! granted once a quota's hook allows it; kept alive; forgotten once
-//! found gone), and the keepalive of any lease, through the coalescing
-//! stream of [`keepalive`].
+//! found gone), the grant of any lease (sessions, spares, queue entries,
+//! lock-delays: [`sessions::grant_lease`]), and the keepalive of any
+//! lease, through the coalescing stream of [`keepalive`].
 //!
 //! A session's grant counts as its first keepalive, so an acquire right
 //! after it sends none. A session is forgotten only when etcd says its
 //! lease is gone: the next acquire of its client then grants another.
 //!
 //! [`sessions`]: super::sessions
+//! [`sessions::grant_lease`]: super::sessions::grant_lease
 //! [`keepalive`]: super::keepalive
 
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use super::conn::EtcdError;
 use super::keepalive::Renewal;
-use super::sessions::SessionLease;
+use super::sessions::{grant_lease, SessionLease};
 use super::Shard;
 use crate::token::lease_tag::LeaseTag;
 
@@ -48,6 +50,13 @@ impl Shard {
         self.sessions.get_or_grant(holder, ttl_secs, grant).await
     }
 
+    /// Grants a lease; returns its id and the TTL etcd granted (which may
+    /// be above the one asked for: etcd raises TTLs to its minimum).
+    pub(super) async fn grant(&self, ttl_secs: u32) -> Result<(i64, i64), EtcdError> {
+        let (id, granted) = grant_lease(&self.conn, ttl_secs, None).await?;
+        Ok((id, granted.ttl_secs))
+    }
+
     /// A new session lease: a fresh spare if one is ready (granted ahead
     /// of need, [`spares`](super::spares)), else one granted now. Its grant
     /// counts as its first keepalive.
@@ -58,15 +67,7 @@ impl Shard {
     ) -> Result<SessionLease, EtcdError> {
         let (id, renewal) = match self.spares.take(ttl_secs, tag) {
             Some(spare) => (spare.id, spare.granted),
-            None => {
-                let sent_at = Instant::now();
-                let (id, granted) = self.grant_with(ttl_secs, tag).await?;
-                let renewal = Renewal {
-                    sent_at,
-                    ttl_secs: granted,
-                };
-                (id, renewal)
-            }
+            None => grant_lease(&self.conn, ttl_secs, tag).await?,
         };
         crate::metrics::session_granted(&self.name);
         self.keepalive.seed(id, renewal);

@@ -355,24 +355,6 @@ impl Shard {
         Ok(resp.take_kvs().into_iter().next().map(Stored::from))
     }
 
-    /// Grants a lease; returns its id and the TTL etcd granted (which may
-    /// be above the one asked for: etcd raises TTLs to its minimum).
-    async fn grant(&self, ttl_secs: u32) -> Result<(i64, i64), EtcdError> {
-        self.grant_with(ttl_secs, None).await
-    }
-
-    /// [`Shard::grant`], with an id carrying `tag` (see [`sessions`]). An
-    /// id already in use (a chance of one in 2^39 per lease of the tag)
-    /// fails the grant, and the acquire answers 500; a retry gets another.
-    async fn grant_with(
-        &self,
-        ttl_secs: u32,
-        tag: Option<crate::token::lease_tag::LeaseTag>,
-    ) -> Result<(i64, i64), EtcdError> {
-        let (id, granted) = spares::grant_lease(&self.conn, ttl_secs, tag).await?;
-        Ok((id, granted.ttl_secs))
-    }
-
     /// Seconds the lease has left (rounded down by etcd); 0 if it is gone.
     pub async fn time_to_live(&self, lease: i64) -> Result<i64, EtcdError> {
         let mut client = self.conn.client().lease_client();

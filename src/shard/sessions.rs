@@ -7,16 +7,21 @@
 //! mutex makes concurrent first acquires of one client share a single grant.
 //!
 //! A principal's session leases carry its
-//! [`LeaseTag`](crate::token::lease_tag::LeaseTag) in the high bits of
+//! [`LeaseTag`] in the high bits of
 //! their etcd lease id (etcd lets the client choose the id), so that every
 //! replica's lock-key cache, which sees every lock key's lease, can count
 //! the locks and sessions of each principal with no extra etcd read
-//! (per-principal quotas).
+//! (per-principal quotas). Every lease the shard grants goes through
+//! [`grant_lease`], which puts the tag there.
 
 use std::collections::HashMap;
 use std::future::Future;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
+
+use super::conn::{EtcdConn, EtcdError};
+use super::keepalive::Renewal;
+use crate::token::lease_tag::LeaseTag;
 
 /// A session lease as the router knows it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -118,6 +123,29 @@ impl Sessions {
         renewed.retain(|lease, _| live.contains(lease));
         slots.len()
     }
+}
+
+/// Grants a lease of `ttl_secs` on `conn`'s shard, its id carrying `tag`
+/// if given (above: an id already in use, a chance of one in 2^39 per
+/// lease of the tag, fails the grant, and the acquire answers 500; a retry
+/// gets another); answers its id and its
+/// grant (when it was sent, the TTL etcd granted).
+pub(super) async fn grant_lease(
+    conn: &EtcdConn,
+    ttl_secs: u32,
+    tag: Option<LeaseTag>,
+) -> Result<(i64, Renewal), EtcdError> {
+    let sent_at = Instant::now();
+    let mut lease = conn.client().lease_client();
+    let options = tag.map(|t| etcd_client::LeaseGrantOptions::new().with_id(t.new_lease_id()));
+    let resp = conn
+        .call("LeaseGrant", lease.grant(ttl_secs.into(), options))
+        .await?;
+    let granted = Renewal {
+        sent_at,
+        ttl_secs: resp.ttl(),
+    };
+    Ok((resp.id(), granted))
 }
 
 #[cfg(test)]

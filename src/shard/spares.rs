@@ -23,8 +23,9 @@ use std::time::{Duration, Instant};
 
 use tokio_util::sync::CancellationToken;
 
-use super::conn::{EtcdConn, EtcdError};
+use super::conn::EtcdConn;
 use super::keepalive::Renewal;
+use super::sessions::grant_lease;
 use crate::token::lease_tag::LeaseTag;
 
 /// How far back new sessions count towards the spares kept ready.
@@ -213,27 +214,6 @@ impl Spares {
     fn ledger(&self) -> std::sync::MutexGuard<'_, Ledger> {
         self.ledger.lock().expect("spares lock")
     }
-}
-
-/// Grants a lease of `ttl_secs` on `conn`'s shard, its id carrying `tag`
-/// if given; answers its id and its grant (when it was sent, the TTL etcd
-/// granted).
-pub(super) async fn grant_lease(
-    conn: &EtcdConn,
-    ttl_secs: u32,
-    tag: Option<crate::token::lease_tag::LeaseTag>,
-) -> Result<(i64, Renewal), EtcdError> {
-    let sent_at = std::time::Instant::now();
-    let mut lease = conn.client().lease_client();
-    let options = tag.map(|t| etcd_client::LeaseGrantOptions::new().with_id(t.new_lease_id()));
-    let resp = conn
-        .call("LeaseGrant", lease.grant(ttl_secs.into(), options))
-        .await?;
-    let granted = Renewal {
-        sent_at,
-        ttl_secs: resp.ttl(),
-    };
-    Ok((resp.id(), granted))
 }
 
 #[cfg(test)]
