@@ -26,8 +26,8 @@
 //!               force, listing, validate; decisions (their unit tests)
 //!   placement/  ring, topology, migration, monitor
 //!   shard/      conn, wire, access, login, keys, name, txn, leases, renewal, queue,
-//!               commit, cutoff, records, scan, pages, cache, sessions, spares, keepalive,
-//!               verify, pressure; ops (the trait the lock layer's
+//!               commit, cutoff, records, scan, pages, cache, sessions, spares,
+//!               recycle, keepalive, verify, pressure; ops (the trait the lock layer's
 //!               decisions use), fake (the unit tests' in-memory shard)
 //!   token/      fencing, lock_id, lease_tag
 //!   auth/       principals: who is calling and what it may do; peer

@@ -413,6 +413,133 @@ async fn an_acquire_on_a_session_that_ran_out_grants_a_new_one_without_asking_et
     );
 }
 
+/// Idle sessions handed on (docs/design.md, "Idle sessions handed on"):
+/// while new clients keep starting sessions, the leases of sessions with
+/// no lock on them go to the new clients. A lease never carries two
+/// clients' locks at once; a client whose session was handed on gets
+/// another; and a dead holder's lock, whose session is idle but carries
+/// it, is never handed on: it is freed within its TTL while the sessions
+/// around it change hands (and their new clients' acquires keep their
+/// leases alive).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn idle_sessions_are_handed_on_and_never_carry_another_clients_lock() {
+    const TTL_MS: u64 = 4_000;
+    let etcd = EtcdCluster::single();
+    let toml = lockrouter_testkit::config::one_named_shard(&etcd, "handed-on", "");
+    let router = TestRouter::with_toml(&toml).await;
+    let api = &router.api;
+    let dead_at = Instant::now();
+    api.must_acquire("dead-holder", TTL_MS, "dead").await;
+    // A waiter's session carries its queue entry, and the lock it is then
+    // granted, with no grant txn of its own: it is never handed on.
+    let holder = api.must_acquire("contended", TTL_MS, "holder").await;
+    let waiter = {
+        let api = api.clone();
+        let body =
+            json!({"name": "contended", "ttlMs": TTL_MS, "clientId": "waiter", "waitMs": 20_000});
+        tokio::spawn(async move { api.post("/api/v1/locks/acquire", body).await })
+    };
+    let mut idle_leases = BTreeSet::new();
+    for c in 0..20 {
+        let (client, name) = (format!("idle-{c}"), format!("idle-name-{c}"));
+        let lock = api.must_acquire(&name, TTL_MS, &client).await;
+        let keys = lock_keys(&etcd).await;
+        idle_leases.insert(keys_of(&keys, &client).next().expect("its lock key").lease);
+        assert_eq!(api.release(&lock).await.status, 204);
+    }
+    // New clients, one every 50 ms for 5 s, each keeping its lock.
+    let mut fresh = Vec::new();
+    let mut handed_on = BTreeSet::new();
+    for n in 0..100 {
+        let lock = api
+            .must_acquire(&format!("fresh-name-{n}"), TTL_MS, &format!("fresh-{n}"))
+            .await;
+        fresh.push(lock);
+        if n % 10 == 9 {
+            assert_eq!(api.renew(&holder).await.status, 200);
+            let keys = lock_keys(&etcd).await;
+            one_client_per_lease(&keys);
+            // Locks on leases handed on renew as any other.
+            for k in keys.iter().filter(|k| idle_leases.contains(&k.lease)) {
+                handed_on.insert((k.lease, k.client.clone()));
+                let n: usize = k.client["fresh-".len()..].parse().unwrap();
+                let renewed = api.renew(&fresh[n]).await;
+                assert_eq!(renewed.status, 200, "{k:?}: {renewed:?}");
+                let left = renewed.body["expiresInMs"].as_u64().unwrap();
+                assert!(left <= TTL_MS, "{renewed:?}");
+            }
+        }
+        sleep_ms(50).await;
+    }
+    assert!(
+        !handed_on.is_empty(),
+        "no idle session's lease was handed on"
+    );
+    assert_eq!(api.release(&holder).await.status, 204);
+    let granted = waiter.await.unwrap();
+    assert_eq!(granted.body["acquired"], true, "{granted:?}");
+    one_client_per_lease(&lock_keys(&etcd).await);
+    let recycled = spare_leases(api, "handed-on", "recycled").await;
+    let leases: BTreeSet<i64> = handed_on.iter().map(|(lease, _)| *lease).collect();
+    assert!(
+        recycled >= leases.len() as f64,
+        "{recycled} recycled: {handed_on:?}"
+    );
+    // The dead holder's key went with its lease, at its TTL.
+    while keys_of(&lock_keys(&etcd).await, "dead").next().is_some() {
+        let late = dead_at.elapsed().as_millis() as u64;
+        assert!(
+            late < TTL_MS + 2_500,
+            "a dead holder's lock outlived its TTL: {late} ms"
+        );
+        sleep_ms(100).await;
+    }
+    // The idle clients acquire again, each on a lease of its own.
+    for c in 0..20 {
+        let (client, name) = (format!("idle-{c}"), format!("idle-name-{c}"));
+        api.must_acquire(&name, TTL_MS, &client).await;
+    }
+    one_client_per_lease(&lock_keys(&etcd).await);
+}
+
+/// A lock key as etcd has it.
+#[derive(Debug)]
+struct LockKey {
+    lease: i64,
+    client: String,
+}
+
+async fn lock_keys(etcd: &EtcdCluster) -> Vec<LockKey> {
+    let all = etcd_client::GetOptions::new().with_prefix();
+    let mut client = etcd.client().await;
+    let keys = client.get("/lockrouter/locks/", Some(all)).await.unwrap();
+    let key = |kv: &etcd_client::KeyValue| {
+        let value: serde_json::Value = serde_json::from_slice(kv.value()).unwrap();
+        LockKey {
+            lease: kv.lease(),
+            client: value["client"].as_str().unwrap().to_string(),
+        }
+    };
+    keys.kvs().iter().map(key).collect()
+}
+
+fn keys_of<'a>(keys: &'a [LockKey], client: &'a str) -> impl Iterator<Item = &'a LockKey> {
+    keys.iter().filter(move |k| k.client == client)
+}
+
+/// Every lease carries the locks of one client at most.
+fn one_client_per_lease(keys: &[LockKey]) {
+    let mut owner = std::collections::HashMap::new();
+    for k in keys {
+        let first = owner.entry(k.lease).or_insert(&k.client);
+        assert_eq!(
+            *first, &k.client,
+            "lease {} carries two clients' locks",
+            k.lease
+        );
+    }
+}
+
 /// Many clients starting sessions one after another: after the first few,
 /// their sessions start on spare leases granted ahead of need (no grant
 /// in series with the txn), each client still on a lease of its own, every

@@ -56,6 +56,11 @@ pub struct EtcdSettings {
     /// shard and replica, whatever the renewal rate; 0: one after another.
     #[serde(default = "defaults::barrier_spacing_ms")]
     pub barrier_spacing_ms: u64,
+    /// While new sessions start on a shard, the leases of sessions gone
+    /// idle with no lock on them are handed on to them, instead of lapsing
+    /// (a revoke) while the new ones are granted (a grant each).
+    #[serde(default = "defaults::hand_on_idle_sessions")]
+    pub hand_on_idle_sessions: bool,
 }
 
 impl EtcdSettings {
@@ -162,6 +167,7 @@ impl Default for EtcdSettings {
             keepalive_below_pct: defaults::keepalive_below_pct(),
             count_interval_ms: defaults::count_interval_ms(),
             barrier_spacing_ms: defaults::barrier_spacing_ms(),
+            hand_on_idle_sessions: defaults::hand_on_idle_sessions(),
         }
     }
 }
@@ -196,5 +202,8 @@ mod defaults {
     }
     pub fn count_interval_ms() -> u64 {
         10_000
+    }
+    pub fn hand_on_idle_sessions() -> bool {
+        true
     }
 }

@@ -10,7 +10,9 @@ use crate::config::LockDelay;
 use crate::shard::conn::EtcdError;
 use crate::shard::keys::{name_hash, LockValue, Recorded, Stored};
 use crate::shard::ops::LockShard;
-use crate::shard::{AcquireTxn, Grantable, NameKeys, Renewal, SessionGrant, SessionLease};
+use crate::shard::{
+    AcquireTxn, Grantable, NameKeys, Renewal, SessionGrant, SessionLease, SessionUse,
+};
 use crate::token::lock_id::LockId;
 
 /// The answer of a grant txn (an acquire's, a waiting acquire's, an
@@ -269,6 +271,7 @@ impl Active {
                 req.holder.as_str(),
                 req.ttl.secs(),
                 owner.map(|o| o.tag),
+                SessionUse::Acquire,
                 || self.admit_session(shard.as_ref(), owner, reservation.as_ref()),
             )
             .await?;

@@ -6,7 +6,7 @@
 use std::time::Instant;
 
 use super::*;
-use crate::shard::SessionLease;
+use crate::shard::{SessionLease, SessionUse};
 use crate::token::lock_id::LockId;
 
 impl Active {
@@ -89,7 +89,9 @@ impl Active {
             // it): `docs/design.md`, "Extend".
             let tag = owner.as_ref().map(|o| o.tag);
             let session = shard
-                .session(&value.client, ttl_secs, tag, || Ok::<_, LockError>(()))
+                .session(&value.client, ttl_secs, tag, SessionUse::Pinned, || {
+                    Ok::<_, LockError>(())
+                })
                 .await?;
             // The lease is confirmed alive before the lock moves onto it, and
             // the expiry answered counts from this keepalive's send: the key

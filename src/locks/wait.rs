@@ -26,7 +26,7 @@ use crate::refusal::RateLimited;
 use crate::shard::keys::{name_hash, Recorded};
 use crate::shard::ops::{LockShard, QueueWaiter};
 use crate::shard::queue::Awaited;
-use crate::shard::{AcquireTxn, Grantable};
+use crate::shard::{AcquireTxn, Grantable, SessionUse};
 use crate::token::lock_id::LockId;
 
 impl Active {
@@ -100,9 +100,13 @@ impl Active {
             let reservation = self.reserve_lock(shard.as_ref(), req.owner.as_ref())?;
             let owner = req.owner.as_ref();
             shard
-                .session(holder, ttl_secs, owner.map(|o| o.tag), || {
-                    self.admit_session(shard.as_ref(), owner, reservation.as_ref())
-                })
+                .session(
+                    holder,
+                    ttl_secs,
+                    owner.map(|o| o.tag),
+                    SessionUse::Pinned,
+                    || self.admit_session(shard.as_ref(), owner, reservation.as_ref()),
+                )
                 .await?
         };
         let mut waiter = shard.enqueue(k, holder, session).await?;

@@ -57,6 +57,8 @@ struct PoolSettings {
     keepalive: KeepaliveSettings,
     /// `etcd.barrier_spacing_ms`.
     barrier_spacing: Duration,
+    /// `etcd.hand_on_idle_sessions`.
+    hand_on_idle_sessions: bool,
 }
 
 impl ShardPool {
@@ -151,13 +153,14 @@ impl ShardPool {
                 shard: name.to_string(),
                 source,
             })?;
-        let shard = Arc::new(Shard::new(
+        let shard = Shard::start(
             conn,
             &s.prefix,
             s.keepalive,
             s.barrier_spacing,
+            s.hand_on_idle_sessions,
             &self.cancel,
-        ));
+        );
         self.shards
             .lock()
             .expect("pool lock")
@@ -177,6 +180,7 @@ impl PoolSettings {
                 streams: s.etcd.keepalive_streams,
             },
             barrier_spacing: s.etcd.barrier_spacing(),
+            hand_on_idle_sessions: s.etcd.hand_on_idle_sessions,
         }
     }
 }

@@ -166,6 +166,14 @@ impl Table {
         }
     }
 
+    /// Lock keys on `lease`.
+    fn on_lease(&self, lease: i64) -> u64 {
+        let counts = self.tags.get(&LeaseTag::in_lease(lease));
+        counts
+            .and_then(|(_, leases)| leases.get(&lease).copied())
+            .unwrap_or(0)
+    }
+
     fn held(&self, tag: LeaseTag) -> Held {
         self.tags
             .get(&tag)
@@ -369,19 +377,9 @@ impl LockCache {
     /// began, or `Unsure`. An error means the barrier could not be written
     /// (the shard is unavailable, or is not the shard it was verified as).
     pub async fn lookup(&self, hashes: &[NameHash]) -> Result<Vouched, EtcdError> {
-        if !self.state.usable.load(Ordering::Acquire) {
-            return Ok(Vouched::Unsure);
-        }
-        let (reply, rx) = oneshot::channel();
-        if self.barriers.send(reply).await.is_err() {
-            return Ok(Vouched::Unsure);
-        }
         // One wake-up: the barrier task answers once the cache has applied
         // the barrier (or gave up waiting), not when etcd answered it.
-        let Ok(barrier) = rx.await else {
-            return Ok(Vouched::Unsure);
-        };
-        if barrier? == Barrier::Lagging {
+        if !self.barrier_applied().await? {
             return Ok(Vouched::Unsure);
         }
         let keys = self.state.keys.read().expect("cache lock");
@@ -391,6 +389,37 @@ impl LockCache {
             return Ok(Vouched::Unsure);
         }
         Ok(Vouched::Entries(keys.keys.get_all(hashes)))
+    }
+
+    /// How many lock keys ride on each of `leases`, as of a revision
+    /// committed after this call began (a barrier, as for
+    /// [`LockCache::lookup`]); `None` when the cache cannot vouch.
+    pub async fn locks_on(&self, leases: &[i64]) -> Result<Option<Vec<u64>>, EtcdError> {
+        if !self.barrier_applied().await? {
+            return Ok(None);
+        }
+        let table = self.state.keys.read().expect("cache lock");
+        // Under the lock, as in `lookup`.
+        if !self.state.usable.load(Ordering::Acquire) {
+            return Ok(None);
+        }
+        Ok(Some(leases.iter().map(|l| table.on_lease(*l)).collect()))
+    }
+
+    /// Whether the cache has applied a barrier written after this call
+    /// began (`false`: it cannot vouch, or lags).
+    async fn barrier_applied(&self) -> Result<bool, EtcdError> {
+        if !self.state.usable.load(Ordering::Acquire) {
+            return Ok(false);
+        }
+        let (reply, rx) = oneshot::channel();
+        if self.barriers.send(reply).await.is_err() {
+            return Ok(false);
+        }
+        let Ok(barrier) = rx.await else {
+            return Ok(false);
+        };
+        Ok(barrier? == Barrier::Applied)
     }
 
     /// The revision up to which the cache has applied every change (its

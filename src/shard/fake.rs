@@ -33,7 +33,7 @@ use super::keys::{HeldValue, Keys, LockValue, NameHash, Recorded, RingMeta, Stor
 use super::name::{AcquireTxn, Grantable, NameKeys, NameState, ReleaseTxn, SessionGrant};
 use super::ops::{CacheCounts, LockShard, QueueWaiter};
 use super::queue::{Awaited, Woke};
-use super::sessions::SessionLease;
+use super::sessions::{SessionLease, SessionUse};
 use crate::token::lease_tag::LeaseTag;
 
 /// The ring a fake shard records at first.
@@ -476,8 +476,10 @@ impl LockShard for FakeShard {
         holder: &str,
         ttl_secs: u32,
         tag: Option<LeaseTag>,
+        usage: SessionUse,
         admit: impl Fn() -> Result<(), E>,
     ) -> Result<SessionLease, E> {
+        let _ = usage; // the fake's sessions are never handed on
         let slot = (holder.to_string(), ttl_secs);
         {
             let s = self.lock();

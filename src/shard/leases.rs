@@ -17,7 +17,7 @@ use std::time::Duration;
 
 use super::conn::EtcdError;
 use super::keepalive::Renewal;
-use super::sessions::{grant_lease, SessionLease};
+use super::sessions::{grant_lease, SessionLease, SessionUse};
 use super::Shard;
 use crate::token::lease_tag::LeaseTag;
 
@@ -31,23 +31,46 @@ impl Shard {
     /// session only acquires kept alive, and none came in time. A new one
     /// costs a grant; asking etcd of the old one would wait, if it has
     /// expired, until etcd revokes it.
+    ///
+    /// `usage`: how keys go on it. An acquire's grant txn is counted when
+    /// it is sent ([`Shard::grant_on_session`]); anything else (a waiter's
+    /// entry, an extend's move) pins the session, whose lease is then
+    /// never handed on to another client ([`recycle`](super::recycle)).
     pub async fn session<E: From<EtcdError>>(
         &self,
         holder: &str,
         ttl_secs: u32,
         tag: Option<LeaseTag>,
+        usage: SessionUse,
         admit: impl Fn() -> Result<(), E>,
     ) -> Result<SessionLease, E> {
         let grant = || async {
             admit()?;
             Ok::<_, E>(self.grant_session(ttl_secs, tag).await?)
         };
-        let session = self.sessions.get_or_grant(holder, ttl_secs, grant).await?;
-        if self.keepalive.lasts(session.id, Duration::ZERO) {
-            return Ok(session);
+        // A lease handed on between the lookup and the pin is not the
+        // session's any more: the next lookup grants another, which cannot
+        // be handed on so soon (its last acquire is now), so the second
+        // try pins.
+        for _ in 0..2 {
+            let mut session = (self.sessions)
+                .get_or_grant(holder, ttl_secs, tag, grant)
+                .await?;
+            if !self.keepalive.lasts(session.id, Duration::ZERO) {
+                self.forget_session(holder, &session).await;
+                session = (self.sessions)
+                    .get_or_grant(holder, ttl_secs, tag, grant)
+                    .await?;
+            }
+            let pinned = || self.sessions.pin(holder, ttl_secs, session.id);
+            if usage == SessionUse::Acquire || pinned() {
+                return Ok(session);
+            }
         }
-        self.forget_session(holder, &session).await;
-        self.sessions.get_or_grant(holder, ttl_secs, grant).await
+        Err(E::from(EtcdError::Unavailable {
+            shard: self.name.clone(),
+            detail: "the client's session changed hands twice; retry".into(),
+        }))
     }
 
     /// Grants a lease; returns its id and the TTL etcd granted (which may

@@ -15,7 +15,8 @@
 //! in [`keepalive`], the lock-key cache renewals consult in [`cache`], batched
 //! verification for when the cache cannot vouch in [`verify`], the
 //! session-lease cache in [`sessions`] and the leases granted ahead of
-//! new sessions in [`spares`], the group commit of grants and
+//! new sessions in [`spares`], which idle sessions' leases join in
+//! [`recycle`], the group commit of grants and
 //! releases in [`commit`], the grant cut-off in [`cutoff`], the renewal latency that sheds acquires first in
 //! [`pressure`]), the ring state it last read from etcd, and the
 //! shard identity it verified (`P/shard`, see [`keys`]). Every grant
@@ -63,6 +64,7 @@ mod pages;
 mod pressure;
 pub mod queue;
 mod records;
+mod recycle;
 mod renewal;
 mod scan;
 mod sessions;
@@ -81,8 +83,8 @@ pub use keepalive::{KeepaliveSettings, Renewal};
 use keys::{Identity, Keys, NameHash, Recorded, Reservation, Stored};
 pub use name::{AcquireTxn, Grantable, NameKeys, NameState, ReleaseTxn, SessionGrant};
 pub use pressure::{AcquireSlot, Busy};
-pub use sessions::SessionLease;
 use sessions::Sessions;
+pub use sessions::{SessionLease, SessionUse};
 use verify::{IdentityCell, Verifier};
 
 /// What this router knows of the ring recorded on the shard.
@@ -208,12 +210,33 @@ pub struct Shard {
     sweep: std::sync::Mutex<pages::Sweep>,
     /// The grant cut-off this replica last saw, and the turn to move it.
     cutoff: std::sync::Arc<cutoff::Cutoff>,
+    /// The passes that hand idle sessions' leases on to new sessions, once
+    /// started ([`recycle`]).
+    recycling: std::sync::OnceLock<crate::task::TaskGuard>,
 }
 
 impl Shard {
     /// `keepalive`: how its keepalives go out (bursts, streams);
-    /// `barrier_spacing`: the least time between its cache's barriers.
-    pub fn new(
+    /// `barrier_spacing`: the least time between its cache's barriers;
+    /// `hand_on`: whether idle sessions' leases go to new sessions
+    /// ([`recycle`]).
+    pub fn start(
+        conn: EtcdConn,
+        prefix: &str,
+        keepalive: KeepaliveSettings,
+        barrier_spacing: Duration,
+        hand_on: bool,
+        cancel: &CancellationToken,
+    ) -> std::sync::Arc<Self> {
+        let shard =
+            std::sync::Arc::new(Self::new(conn, prefix, keepalive, barrier_spacing, cancel));
+        if hand_on {
+            shard.start_recycling(cancel.child_token());
+        }
+        shard
+    }
+
+    fn new(
         conn: EtcdConn,
         prefix: &str,
         keepalive: KeepaliveSettings,
@@ -249,6 +272,7 @@ impl Shard {
             pressure: Default::default(),
             sweep: Default::default(),
             cutoff: Default::default(),
+            recycling: Default::default(),
         }
     }
 

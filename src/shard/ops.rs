@@ -23,7 +23,7 @@ use super::keepalive::Renewal;
 use super::keys::{LockValue, NameHash, Stored};
 use super::name::{AcquireTxn, Grantable, NameKeys, NameState, ReleaseTxn, SessionGrant};
 use super::queue::{Awaited, Waiter, Woke};
-use super::sessions::SessionLease;
+use super::sessions::{SessionLease, SessionUse};
 use super::Shard;
 use crate::token::lease_tag::LeaseTag;
 
@@ -78,6 +78,7 @@ pub trait LockShard: CacheCounts + 'static {
         holder: &str,
         ttl_secs: u32,
         tag: Option<LeaseTag>,
+        usage: SessionUse,
         admit: impl Fn() -> Result<(), E>,
     ) -> Result<SessionLease, E>;
 
@@ -277,9 +278,10 @@ impl LockShard for Shard {
         holder: &str,
         ttl_secs: u32,
         tag: Option<LeaseTag>,
+        usage: SessionUse,
         admit: impl Fn() -> Result<(), E>,
     ) -> Result<SessionLease, E> {
-        Shard::session(self, holder, ttl_secs, tag, admit).await
+        Shard::session(self, holder, ttl_secs, tag, usage, admit).await
     }
 
     async fn grant_on_session(

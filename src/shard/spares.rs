@@ -16,6 +16,12 @@
 //! last [`WINDOW`] for the same TTL and lease tag, at most [`MOST`], so a
 //! lone new session now and then gets none (and wastes none), and a stream
 //! of them rarely waits.
+//!
+//! Spares also come from sessions gone idle with no lock on them
+//! ([`recycle`](super::recycle)): those are taken first, and fewer grants
+//! are sent while they last. Such a lease is as old as its last confirmed
+//! renewal, so it is handed out only while it has at least a quarter of
+//! its TTL left ([`min_left`]).
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::{Arc, Mutex};
@@ -40,11 +46,25 @@ pub fn max_age(ttl_secs: u32) -> Duration {
     Duration::from_secs(1).min(Duration::from_millis(u64::from(ttl_secs) * 100))
 }
 
-/// A lease granted ahead of need, as its grant left it.
+/// How far back new sessions count towards the idle sessions' leases
+/// handed on to the spares.
+pub const RECYCLE_WINDOW: Duration = Duration::from_secs(1);
+
+/// The most leases of idle sessions kept ready per TTL and tag.
+pub const MOST_RECYCLED: usize = 256;
+
+/// The least a lease handed on from an idle session must have left when
+/// it is handed out: a quarter of its TTL.
+pub fn min_left(ttl_secs: u32) -> Duration {
+    Duration::from_millis(u64::from(ttl_secs) * 250)
+}
+
+/// A lease granted ahead of need, as its grant left it, or an idle
+/// session's, as its last confirmed renewal left it.
 #[derive(Debug, Clone, Copy)]
 pub struct Spare {
     pub id: i64,
-    /// Its grant: sent when, and the TTL etcd granted.
+    /// Its grant or last renewal: sent when, and the TTL etcd answered.
     pub granted: Renewal,
 }
 
@@ -56,6 +76,11 @@ struct Pool {
     pending: usize,
     /// When the sessions of the last [`WINDOW`] started.
     needs: VecDeque<Instant>,
+    /// Idle sessions' leases handed on, oldest first.
+    recycled: VecDeque<Spare>,
+    /// When the sessions of the last [`RECYCLE_WINDOW`] started (at most
+    /// [`MOST_RECYCLED`] of them).
+    starts: VecDeque<Instant>,
 }
 
 impl Pool {
@@ -68,11 +93,24 @@ impl Pool {
             .retain(|s| now.saturating_duration_since(s.granted.sent_at) <= oldest);
         self.needs
             .retain(|t| now.saturating_duration_since(*t) <= WINDOW);
-        before - self.ready.len()
+        let recycled = self.recycled.len();
+        let least = now + min_left(ttl_secs);
+        self.recycled.retain(|s| s.granted.deadline() >= least);
+        self.starts
+            .retain(|t| now.saturating_duration_since(*t) <= RECYCLE_WINDOW);
+        before - self.ready.len() + recycled - self.recycled.len()
+    }
+
+    fn is_idle(&self) -> bool {
+        self.ready.is_empty()
+            && self.pending == 0
+            && self.needs.is_empty()
+            && self.recycled.is_empty()
+            && self.starts.is_empty()
     }
 }
 
-type Key = (u32, Option<LeaseTag>);
+pub type Key = (u32, Option<LeaseTag>);
 
 /// Pure bookkeeping of the spares (no I/O): which to hand out, how many
 /// to grant.
@@ -99,11 +137,16 @@ impl Ledger {
     pub fn take(&mut self, ttl_secs: u32, tag: Option<LeaseTag>, now: Instant) -> Take {
         let pool = self.pools.entry((ttl_secs, tag)).or_default();
         let dropped = pool.age(ttl_secs, now);
-        // The oldest fresh one first: the rest stay fresh the longest.
-        let spare = pool.ready.pop_front();
+        // An idle session's lease first (it would lapse unused), then the
+        // oldest fresh one: the rest stay fresh the longest.
+        let spare = (pool.recycled.pop_front()).or_else(|| pool.ready.pop_front());
         let want = pool.needs.len().min(MOST);
         pool.needs.push_back(now);
-        let grant = want.saturating_sub(pool.ready.len() + pool.pending);
+        if pool.starts.len() < MOST_RECYCLED {
+            pool.starts.push_back(now);
+        }
+        let ready = pool.ready.len() + pool.pending + pool.recycled.len();
+        let grant = want.saturating_sub(ready);
         pool.pending += grant;
         Take {
             spare,
@@ -129,6 +172,35 @@ impl Ledger {
         }
     }
 
+    /// How many idle sessions' leases each TTL and tag would take now: as
+    /// many as sessions started in the last [`RECYCLE_WINDOW`], less those
+    /// ready. Only pools that want some.
+    pub fn wanted_recycled(&mut self, now: Instant) -> Vec<(Key, usize)> {
+        let mut wanted = Vec::new();
+        for (key, pool) in &mut self.pools {
+            pool.age(key.0, now);
+            let want = pool.starts.len().saturating_sub(pool.recycled.len());
+            if want > 0 {
+                wanted.push((*key, want));
+            }
+        }
+        wanted
+    }
+
+    /// An idle session's lease handed on in `epoch` (noted before its
+    /// session was looked at): kept unless a flush came since.
+    pub fn recycled(&mut self, ttl_secs: u32, tag: Option<LeaseTag>, epoch: u64, spare: Spare) {
+        if epoch == self.epoch {
+            let pool = self.pools.entry((ttl_secs, tag)).or_default();
+            pool.recycled.push_back(spare);
+        }
+    }
+
+    /// The flush count, for [`Ledger::recycled`].
+    pub fn epoch(&self) -> u64 {
+        self.epoch
+    }
+
     /// Drops every spare ready, and those whose grants are still on their
     /// way: a lease the router believed alive was found gone, and leases
     /// granted before that moment may be gone with it (etcd's lease bugs,
@@ -137,7 +209,10 @@ impl Ledger {
         self.epoch += 1;
         self.pools
             .values_mut()
-            .map(|pool| std::mem::take(&mut pool.ready).len())
+            .map(|pool| {
+                let recycled = std::mem::take(&mut pool.recycled).len();
+                std::mem::take(&mut pool.ready).len() + recycled
+            })
             .sum()
     }
 
@@ -147,7 +222,7 @@ impl Ledger {
         let mut dropped = 0;
         self.pools.retain(|(ttl, _), pool| {
             dropped += pool.age(*ttl, now);
-            !(pool.ready.is_empty() && pool.pending == 0 && pool.needs.is_empty())
+            !pool.is_idle()
         });
         dropped
     }
@@ -196,6 +271,21 @@ impl Spares {
             });
         }
         take.spare
+    }
+
+    /// What each TTL and tag would take of idle sessions' leases now
+    /// ([`Ledger::wanted_recycled`]), and the flush count to hand them on
+    /// under.
+    pub fn wanted_recycled(&self) -> (u64, Vec<(Key, usize)>) {
+        let mut ledger = self.ledger();
+        let epoch = ledger.epoch();
+        (epoch, ledger.wanted_recycled(Instant::now()))
+    }
+
+    /// An idle session's lease, handed on ([`Ledger::recycled`]).
+    pub fn recycled(&self, (ttl_secs, tag): Key, epoch: u64, spare: Spare) {
+        self.ledger().recycled(ttl_secs, tag, epoch, spare);
+        crate::metrics::spare_leases(self.conn.shard(), "recycled", 1);
     }
 
     /// A lease believed alive was found gone: no spare granted before now
@@ -332,5 +422,49 @@ mod tests {
         assert_eq!(ledger.pools.len(), 1);
         assert_eq!(ledger.sweep(t0 + Duration::from_secs(2)), 1);
         assert!(ledger.pools.is_empty());
+    }
+
+    #[test]
+    fn idle_sessions_leases_are_wanted_as_sessions_start_and_taken_first() {
+        let mut ledger = Ledger::default();
+        let t0 = Instant::now();
+        let ms = |n: u64| t0 + Duration::from_millis(n);
+        assert!(ledger.wanted_recycled(t0).is_empty(), "no session started");
+        for i in 0..3 {
+            ledger.take(30, None, ms(i * 300));
+        }
+        assert_eq!(ledger.wanted_recycled(ms(700)), [((30, None), 3)]);
+        // Three started in the last second: two handed on, one more wanted.
+        let epoch = ledger.epoch();
+        ledger.recycled(30, None, epoch, spare(7, ms(700)).unwrap());
+        ledger.recycled(30, None, epoch, spare(8, ms(700)).unwrap());
+        assert_eq!(ledger.wanted_recycled(ms(700)), [((30, None), 1)]);
+        // Taken before the fresh spares, and no grant sent while they last.
+        ledger.granted(30, None, epoch, spare(9, ms(700)));
+        let take = ledger.take(30, None, ms(701));
+        assert_eq!((take.spare.map(|s| s.id), take.grant), (Some(7), 0));
+        assert_eq!(ledger.take(30, None, ms(702)).spare.map(|s| s.id), Some(8));
+        assert_eq!(ledger.take(30, None, ms(703)).spare.map(|s| s.id), Some(9));
+    }
+
+    #[test]
+    fn idle_sessions_leases_too_close_to_their_end_or_older_than_a_flush_are_dropped() {
+        let mut ledger = Ledger::default();
+        let t0 = Instant::now();
+        ledger.take(30, None, t0);
+        let epoch = ledger.epoch();
+        // Renewed 20 s before: 10 s left, a quarter of the TTL is 7.5 s.
+        let renewed = t0.checked_sub(Duration::from_secs(20)).unwrap();
+        ledger.recycled(30, None, epoch, spare(7, renewed).unwrap());
+        assert_eq!(ledger.take(30, None, t0).spare.map(|s| s.id), Some(7));
+        ledger.recycled(30, None, epoch, spare(8, renewed).unwrap());
+        let late = t0 + Duration::from_secs(3);
+        let take = ledger.take(30, None, late);
+        assert!(take.spare.is_none());
+        assert_eq!(take.dropped, 1, "5.5 s left: below a quarter");
+        // Noted before a flush, handed on after it: not kept.
+        ledger.flush();
+        ledger.recycled(30, None, epoch, spare(9, late).unwrap());
+        assert!(ledger.take(30, None, late).spare.is_none());
     }
 }

@@ -103,6 +103,12 @@ impl Shard {
     /// looks like a lost holder. The grant is in flight (what acquires of
     /// the same name wait for) from the start, the slow branch's keepalive
     /// included, until the grant is answered.
+    ///
+    /// The txn is counted on the session from before it is sent until it
+    /// is answered ([`Sessions::begin_use`]), so the session's lease is not
+    /// handed on meanwhile; a lease already handed on is `SessionGone`.
+    ///
+    /// [`Sessions::begin_use`]: super::sessions::Sessions::begin_use
     pub async fn grant_on_session(
         &self,
         k: &NameKeys,
@@ -113,6 +119,12 @@ impl Shard {
         replace_held: Option<i64>,
     ) -> Result<SessionGrant, EtcdError> {
         let (lease, ttl_secs) = (session.id, session.ttl_secs);
+        // Counted on the session before anything is sent, so that its lease
+        // is not handed on with this txn in flight; not the session's any
+        // more (handed on since the acquire got it): start again.
+        let Some(counted) = self.sessions.begin_use(&value.client, ttl_secs, lease) else {
+            return Ok(SessionGrant::SessionGone);
+        };
         let margin = (self.conn.timeout()).min(Duration::from_millis(u64::from(ttl_secs) * 500));
         // In flight from the start (the slow branch's keepalive included)
         // until the grant is answered, failed or cancelled: the acquires of
@@ -128,7 +140,13 @@ impl Shard {
             )
             .await
         } else {
-            let renewal = self.keepalive.refresh(lease, window, ttl_secs).await?;
+            let renewal = match self.keepalive.refresh(lease, window, ttl_secs).await {
+                Ok(renewal) => renewal,
+                Err(e) => {
+                    counted.settled(); // no txn was sent
+                    return Err(e);
+                }
+            };
             if renewal.alive() {
                 let txn = self.acquire_txn(k, value, lease, g, replace_held).await;
                 (txn, Ok(renewal))
@@ -137,6 +155,9 @@ impl Shard {
             }
         };
         drop(flight);
+        if matches!(txn, Ok(_) | Err(EtcdError::LeaseNotFound)) {
+            counted.settled();
+        } // else it may still commit: dropped unanswered, it pins the lease
         let lease_gone =
             matches!(txn, Err(EtcdError::LeaseNotFound)) || matches!(renewal, Ok(r) if !r.alive());
         if lease_gone {
