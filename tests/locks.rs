@@ -423,7 +423,7 @@ async fn an_acquire_on_a_session_that_ran_out_grants_a_new_one_without_asking_et
 /// leases alive).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn idle_sessions_are_handed_on_and_never_carry_another_clients_lock() {
-    const TTL_MS: u64 = 4_000;
+    const TTL_MS: u64 = 6_000;
     let etcd = EtcdCluster::single();
     let toml = lockrouter_testkit::config::one_named_shard(&etcd, "handed-on", "");
     let router = TestRouter::with_toml(&toml).await;

@@ -25,15 +25,17 @@ use super::Shard;
 /// How often a shard looks for idle sessions to hand on.
 const EVERY: Duration = Duration::from_secs(1);
 
-/// A session is idle once its last acquire is a quarter of its TTL old.
+/// A session is idle once its last acquire is half its TTL old: one whose
+/// client comes back sooner keeps it (handed on, its client would start
+/// another session on its return).
 fn idle_for(ttl_secs: u32) -> Duration {
-    Duration::from_millis(u64::from(ttl_secs) * 250)
+    Duration::from_millis(u64::from(ttl_secs) * 500)
 }
 
 /// The least a session's lease must have left, by its last confirmed
-/// renewal, to be handed on: a third of its TTL.
+/// renewal, to be handed on: a quarter of its TTL.
 fn least_left(ttl_secs: u32) -> Duration {
-    Duration::from_millis(u64::from(ttl_secs) * 1000 / 3)
+    Duration::from_millis(u64::from(ttl_secs) * 250)
 }
 
 /// Runs `shard`'s pass every [`EVERY`] until `cancel`, or until the shard
@@ -61,7 +63,7 @@ impl Shard {
     }
 
     /// One pass: as many idle sessions' leases as each TTL and tag wants
-    /// ([`Spares::wanted_recycled`]), the longest idle first, become
+    /// ([`Spares::wanted_recycled`]), those nearest their end first, become
     /// spares, each only if the cache, at a barrier written after the
     /// sessions were noted, shows no lock key on its lease and the session
     /// is still as noted ([`Sessions::retire`]).
@@ -76,9 +78,17 @@ impl Shard {
         if wanted.is_empty() {
             return;
         }
-        let mut idle = self.sessions.idle(Instant::now(), idle_for);
-        idle.retain(|i| (self.keepalive).lasts(i.lease.id, least_left(i.lease.ttl_secs)));
-        idle.sort_by_key(|i| i.last_used);
+        let now = Instant::now();
+        // Those nearest their lease's end first: with acquires that come
+        // at random, the likeliest to lapse before their client is back.
+        let mut idle: Vec<(Instant, Idle)> = (self.sessions.idle(now, idle_for))
+            .into_iter()
+            .filter_map(|i| {
+                let end = self.keepalive.confirmed(i.lease.id)?.deadline();
+                (end >= now + least_left(i.lease.ttl_secs)).then_some((end, i))
+            })
+            .collect();
+        idle.sort_by_key(|(end, _)| *end);
         let mut left: HashMap<Key, usize> = wanted.into_iter().collect();
         let mut take = |i: &Idle| match left.get_mut(&(i.lease.ttl_secs, i.tag)) {
             Some(n) if *n > 0 => {
@@ -87,7 +97,9 @@ impl Shard {
             }
             _ => false,
         };
-        let picked: Vec<Idle> = idle.into_iter().filter(|i| take(i)).collect();
+        let picked: Vec<Idle> = (idle.into_iter().map(|(_, i)| i))
+            .filter(|i| take(i))
+            .collect();
         if picked.is_empty() {
             return;
         }

@@ -134,8 +134,6 @@ pub struct Idle {
     slot: Arc<Slot>,
     pub lease: SessionLease,
     pub tag: Option<LeaseTag>,
-    /// The slot's last acquire.
-    pub last_used: Instant,
     generation: u64,
     started: u64,
 }
@@ -249,7 +247,6 @@ impl Sessions {
                     ttl_secs: *ttl_secs,
                 },
                 tag: uses.tag,
-                last_used,
                 generation: uses.generation,
                 started: uses.started,
             });
