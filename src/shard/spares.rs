@@ -75,25 +75,22 @@ struct Pool {
     ready: VecDeque<Spare>,
     /// Grants sent for this pool and not answered yet.
     pending: usize,
-    /// When the sessions of the last [`WINDOW`] started.
-    needs: VecDeque<Instant>,
     /// Idle sessions' leases handed on, oldest first.
     recycled: VecDeque<Spare>,
-    /// When the sessions of the last [`RECYCLE_WINDOW`] started (at most
-    /// [`MOST_RECYCLED`] of them).
+    /// When the sessions of the last [`RECYCLE_WINDOW`] started (the
+    /// latest [`MOST_RECYCLED`]); those of the last [`WINDOW`] are the
+    /// spares wanted.
     starts: VecDeque<Instant>,
 }
 
 impl Pool {
     /// Drops the spares too old to hand out at `now` and the session starts
-    /// older than [`WINDOW`]; returns how many spares it dropped.
+    /// older than [`RECYCLE_WINDOW`]; returns how many spares it dropped.
     fn age(&mut self, ttl_secs: u32, now: Instant) -> usize {
         let oldest = max_age(ttl_secs);
         let before = self.ready.len();
         self.ready
             .retain(|s| now.saturating_duration_since(s.granted.sent_at) <= oldest);
-        self.needs
-            .retain(|t| now.saturating_duration_since(*t) <= WINDOW);
         let recycled = self.recycled.len();
         let least = now + min_left(ttl_secs);
         self.recycled.retain(|s| s.granted.deadline() >= least);
@@ -105,7 +102,6 @@ impl Pool {
     fn is_idle(&self) -> bool {
         self.ready.is_empty()
             && self.pending == 0
-            && self.needs.is_empty()
             && self.recycled.is_empty()
             && self.starts.is_empty()
     }
@@ -141,10 +137,17 @@ impl Ledger {
         // An idle session's lease first (it would lapse unused), then the
         // oldest fresh one: the rest stay fresh the longest.
         let spare = (pool.recycled.pop_front()).or_else(|| pool.ready.pop_front());
-        let want = pool.needs.len().min(MOST);
-        pool.needs.push_back(now);
-        if pool.starts.len() < MOST_RECYCLED {
-            pool.starts.push_back(now);
+        let recent = |t: &&Instant| now.saturating_duration_since(**t) <= WINDOW;
+        let want = pool
+            .starts
+            .iter()
+            .rev()
+            .take_while(recent)
+            .count()
+            .min(MOST);
+        pool.starts.push_back(now);
+        if pool.starts.len() > MOST_RECYCLED {
+            pool.starts.pop_front();
         }
         let ready = pool.ready.len() + pool.pending + pool.recycled.len();
         let grant = want.saturating_sub(ready);
