@@ -239,10 +239,11 @@ impl<'a> Bench<'a> {
 /// One line per record on stderr, to follow a run.
 fn report_line(r: &Record) {
     eprintln!(
-        "   {:.0} acquires/s, p50 {:.2} ms, p99 {:.2} ms, {} errors, {} 5xx{}, {:.3} raft writes/acquire, {:.4} grants/acquire, {:.2} keepalives/acquire, {:.0} keepalives/s, cores loadgen {:.2} router {:.2} etcd {:.2} machine {:.2}",
+        "   {:.0} acquires/s, p50 {:.2} ms, p99 {:.2} ms, {} errors, {} 5xx{}, {:.3} raft writes/acquire, {:.4} grants/acquire, {:.2} keepalives/acquire, {:.0} keepalives/s, cores loadgen {:.2} router {:.2} etcd {:.2} machine {:.2}{}",
         r.acquires_per_s, r.acquire_p50_ms, r.acquire_p99_ms, r.errors_total, r.server_errors_total,
         r.server_error_causes(), r.etcd_proposals_per_acquire, r.etcd_lease_grants_per_acquire, r.etcd_keepalives_per_acquire,
-        r.etcd_keepalives_per_s, r.cores.loadgen, r.cores.router, r.cores.etcd, r.cores.machine
+        r.etcd_keepalives_per_s, r.cores.loadgen, r.cores.router, r.cores.etcd, r.cores.machine,
+        r.server_error_messages()
     );
 }
 

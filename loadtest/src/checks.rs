@@ -26,10 +26,11 @@ pub fn check(records: &[Record]) -> Vec<String> {
         let at = where_(r);
         if r.errors_total > 0 || r.server_errors_total > 0 {
             problems.push(format!(
-                "{at}: {} errors, {} 5xx{}",
+                "{at}: {} errors, {} 5xx{}{}",
                 r.errors_total,
                 r.server_errors_total,
-                r.server_error_causes()
+                r.server_error_causes(),
+                r.server_error_messages()
             ));
         }
         if r.acquires_total == 0 {
@@ -126,8 +127,10 @@ fn check_overload(r: &Record) -> Vec<String> {
     }
     if r.server_errors_total > 0 || r.errors_total > 0 {
         problems.push(format!(
-            "overload: {} 5xx other than 503, {} request errors besides refusals",
-            r.server_errors_total, r.errors_total
+            "overload: {} 5xx other than 503, {} request errors besides refusals{}",
+            r.server_errors_total,
+            r.errors_total,
+            r.server_error_messages()
         ));
     }
     if n("refusals_without_retry_after") > 0 {
@@ -168,9 +171,10 @@ fn check_rebalance(r: &Record) -> Vec<String> {
     }
     if n("server_errors_outside_fence") > 0 || n("errors_outside_fence") > 0 {
         problems.push(format!(
-            "rebalance: {} errors, {} 5xx outside the fence window",
+            "rebalance: {} errors, {} 5xx outside the fence window{}",
             n("errors_outside_fence"),
-            n("server_errors_outside_fence")
+            n("server_errors_outside_fence"),
+            r.server_error_messages()
         ));
     }
     if r.acquires_total == 0 {

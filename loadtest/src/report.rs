@@ -49,6 +49,8 @@ pub struct Record {
     /// 5xx answers by status and error code (`503 overloaded`), where the
     /// body was read.
     pub server_errors_by: std::collections::BTreeMap<String, u64>,
+    /// The first message of each of those.
+    pub server_error_first: std::collections::BTreeMap<String, String>,
     /// Requests goose counted as failed (non-2xx, including 409 on renew).
     pub goose_failures_total: u64,
     pub requests_total: u64,
@@ -89,6 +91,14 @@ impl Record {
         counts(&self.server_errors_by)
     }
 
+    /// The first message of each kind of 5xx, a line each, or nothing.
+    pub fn server_error_messages(&self) -> String {
+        self.server_error_first
+            .iter()
+            .map(|(k, m)| format!("\n     first {k}: {m}"))
+            .collect()
+    }
+
     /// Fills the common fields from what the users counted and what the
     /// servers' counters say happened in `delta`.
     pub fn new(scenario: &str, stats: &Stats, delta: &Delta, seconds: f64) -> Self {
@@ -127,6 +137,7 @@ impl Record {
             errors_total: Stats::get(&stats.errors),
             server_errors_total: Stats::get(&stats.server_errors),
             server_errors_by: stats.server_errors_by(),
+            server_error_first: stats.server_error_first(),
             requests_total: Stats::get(&stats.requests),
             router_requests_total: r.requests,
             active_leases_peak: Stats::get(&stats.active_peak),

@@ -530,6 +530,9 @@ impl Bench<'_> {
         for (why, n) in ctx.hold_stats.server_errors_by() {
             *r.server_errors_by.entry(why).or_default() += n;
         }
+        for (why, first) in ctx.hold_stats.server_error_first() {
+            r.server_error_first.entry(why).or_insert(first);
+        }
         let n = |x: &std::sync::atomic::AtomicU64| x.load(std::sync::atomic::Ordering::Relaxed);
         let k = &ctx.counts;
         r.renewed_total = n(&k.locks_renewed);

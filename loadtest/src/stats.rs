@@ -98,6 +98,9 @@ pub struct Stats {
     pub server_errors: AtomicU64,
     /// The same, by status and the error code of their JSON body.
     server_errors_by: Mutex<BTreeMap<String, u64>>,
+    /// The first error message of each of those, so a failed check says
+    /// what the router answered.
+    server_error_first: Mutex<BTreeMap<String, String>>,
     /// HTTP requests (or etcd RPCs in baselines) sent.
     pub requests: AtomicU64,
     /// Locks held right now, and the most held at once.
@@ -135,6 +138,7 @@ impl Stats {
             errors: AtomicU64::new(0),
             server_errors: AtomicU64::new(0),
             server_errors_by: Mutex::new(BTreeMap::new()),
+            server_error_first: Mutex::new(BTreeMap::new()),
             requests: AtomicU64::new(0),
             active: AtomicU64::new(0),
             active_peak: AtomicU64::new(0),
@@ -183,16 +187,36 @@ impl Stats {
     /// Counts a 5xx answer by its status and the error code of its body
     /// (`?` if it has none), so that a run's 5xx say what they were.
     pub fn server_error(&self, status: u16, body: &str) {
-        let code = serde_json::from_str::<serde_json::Value>(body)
+        let error = serde_json::from_str::<serde_json::Value>(body)
             .ok()
-            .and_then(|v| v["error"]["code"].as_str().map(str::to_string))
-            .unwrap_or_else(|| "?".into());
+            .map(|v| v["error"].clone());
+        let field = |name: &str| {
+            error
+                .as_ref()
+                .and_then(|e| e[name].as_str().map(str::to_string))
+        };
+        let key = format!("{status} {}", field("code").unwrap_or_else(|| "?".into()));
+        self.server_error_first
+            .lock()
+            .expect("server errors")
+            .entry(key.clone())
+            .or_insert_with(|| {
+                field("message").unwrap_or_else(|| body.chars().take(200).collect())
+            });
         *self
             .server_errors_by
             .lock()
             .expect("server errors")
-            .entry(format!("{status} {code}"))
+            .entry(key)
             .or_default() += 1;
+    }
+
+    /// The first message of each kind of 5xx counted.
+    pub fn server_error_first(&self) -> BTreeMap<String, String> {
+        self.server_error_first
+            .lock()
+            .expect("server errors")
+            .clone()
     }
 
     /// The 5xx answers counted by [`Stats::server_error`].
