@@ -115,6 +115,20 @@ pub(crate) enum Attempt {
     CutoffMoved,
 }
 
+impl Attempt {
+    /// What made an attempt that granted nothing try again.
+    fn what_changed(&self) -> &'static str {
+        match self {
+            Attempt::Done(_) => "done",
+            Attempt::SessionGone => "the session's lease was gone",
+            Attempt::Again => "a lost holder's record moved",
+            Attempt::RingChanged(_) => "the recorded ring changed",
+            Attempt::IdentityChanged => "the cluster's identity changed",
+            Attempt::CutoffMoved => "the grant cut-off moved",
+        }
+    }
+}
+
 impl Active {
     /// Checks an acquire once: its name, clientId, metadata, TTL and wait;
     /// scopes its clientId to `caller`'s principal, and looks up the shard
@@ -157,6 +171,8 @@ impl Active {
         crate::task::name_shard(shard.name());
         let k = shard.name_keys(&name_hash(req.name.as_str()));
         let mut replace_held = None;
+        // What each attempt ran into, for the answer if all do.
+        let mut changed = Vec::new();
         // Retried when the session lease expired between the cache and the
         // txn, when the shard's recorded ring moved on (a migration opened
         // or closed) under a ring this router still serves, or when a lost
@@ -166,7 +182,9 @@ impl Active {
             if let Some(answer) = self.handoff(req, &k).await? {
                 return Ok(answer);
             }
-            match self.attempt(req, &k, &g, replace_held).await? {
+            let attempt = self.attempt(req, &k, &g, replace_held).await?;
+            changed.push(attempt.what_changed());
+            match attempt {
                 Attempt::Done(answer) => return Ok(answer),
                 // Forgotten: the next attempt gets a new session.
                 Attempt::SessionGone | Attempt::CutoffMoved => continue,
@@ -182,7 +200,10 @@ impl Active {
         }
         Err(unavailable(
             shard.as_ref(),
-            "the shard's ring, session lease or lock records kept changing; retry",
+            &format!(
+                "the shard's ring, session lease or lock records kept changing ({}); retry",
+                changed.join(", ")
+            ),
         ))
     }
 
