@@ -757,6 +757,76 @@ async fn spares_revoked_early_are_dropped_and_new_clients_still_acquire() {
     );
 }
 
+/// Idle sessions' leases handed on, then revoked behind the router's back
+/// with every other lease (etcd's lease bugs, an operator's revoke): the
+/// first acquire that meets a dead one drops the spares, and no idle
+/// session's lease confirmed before then is handed on, so new clients
+/// are still granted their names (never 503 for a run of dead leases).
+/// A client waiting for a name, whose own session went with them, waits
+/// on, on a new session, and is granted the name when it is released.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn leases_revoked_early_are_not_handed_on_and_waits_go_on_on_new_sessions() {
+    const TTL_MS: u64 = 6_000;
+    let etcd = EtcdCluster::single();
+    // The default etcd deadline, 3 s, half the TTL: every lease handed on
+    // has less than that left, so a session that takes one asks etcd
+    // before its txn goes, and learns there that it is gone.
+    let toml = lockrouter_testkit::config::one_named_shard(&etcd, "revoked-idle", "")
+        .replace("request_timeout_ms = 1000", "request_timeout_ms = 3000");
+    let router = TestRouter::with_toml(&toml).await;
+    let api = &router.api;
+    let spares = |event| spare_leases(api, "revoked-idle", event);
+    // A client holding a lock: its session is never handed on.
+    let sleeper = api.must_acquire("sleeper-own", TTL_MS, "sleeper").await;
+    for c in 0..20 {
+        let lock = api
+            .must_acquire(&format!("idle-name-{c}"), TTL_MS, &format!("idle-{c}"))
+            .await;
+        assert_eq!(api.release(&lock).await.status, 204);
+    }
+    // New clients, one every 50 ms, until idle sessions' leases were
+    // handed on (their sessions are idle after half the TTL).
+    let started = Instant::now();
+    let mut n = 0;
+    let recycled = spares("recycled").await;
+    while spares("recycled").await == recycled {
+        assert!(
+            started.elapsed() < Duration::from_millis(2 * TTL_MS),
+            "no idle session's lease was handed on"
+        );
+        api.must_acquire(&format!("fresh-name-{n}"), TTL_MS, &format!("fresh-{n}"))
+            .await;
+        n += 1;
+        sleep_ms(50).await;
+    }
+    assert_eq!(api.renew(&sleeper).await.status, 200);
+    revoke_all_leases(&etcd).await;
+    let holder = api.must_acquire("contended", TTL_MS, "holder").await;
+    let waiter = {
+        let api = api.clone();
+        let body =
+            json!({"name": "contended", "ttlMs": TTL_MS, "clientId": "sleeper", "waitMs": 10_000});
+        tokio::spawn(async move { api.post("/api/v1/locks/acquire", body).await })
+    };
+    for c in 0..20 {
+        let r = api
+            .acquire(&format!("after-name-{c}"), TTL_MS, &format!("after-{c}"))
+            .await;
+        assert_eq!(r.body["acquired"], true, "client {c}: {r:?}");
+        assert_eq!(api.renew(&lock_of(&r.body)).await.status, 200, "client {c}");
+        sleep_ms(20).await;
+    }
+    assert!(
+        spares("expired").await >= 1.0,
+        "the dead leases were not dropped"
+    );
+    assert_eq!(api.release(&holder).await.status, 204);
+    let granted = waiter.await.unwrap();
+    assert_eq!(granted.body["acquired"], true, "{granted:?}");
+    assert_eq!(api.renew(&lock_of(&granted.body)).await.status, 200);
+    one_client_per_lease(&lock_keys(&etcd).await);
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_lease_revoked_early_keeps_the_name_until_its_holder_surely_stopped() {
     let etcd = EtcdCluster::single();

@@ -821,6 +821,28 @@ async fn a_waiters_grant_is_answered_as_such_when_the_calls_after_its_txn_fail()
     }
 }
 
+/// A waiter whose client's session lease ends early (etcd's lease bugs,
+/// an operator's revoke) keeps its place and is granted the name, on a new
+/// session, when the holder releases it.
+#[tokio::test]
+async fn a_waiter_whose_session_ends_early_waits_on_on_a_new_one() {
+    let (active, shard) = (Arc::new(active()), shard("a"));
+    let holder = granted(attempt(&active, &acquire(&shard, "order-42", "h")).await);
+    let req = acquire(&shard, "order-42", "w1");
+    let first = active.waiting_session(&req).await.expect("a session");
+    let waiter = wait_in_queue(&active, &shard, "w1", Duration::from_secs(5));
+    until_queued(&shard, 1).await;
+    shard.expire(first.id);
+    release(&active, &shard, &holder).await;
+    let grant = grant_of(waited(waiter).await);
+    let lease = lock_id(&active, &grant).lease;
+    assert_ne!(lease, first.id, "granted on the session that ended");
+    let key = shard.lock_key("order-42").expect("held by the waiter");
+    assert_eq!(key.lease(), lease);
+    assert_eq!(shard.queued("order-42"), 0);
+    release(&active, &shard, &grant).await;
+}
+
 #[tokio::test]
 async fn a_waiter_whose_own_client_got_the_name_is_answered_that_grant() {
     let (active, shard) = (Arc::new(active()), shard("a"));

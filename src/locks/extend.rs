@@ -129,8 +129,10 @@ impl Active {
                         );
                     }
                 }
+                // Found gone right after it was got, alive by its last
+                // confirmed renewal: ended early.
                 Err(EtcdError::LeaseNotFound) => {
-                    shard.forget_session(&value.client, &session).await
+                    shard.session_gone(&value.client, &session, true).await
                 }
                 Err(e) => return Err(e.into()),
             }

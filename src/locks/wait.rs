@@ -23,11 +23,17 @@ use crate::locks::{
     epoch_of, lease_end, lock_value, Acquire, Acquired, Active, Expiry, LockError, WaitSlots,
 };
 use crate::refusal::RateLimited;
+use crate::shard::conn::EtcdError;
 use crate::shard::keys::{name_hash, Recorded};
 use crate::shard::ops::{LockShard, QueueWaiter};
-use crate::shard::queue::Awaited;
-use crate::shard::{AcquireTxn, Grantable, SessionUse};
+use crate::shard::queue::{Awaited, Kept};
+use crate::shard::{AcquireTxn, Grantable, SessionLease, SessionUse};
 use crate::token::lock_id::LockId;
+
+/// Sessions a wait may start after its client's was found gone: one
+/// ended early is rare, two in a row are etcd losing leases, which the
+/// wait then reports as it finds it (not granted).
+const MOST_NEW_SESSIONS: u32 = 2;
 
 impl Active {
     /// Acquire that waits until `req.wait_until`, first come first served.
@@ -94,27 +100,24 @@ impl Active {
         let (shard, holder, deadline) = (&req.shard, req.holder.as_str(), req.deadline());
         let ttl_secs = req.ttl.secs();
         let k = shard.name_keys(&name_hash(req.name.as_str()));
-        // A principal at its quota is refused before it queues (as an
-        // acquire that does not wait), and again at each grant below.
-        let session = {
-            let reservation = self.reserve_lock(shard.as_ref(), req.owner.as_ref())?;
-            let owner = req.owner.as_ref();
-            shard
-                .session(
-                    holder,
-                    ttl_secs,
-                    owner.map(|o| o.tag),
-                    SessionUse::Pinned,
-                    || self.admit_session(shard.as_ref(), owner, reservation.as_ref()),
-                )
-                .await?
-        };
+        let session = self.waiting_session(req).await?;
         let mut waiter = shard.enqueue(k, holder, session).await?;
         let mut last_holder = None;
         let mut replace_held = None;
+        // Sessions the wait may start after its client's was found gone.
+        let mut new_sessions = MOST_NEW_SESSIONS;
+        let not_granted = || Ok(Some(Acquired::Held(Expiry(Instant::now()))));
         loop {
-            if !waiter.keep_alive(holder, |ttl| self.window(ttl)).await? {
-                return Ok(Some(Acquired::Held(Expiry(Instant::now()))));
+            match waiter.keep_alive(holder, |ttl| self.window(ttl)).await? {
+                Kept::Alive => {}
+                Kept::SessionGone
+                    if self
+                        .new_session(req, &mut waiter, &mut new_sessions)
+                        .await? =>
+                {
+                    continue;
+                }
+                Kept::SessionGone | Kept::EntryGone => return not_granted(),
             }
             let g = standing.grantable()?;
             if standing.moved() {
@@ -123,7 +126,22 @@ impl Active {
             let value = lock_value(req, &g.ring)?;
             let reservation = self.reserve_lock(shard.as_ref(), req.owner.as_ref())?;
             let sent = Instant::now();
-            let granted = waiter.grant(&value, &g, replace_held.take()).await;
+            let granted = match waiter.grant(&value, &g, replace_held.take()).await {
+                // The txn puts the lock key on the session's lease (and
+                // only deletes the entry's key): the session is gone, kept
+                // alive as it was, so it ended early.
+                Err(EtcdError::LeaseNotFound) => {
+                    shard.session_gone(holder, waiter.session(), true).await;
+                    if self
+                        .new_session(req, &mut waiter, &mut new_sessions)
+                        .await?
+                    {
+                        continue;
+                    }
+                    return not_granted();
+                }
+                granted => granted,
+            };
             let Some(step) = unless_cut_off(&**shard, g.cutoff, granted).await? else {
                 // Unanswered, and cut off: what it granted, if anything,
                 // is the answer.
@@ -222,6 +240,46 @@ impl Active {
             Some(h) => Ok(Some(Acquired::Held(lease_end(&**shard, &h).await?))),
             None => Ok(Some(Acquired::Held(Expiry(Instant::now())))),
         }
+    }
+
+    /// A new session for `waiter`, whose client's session was found gone
+    /// (ended early: etcd's lease bugs, an operator's revoke, a pause):
+    /// nothing was granted on it in this wait, which goes on, in its place
+    /// in the queue, on the new one. `false`, with nothing changed, once
+    /// the wait has used up its `left` new sessions.
+    async fn new_session<S: LockShard>(
+        &self,
+        req: &Acquire<S>,
+        waiter: &mut S::Waiter,
+        left: &mut u32,
+    ) -> Result<bool, LockError> {
+        if *left == 0 {
+            return Ok(false);
+        }
+        *left -= 1;
+        waiter.set_session(self.waiting_session(req).await?);
+        Ok(true)
+    }
+
+    /// The session a waiting acquire's grant goes on, pinned (never handed
+    /// on). A principal at its quota is refused before it queues (as an
+    /// acquire that does not wait), and again at each grant.
+    pub(crate) async fn waiting_session<S: LockShard>(
+        &self,
+        req: &Acquire<S>,
+    ) -> Result<SessionLease, LockError> {
+        let shard = &req.shard;
+        let owner = req.owner.as_ref();
+        let reservation = self.reserve_lock(shard.as_ref(), owner)?;
+        shard
+            .session(
+                req.holder.as_str(),
+                req.ttl.secs(),
+                owner.map(|o| o.tag),
+                SessionUse::Pinned,
+                || self.admit_session(shard.as_ref(), owner, reservation.as_ref()),
+            )
+            .await
     }
 }
 

@@ -32,7 +32,7 @@ use super::keepalive::Renewal;
 use super::keys::{HeldValue, Keys, LockValue, NameHash, Recorded, RingMeta, Stored};
 use super::name::{AcquireTxn, Grantable, NameKeys, NameState, ReleaseTxn, SessionGrant};
 use super::ops::{CacheCounts, LockShard, QueueWaiter};
-use super::queue::{Awaited, Woke};
+use super::queue::{Awaited, Kept, Woke};
 use super::sessions::{SessionLease, SessionUse};
 use crate::token::lease_tag::LeaseTag;
 
@@ -661,7 +661,8 @@ impl LockShard for FakeShard {
         Ok(ReleaseTxn::Released { granted_at })
     }
 
-    async fn forget_session(&self, holder: &str, session: &SessionLease) {
+    /// Forgets the session (the fake keeps no spares).
+    async fn session_gone(&self, holder: &str, session: &SessionLease, _vouched: bool) {
         let mut s = self.lock();
         let slot = (holder.to_string(), session.ttl_secs);
         if s.sessions
@@ -750,11 +751,23 @@ impl QueueWaiter for FakeWaiter {
 
     async fn keep_alive(
         &mut self,
-        _holder: &str,
+        holder: &str,
         _window: impl Fn(u32) -> Duration,
-    ) -> Result<bool, EtcdError> {
-        let s = self.shard.lock();
-        Ok(s.leases.contains_key(&self.session.id) && s.kv.contains_key(&self.key))
+    ) -> Result<Kept, EtcdError> {
+        let mut s = self.shard.lock();
+        Ok(if !s.leases.contains_key(&self.session.id) {
+            s.sessions
+                .remove(&(holder.to_string(), self.session.ttl_secs));
+            Kept::SessionGone
+        } else if !s.kv.contains_key(&self.key) {
+            Kept::EntryGone
+        } else {
+            Kept::Alive
+        })
+    }
+
+    fn set_session(&mut self, session: SessionLease) {
+        self.session = session;
     }
 
     /// The grant txn at the head of the queue (`queue.rs`).

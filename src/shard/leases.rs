@@ -106,19 +106,35 @@ impl Shard {
     }
 
     /// Keeps `holder`'s `session` alive ([`Shard::renew_lease`]); `None`
-    /// if its lease is gone, and then the session is forgotten.
+    /// if its lease is gone, and then the session is forgotten
+    /// ([`Shard::session_gone`]).
     pub async fn keep_session(
         &self,
         holder: &str,
         session: &SessionLease,
         window: Duration,
     ) -> Result<Option<Renewal>, EtcdError> {
+        let vouched = self.keepalive.lasts(session.id, Duration::ZERO);
         let renewal = (self.renew_lease(session.id, window, session.ttl_secs)).await?;
         if renewal.alive() {
             return Ok(Some(renewal));
         }
-        self.forget_session(holder, session).await;
+        self.session_gone(holder, session, vouched).await;
         Ok(None)
+    }
+
+    /// `holder`'s `session` was found gone: it is forgotten, so that its
+    /// next acquire gets a new one. `vouched`: its last confirmed renewal
+    /// said it lasted when it was asked about, so it ended early (etcd's
+    /// lease bugs, an operator's revoke), and leases granted or renewed
+    /// before now may be gone too: the spares are dropped, and no idle
+    /// session's lease confirmed before now is handed on
+    /// ([`Spares::flush`](super::spares::Spares::flush)).
+    pub async fn session_gone(&self, holder: &str, session: &SessionLease, vouched: bool) {
+        if vouched {
+            self.spares.flush();
+        }
+        self.forget_session(holder, session).await;
     }
 
     /// Renews `lease` unless a keepalive for it is in flight or was

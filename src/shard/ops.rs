@@ -22,7 +22,7 @@ use super::conn::EtcdError;
 use super::keepalive::Renewal;
 use super::keys::{LockValue, NameHash, Stored};
 use super::name::{AcquireTxn, Grantable, NameKeys, NameState, ReleaseTxn, SessionGrant};
-use super::queue::{Awaited, Waiter, Woke};
+use super::queue::{Awaited, Kept, Waiter, Woke};
 use super::sessions::{SessionLease, SessionUse};
 use super::Shard;
 use crate::token::lease_tag::LeaseTag;
@@ -138,7 +138,7 @@ pub trait LockShard: CacheCounts + 'static {
         lease: i64,
     ) -> Result<ReleaseTxn, EtcdError>;
 
-    async fn forget_session(&self, holder: &str, session: &SessionLease);
+    async fn session_gone(&self, holder: &str, session: &SessionLease, vouched: bool);
 
     async fn keep_session(
         &self,
@@ -169,7 +169,9 @@ pub trait QueueWaiter: Send {
         &mut self,
         holder: &str,
         window: impl Fn(u32) -> Duration,
-    ) -> Result<bool, EtcdError>;
+    ) -> Result<Kept, EtcdError>;
+
+    fn set_session(&mut self, session: SessionLease);
 
     async fn grant(
         &self,
@@ -194,8 +196,12 @@ impl QueueWaiter for Waiter {
         &mut self,
         holder: &str,
         window: impl Fn(u32) -> Duration,
-    ) -> Result<bool, EtcdError> {
+    ) -> Result<Kept, EtcdError> {
         Waiter::keep_alive(self, holder, window).await
+    }
+
+    fn set_session(&mut self, session: SessionLease) {
+        Waiter::set_session(self, session)
     }
 
     async fn grant(
@@ -359,8 +365,8 @@ impl LockShard for Shard {
         Shard::release_txn(self, k, revision, lease).await
     }
 
-    async fn forget_session(&self, holder: &str, session: &SessionLease) {
-        Shard::forget_session(self, holder, session).await
+    async fn session_gone(&self, holder: &str, session: &SessionLease, vouched: bool) {
+        Shard::session_gone(self, holder, session, vouched).await
     }
 
     async fn keep_session(

@@ -64,6 +64,18 @@ impl Drop for QueueEntry {
     }
 }
 
+/// What [`Waiter::keep_alive`] found.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Kept {
+    /// The session and the entry are alive.
+    Alive,
+    /// The client's session lease is gone (ended early: etcd's lease bugs,
+    /// an operator's revoke, a pause past its TTL).
+    SessionGone,
+    /// The entry's lease is gone: the waiter lost its place.
+    EntryGone,
+}
+
 /// A waiter in a name's queue, held by the lock layer while it waits: its
 /// entry, the client's session lease it is to be granted on, and the watch
 /// it sleeps on. Dropping it leaves the queue.
@@ -96,20 +108,20 @@ impl Waiter {
     /// Renews the client's session and the entry's lease, each if a third
     /// of its TTL has passed since it was last renewed, whatever woke the
     /// waiter; `window` gives, per TTL, how long a confirmed keepalive
-    /// spares another. False if either is gone (the client's locks with the
-    /// session, which is then forgotten).
+    /// spares another. Says which is gone, if one is (the session is then
+    /// forgotten, and the client's locks went with it).
     pub async fn keep_alive(
         &mut self,
         holder: &str,
         window: impl Fn(u32) -> Duration,
-    ) -> Result<bool, EtcdError> {
+    ) -> Result<Kept, EtcdError> {
         let shard = &self.entry.shard;
         let now = Instant::now();
         if now >= self.session_due {
             let ttl = self.session.ttl_secs;
             let kept = shard.keep_session(holder, &self.session, window(ttl));
             let Some(renewal) = kept.await? else {
-                return Ok(false);
+                return Ok(Kept::SessionGone);
             };
             self.session_due = due_after(now, &renewal, ttl);
         }
@@ -117,11 +129,19 @@ impl Waiter {
             let ttl = self.entry.ttl_secs;
             let renewal = (shard.renew_lease(self.entry.lease, window(ttl), ttl)).await?;
             if !renewal.alive() {
-                return Ok(false);
+                return Ok(Kept::EntryGone);
             }
             self.entry_due = due_after(now, &renewal, ttl);
         }
-        Ok(true)
+        Ok(Kept::Alive)
+    }
+
+    /// Waits on `session` from now on, the client's new session after its
+    /// last was found gone ([`Kept::SessionGone`]); kept alive from the
+    /// next [`Waiter::keep_alive`] on.
+    pub fn set_session(&mut self, session: SessionLease) {
+        self.session = session;
+        self.session_due = Instant::now();
     }
 
     /// Grants the name to the waiter, on its session, if it is first in

@@ -116,6 +116,10 @@ pub struct Ledger {
     pools: HashMap<Key, Pool>,
     /// Counts flushes: a grant sent before the last one is not kept.
     epoch: u64,
+    /// When the last flush came: an idle session's lease last confirmed
+    /// by a keepalive sent before then may be gone with the rest, and is
+    /// never handed on.
+    flushed_at: Option<Instant>,
 }
 
 /// What a session start gets from the ledger: a spare, if a fresh one was
@@ -192,9 +196,11 @@ impl Ledger {
     }
 
     /// An idle session's lease handed on in `epoch` (noted before its
-    /// session was looked at): kept unless a flush came since.
+    /// session was looked at): kept unless a flush came since, or came
+    /// after the keepalive that last confirmed it was sent.
     pub fn recycled(&mut self, ttl_secs: u32, tag: Option<LeaseTag>, epoch: u64, spare: Spare) {
-        if epoch == self.epoch {
+        let confirmed_since = (self.flushed_at).is_none_or(|at| spare.granted.sent_at > at);
+        if epoch == self.epoch && confirmed_since {
             let pool = self.pools.entry((ttl_secs, tag)).or_default();
             pool.recycled.push_back(spare);
         }
@@ -206,11 +212,13 @@ impl Ledger {
     }
 
     /// Drops every spare ready, and those whose grants are still on their
-    /// way: a lease the router believed alive was found gone, and leases
-    /// granted before that moment may be gone with it (etcd's lease bugs,
-    /// an operator's revoke). Returns how many were dropped.
-    pub fn flush(&mut self) -> usize {
+    /// way: a lease the router believed alive was found gone at `now`, and
+    /// leases granted or renewed before that moment may be gone with it
+    /// (etcd's lease bugs, an operator's revoke). Returns how many were
+    /// dropped.
+    pub fn flush(&mut self, now: Instant) -> usize {
         self.epoch += 1;
+        self.flushed_at = Some(now);
         self.pools
             .values_mut()
             .map(|pool| {
@@ -292,10 +300,11 @@ impl Spares {
         crate::metrics::spare_leases(self.conn.shard(), "recycled", 1);
     }
 
-    /// A lease believed alive was found gone: no spare granted before now
-    /// is handed out ([`Ledger::flush`]).
+    /// A lease believed alive was found gone: no spare granted before now,
+    /// nor idle session's lease last confirmed before now, is handed out
+    /// ([`Ledger::flush`], [`Ledger::recycled`]).
     pub fn flush(&self) {
-        let dropped = self.ledger().flush();
+        let dropped = self.ledger().flush(Instant::now());
         crate::metrics::spare_leases(self.conn.shard(), "expired", dropped);
     }
 
@@ -404,7 +413,7 @@ mod tests {
         }
         let sent = ledger.take(10, None, t0).epoch;
         ledger.granted(30, None, sent, spare(7, t0));
-        assert_eq!(ledger.flush(), 1);
+        assert_eq!(ledger.flush(t0), 1);
         // Granted before the flush, answered after it: not kept.
         ledger.granted(30, None, sent, spare(8, t0));
         let take = ledger.take(30, None, t0);
@@ -467,8 +476,16 @@ mod tests {
         assert!(take.spare.is_none());
         assert_eq!(take.dropped, 1, "4 s left: below a sixth");
         // Noted before a flush, handed on after it: not kept.
-        ledger.flush();
+        ledger.flush(late);
         ledger.recycled(30, None, epoch, spare(9, late).unwrap());
         assert!(ledger.take(30, None, late).spare.is_none());
+        // Noted after it, but last confirmed by a keepalive sent before it:
+        // not kept; confirmed since: kept.
+        let epoch = ledger.epoch();
+        let after = late + Duration::from_millis(1);
+        ledger.recycled(30, None, epoch, spare(10, late).unwrap());
+        assert!(ledger.take(30, None, after).spare.is_none());
+        ledger.recycled(30, None, epoch, spare(11, after).unwrap());
+        assert_eq!(ledger.take(30, None, after).spare.map(|s| s.id), Some(11));
     }
 }

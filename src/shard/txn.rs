@@ -131,6 +131,9 @@ impl Shard {
         // the name that come meanwhile wait for it, then find a grant made
         // looking held.
         let flight = self.cache.granting(k.hash);
+        // Its last confirmed renewal vouches for it now (a session past
+        // that was replaced before it got here), if not for the txn too.
+        let vouched = self.keepalive.lasts(lease, Duration::ZERO);
         let believed_alive = self.keepalive.lasts(lease, margin);
         let (txn, renewal) = if believed_alive {
             answered_with_txn(
@@ -161,13 +164,9 @@ impl Shard {
         let lease_gone =
             matches!(txn, Err(EtcdError::LeaseNotFound)) || matches!(renewal, Ok(r) if !r.alive());
         if lease_gone {
-            if believed_alive {
-                // Ended early (etcd's lease bugs, an operator's revoke):
-                // leases granted before now may be gone too, so the next
-                // attempt is granted a fresh one, not handed a spare.
-                self.spares.flush();
-            }
-            self.forget_session(&value.client, session).await;
+            // Ended early if it was vouched for: the next attempt is then
+            // granted a fresh lease, not handed a spare.
+            self.session_gone(&value.client, session, vouched).await;
             return Ok(SessionGrant::SessionGone);
         }
         Ok(SessionGrant::Answered(txn?, renewal))
