@@ -241,7 +241,8 @@ impl Active {
         // Not the holder's own re-acquire (that answered above): a new
         // grant, reserved in the owner's quota until its cache counts it.
         let value = lock_value(req, &g.ring)?;
-        let (reservation, session) = match self.reserve_with_session(req).await {
+        let (reservation, session) = match self.reserve_with_session(req, SessionUse::Acquire).await
+        {
             Ok(reserved) => reserved,
             // The cache may not show yet a grant made a moment ago (its
             // reservation is what fills the quota): before refusing, the
@@ -280,10 +281,12 @@ impl Active {
     }
 
     /// `req`'s new lock reserved in its owner's quota, and the session
-    /// lease it will ride on (a new one admitted by the quota too).
-    async fn reserve_with_session<S: LockShard>(
+    /// lease it will ride on (a new one admitted by the quota too), used
+    /// as `usage` says.
+    pub(super) async fn reserve_with_session<S: LockShard>(
         &self,
         req: &Acquire<S>,
+        usage: SessionUse,
     ) -> Result<(Option<quota::Reservation>, SessionLease), LockError> {
         let (shard, owner) = (&req.shard, req.owner.as_ref());
         let reservation = self.reserve_lock(shard.as_ref(), owner)?;
@@ -292,7 +295,7 @@ impl Active {
                 req.holder.as_str(),
                 req.ttl.secs(),
                 owner.map(|o| o.tag),
-                SessionUse::Acquire,
+                usage,
                 || self.admit_session(shard.as_ref(), owner, reservation.as_ref()),
             )
             .await?;

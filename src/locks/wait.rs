@@ -268,18 +268,8 @@ impl Active {
         &self,
         req: &Acquire<S>,
     ) -> Result<SessionLease, LockError> {
-        let shard = &req.shard;
-        let owner = req.owner.as_ref();
-        let reservation = self.reserve_lock(shard.as_ref(), owner)?;
-        shard
-            .session(
-                req.holder.as_str(),
-                req.ttl.secs(),
-                owner.map(|o| o.tag),
-                SessionUse::Pinned,
-                || self.admit_session(shard.as_ref(), owner, reservation.as_ref()),
-            )
-            .await
+        let (_, session) = self.reserve_with_session(req, SessionUse::Pinned).await?;
+        Ok(session)
     }
 }
 
