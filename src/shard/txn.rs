@@ -131,10 +131,11 @@ impl Shard {
         // the name that come meanwhile wait for it, then find a grant made
         // looking held.
         let flight = self.cache.granting(k.hash);
-        // Its last confirmed renewal vouches for it now (a session past
-        // that was replaced before it got here), if not for the txn too.
-        let vouched = self.keepalive.lasts(lease, Duration::ZERO);
         let believed_alive = self.keepalive.lasts(lease, margin);
+        // Its last confirmed renewal vouches for it now (a session past
+        // that was replaced before it got here), if not for the txn too;
+        // asked again only when not for the txn.
+        let vouched = believed_alive || self.keepalive.lasts(lease, Duration::ZERO);
         let (txn, renewal) = if believed_alive {
             answered_with_txn(
                 self.acquire_txn(k, value, lease, g, replace_held),
