@@ -60,6 +60,30 @@ async fn queue_empties(etcd: &EtcdCluster) {
     }
 }
 
+/// The lease of the one entry queued for any name on `etcd` (its key ends
+/// in `<lease, hex>-<nonce>`).
+async fn entry_lease(etcd: &EtcdCluster) -> i64 {
+    let mut c = etcd.client().await;
+    let opts = etcd_client::GetOptions::new().with_prefix();
+    let resp = c.get("/lockrouter/waiters/", Some(opts)).await.unwrap();
+    assert_eq!(resp.kvs().len(), 1, "one entry queued");
+    let key = resp.kvs()[0].key_str().unwrap();
+    let last = key.rsplit('/').next().unwrap();
+    let hex = last.split('-').next().unwrap();
+    u64::from_str_radix(hex, 16).unwrap() as i64
+}
+
+/// `lease` is gone from etcd within 2 s: revoked, not left to lapse (an
+/// entry's lease lives 5 s past its last renewal).
+async fn lease_revoked(etcd: &EtcdCluster, lease: i64) {
+    let mut c = etcd.client().await;
+    let deadline = Instant::now() + Duration::from_secs(2);
+    while c.lease_time_to_live(lease, None).await.unwrap().ttl() > 0 {
+        assert!(Instant::now() < deadline, "lease {lease:x} was kept");
+        sleep_ms(20).await;
+    }
+}
+
 fn lock_of(r: &Reply) -> (String, u64) {
     assert_eq!(r.body["acquired"], true, "{r:?}");
     lockrouter_testkit::api::lock_of(&r.body)
@@ -334,5 +358,43 @@ async fn a_waiter_whose_own_client_gets_the_name_answers_at_once() {
         "the second wait waited on its own client: {:?}",
         released.elapsed()
     );
+    queue_empties(&etcd).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_entry_lease_is_used_again_only_after_its_grant_emptied_it() {
+    let etcd = EtcdCluster::single();
+    let router = TestRouter::start(&[&etcd]).await;
+    let api = &router.api;
+    // A granted wait's txn deleted its entry: the next entry rides on its lease.
+    let held = api.must_acquire("n", 10_000, "holder").await;
+    let first = waiting(api, "n", "w1", 30_000);
+    wait_queued(&etcd, 1).await;
+    let emptied = entry_lease(&etcd).await;
+    assert_eq!(api.release(&held).await.status, 204);
+    let held = lock_of(&first.await.unwrap());
+    let timing_out = waiting(api, "n", "w2", 300);
+    wait_queued(&etcd, 1).await;
+    assert_eq!(entry_lease(&etcd).await, emptied, "not used again");
+    // A wait that ends otherwise (its time ran out) has its lease revoked.
+    assert_eq!(timing_out.await.unwrap().body["acquired"], false);
+    queue_empties(&etcd).await;
+    lease_revoked(&etcd, emptied).await;
+    let third = waiting(api, "n", "w3", 30_000);
+    wait_queued(&etcd, 1).await;
+    let fresh = entry_lease(&etcd).await;
+    assert_ne!(fresh, emptied, "a revoked lease handed out");
+    assert_eq!(api.release(&held).await.status, 204);
+    let held = lock_of(&third.await.unwrap());
+    // A kept lease that ends early (etcd's lease bugs, an operator's
+    // revoke) is not trusted: the next waiter queues on a new one.
+    let mut c = etcd.client().await;
+    c.lease_revoke(fresh).await.unwrap();
+    let fourth = waiting(api, "n", "w4", 30_000);
+    wait_queued(&etcd, 1).await;
+    assert_ne!(entry_lease(&etcd).await, fresh);
+    assert_eq!(api.release(&held).await.status, 204);
+    let last = lock_of(&fourth.await.unwrap());
+    assert!(last.1 > held.1);
     queue_empties(&etcd).await;
 }

@@ -772,7 +772,7 @@ impl QueueWaiter for FakeWaiter {
 
     /// The grant txn at the head of the queue (`queue.rs`).
     async fn grant(
-        &self,
+        &mut self,
         value: &LockValue,
         g: &Grantable,
         replace_held: Option<i64>,

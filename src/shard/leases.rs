@@ -127,12 +127,14 @@ impl Shard {
     /// next acquire gets a new one. `vouched`: its last confirmed renewal
     /// said it lasted when it was asked about, so it ended early (etcd's
     /// lease bugs, an operator's revoke), and leases granted or renewed
-    /// before now may be gone too: the spares are dropped, and no idle
-    /// session's lease confirmed before now is handed on
+    /// before now may be gone too: the spares and the emptied queue
+    /// entries' leases are dropped, and no idle session's lease confirmed
+    /// before now is handed on
     /// ([`Spares::flush`](super::spares::Spares::flush)).
     pub async fn session_gone(&self, holder: &str, session: &SessionLease, vouched: bool) {
         if vouched {
             self.spares.flush();
+            self.entry_leases.drop_all();
         }
         self.forget_session(holder, session).await;
     }

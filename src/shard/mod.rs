@@ -196,6 +196,8 @@ pub struct Shard {
     sessions: Sessions,
     /// Leases granted ahead of need while new sessions come often.
     spares: spares::Spares,
+    /// Queue entries' leases that a grant emptied, for the next waiters.
+    entry_leases: spares::EmptiedLeases,
     /// std `RwLock`: read on every acquire, written by the monitor, never
     /// held across an await.
     ring: RwLock<RingState>,
@@ -265,6 +267,7 @@ impl Shard {
             keys,
             sessions: Sessions::default(),
             spares: spares::Spares::new(conn.clone(), cancel.child_token()),
+            entry_leases: Default::default(),
             ring: RwLock::new(RingState::Unknown),
             identity,
             conn,

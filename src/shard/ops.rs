@@ -174,7 +174,7 @@ pub trait QueueWaiter: Send {
     fn set_session(&mut self, session: SessionLease);
 
     async fn grant(
-        &self,
+        &mut self,
         value: &LockValue,
         g: &Grantable,
         replace_held: Option<i64>,
@@ -205,7 +205,7 @@ impl QueueWaiter for Waiter {
     }
 
     async fn grant(
-        &self,
+        &mut self,
         value: &LockValue,
         g: &Grantable,
         replace_held: Option<i64>,

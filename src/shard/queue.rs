@@ -20,6 +20,12 @@
 //!
 //! While it waits, a waiter keeps the client's session lease and its
 //! entry's lease alive, every third of their TTL, whatever wakes it.
+//!
+//! A wait whose grant txn etcd answered `succeeded` left its entry's lease
+//! carrying nothing (the txn deleted the one key on it): the lease is
+//! kept ([`EmptiedLeases`](super::spares::EmptiedLeases)) for the next waiter on the shard instead of
+//! revoked, which saves that waiter the lease's grant and this one its
+//! revoke (docs/design.md, section 13, "An entry's lease, used again").
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
@@ -38,14 +44,16 @@ use super::name::{
     AcquireTxn, Grantable, NameKeys, NameState,
 };
 use super::sessions::SessionLease;
+use super::spares::Spare;
 use super::Shard;
 
 /// The TTL of a queue entry's lease: short, so a lost entry clears soon.
 const ENTRY_TTL_SECS: u32 = 5;
 
 /// A waiter's entry in a name's queue. Its key rides on a lease of its
-/// own, revoked when the entry is dropped (a grant, giving up, the request
-/// being dropped), which deletes the key if the grant did not.
+/// own, revoked when the entry is dropped (giving up, the request being
+/// dropped, an error), which deletes the key; a lease a grant txn emptied
+/// is kept for the next waiter instead ([`EmptiedLeases`](super::spares::EmptiedLeases)).
 struct QueueEntry {
     shard: Arc<Shard>,
     lease: i64,
@@ -53,11 +61,20 @@ struct QueueEntry {
     key: Vec<u8>,
     /// Its place in the queue: the create revision of its key.
     revision: i64,
+    /// etcd answered a grant txn `succeeded`, which deleted the key: the
+    /// lease carries nothing now.
+    emptied: bool,
 }
 
 impl Drop for QueueEntry {
     fn drop(&mut self) {
         let (shard, lease) = (self.shard.clone(), self.lease);
+        if self.emptied {
+            if let Some(granted) = shard.keepalive.confirmed(lease) {
+                shard.entry_leases.keep(Spare { id: lease, granted });
+                return;
+            }
+        }
         tokio::spawn(async move {
             let _ = shard.revoke(lease).await;
         });
@@ -129,6 +146,9 @@ impl Waiter {
             let ttl = self.entry.ttl_secs;
             let renewal = (shard.renew_lease(self.entry.lease, window(ttl), ttl)).await?;
             if !renewal.alive() {
+                // Kept alive as it was, it ended early: so may have the
+                // emptied ones kept.
+                shard.entry_leases.drop_all();
                 return Ok(Kept::EntryGone);
             }
             self.entry_due = due_after(now, &renewal, ttl);
@@ -146,17 +166,22 @@ impl Waiter {
 
     /// Grants the name to the waiter, on its session, if it is first in
     /// the queue and the name is grantable ([`Shard::head_grant_txn`]);
-    /// otherwise says what it waits for.
+    /// otherwise says what it waits for. A grant deleted the entry, so its
+    /// lease is kept for the next waiter when the waiter drops.
     pub async fn grant(
-        &self,
+        &mut self,
         value: &LockValue,
         g: &Grantable,
         replace_held: Option<i64>,
     ) -> Result<AcquireTxn, EtcdError> {
         let (k, lease) = (&self.k, self.session.id);
-        (self.entry.shard)
+        let answer = (self.entry.shard)
             .head_grant_txn(k, value, lease, g, &self.entry, replace_held)
-            .await
+            .await;
+        if let Ok(AcquireTxn::Granted { .. }) = answer {
+            self.entry.emptied = true;
+        }
+        answer
     }
 
     /// Sleeps until what the waiter awaits, or its own entry, is deleted
@@ -216,17 +241,17 @@ impl Shard {
     /// Queues `holder`, whose session lease on this shard is `session`,
     /// for `k`'s name: puts its entry at the end of the queue and opens the
     /// watch it sleeps on. The session is kept alive from the first
-    /// [`Waiter::keep_alive`] on; the entry's lease, granted just now, a
-    /// third of its TTL later.
+    /// [`Waiter::keep_alive`] on; the entry's lease, a third of its TTL
+    /// after its grant or last renewal.
     pub async fn enqueue(
         self: &Arc<Self>,
         k: NameKeys,
         holder: &str,
         session: SessionLease,
     ) -> Result<Waiter, EtcdError> {
-        let entry = self.put_entry(&k, holder).await?;
+        let (entry, renewed) = self.put_entry(&k, holder).await?;
         let now = Instant::now();
-        let entry_due = now + third(entry.ttl_secs);
+        let entry_due = due_after(now, &renewed, entry.ttl_secs);
         let watch = QueueWatch::open(self, &k, &entry.key).await?;
         Ok(Waiter {
             k,
@@ -238,13 +263,22 @@ impl Shard {
         })
     }
 
-    /// Puts an entry of `client_id` at the end of the queue of `k`'s name:
-    /// grants the entry's lease, arms its revocation, then puts the key.
+    /// Puts an entry of `client_id` at the end of the queue of `k`'s name,
+    /// on a lease a granted wait emptied if one is kept, else on one granted
+    /// now; returns it with its lease's grant or last renewal. A kept lease
+    /// found gone drops them all (one of the shard's leases ended early),
+    /// and the entry goes on a new one.
     async fn put_entry(
         self: &Arc<Self>,
         k: &NameKeys,
         client_id: &str,
-    ) -> Result<QueueEntry, EtcdError> {
+    ) -> Result<(QueueEntry, Renewal), EtcdError> {
+        if let Some(kept) = self.entry_leases.take(Instant::now()) {
+            match self.put_entry_on(k, client_id, kept).await {
+                Err(EtcdError::LeaseNotFound) => self.entry_leases.drop_all(),
+                put => return put.map(|entry| (entry, kept.granted)),
+            }
+        }
         let sent_at = Instant::now();
         let (lease, granted) = self.grant(ENTRY_TTL_SECS).await?;
         let renewal = Renewal {
@@ -252,13 +286,32 @@ impl Shard {
             ttl_secs: granted,
         };
         self.keepalive.seed(lease, renewal);
+        let lease = Spare {
+            id: lease,
+            granted: renewal,
+        };
+        let entry = self.put_entry_on(k, client_id, lease).await?;
+        Ok((entry, renewal))
+    }
+
+    /// Puts an entry of `client_id` for `k`'s name on `lease`, whose
+    /// revocation it arms first.
+    async fn put_entry_on(
+        self: &Arc<Self>,
+        k: &NameKeys,
+        client_id: &str,
+        Spare { id: lease, granted }: Spare,
+    ) -> Result<QueueEntry, EtcdError> {
         let nonce = NONCE.fetch_add(1, Ordering::Relaxed) ^ process_salt();
         let mut entry = QueueEntry {
             shard: self.clone(),
             lease,
-            ttl_secs: u32::try_from(granted).unwrap_or(ENTRY_TTL_SECS).max(1),
+            ttl_secs: u32::try_from(granted.ttl_secs)
+                .unwrap_or(ENTRY_TTL_SECS)
+                .max(1),
             key: self.keys.waiter(&k.hash, lease, nonce),
             revision: 0,
+            emptied: false,
         };
         let mut kv = self.conn.client().kv_client();
         let put = kv.put(

@@ -22,6 +22,9 @@
 //! are sent while they last. Such a lease is as old as its last confirmed
 //! renewal, so it is handed out only while it has at least a sixth of
 //! its TTL left ([`min_left`]).
+//!
+//! The leases of waiters' queue entries that a grant txn emptied are kept
+//! apart ([`EmptiedLeases`]), for the shard's next waiters (queue.rs).
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::{Arc, Mutex};
@@ -319,6 +322,50 @@ impl Spares {
     }
 }
 
+/// The most emptied entry leases a shard keeps for its next waiters.
+const MOST_KEPT: usize = 64;
+
+/// Entry leases that a grant txn emptied, kept for the shard's next
+/// waiters. Nothing renews them here: one that no waiter takes lapses in
+/// etcd within its TTL, and one is handed out only while at least half
+/// its TTL is left by its last confirmed renewal, from which its waiter
+/// goes on renewing it.
+#[derive(Default)]
+pub struct EmptiedLeases(Mutex<VecDeque<Spare>>);
+
+impl EmptiedLeases {
+    /// Keeps `lease`, whose one key a granted txn deleted (the newest
+    /// [`MOST_KEPT`] only).
+    pub fn keep(&self, lease: Spare) {
+        let mut kept = self.kept();
+        if kept.len() == MOST_KEPT {
+            kept.pop_front();
+        }
+        kept.push_back(lease);
+    }
+
+    /// The most recently kept lease with at least half its TTL left at
+    /// `now`; those with less are dropped.
+    pub fn take(&self, now: Instant) -> Option<Spare> {
+        let mut kept = self.kept();
+        kept.retain(|l| {
+            let half = Duration::from_millis(l.granted.ttl_secs.max(0) as u64 * 500);
+            l.granted.deadline() >= now + half
+        });
+        kept.pop_back()
+    }
+
+    /// Drops every lease kept: one of this shard's leases ended early, and
+    /// the rest may have gone with it.
+    pub fn drop_all(&self) {
+        self.kept().clear();
+    }
+
+    fn kept(&self) -> std::sync::MutexGuard<'_, VecDeque<Spare>> {
+        self.0.lock().expect("emptied entry leases lock")
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -331,6 +378,39 @@ mod tests {
                 ttl_secs: 30,
             },
         })
+    }
+
+    #[test]
+    fn an_emptied_lease_goes_out_newest_first_and_only_with_half_its_ttl_left() {
+        let kept = EmptiedLeases::default();
+        let now = Instant::now();
+        let lease = |id, ago_ms| Spare {
+            id,
+            granted: Renewal {
+                sent_at: now - Duration::from_millis(ago_ms),
+                ttl_secs: 5,
+            },
+        };
+        kept.keep(lease(1, 0));
+        kept.keep(lease(2, 2_000)); // 3 s of 5 left
+        kept.keep(lease(3, 2_600)); // 2.4 s left: dropped, not handed out
+        assert_eq!(kept.take(now).map(|l| l.id), Some(2));
+        assert_eq!(kept.take(now).map(|l| l.id), Some(1));
+        assert!(kept.take(now).is_none());
+        // At most MOST_KEPT, the oldest dropped first.
+        for id in 0..=MOST_KEPT as i64 {
+            kept.keep(lease(id, 0));
+        }
+        let mut out = Vec::new();
+        while let Some(l) = kept.take(now) {
+            out.push(l.id);
+        }
+        assert_eq!(out.len(), MOST_KEPT);
+        assert!(!out.contains(&0), "the oldest went first");
+        // A lease found gone early drops every one kept.
+        kept.keep(lease(7, 0));
+        kept.drop_all();
+        assert!(kept.take(now).is_none());
     }
 
     #[test]
