@@ -767,6 +767,36 @@ async fn waiters_get_the_name_in_the_order_they_queued() {
     assert_eq!(shard.queued("order-42"), 0);
 }
 
+/// A waiter whose entry's txn found another entry ahead sends no grant
+/// txn (it would fail, and cost a raft write) until that entry leaves,
+/// and then goes on as any waiter: at the head, it is granted on the
+/// release.
+#[tokio::test]
+async fn a_waiter_behind_another_sends_no_grant_txn_until_that_one_leaves() {
+    let (active, shard) = (Arc::new(active()), shard("a"));
+    let holder = granted(attempt(&active, &acquire(&shard, "order-42", "h")).await);
+    let settle = || async {
+        for _ in 0..100 {
+            tokio::task::yield_now().await;
+        }
+    };
+    let first = wait_in_queue(&active, &shard, "w1", Duration::from_secs(5));
+    until_queued(&shard, 1).await;
+    settle().await; // the first waiter's txn found the name held
+    let sent = shard.grant_txns();
+    let second = wait_in_queue(&active, &shard, "w2", Duration::from_secs(5));
+    until_queued(&shard, 2).await;
+    settle().await;
+    assert_eq!(shard.grant_txns(), sent, "a txn that could only fail");
+    first.abort(); // the first waiter's request is dropped: it leaves
+    until_queued(&shard, 1).await;
+    release(&active, &shard, &holder).await;
+    let two = grant_of(waited(second).await);
+    assert!(two.fencing_token > holder.fencing_token);
+    assert!(shard.grant_txns() > sent);
+    assert_eq!(shard.queued("order-42"), 0);
+}
+
 /// A waiter's grant txn whose answer is lost, as a plain acquire's
 /// (`an_acquire_whose_answer_was_lost_is_resolved_and_its_late_txn_grants_nothing`):
 /// the router moves the grant cut-off past it, then reads the name.

@@ -123,6 +123,12 @@ impl Active {
             if standing.moved() {
                 return Ok(None); // dropping the waiter leaves the queue
             }
+            if let Some((ahead, holder)) = waiter.found_ahead() {
+                // Queued behind another: its grant txn would fail.
+                last_holder = holder.or(last_holder);
+                waiter.sleep(Awaited::Ahead(ahead), deadline).await?;
+                continue;
+            }
             let value = lock_value(req, &g.ring)?;
             let reservation = self.reserve_lock(shard.as_ref(), req.owner.as_ref())?;
             let sent = Instant::now();

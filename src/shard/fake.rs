@@ -702,12 +702,20 @@ impl LockShard for FakeShard {
         key.extend_from_slice(format!("/{}", s.revision + 1).as_bytes());
         s.put(key.clone(), holder.as_bytes().to_vec(), 0);
         let seen = s.deletions;
+        // What the entry's txn reads after its put (`queue.rs`).
+        let mine = s.revision;
+        let ahead = (s.kv.values())
+            .filter(|kv| kv.key.starts_with(&k.waiters) && kv.create_revision < mine)
+            .max_by_key(|kv| kv.create_revision)
+            .map(|kv| kv.key.clone());
+        let found = ahead.map(|a| (a, s.kv.get(&k.lock).cloned()));
         Ok(FakeWaiter {
             shard: self.clone(),
             k,
             key,
             session,
             seen,
+            found,
         })
     }
 
@@ -727,6 +735,8 @@ pub struct FakeWaiter {
     session: SessionLease,
     /// The shard's deletions when it last woke: any later one wakes it.
     seen: u64,
+    /// The entry just ahead of its own when it queued, and the holder.
+    found: Option<(Vec<u8>, Option<Stored>)>,
 }
 
 impl Drop for FakeWaiter {
@@ -770,6 +780,10 @@ impl QueueWaiter for FakeWaiter {
         self.session = session;
     }
 
+    fn found_ahead(&mut self) -> Option<(Vec<u8>, Option<Stored>)> {
+        self.found.take()
+    }
+
     /// The grant txn at the head of the queue (`queue.rs`).
     async fn grant(
         &mut self,
@@ -787,6 +801,7 @@ impl QueueWaiter for FakeWaiter {
             .max_by_key(|kv| kv.create_revision)
             .map(|kv| kv.key.clone());
         if let Some(ahead) = ahead {
+            s.grant_txns += 1; // sent, and failed its compare
             return Ok(AcquireTxn::Behind(ahead, s.kv.get(&k.lock).cloned()));
         }
         // First in the queue: granted as a plain acquire would be, but for

@@ -173,6 +173,9 @@ pub trait QueueWaiter: Send {
 
     fn set_session(&mut self, session: SessionLease);
 
+    /// [`Waiter::found_ahead`].
+    fn found_ahead(&mut self) -> Option<(Vec<u8>, Option<Stored>)>;
+
     async fn grant(
         &mut self,
         value: &LockValue,
@@ -202,6 +205,10 @@ impl QueueWaiter for Waiter {
 
     fn set_session(&mut self, session: SessionLease) {
         Waiter::set_session(self, session)
+    }
+
+    fn found_ahead(&mut self) -> Option<(Vec<u8>, Option<Stored>)> {
+        Waiter::found_ahead(self)
     }
 
     async fn grant(

@@ -109,6 +109,16 @@ pub struct Waiter {
     session_due: Instant,
     /// When the entry's lease is next renewed.
     entry_due: Instant,
+    /// What its entry's txn read, until the wait first looks at it.
+    found: Option<Found>,
+}
+
+/// What a waiter's entry's txn read after its `Put`.
+struct Found {
+    /// The key of the entry just ahead of the waiter's own, if any.
+    ahead: Option<Vec<u8>>,
+    /// The name's lock key, if held.
+    holder: Option<Stored>,
 }
 
 impl Waiter {
@@ -154,6 +164,15 @@ impl Waiter {
             self.entry_due = due_after(now, &renewal, ttl);
         }
         Ok(Kept::Alive)
+    }
+
+    /// Once, right after the waiter queued: the entry its entry's txn found
+    /// just ahead of its own, if there was one, and the name's holder it
+    /// read. The waiter then waits for that entry first: a grant txn would
+    /// fail its compare (an older entry remains).
+    pub fn found_ahead(&mut self) -> Option<(Vec<u8>, Option<Stored>)> {
+        let Found { ahead, holder } = self.found.take()?;
+        Some((ahead?, holder))
     }
 
     /// Waits on `session` from now on, the client's new session after its
@@ -249,7 +268,7 @@ impl Shard {
         holder: &str,
         session: SessionLease,
     ) -> Result<Waiter, EtcdError> {
-        let (entry, renewed) = self.put_entry(&k, holder).await?;
+        let (entry, renewed, found) = self.put_entry(&k, holder).await?;
         let now = Instant::now();
         let entry_due = due_after(now, &renewed, entry.ttl_secs);
         let watch = QueueWatch::open(self, &k, &entry.key).await?;
@@ -260,6 +279,7 @@ impl Shard {
             session,
             session_due: now,
             entry_due,
+            found: Some(found),
         })
     }
 
@@ -272,11 +292,11 @@ impl Shard {
         self: &Arc<Self>,
         k: &NameKeys,
         client_id: &str,
-    ) -> Result<(QueueEntry, Renewal), EtcdError> {
+    ) -> Result<(QueueEntry, Renewal, Found), EtcdError> {
         if let Some(kept) = self.entry_leases.take(Instant::now()) {
             match self.put_entry_on(k, client_id, kept).await {
                 Err(EtcdError::LeaseNotFound) => self.entry_leases.drop_all(),
-                put => return put.map(|entry| (entry, kept.granted)),
+                put => return put.map(|(entry, found)| (entry, kept.granted, found)),
             }
         }
         let sent_at = Instant::now();
@@ -290,18 +310,20 @@ impl Shard {
             id: lease,
             granted: renewal,
         };
-        let entry = self.put_entry_on(k, client_id, lease).await?;
-        Ok((entry, renewal))
+        let (entry, found) = self.put_entry_on(k, client_id, lease).await?;
+        Ok((entry, renewal, found))
     }
 
     /// Puts an entry of `client_id` for `k`'s name on `lease`, whose
-    /// revocation it arms first.
+    /// revocation it arms first, in a txn that then reads the entry just
+    /// ahead of it and the name's holder (docs/design.md, section 13, "The
+    /// entry's txn").
     async fn put_entry_on(
         self: &Arc<Self>,
         k: &NameKeys,
         client_id: &str,
         Spare { id: lease, granted }: Spare,
-    ) -> Result<QueueEntry, EtcdError> {
+    ) -> Result<(QueueEntry, Found), EtcdError> {
         let nonce = NONCE.fetch_add(1, Ordering::Relaxed) ^ process_salt();
         let mut entry = QueueEntry {
             shard: self.clone(),
@@ -313,15 +335,32 @@ impl Shard {
             revision: 0,
             emptied: false,
         };
-        let mut kv = self.conn.client().kv_client();
-        let put = kv.put(
-            entry.key.clone(),
-            client_id.to_string(),
+        let newest_two = GetOptions::new()
+            .with_prefix()
+            .with_sort(SortTarget::Create, SortOrder::Descend)
+            .with_limit(2);
+        let put = TxnOp::put(
+            entry.key.as_slice(),
+            client_id,
             Some(PutOptions::new().with_lease(lease)),
         );
-        let resp = self.conn.call("Put", put).await?;
-        entry.revision = resp.header().map(|h| h.revision()).unwrap_or(0);
-        Ok(entry)
+        let ops = [
+            put,
+            TxnOp::get(k.waiters.clone(), Some(newest_two)),
+            TxnOp::get(k.lock.clone(), None),
+        ];
+        let resp = self.txn(Txn::new().and_then(ops)).await?;
+        entry.revision = revision(&resp);
+        let mut ops = resp.op_responses().into_iter().skip(1);
+        let mut read = || match ops.next() {
+            Some(TxnOpResponse::Get(mut g)) => g.take_kvs(),
+            _ => Vec::new(),
+        };
+        let ahead = (read().into_iter())
+            .find(|kv| kv.key() != entry.key.as_slice() && kv.create_revision() < entry.revision)
+            .map(|kv| kv.key().to_vec());
+        let holder = read().into_iter().next().map(Stored::from);
+        Ok((entry, Found { ahead, holder }))
     }
 
     /// Waiting acquires queued for `k`'s name (on its own shard: the only
