@@ -768,11 +768,11 @@ async fn waiters_get_the_name_in_the_order_they_queued() {
 }
 
 /// A waiter whose entry's txn found another entry ahead sends no grant
-/// txn (it would fail, and cost a raft write) until that entry leaves,
-/// and then goes on as any waiter: at the head, it is granted on the
-/// release.
+/// txn (it would fail, and cost a raft write) until that entry leaves;
+/// woken then, it reads first, and sends none while the name is held (here
+/// by the waiter ahead, just granted). At the head, the release grants it.
 #[tokio::test]
-async fn a_waiter_behind_another_sends_no_grant_txn_until_that_one_leaves() {
+async fn a_waiter_behind_another_sends_no_grant_txn_while_it_could_only_fail() {
     let (active, shard) = (Arc::new(active()), shard("a"));
     let holder = granted(attempt(&active, &acquire(&shard, "order-42", "h")).await);
     let settle = || async {
@@ -787,13 +787,16 @@ async fn a_waiter_behind_another_sends_no_grant_txn_until_that_one_leaves() {
     let second = wait_in_queue(&active, &shard, "w2", Duration::from_secs(5));
     until_queued(&shard, 2).await;
     settle().await;
-    assert_eq!(shard.grant_txns(), sent, "a txn that could only fail");
-    first.abort(); // the first waiter's request is dropped: it leaves
-    until_queued(&shard, 1).await;
+    assert_eq!(shard.grant_txns(), sent, "queued behind another");
     release(&active, &shard, &holder).await;
+    let one = grant_of(waited(first).await);
+    settle().await; // the second woke: the entry ahead of it left
+    assert_eq!(shard.grant_txns(), sent + 1, "only the first's grant");
+    assert_eq!(shard.queued("order-42"), 1);
+    release(&active, &shard, &one).await;
     let two = grant_of(waited(second).await);
-    assert!(two.fencing_token > holder.fencing_token);
-    assert!(shard.grant_txns() > sent);
+    assert!(two.fencing_token > one.fencing_token);
+    assert_eq!(shard.grant_txns(), sent + 2);
     assert_eq!(shard.queued("order-42"), 0);
 }
 

@@ -106,6 +106,8 @@ impl Active {
         let mut replace_held = None;
         // Sessions the wait may start after its client's was found gone.
         let mut new_sessions = MOST_NEW_SESSIONS;
+        // Woken by the entry ahead leaving: read before a grant txn.
+        let mut look_first = false;
         let not_granted = || Ok(Some(Acquired::Held(Expiry(Instant::now()))));
         loop {
             match waiter.keep_alive(holder, |ttl| self.window(ttl)).await? {
@@ -127,12 +129,14 @@ impl Active {
                 // Queued behind another: its grant txn would fail.
                 last_holder = holder.or(last_holder);
                 waiter.sleep(Awaited::Ahead(ahead), deadline).await?;
+                look_first = true;
                 continue;
             }
             let value = lock_value(req, &g.ring)?;
             let reservation = self.reserve_lock(shard.as_ref(), req.owner.as_ref())?;
             let sent = Instant::now();
-            let granted = match waiter.grant(&value, &g, replace_held.take()).await {
+            let look = std::mem::take(&mut look_first);
+            let granted = match waiter.grant(&value, &g, replace_held.take(), look).await {
                 // The txn puts the lock key on the session's lease (and
                 // only deletes the entry's key): the session is gone, kept
                 // alive as it was, so it ended early.
@@ -239,6 +243,7 @@ impl Active {
             // Wakes for the deletion, the deadline, or to keep the session
             // and the entry alive; whatever woke it, the next txn reads the
             // name afresh.
+            look_first = matches!(awaited, Awaited::Ahead(_));
             waiter.sleep(awaited, deadline).await?;
         }
         drop(waiter);

@@ -790,6 +790,7 @@ impl QueueWaiter for FakeWaiter {
         value: &LockValue,
         g: &Grantable,
         replace_held: Option<i64>,
+        look_first: bool,
     ) -> Result<AcquireTxn, EtcdError> {
         let mut s = self.shard.lock();
         let k = &self.k;
@@ -800,9 +801,16 @@ impl QueueWaiter for FakeWaiter {
             .filter(|kv| kv.key.starts_with(&k.waiters) && kv.create_revision < mine)
             .max_by_key(|kv| kv.create_revision)
             .map(|kv| kv.key.clone());
+        let held = s.kv.get(&k.lock).cloned();
         if let Some(ahead) = ahead {
-            s.grant_txns += 1; // sent, and failed its compare
-            return Ok(AcquireTxn::Behind(ahead, s.kv.get(&k.lock).cloned()));
+            if !look_first {
+                s.grant_txns += 1; // sent, and failed its compare
+            }
+            return Ok(AcquireTxn::Behind(ahead, held));
+        }
+        // A look first at a held name sends no txn.
+        if let (true, Some(held)) = (look_first, held) {
+            return Ok(AcquireTxn::Held(held));
         }
         // First in the queue: granted as a plain acquire would be, but for
         // its own entry, which the grant deletes.

@@ -181,6 +181,7 @@ pub trait QueueWaiter: Send {
         value: &LockValue,
         g: &Grantable,
         replace_held: Option<i64>,
+        look_first: bool,
     ) -> Result<AcquireTxn, EtcdError>;
 
     async fn sleep(&mut self, awaited: Awaited, deadline: Instant) -> Result<Woke, EtcdError>;
@@ -216,8 +217,9 @@ impl QueueWaiter for Waiter {
         value: &LockValue,
         g: &Grantable,
         replace_held: Option<i64>,
+        look_first: bool,
     ) -> Result<AcquireTxn, EtcdError> {
-        Waiter::grant(self, value, g, replace_held).await
+        Waiter::grant(self, value, g, replace_held, look_first).await
     }
 
     async fn sleep(&mut self, awaited: Awaited, deadline: Instant) -> Result<Woke, EtcdError> {

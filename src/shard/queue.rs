@@ -187,13 +187,23 @@ impl Waiter {
     /// the queue and the name is grantable ([`Shard::head_grant_txn`]);
     /// otherwise says what it waits for. A grant deleted the entry, so its
     /// lease is kept for the next waiter when the waiter drops.
+    /// `look_first`: read first, and send the txn only if the read finds
+    /// the waiter first and the name grantable (docs/design.md, section
+    /// 13, "Who watches what").
     pub async fn grant(
         &mut self,
         value: &LockValue,
         g: &Grantable,
         replace_held: Option<i64>,
+        look_first: bool,
     ) -> Result<AcquireTxn, EtcdError> {
         let (k, lease) = (&self.k, self.session.id);
+        if look_first {
+            let seen = self.entry.shard.head_look(k, g, &self.entry).await?;
+            if !matches!(seen, AcquireTxn::Queued) {
+                return Ok(seen);
+            }
+        }
         let answer = (self.entry.shard)
             .head_grant_txn(k, value, lease, g, &self.entry, replace_held)
             .await;
@@ -395,6 +405,36 @@ impl Shard {
         when.push(self.keys.cutoff_compare(g.cutoff));
         let mut then = grant_ops(k, value, lease);
         then.push(TxnOp::delete(mine.key.as_slice(), None));
+        let txn = (Txn::new().when(when).and_then(then)).or_else(self.head_reads(k, mine));
+        let resp = self.txn(txn).await?;
+        if resp.succeeded() {
+            return Ok(AcquireTxn::Granted {
+                revision: revision(&resp),
+            });
+        }
+        Ok(self.head_refusal(resp, g))
+    }
+
+    /// What the waiter `mine` would be refused for now, from one read-only
+    /// txn of what its grant txn reads when it fails;
+    /// [`AcquireTxn::Queued`] if it is first and the name grantable, so
+    /// that its grant txn may go.
+    async fn head_look(
+        &self,
+        k: &NameKeys,
+        g: &Grantable,
+        mine: &QueueEntry,
+    ) -> Result<AcquireTxn, EtcdError> {
+        let resp = self
+            .txn(Txn::new().and_then(self.head_reads(k, mine)))
+            .await?;
+        Ok(self.head_refusal(resp, g))
+    }
+
+    /// What the grant txn of the waiter `mine` reads when it fails: the
+    /// name, the waiter's own entry, the entry just ahead of it and the
+    /// grant cut-off.
+    fn head_reads(&self, k: &NameKeys, mine: &QueueEntry) -> Vec<TxnOp> {
         let predecessor = GetOptions::new()
             .with_prefix()
             .with_max_create_revision(mine.revision - 1)
@@ -404,18 +444,16 @@ impl Shard {
         reads.push(TxnOp::get(mine.key.as_slice(), None));
         reads.push(TxnOp::get(k.waiters.clone(), Some(predecessor)));
         reads.push(self.keys.cutoff_read());
-        let txn = Txn::new().when(when).and_then(then).or_else(reads);
-        let resp = self.txn(txn).await?;
-        if resp.succeeded() {
-            return Ok(AcquireTxn::Granted {
-                revision: revision(&resp),
-            });
-        }
+        reads
+    }
+
+    /// Why the waiter is not granted, from the answers of [`head_reads`](Self::head_reads).
+    fn head_refusal(&self, resp: etcd_client::TxnResponse, g: &Grantable) -> AcquireTxn {
         let mut gets = gets(resp);
         let state = name_state(&mut gets);
         let (me, ahead) = (gets.next().flatten(), gets.next().flatten());
         let cutoff = self.keys.cutoff_of(gets.next().flatten());
-        Ok(head_refusal(state, me, ahead, (g, cutoff)))
+        head_refusal(state, me, ahead, (g, cutoff))
     }
 }
 
