@@ -61,7 +61,7 @@ async fn queue_empties(etcd: &EtcdCluster) {
 }
 
 /// The lease of the one entry queued for any name on `etcd` (its key ends
-/// in `<lease, hex>-<nonce>`).
+/// in `<lease, hex>`).
 async fn entry_lease(etcd: &EtcdCluster) -> i64 {
     let mut c = etcd.client().await;
     let opts = etcd_client::GetOptions::new().with_prefix();
@@ -69,8 +69,7 @@ async fn entry_lease(etcd: &EtcdCluster) -> i64 {
     assert_eq!(resp.kvs().len(), 1, "one entry queued");
     let key = resp.kvs()[0].key_str().unwrap();
     let last = key.rsplit('/').next().unwrap();
-    let hex = last.split('-').next().unwrap();
-    u64::from_str_radix(hex, 16).unwrap() as i64
+    u64::from_str_radix(last, 16).unwrap() as i64
 }
 
 /// `lease` is gone from etcd within 2 s: revoked, not left to lapse (an
@@ -375,6 +374,7 @@ async fn an_entry_lease_is_used_again_only_after_its_grant_emptied_it() {
     let held = lock_of(&first.await.unwrap());
     let timing_out = waiting(api, "n", "w2", 300);
     wait_queued(&etcd, 1).await;
+    // The same key comes back, as a new entry (its lease names it).
     assert_eq!(entry_lease(&etcd).await, emptied, "not used again");
     // A wait that ends otherwise (its time ran out) has its lease revoked.
     assert_eq!(timing_out.await.unwrap().body["acquired"], false);

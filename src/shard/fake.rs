@@ -707,7 +707,7 @@ impl LockShard for FakeShard {
         let ahead = (s.kv.values())
             .filter(|kv| kv.key.starts_with(&k.waiters) && kv.create_revision < mine)
             .max_by_key(|kv| kv.create_revision)
-            .map(|kv| kv.key.clone());
+            .cloned();
         let found = ahead.map(|a| (a, s.kv.get(&k.lock).cloned()));
         Ok(FakeWaiter {
             shard: self.clone(),
@@ -736,7 +736,7 @@ pub struct FakeWaiter {
     /// The shard's deletions when it last woke: any later one wakes it.
     seen: u64,
     /// The entry just ahead of its own when it queued, and the holder.
-    found: Option<(Vec<u8>, Option<Stored>)>,
+    found: Option<(Stored, Option<Stored>)>,
 }
 
 impl Drop for FakeWaiter {
@@ -780,7 +780,7 @@ impl QueueWaiter for FakeWaiter {
         self.session = session;
     }
 
-    fn found_ahead(&mut self) -> Option<(Vec<u8>, Option<Stored>)> {
+    fn found_ahead(&mut self) -> Option<(Stored, Option<Stored>)> {
         self.found.take()
     }
 
@@ -800,7 +800,7 @@ impl QueueWaiter for FakeWaiter {
         let ahead = (s.kv.values())
             .filter(|kv| kv.key.starts_with(&k.waiters) && kv.create_revision < mine)
             .max_by_key(|kv| kv.create_revision)
-            .map(|kv| kv.key.clone());
+            .cloned();
         let held = s.kv.get(&k.lock).cloned();
         if let Some(ahead) = ahead {
             if !look_first {

@@ -24,7 +24,7 @@
 //! - `P/delay/<hash>` is the lock-delay of a lost holder: on a fresh lease of
 //!   the lost lock's TTL, it keeps the name ungrantable until any validity
 //!   the lost holder was told of has surely passed (see `docs/design.md`).
-//! - `P/waiters/<hash>/<lease>-<nonce>` is a caller waiting for the name
+//! - `P/waiters/<hash>/<lease>` is a caller waiting for the name
 //!   (`waitMs`), attached to a lease of its own; the queue is ordered by the
 //!   keys' create revisions.
 
@@ -167,10 +167,11 @@ impl Keys {
         self.name_key("waiters", hash, "/")
     }
 
-    /// One waiter's key: unique per wait, ordered by its create revision.
-    pub fn waiter(&self, hash: &NameHash, lease: i64, nonce: u64) -> Vec<u8> {
+    /// One waiter's key, named by the lease its entry rides on (which
+    /// carries one wait's entry at a time); ordered by its create revision.
+    pub fn waiter(&self, hash: &NameHash, lease: i64) -> Vec<u8> {
         let mut key = self.waiters(hash);
-        key.extend_from_slice(format!("{lease:016x}-{nonce:016x}").as_bytes());
+        key.extend_from_slice(format!("{lease:016x}").as_bytes());
         key
     }
 

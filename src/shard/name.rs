@@ -64,9 +64,10 @@ pub enum AcquireTxn {
     Queued,
     /// A waiter's own entry is gone (its lease ended).
     Gone,
-    /// A waiter must wait for this key (the entry ahead of it) to go; the
-    /// name's holder, if any, is given too.
-    Behind(Vec<u8>, Option<Stored>),
+    /// A waiter must wait for this entry (the one just ahead of it) to
+    /// go, known by its key and create revision; the name's holder, if
+    /// any, is given too.
+    Behind(Stored, Option<Stored>),
     /// The shard's ring is not the one the router compared against.
     RingChanged(Option<Recorded>),
     /// The shard's identity is not the one the router verified.

@@ -174,7 +174,7 @@ pub trait QueueWaiter: Send {
     fn set_session(&mut self, session: SessionLease);
 
     /// [`Waiter::found_ahead`].
-    fn found_ahead(&mut self) -> Option<(Vec<u8>, Option<Stored>)>;
+    fn found_ahead(&mut self) -> Option<(Stored, Option<Stored>)>;
 
     async fn grant(
         &mut self,
@@ -208,7 +208,7 @@ impl QueueWaiter for Waiter {
         Waiter::set_session(self, session)
     }
 
-    fn found_ahead(&mut self) -> Option<(Vec<u8>, Option<Stored>)> {
+    fn found_ahead(&mut self) -> Option<(Stored, Option<Stored>)> {
         Waiter::found_ahead(self)
     }
 

@@ -5,7 +5,7 @@
 //! and what to answer is the lock layer's (`locks/wait.rs`), which holds a
 //! [`Waiter`] while it waits; what the queue is in etcd is here.
 //!
-//! A waiter puts `P/waiters/<hash>/<lease>-<nonce>` on a short lease of its
+//! A waiter puts `P/waiters/<hash>/<lease>` on a short lease of its
 //! own (not the client's session: an entry whose put timed out, or whose
 //! cleanup failed, must never block the name for as long as the client
 //! lives). The lease is granted, and its revocation armed, before the put,
@@ -27,7 +27,6 @@
 //! revoked, which saves that waiter the lease's grant and this one its
 //! revoke (docs/design.md, section 13, "An entry's lease, used again").
 
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -116,7 +115,7 @@ pub struct Waiter {
 /// What a waiter's entry's txn read after its `Put`.
 struct Found {
     /// The key of the entry just ahead of the waiter's own, if any.
-    ahead: Option<Vec<u8>>,
+    ahead: Option<Stored>,
     /// The name's lock key, if held.
     holder: Option<Stored>,
 }
@@ -170,7 +169,7 @@ impl Waiter {
     /// just ahead of its own, if there was one, and the name's holder it
     /// read. The waiter then waits for that entry first: a grant txn would
     /// fail its compare (an older entry remains).
-    pub fn found_ahead(&mut self) -> Option<(Vec<u8>, Option<Stored>)> {
+    pub fn found_ahead(&mut self) -> Option<(Stored, Option<Stored>)> {
         let Found { ahead, holder } = self.found.take()?;
         Some((ahead?, holder))
     }
@@ -246,9 +245,10 @@ pub enum Awaited {
     Holder,
     /// A lost holder's lock-delay.
     Delay,
-    /// The entry just ahead of the waiter's own (its key, as
-    /// [`AcquireTxn::Behind`] gave it).
-    Ahead(Vec<u8>),
+    /// The entry just ahead of the waiter's own, as
+    /// [`AcquireTxn::Behind`] gave it (its key may come back later, younger:
+    /// its create revision says which entry is awaited).
+    Ahead(Stored),
     /// Nothing: the name is free and the waiter first, yet the txn failed
     /// (something changed meanwhile); look again in a moment.
     Nothing,
@@ -263,8 +263,6 @@ pub enum Woke {
     /// The time it was given came first.
     Due,
 }
-
-static NONCE: AtomicU64 = AtomicU64::new(0);
 
 impl Shard {
     /// Queues `holder`, whose session lease on this shard is `session`,
@@ -334,14 +332,13 @@ impl Shard {
         client_id: &str,
         Spare { id: lease, granted }: Spare,
     ) -> Result<(QueueEntry, Found), EtcdError> {
-        let nonce = NONCE.fetch_add(1, Ordering::Relaxed) ^ process_salt();
         let mut entry = QueueEntry {
             shard: self.clone(),
             lease,
             ttl_secs: u32::try_from(granted.ttl_secs)
                 .unwrap_or(ENTRY_TTL_SECS)
                 .max(1),
-            key: self.keys.waiter(&k.hash, lease, nonce),
+            key: self.keys.waiter(&k.hash, lease),
             revision: 0,
             emptied: false,
         };
@@ -368,7 +365,7 @@ impl Shard {
         };
         let ahead = (read().into_iter())
             .find(|kv| kv.key() != entry.key.as_slice() && kv.create_revision() < entry.revision)
-            .map(|kv| kv.key().to_vec());
+            .map(Stored::from);
         let holder = read().into_iter().next().map(Stored::from);
         Ok((entry, Found { ahead, holder }))
     }
@@ -528,10 +525,10 @@ impl QueueWatch {
         awaited: Awaited,
         until: Instant,
     ) -> Result<Woke, EtcdError> {
-        let target = match awaited {
-            Awaited::Holder => self.lock_key.clone(),
-            Awaited::Delay => self.delay_key.clone(),
-            Awaited::Ahead(key) => key,
+        let (target, ahead) = match awaited {
+            Awaited::Holder => (self.lock_key.clone(), None),
+            Awaited::Delay => (self.delay_key.clone(), None),
+            Awaited::Ahead(entry) => (entry.key().to_vec(), Some(entry)),
             Awaited::Nothing => {
                 tokio::time::sleep(Duration::from_millis(5)).await;
                 return Ok(Woke::Gone);
@@ -544,7 +541,7 @@ impl QueueWatch {
                 .map_err(|e| shard.conn.classify(e))?;
             self.created(shard).await?;
             self.watched.push(target.clone());
-            if !both_present(shard, &target, &self.mine).await {
+            if !still_there(shard, &target, ahead.as_ref(), &self.mine).await {
                 return Ok(Woke::Gone);
             }
         }
@@ -593,7 +590,7 @@ fn head_refusal(
     match (classify_refusal(state, g), ahead) {
         (Some(r @ (AcquireTxn::RingChanged(_) | AcquireTxn::IdentityChanged)), _) => r,
         _ if me.is_none() => AcquireTxn::Gone,
-        (_, Some(ahead)) => AcquireTxn::Behind(ahead.key().to_vec(), holder),
+        (_, Some(ahead)) => AcquireTxn::Behind(ahead, holder),
         (Some(other), None) => other,
         (None, None) if cutoff > g.cutoff => AcquireTxn::CutoffMoved(cutoff),
         // Free and first, yet the txn failed: something changed; look again.
@@ -601,24 +598,25 @@ fn head_refusal(
     }
 }
 
-/// Whether both keys exist (one linearizable read); false on any error, so
-/// the caller looks again rather than waits.
-async fn both_present(shard: &Shard, a: &[u8], b: &[u8]) -> bool {
-    let txn = Txn::new().and_then([TxnOp::get(a, None), TxnOp::get(b, None)]);
-    match shard.txn(txn).await {
-        Ok(resp) => resp.op_responses().into_iter().all(|op| match op {
-            TxnOpResponse::Get(g) => !g.kvs().is_empty(),
-            _ => false,
-        }),
-        Err(_) => false,
-    }
+/// Whether what a waiter is to wait for, `target` (the entry `ahead` of
+/// it, if it is one), and its own entry `mine` are both still there (one
+/// linearizable read); false on any error, so the caller looks again
+/// rather than waits.
+async fn still_there(shard: &Shard, target: &[u8], ahead: Option<&Stored>, mine: &[u8]) -> bool {
+    let txn = Txn::new().and_then([TxnOp::get(target, None), TxnOp::get(mine, None)]);
+    let Ok(resp) = shard.txn(txn).await else {
+        return false;
+    };
+    let mut read = gets(resp);
+    let (found, mine) = (read.next().flatten(), read.next().flatten());
+    mine.is_some() && found.is_some_and(|kv| ahead.is_none_or(|a| the_same_entry(&kv, a)))
 }
 
-/// Differs between processes, so two replicas' waiter keys never collide.
-fn process_salt() -> u64 {
-    use std::hash::{BuildHasher, RandomState};
-    static SALT: std::sync::OnceLock<u64> = std::sync::OnceLock::new();
-    *SALT.get_or_init(|| RandomState::new().hash_one(std::process::id()))
+/// Whether `read` is the entry `ahead` and not a later one under its key
+/// (a key comes back when its lease is used again for the same name, as a
+/// new entry, behind every one then queued).
+fn the_same_entry(read: &Stored, ahead: &Stored) -> bool {
+    read.key() == ahead.key() && read.create_revision() == ahead.create_revision()
 }
 
 #[cfg(test)]
@@ -666,10 +664,10 @@ mod tests {
         let refusal = head_refusal(state(true, "r1"), Some(kv("me")), Some(kv("W1")), (&g, 0));
         assert!(matches!(
             refusal,
-            AcquireTxn::Behind(ahead, Some(holder)) if ahead == b"W1" && holder.key() == b"K"
+            AcquireTxn::Behind(ahead, Some(holder)) if ahead.key() == b"W1" && holder.key() == b"K"
         ));
         let free = head_refusal(state(false, "r1"), Some(kv("me")), Some(kv("W1")), (&g, 0));
-        assert!(matches!(free, AcquireTxn::Behind(ahead, None) if ahead == b"W1"));
+        assert!(matches!(free, AcquireTxn::Behind(ahead, None) if ahead.key() == b"W1"));
     }
 
     #[test]
@@ -704,6 +702,20 @@ mod tests {
         );
         // Less than a third left: at once.
         assert_eq!(due_after(now, &renewed(25_000), 30), now);
+    }
+
+    #[test]
+    fn an_entry_ahead_whose_key_came_back_is_not_waited_for() {
+        let entry = |key: &str, revision| Stored {
+            key: key.as_bytes().to_vec(),
+            create_revision: revision,
+            ..Default::default()
+        };
+        let ahead = entry("W/lease", 10);
+        assert!(the_same_entry(&entry("W/lease", 10), &ahead));
+        // Deleted, then put again on its lease used again: behind us now.
+        assert!(!the_same_entry(&entry("W/lease", 25), &ahead));
+        assert!(!the_same_entry(&entry("W/other", 10), &ahead));
     }
 
     #[test]
