@@ -409,7 +409,7 @@ impl Shard {
                 revision: revision(&resp),
             });
         }
-        Ok(self.head_refusal(resp, g))
+        Ok(self.refusal_read(resp, g))
     }
 
     /// What the waiter `mine` would be refused for now, from one read-only
@@ -425,7 +425,7 @@ impl Shard {
         let resp = self
             .txn(Txn::new().and_then(self.head_reads(k, mine)))
             .await?;
-        Ok(self.head_refusal(resp, g))
+        Ok(self.refusal_read(resp, g))
     }
 
     /// What the grant txn of the waiter `mine` reads when it fails: the
@@ -445,7 +445,7 @@ impl Shard {
     }
 
     /// Why the waiter is not granted, from the answers of [`head_reads`](Self::head_reads).
-    fn head_refusal(&self, resp: etcd_client::TxnResponse, g: &Grantable) -> AcquireTxn {
+    fn refusal_read(&self, resp: etcd_client::TxnResponse, g: &Grantable) -> AcquireTxn {
         let mut gets = gets(resp);
         let state = name_state(&mut gets);
         let (me, ahead) = (gets.next().flatten(), gets.next().flatten());
