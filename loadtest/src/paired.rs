@@ -390,7 +390,9 @@ impl Paired {
     /// which rises with the raft writes and lease work beside the txns.
     /// Sessions whose clients come back after their lease ran out cost a
     /// grant and (when etcd ends the old lease) a revoke each, and etcd 3.4
-    /// revokes expired leases in bursts every half second.
+    /// revokes expired leases in bursts every half second. The router's own
+    /// histograms split its p99: an acquire's time in the router against
+    /// etcd's answers to its txns.
     fn fixed_rate_cause(&self) -> String {
         let r = self.fixed_rate;
         let of = |scenario: String| -> Vec<&Record> {
@@ -410,11 +412,17 @@ impl Paired {
             legs.iter().map(|l| f(l)).sum::<f64>() / legs.len().max(1) as f64
         };
         let busy = |l: &&&Record| l.idle.as_ref().is_some_and(|i| !i.idle);
+        let p99 = |f: fn(&Record) -> Option<f64>| {
+            let v: Vec<f64> = router.iter().filter_map(|l| f(l)).collect();
+            median(&v).map_or("–".into(), |m| format!("{m:.1} ms"))
+        };
         format!(
             "{r}/s windows: router {:.2} lease grants (each a session that ran out between its \
              client's acquires), {:.2} revokes and {:.2} keepalives per acquire, {:.2} raft \
              writes per acquire against direct's {:.2}; etcd still busy before {} of {} router \
-             windows; machine {:.2} cores busy",
+             windows; machine {:.2} cores busy; p99 of an acquire in the router {}, of etcd's \
+             answers to its txns {} (medians of the windows; the difference is mostly an \
+             acquire's wait for the batch in flight)",
             mean(&router, |l| l.etcd_lease_grants_per_acquire),
             mean(&router, |l| l.etcd_lease_revokes_per_acquire),
             mean(&router, |l| l.etcd_keepalives_per_acquire),
@@ -423,6 +431,8 @@ impl Paired {
             router.iter().filter(busy).count(),
             router.len(),
             mean(&router, |l| l.cores.machine),
+            p99(|l| l.router_acquire_p99_ms),
+            p99(|l| l.router_etcd_txn_p99_ms),
         )
     }
 
@@ -589,7 +599,8 @@ mod tests {
     }
 
     /// A missed p99 at the fixed rate is explained by that window's lease
-    /// work, not by the CPU of the throughput windows.
+    /// work and the router's own p99s, not by the CPU of the throughput
+    /// windows.
     #[test]
     fn a_missed_fixed_rate_p99_names_the_lease_work_of_its_window() {
         let leg = |name: &str, p99: f64, grants: f64, writes: f64| Record {
@@ -603,7 +614,11 @@ mod tests {
         let legs = vec![
             leg("uncontested", 0.0, 0.0, 0.3),
             leg("direct", 0.0, 0.0, 2.0),
-            leg("uncontested@10/s", 30.0, 0.4, 1.9),
+            Record {
+                router_acquire_p99_ms: Some(28.0),
+                router_etcd_txn_p99_ms: Some(12.5),
+                ..leg("uncontested@10/s", 30.0, 0.4, 1.9)
+            },
             leg("direct@10/s", 6.0, 0.0, 2.0),
         ];
         let round = Round::new(1, vec![], &legs, 10);
@@ -621,7 +636,10 @@ mod tests {
             p99.cause.contains("router 0.40 lease grants")
                 && p99
                     .cause
-                    .contains("1.90 raft writes per acquire against direct's 2.00"),
+                    .contains("1.90 raft writes per acquire against direct's 2.00")
+                && p99.cause.contains(
+                    "p99 of an acquire in the router 28.0 ms, of etcd's answers to its txns 12.5 ms"
+                ),
             "{}",
             p99.cause
         );

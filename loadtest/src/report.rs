@@ -71,6 +71,11 @@ pub struct Record {
     pub router_lease_renewals_per_s: f64,
     /// Grants and releases per group commit (None: no commit counted).
     pub router_commit_batch_mean: Option<f64>,
+    /// The p99 of acquires' time in the router, and of etcd's answers to
+    /// the router's txns meanwhile, from the router's histograms (None:
+    /// the router served no acquire).
+    pub router_acquire_p99_ms: Option<f64>,
+    pub router_etcd_txn_p99_ms: Option<f64>,
     pub router_rss_peak_bytes: Option<u64>,
     pub router_bytes_per_lock: Option<f64>,
     /// Cores each process used on average, and its CPU seconds.
@@ -154,12 +159,21 @@ impl Record {
             router_keepalives_sent_per_s: round(per_s(r.keepalives_sent), 1),
             router_lease_renewals_per_s: round(per_s(r.lease_renewals), 1),
             router_commit_batch_mean: (r.commits > 0.0).then(|| round(r.committed / r.commits, 2)),
+            router_acquire_p99_ms: p99_ms(&r.acquire_seconds),
+            // Only beside acquires the router served: without them its txns
+            // are its barriers and probes.
+            router_etcd_txn_p99_ms: p99_ms(&r.acquire_seconds).and(p99_ms(&r.etcd_txn_seconds)),
             cores: c(&delta.cores, 2),
             cpu_seconds: c(&delta.cpu_seconds, 3),
             detail: Value::Null,
             ..Default::default()
         }
     }
+}
+
+/// The p99 of cumulative buckets in seconds, in ms.
+fn p99_ms(buckets: &[(f64, f64)]) -> Option<f64> {
+    lockrouter_testkit::metrics::quantile(buckets, 0.99).map(|s| round(s * 1000.0, 2))
 }
 
 /// One target and this run's figure for it.

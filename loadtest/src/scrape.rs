@@ -104,7 +104,7 @@ impl EtcdCounters {
 }
 
 /// The router counters the benchmark reads.
-#[derive(Debug, Clone, Copy, Default, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
 pub struct RouterCounters {
     /// Keepalives the router sent to etcd (after coalescing).
     pub keepalives_sent: f64,
@@ -138,6 +138,13 @@ pub struct RouterCounters {
     pub spares_granted: f64,
     #[serde(default)]
     pub spares_used: f64,
+    /// Acquires' time in the router, and etcd's answers to the router's
+    /// txns (group commits, barriers, probes), as cumulative histogram
+    /// buckets by upper bound in seconds.
+    #[serde(skip)]
+    pub acquire_seconds: Vec<(f64, f64)>,
+    #[serde(skip)]
+    pub etcd_txn_seconds: Vec<(f64, f64)>,
 }
 
 /// `lockrouter_spare_leases_total` of one `event`, summed over shards.
@@ -170,6 +177,16 @@ impl RouterCounters {
             keepalives_in_bursts: metrics::sum(text, "lockrouter_keepalive_burst_size_sum", &[]),
             spares_granted: spares(text, "granted"),
             spares_used: spares(text, "used"),
+            acquire_seconds: metrics::buckets(
+                text,
+                "lockrouter_request_duration_seconds",
+                &[("op", "acquire")],
+            ),
+            etcd_txn_seconds: metrics::buckets(
+                text,
+                "lockrouter_etcd_request_duration_seconds",
+                &[("rpc", "Txn")],
+            ),
         }
     }
 
@@ -189,6 +206,8 @@ impl RouterCounters {
             keepalives_in_bursts: self.keepalives_in_bursts - o.keepalives_in_bursts,
             spares_granted: self.spares_granted - o.spares_granted,
             spares_used: self.spares_used - o.spares_used,
+            acquire_seconds: metrics::buckets_since(&self.acquire_seconds, &o.acquire_seconds),
+            etcd_txn_seconds: metrics::buckets_since(&self.etcd_txn_seconds, &o.etcd_txn_seconds),
         }
     }
 
