@@ -118,6 +118,7 @@ impl Record {
         let per_s = |x: f64| if seconds > 0.0 { x / seconds } else { 0.0 };
         let latency = stats.latency.percentiles();
         let r = &delta.router;
+        let acquire_p99 = p99_ms(&r.acquire_seconds);
         let c = |x: &Cpu, digits| Cpu {
             loadgen: round(x.loadgen, digits),
             router: round(x.router, digits),
@@ -159,10 +160,10 @@ impl Record {
             router_keepalives_sent_per_s: round(per_s(r.keepalives_sent), 1),
             router_lease_renewals_per_s: round(per_s(r.lease_renewals), 1),
             router_commit_batch_mean: (r.commits > 0.0).then(|| round(r.committed / r.commits, 2)),
-            router_acquire_p99_ms: p99_ms(&r.acquire_seconds),
+            router_acquire_p99_ms: acquire_p99,
             // Only beside acquires the router served: without them its txns
             // are its barriers and probes.
-            router_etcd_txn_p99_ms: p99_ms(&r.acquire_seconds).and(p99_ms(&r.etcd_txn_seconds)),
+            router_etcd_txn_p99_ms: acquire_p99.and(p99_ms(&r.etcd_txn_seconds)),
             cores: c(&delta.cores, 2),
             cpu_seconds: c(&delta.cpu_seconds, 3),
             detail: Value::Null,

@@ -1,21 +1,29 @@
 //! Prometheus text as etcd and the router expose it on `/metrics`: the sum
-//! of a metric's samples, all of them or those carrying given labels.
-//! Enough for counters and gauges; a histogram is read through its `_count`
-//! and `_sum` series.
+//! of a metric's samples, all of them or those carrying given labels, and a
+//! histogram's buckets with the quantiles read from them.
 
-/// Sum of every sample of metric `name` whose labels contain all of
-/// `labels` (`key="value"` pairs); 0 when there is none.
-pub fn sum(text: &str, name: &str, labels: &[(&str, &str)]) -> f64 {
+/// Every sample of metric `name` whose labels contain all of `labels`
+/// (`key="value"` pairs), as its line and its value.
+fn samples<'a>(
+    text: &'a str,
+    name: &'a str,
+    labels: &'a [(&str, &str)],
+) -> impl Iterator<Item = (&'a str, f64)> + 'a {
     text.lines()
         .filter(|l| !l.starts_with('#'))
-        .filter(|l| l.split(['{', ' ']).next() == Some(name))
-        .filter(|l| {
+        .filter(move |l| l.split(['{', ' ']).next() == Some(name))
+        .filter(move |l| {
             labels
                 .iter()
                 .all(|(k, v)| l.contains(&format!("{k}=\"{v}\"")))
         })
-        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
-        .sum()
+        .filter_map(|l| Some((l, l.rsplit(' ').next()?.parse::<f64>().ok()?)))
+}
+
+/// Sum of every sample of metric `name` whose labels contain all of
+/// `labels` (`key="value"` pairs); 0 when there is none.
+pub fn sum(text: &str, name: &str, labels: &[(&str, &str)]) -> f64 {
+    samples(text, name, labels).map(|(_, v)| v).sum()
 }
 
 /// The cumulative counts of histogram `name`'s buckets (its `_bucket`
@@ -24,14 +32,7 @@ pub fn sum(text: &str, name: &str, labels: &[(&str, &str)]) -> f64 {
 pub fn buckets(text: &str, name: &str, labels: &[(&str, &str)]) -> Vec<(f64, f64)> {
     let series = format!("{name}_bucket");
     let mut by_le: Vec<(f64, f64)> = Vec::new();
-    for line in text.lines().filter(|l| !l.starts_with('#')) {
-        if line.split(['{', ' ']).next() != Some(series.as_str())
-            || !labels
-                .iter()
-                .all(|(k, v)| line.contains(&format!("{k}=\"{v}\"")))
-        {
-            continue;
-        }
+    for (line, count) in samples(text, &series, labels) {
         let le = line
             .split_once("le=\"")
             .and_then(|(_, rest)| rest.split_once('"'))
@@ -39,8 +40,7 @@ pub fn buckets(text: &str, name: &str, labels: &[(&str, &str)]) -> Vec<(f64, f64
                 "+Inf" => Some(f64::INFINITY),
                 le => le.parse::<f64>().ok(),
             });
-        let count = line.rsplit(' ').next().and_then(|c| c.parse::<f64>().ok());
-        let (Some(le), Some(count)) = (le, count) else {
+        let Some(le) = le else {
             continue;
         };
         match by_le.iter_mut().find(|(b, _)| *b == le) {
