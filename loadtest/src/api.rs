@@ -4,6 +4,7 @@
 
 use std::time::{Duration, Instant};
 
+use bytes::Bytes;
 use goose::prelude::*;
 use serde_json::{json, Value};
 
@@ -65,12 +66,31 @@ pub async fn post_text<T: serde::Serialize + ?Sized>(
     path: &str,
     body: &T,
 ) -> Option<(u16, String, Duration)> {
-    let a = send(user, stats, path, body).await?;
+    post_bytes(user, stats, path, json_body(body)).await
+}
+
+/// [`post_text`] of a body already written as JSON.
+async fn post_bytes(
+    user: &mut GooseUser,
+    stats: &Stats,
+    path: &str,
+    body: Bytes,
+) -> Option<(u16, String, Duration)> {
+    let a = send_bytes(user, stats, path, body).await?;
     stats.status(a.status);
     if a.status >= 500 {
         stats.server_error(a.status, &a.text);
     }
     Some((a.status, a.text, a.took))
+}
+
+/// `body` written as JSON, as reqwest's `json` would send it.
+fn json_body<T: serde::Serialize + ?Sized>(body: &T) -> Bytes {
+    // The load generator's own request types and `Value`s: nothing in them
+    // can fail to serialise (no map has keys that are not strings).
+    serde_json::to_vec(body)
+        .expect("request bodies serialise")
+        .into()
 }
 
 /// An answer as [`send`] returns it.
@@ -90,6 +110,16 @@ pub async fn send<T: serde::Serialize + ?Sized>(
     path: &str,
     body: &T,
 ) -> Option<Answer> {
+    send_bytes(user, stats, path, json_body(body)).await
+}
+
+/// [`send`] of a body already written as JSON.
+async fn send_bytes(
+    user: &mut GooseUser,
+    stats: &Stats,
+    path: &str,
+    body: Bytes,
+) -> Option<Answer> {
     if !throttle(user).await {
         // The attack ended while this user waited: nothing was sent.
         return None;
@@ -97,22 +127,28 @@ pub async fn send<T: serde::Serialize + ?Sized>(
     let throttled = std::mem::replace(&mut user.is_throttled, false);
     let flight = stats.sending();
     let started = Instant::now();
+    // goose's `post_json` as it is, but with the URL parsed once per path
+    // instead of three times per request, and the body written by the
+    // caller (a renew-batch's, once per client).
     let sent = match url(&user.base_url, path) {
-        // goose's `post_json` as it is, but with the URL parsed once per
-        // path instead of three times per request.
         Some(url) => {
+            let builder = user
+                .client
+                .post(url)
+                .header(reqwest::header::CONTENT_TYPE, "application/json")
+                .body(body);
             let request = GooseRequest::builder()
                 .method(GooseMethod::Post)
                 .path(path)
-                .set_request_builder(user.client.post(url).json(body))
+                .set_request_builder(builder)
                 .build();
-            user.request(request).await
+            Some(user.request(request).await)
         }
-        None => user.post_json(path, body).await,
+        None => None,
     };
     user.is_throttled = throttled;
     stats.request();
-    let Ok(goose) = sent else {
+    let Some(Ok(goose)) = sent else {
         stats.error();
         return None;
     };
@@ -129,9 +165,12 @@ pub async fn send<T: serde::Serialize + ?Sized>(
         .get("retry-after")
         .and_then(|v| v.to_str().ok())
         .map(str::to_string);
-    let text = match resp.text().await {
-        Ok(t) => t,
-        Err(_) => {
+    // The router answers UTF-8 JSON: checked as such, not decoded as any
+    // charset a header might name (reqwest's `text` went through a lossy
+    // decoder, a few percent of the load generator in `hold`).
+    let text = match resp.bytes().await.map(|b| String::from_utf8(b.into())) {
+        Ok(Ok(t)) => t,
+        _ => {
             stats.status(status);
             stats.error();
             return None;
@@ -253,26 +292,77 @@ pub async fn renew(user: &mut GooseUser, stats: &Stats, lock: &Held) -> bool {
     }
 }
 
-/// Renews `locks` in calls of at most `max_batch`; returns how many were
-/// not renewed for now and are worth retrying at once, as the SDKs do (a
+/// The bodies of one client's renew-batch calls, kept between its
+/// renewals: a client renews the same locks every period, and writing
+/// their lockIds as JSON again each time took a fifth of the load
+/// generator's CPU in `hold` (serde checks every byte of a string for
+/// characters to escape). Locks are only ever added to a client's list
+/// (a lost lock stays in it), so a body is written again only when the
+/// number of locks in its chunk changes.
+#[derive(Debug, Default)]
+pub struct RenewBodies {
+    /// One body per chunk of the list, with the number of locks it carries.
+    chunks: Vec<(usize, Bytes)>,
+    /// The chunks' size: another size groups the list anew.
+    max_batch: usize,
+}
+
+impl RenewBodies {
+    /// The bodies for `locks` in chunks of `max_batch`, each with its
+    /// number of locks; `locks` must extend the list of the last call.
+    fn update(&mut self, locks: &[Held], max_batch: usize) -> &[(usize, Bytes)] {
+        #[derive(serde::Serialize)]
+        #[serde(rename_all = "camelCase")]
+        struct Item<'a> {
+            lock_id: &'a str,
+            fencing_token: u64,
+        }
+        #[derive(serde::Serialize)]
+        struct Body<'a> {
+            locks: Vec<Item<'a>>,
+        }
+        let max_batch = max_batch.max(1);
+        if max_batch != self.max_batch {
+            self.chunks.clear();
+            self.max_batch = max_batch;
+        }
+        let chunks = locks.chunks(max_batch);
+        let count = chunks.len();
+        for (k, chunk) in chunks.enumerate() {
+            if self.chunks.get(k).is_some_and(|(n, _)| *n == chunk.len()) {
+                continue;
+            }
+            let body = json_body(&Body {
+                locks: chunk
+                    .iter()
+                    .map(|l| Item {
+                        lock_id: &l.lock_id,
+                        fencing_token: l.token,
+                    })
+                    .collect(),
+            });
+            match self.chunks.get_mut(k) {
+                Some(slot) => *slot = (chunk.len(), body),
+                None => self.chunks.push((chunk.len(), body)),
+            }
+        }
+        self.chunks.truncate(count);
+        &self.chunks
+    }
+}
+
+/// Renews `locks` in calls of at most `max_batch`, their bodies kept in
+/// `bodies` from one renewal to the next; returns how many were not
+/// renewed for now and are worth retrying at once, as the SDKs do (a
 /// request that failed or timed out, a 5xx, an entry answered
 /// `shard_unavailable`). A lock answered `expired` or `stolen` is lost.
 pub async fn renew_batch(
     user: &mut GooseUser,
     stats: &Stats,
     locks: &[Held],
+    bodies: &mut RenewBodies,
     max_batch: usize,
 ) -> usize {
-    #[derive(serde::Serialize)]
-    #[serde(rename_all = "camelCase")]
-    struct Item<'a> {
-        lock_id: &'a str,
-        fencing_token: u64,
-    }
-    #[derive(serde::Serialize)]
-    struct Body<'a> {
-        locks: Vec<Item<'a>>,
-    }
     /// Only what is checked; the rest of each entry is skipped unread.
     #[derive(serde::Deserialize)]
     struct Answer {
@@ -284,26 +374,17 @@ pub async fn renew_batch(
         reason: Option<String>,
     }
     let mut retry = 0;
-    for chunk in locks.chunks(max_batch.max(1)) {
-        let body = Body {
-            locks: chunk
-                .iter()
-                .map(|l| Item {
-                    lock_id: &l.lock_id,
-                    fencing_token: l.token,
-                })
-                .collect(),
-        };
+    for (n, body) in bodies.update(locks, max_batch) {
         let path = "/api/v1/locks/renew-batch";
-        let Some((status, text, _)) = post_text(user, stats, path, &body).await else {
-            retry += chunk.len();
+        let Some((status, text, _)) = post_bytes(user, stats, path, body.clone()).await else {
+            retry += n;
             continue;
         };
         let answer = serde_json::from_str::<Answer>(&text).ok();
         let results = answer.map(|a| a.results);
-        if status != 200 || results.as_ref().map(Vec::len) != Some(chunk.len()) {
+        if status != 200 || results.as_ref().map(Vec::len) != Some(*n) {
             stats.error();
-            retry += chunk.len();
+            retry += n;
             continue;
         }
         for r in results.into_iter().flatten() {
@@ -327,5 +408,56 @@ pub async fn renew_batch(
 pub async fn pause(d: Duration) {
     if !d.is_zero() {
         tokio::time::sleep(d).await;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn held(n: u64) -> Vec<Held> {
+        (0..n)
+            .map(|i| Held {
+                lock_id: format!("id-{i}"),
+                token: 100 + i,
+            })
+            .collect()
+    }
+
+    /// What a chunk's body must say, and what `update` wrote, as JSON.
+    fn fresh(locks: &[Held]) -> (usize, Value) {
+        let items: Vec<_> = locks
+            .iter()
+            .map(|l| json!({"lockId": l.lock_id, "fencingToken": l.token}))
+            .collect();
+        (locks.len(), json!({ "locks": items }))
+    }
+
+    fn read(chunk: &(usize, Bytes)) -> (usize, Value) {
+        (chunk.0, serde_json::from_slice(&chunk.1).expect("JSON"))
+    }
+
+    #[test]
+    fn renew_bodies_follow_a_growing_list_and_write_only_changed_chunks() {
+        let mut bodies = RenewBodies::default();
+        let locks = held(7);
+        let first: Vec<_> = bodies.update(&locks[..5], 3).to_vec();
+        assert_eq!(first.len(), 2);
+        assert_eq!(read(&first[0]), fresh(&locks[..3]));
+        assert_eq!(read(&first[1]), fresh(&locks[3..5]));
+
+        let grown = bodies.update(&locks, 3).to_vec();
+        assert_eq!(grown.len(), 3);
+        for (k, chunk) in locks.chunks(3).enumerate() {
+            assert_eq!(read(&grown[k]), fresh(chunk), "chunk {k}");
+        }
+        // The full chunk was kept as it was, not written again.
+        assert_eq!(grown[0].1.as_ptr(), first[0].1.as_ptr());
+        assert_ne!(grown[1].1.as_ptr(), first[1].1.as_ptr());
+
+        // A larger batch size regroups the same list.
+        let regrouped = bodies.update(&locks, 10).to_vec();
+        assert_eq!(regrouped.len(), 1);
+        assert_eq!(read(&regrouped[0]), fresh(&locks));
     }
 }

@@ -23,7 +23,7 @@ use goose::prelude::*;
 use lockrouter_testkit::procfs::{peak_rss_bytes, reset_peak_rss, rss_bytes};
 use serde::Serialize;
 
-use crate::api::{self, Acquire, Held};
+use crate::api::{self, Acquire, Held, RenewBodies};
 use crate::attack::transaction;
 use crate::scenarios::clients::Clients;
 use crate::scrape::{Delta, Snapshot};
@@ -101,6 +101,8 @@ impl Hold {
 struct Client {
     id: String,
     locks: Vec<Held>,
+    /// Its renew-batch bodies, written again only when `locks` grows.
+    bodies: RenewBodies,
     next_renew: Option<Instant>,
 }
 
@@ -135,6 +137,7 @@ async fn run_user(user: &mut GooseUser, ctx: &Hold) {
         .map(|c| Client {
             id: ids.id(c as u64),
             locks: Vec::new(),
+            bodies: RenewBodies::default(),
             next_renew: None,
         })
         .collect();
@@ -212,7 +215,8 @@ async fn renew(user: &mut GooseUser, ctx: &Hold, client: &mut Client) -> bool {
     let before = client.locks.len();
     let retry = match ctx.renewal {
         Renewal::Batch => {
-            api::renew_batch(user, &ctx.stats, &client.locks, ctx.max_batch).await > 0
+            let (locks, bodies) = (&client.locks, &mut client.bodies);
+            api::renew_batch(user, &ctx.stats, locks, bodies, ctx.max_batch).await > 0
         }
         Renewal::PerLock => {
             for i in 0..client.locks.len() {
