@@ -63,10 +63,12 @@ const SILENT_STREAM: Duration = Duration::from_millis(150);
 const MAX_BURST: usize = 100;
 /// How long a stream is not moved back to the leader it failed on.
 const SHUN_FOR: Duration = Duration::from_secs(5);
-/// How often in-flight keepalives are looked at.
+/// How often in-flight keepalives are looked at once the first of them
+/// has waited [`SILENT_STREAM`].
 const TICK: Duration = Duration::from_millis(25);
-/// How often expired renewals and old dead leases are forgotten (a sweep
-/// of every lease the shard knows: not on every tick).
+/// How often the task looks at its stream with nothing in flight (is it
+/// on the leader?), and forgets expired renewals and old dead leases (a
+/// sweep of every lease the shard knows: not on every look).
 const PRUNE_EVERY: Duration = Duration::from_secs(1);
 /// How long a lease etcd reported gone is remembered.
 const DEAD_FOR: Duration = Duration::from_secs(600);
@@ -428,6 +430,10 @@ struct Task {
     burst: Duration,
     /// When [`Known`] was last pruned.
     pruned: Instant,
+    /// When the task last looked at its stream ([`Task::look`]).
+    looked: Instant,
+    /// Since when keepalives have been in flight without a break.
+    busy_since: Option<Instant>,
     /// The main stream just opened, for the loop to read from.
     fresh: Option<(u64, LeaseKeepAliveStream)>,
 }
@@ -448,6 +454,8 @@ impl Task {
             probes: HashMap::new(),
             probe_slots: Arc::new(Semaphore::new(MAX_PROBES)),
             pruned: Instant::now(),
+            looked: Instant::now(),
+            busy_since: None,
             fresh: None,
             known,
             events_tx,
@@ -457,8 +465,11 @@ impl Task {
     }
 
     async fn run(mut self, mut rx: mpsc::Receiver<Msg>, cancel: CancellationToken) {
-        let mut tick = tokio::time::interval(TICK);
-        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        // No ticking while nothing is in flight: a shard's idle task wakes
+        // once a second, not forty times.
+        let mut armed = self.next_look();
+        let look = tokio::time::sleep_until(armed.into());
+        tokio::pin!(look);
         // The main stream's answers, read here rather than by a task of
         // their own: one wake-up per answer instead of two.
         let mut stream: Option<(u64, LeaseKeepAliveStream)> = None;
@@ -471,6 +482,11 @@ impl Task {
                 .is_some_and(|(g, _)| Some(*g) != self.main_generation())
             {
                 stream = None; // failed over or closed
+            }
+            let due = self.next_look();
+            if due != armed {
+                armed = due;
+                look.as_mut().reset(due.into());
             }
             tokio::select! {
                 msg = rx.recv() => match msg {
@@ -485,7 +501,7 @@ impl Task {
                     Ok(None) => Event::Ended { generation, detail: "stream closed by etcd".into() },
                     Err(e) => Event::Ended { generation, detail: e.to_string() },
                 }),
-                _ = tick.tick() => self.on_tick(),
+                _ = &mut look => self.look(),
                 _ = cancel.cancelled() => break,
             }
         }
@@ -640,6 +656,9 @@ impl Task {
                 for w in inflight.waiters {
                     let _ = w.send(Ok(renewal));
                 }
+                if self.inflight.is_empty() {
+                    self.move_to_leader(Instant::now());
+                }
             }
             Event::Ended { generation, detail } => {
                 if self.main_generation() == Some(generation) {
@@ -731,8 +750,26 @@ impl Task {
         }
     }
 
-    fn on_tick(&mut self) {
+    /// When the task should next [`look`](Task::look): a second after the
+    /// last look while nothing is in flight; [`SILENT_STREAM`] after
+    /// keepalives went in flight, then every [`TICK`] while any still is
+    /// (so a silent stream is found, as before, within `SILENT_STREAM +
+    /// TICK` of its first unanswered keepalive).
+    fn next_look(&mut self) -> Instant {
+        if self.inflight.is_empty() {
+            self.busy_since = None;
+            return self.looked + PRUNE_EVERY;
+        }
+        let since = *self.busy_since.get_or_insert_with(Instant::now);
+        (since + SILENT_STREAM).max(self.looked + TICK)
+    }
+
+    /// Looks at the stream: prunes what the task knows once a second, fails
+    /// the stream over when its keepalives are overdue or it went silent,
+    /// and moves it to the leader once nothing is in flight on it.
+    fn look(&mut self) {
         let now = Instant::now();
+        self.looked = now;
         if now.saturating_duration_since(self.pruned) >= PRUNE_EVERY {
             self.known.prune(now);
             self.pruned = now;
@@ -746,19 +783,8 @@ impl Task {
         let Some(current) = self.main_generation() else {
             return;
         };
-        // The stream is on a member that no longer leads (or never did: no
-        // leader was known when it opened): closed once nothing is in
-        // flight on it, and the next keepalive opens one on the leader.
-        let leader = self.conn.leader().filter(|&l| {
-            // Not back to a member a stream just failed on, which may
-            // still be in rotation until the next probes.
-            !matches!(self.failed_on, Some((m, at)) if m == l && now.saturating_duration_since(at) < SHUN_FOR)
-        });
-        let elsewhere =
-            leader.is_some() && self.main_member.is_some() && leader != self.main_member;
-        if elsewhere && self.inflight.is_empty() {
-            tracing::debug!(shard = %self.conn.shard(), from = ?self.main_member, to = ?leader, "keepalive stream moves to the leader");
-            self.stop_main();
+        if self.inflight.is_empty() {
+            self.move_to_leader(now);
             return;
         }
         let silent = now.saturating_duration_since(self.last_answer) > SILENT_STREAM
@@ -769,6 +795,24 @@ impl Task {
         if silent {
             self.conn.metrics().keepalive_stream_silent();
             self.fail_over("silent", "keepalive stream silent");
+        }
+    }
+
+    /// The stream is on a member that no longer leads (or never did: no
+    /// leader was known when it opened): closed once nothing is in flight
+    /// on it (looked at then, and once a second), and the next keepalive
+    /// opens one on the leader.
+    fn move_to_leader(&mut self, now: Instant) {
+        let leader = self.conn.leader().filter(|&l| {
+            // Not back to a member a stream just failed on, which may
+            // still be in rotation until the next probes.
+            !matches!(self.failed_on, Some((m, at)) if m == l && now.saturating_duration_since(at) < SHUN_FOR)
+        });
+        let elsewhere =
+            leader.is_some() && self.main_member.is_some() && leader != self.main_member;
+        if elsewhere && self.inflight.is_empty() && self.main_generation().is_some() {
+            tracing::debug!(shard = %self.conn.shard(), from = ?self.main_member, to = ?leader, "keepalive stream moves to the leader");
+            self.stop_main();
         }
     }
 
@@ -964,32 +1008,71 @@ mod tests {
         // On the leader: stays.
         let mut task = open_on_member(1).await;
         task.conn.set_leader(Some(1));
-        task.on_tick();
+        task.look();
         assert_eq!(task.main_generation(), Some(1));
         // On a follower with a keepalive in flight: stays until answered.
         let mut task = open_on_member(0).await;
         task.conn.set_leader(Some(1));
         let _rx = in_flight(&mut task, 7, Instant::now());
-        task.on_tick();
+        task.look();
         assert_eq!(task.main_generation(), Some(1), "closed under a waiter");
         task.on_event(Event::Response {
             generation: 1,
             id: 7,
             ttl: 30,
         });
-        task.on_tick();
+        assert_eq!(
+            task.main_generation(),
+            None,
+            "moved as soon as the last answer came"
+        );
+        // Off the leader with nothing in flight: moved at the next look.
+        let mut task = open_on_member(0).await;
+        task.conn.set_leader(Some(1));
+        task.look();
         assert_eq!(task.main_generation(), None, "moved once idle");
         // No leader known: stays where it is.
         let mut task = open_on_member(0).await;
         task.conn.set_leader(None);
-        task.on_tick();
+        task.look();
         assert_eq!(task.main_generation(), Some(1));
         // The leader is the member a stream just failed on: not back to it.
         let mut task = open_on_member(0).await;
         task.conn.set_leader(Some(1));
         task.failed_on = Some((1, Instant::now()));
-        task.on_tick();
+        task.look();
         assert_eq!(task.main_generation(), Some(1));
+    }
+
+    /// An idle task looks once a second; keepalives in flight are looked
+    /// at from [`SILENT_STREAM`] after they went out, then every [`TICK`]
+    /// while any is unanswered.
+    #[tokio::test]
+    async fn an_idle_task_looks_once_a_second_and_a_busy_one_every_tick() {
+        let mut task = open_on_member(0).await;
+        task.conn.set_leader(Some(0));
+        assert_eq!(task.next_look(), task.looked + PRUNE_EVERY);
+        let sent = Instant::now();
+        let _rx = in_flight(&mut task, 7, sent);
+        let first = task.next_look();
+        assert!(
+            first >= sent + SILENT_STREAM,
+            "not before a keepalive could be silent"
+        );
+        assert!(first <= Instant::now() + SILENT_STREAM);
+        assert_eq!(task.next_look(), first, "the spell's start is kept");
+        // The spell has lasted SILENT_STREAM: looked at every tick.
+        task.busy_since = Some(Instant::now() - SILENT_STREAM * 2);
+        task.look();
+        assert_eq!(task.main_generation(), Some(1), "answers still come");
+        assert_eq!(task.next_look(), task.looked + TICK);
+        task.on_event(Event::Response {
+            generation: 1,
+            id: 7,
+            ttl: 30,
+        });
+        assert_eq!(task.next_look(), task.looked + PRUNE_EVERY);
+        assert_eq!(task.busy_since, None, "the next spell starts afresh");
     }
 
     #[tokio::test]
@@ -999,7 +1082,7 @@ mod tests {
         let long_ago = Instant::now() - SILENT_STREAM * 2;
         task.last_answer = long_ago;
         let _rx = in_flight(&mut task, 7, long_ago);
-        task.on_tick();
+        task.look();
         // Failed over: the stream is closed and its keepalive sent again.
         assert_eq!(task.failed_on.map(|(m, _)| m), Some(0));
         assert!(task.inflight.is_empty());
