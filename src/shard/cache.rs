@@ -15,7 +15,7 @@
 
 use std::collections::HashMap;
 use std::hash::{BuildHasher, RandomState};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicI64, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
 use std::time::{Duration, Instant};
 
@@ -192,8 +192,12 @@ struct State {
     applied: watch::Sender<i64>,
     /// False while loading or after the watch broke.
     usable: AtomicBool,
-    /// The last barrier answered: its revision and when its answer came.
-    last_barrier: Mutex<Option<(i64, Instant)>>,
+    /// When the watch last delivered anything.
+    last_message: Mutex<Instant>,
+    /// A barrier the watch went silent on (its revision; 0: none), for the
+    /// watch to end on when [`State::silent`] wakes it.
+    silent_barrier: AtomicI64,
+    silent: tokio::sync::Notify,
     /// Wakes lookups waiting for a barrier when the watch stops.
     stopped: tokio::sync::Notify,
     /// Grants this router committed that the cache may not show yet.
@@ -344,7 +348,9 @@ impl LockCache {
             keys: RwLock::new(Table::default()),
             applied: watch::Sender::new(0),
             usable: AtomicBool::new(false),
-            last_barrier: Mutex::new(None),
+            last_message: Mutex::new(Instant::now()),
+            silent_barrier: AtomicI64::new(0),
+            silent: tokio::sync::Notify::new(),
             stopped: tokio::sync::Notify::new(),
             recent: RecentGrants::default(),
             in_flight: Arc::default(),
@@ -541,10 +547,8 @@ async fn barriers(
         }
         let result = match write_barrier(&source, waiting.len()).await {
             Ok(revision) => {
-                *state.last_barrier.lock().expect("barrier lock") =
-                    Some((revision, Instant::now()));
                 tokio::select! {
-                    b = applied(&state, revision) => Ok(b),
+                    b = applied(&state, revision, Instant::now()) => Ok(b),
                     _ = cancel.cancelled() => return,
                 }
             }
@@ -556,19 +560,38 @@ async fn barriers(
     }
 }
 
-/// Puts the barrier key, for `renewals` waiting ones, if the shard still
-/// carries its verified identity; returns the put's revision.
-/// Waits until the cache has applied `revision`: [`Barrier::Lagging`] if
-/// that takes over [`LAG_BOUND`], or the watch stops or is not usable.
-async fn applied(state: &State, revision: i64) -> Barrier {
+/// Waits until the cache has applied the barrier at `revision`, answered
+/// at `answered`: [`Barrier::Lagging`] if that takes over [`LAG_BOUND`],
+/// or the watch stops or is not usable. If nothing at all came on the
+/// watch within [`SILENT_WATCH`] of the answer, the watch is silent: it is
+/// told to end (the cache loads again), and this barrier lags.
+async fn applied(state: &State, revision: i64, answered: Instant) -> Barrier {
     let mut applied = state.applied.subscribe();
     let stopped = state.stopped.notified();
+    tokio::pin!(stopped);
     if !state.usable.load(Ordering::Acquire) {
         return Barrier::Lagging;
     }
     let caught_up = applied.wait_for(|r| *r >= revision);
+    tokio::pin!(caught_up);
+    // Looked at once: what makes a watch silent for this barrier (nothing
+    // came since its answer, the barrier not applied) can only stop being
+    // true, so a later look would find nothing the first did not.
     tokio::select! {
-        r = tokio::time::timeout(LAG_BOUND, caught_up) => match r {
+        r = tokio::time::timeout_at((answered + SILENT_WATCH).into(), &mut caught_up) => match r {
+            Ok(Ok(_)) => return Barrier::Applied,
+            Ok(Err(_)) => return Barrier::Lagging,
+            Err(_) => {}
+        },
+        _ = &mut stopped => return Barrier::Lagging,
+    }
+    if silent(state, revision, answered) {
+        state.silent_barrier.store(revision, Ordering::Release);
+        state.silent.notify_one();
+        return Barrier::Lagging;
+    }
+    tokio::select! {
+        r = tokio::time::timeout_at((answered + LAG_BOUND).into(), caught_up) => match r {
             Ok(Ok(_)) => Barrier::Applied,
             _ => Barrier::Lagging,
         },
@@ -576,6 +599,8 @@ async fn applied(state: &State, revision: i64) -> Barrier {
     }
 }
 
+/// Puts the barrier key, for `renewals` waiting ones, if the shard still
+/// carries its verified identity; returns the put's revision.
 async fn write_barrier(source: &Source, renewals: usize) -> Result<i64, EtcdError> {
     let identity = source.identity.read().expect("identity lock").clone();
     let Some(identity) = identity else {
@@ -697,14 +722,16 @@ async fn follow(
         .conn
         .call("Watch", watcher.watch(start.clone(), Some(opts)))
         .await?;
+    *state.last_message.lock().expect("watch lock") = Instant::now();
     state.usable.store(true, Ordering::Release);
-    let mut look = tokio::time::interval(SILENT_WATCH / 4);
-    let mut last_message = Instant::now();
     loop {
+        // No timer here: the barrier task finds a silent watch (`applied`).
         let message = tokio::select! {
             m = stream.message() => m,
-            _ = look.tick() => {
-                if let Some(missing) = silent(state, last_message) {
+            _ = state.silent.notified() => {
+                // A barrier before this load was applied by the load itself.
+                let missing = state.silent_barrier.load(Ordering::Acquire);
+                if missing > revision && *state.applied.borrow() < missing {
                     return Err(source.conn.unavailable(format!(
                         "the watch went silent: barrier {missing} answered but not delivered"
                     )));
@@ -715,7 +742,7 @@ async fn follow(
         let Some(resp) = message.map_err(|e| source.conn.classify(e))? else {
             return Err(source.conn.unavailable("the watch ended"));
         };
-        last_message = Instant::now();
+        *state.last_message.lock().expect("watch lock") = Instant::now();
         if resp.canceled() || resp.compact_revision() > 0 {
             return Err(source.conn.unavailable(format!(
                 "the watch was cancelled (compacted at {})",
@@ -755,14 +782,12 @@ async fn follow(
     }
 }
 
-/// The revision of a barrier answered more than [`SILENT_WATCH`] ago
-/// whose event the watch has not delivered, when nothing at all came on
-/// the watch since (its last message at `last_message`).
-fn silent(state: &State, last_message: Instant) -> Option<i64> {
-    let (revision, answered) = (*state.last_barrier.lock().expect("barrier lock"))?;
-    let applied = *state.applied.borrow();
-    let quiet = last_message < answered;
-    (applied < revision && quiet && answered.elapsed() > SILENT_WATCH).then_some(revision)
+/// Whether the barrier at `revision`, answered at `answered` more than
+/// [`SILENT_WATCH`] ago, is still not applied with nothing at all come on
+/// the watch since its answer.
+fn silent(state: &State, revision: i64, answered: Instant) -> bool {
+    let quiet = *state.last_message.lock().expect("watch lock") < answered;
+    *state.applied.borrow() < revision && quiet && answered.elapsed() >= SILENT_WATCH
 }
 
 #[cfg(test)]
