@@ -36,6 +36,36 @@ pub struct IdleCheck {
     pub keepalives: f64,
 }
 
+/// What the router costs with nothing to do, measured once its shards are
+/// up and before the first window: its timers, pings and probes, per shard.
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct RouterAtRest {
+    pub seconds: f64,
+    pub shards: usize,
+    /// CPU the router used, in cores.
+    pub cores: f64,
+    pub context_switches_per_s: f64,
+    pub context_switches_per_s_per_shard: f64,
+}
+
+/// Measures [`RouterAtRest`] over `window`, nothing sent to the router.
+pub async fn router_at_rest(stack: &Stack, window: Duration) -> Option<RouterAtRest> {
+    use lockrouter_testkit::procfs::{context_switches, cpu_seconds};
+    let pid = stack.router.pid();
+    let (switches, cpu, started) = (context_switches(pid)?, cpu_seconds(pid)?, Instant::now());
+    tokio::time::sleep(window).await;
+    let seconds = started.elapsed().as_secs_f64();
+    let per_s = (context_switches(pid)?.saturating_sub(switches)) as f64 / seconds;
+    let shards = stack.shards.len();
+    Some(RouterAtRest {
+        seconds,
+        shards,
+        cores: (cpu_seconds(pid)? - cpu) / seconds,
+        context_switches_per_s: per_s,
+        context_switches_per_s_per_shard: per_s / shards.max(1) as f64,
+    })
+}
+
 /// How the check runs.
 #[derive(Debug, Clone, Copy)]
 pub struct Rest {

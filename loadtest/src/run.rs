@@ -85,6 +85,19 @@ pub async fn run_all(cfg: &Config) -> Result<Vec<String>> {
             eprintln!("etcd pprof: {url}/debug/pprof/profile?seconds=20");
         }
     }
+    // The router at rest first: what it costs per shard with nothing to do.
+    tokio::time::sleep(std::time::Duration::from_secs(1)).await;
+    let at_rest = crate::idle::router_at_rest(
+        &stack,
+        std::time::Duration::from_secs(cfg.duration_s as u64),
+    )
+    .await;
+    if let Some(r) = &at_rest {
+        eprintln!(
+            "   the router at rest: {:.1} context switches/s ({:.1} per shard), {:.4} cores",
+            r.context_switches_per_s, r.context_switches_per_s_per_shard, r.cores
+        );
+    }
     let (shared, records) = match Bench::new(cfg, &stack, "shared").run().await {
         Ok(x) => x,
         Err(e) => {
@@ -103,7 +116,12 @@ pub async fn run_all(cfg: &Config) -> Result<Vec<String>> {
     let mut every: Vec<Record> = paired.iter().flat_map(|p| p.legs.clone()).collect();
     every.extend(records.iter().cloned());
     let problems = if cfg.check {
-        checks::check(&every)
+        let mut problems = checks::check(&every);
+        if at_rest.is_none() {
+            problems
+                .push("the router at rest: its CPU or context switches could not be read".into());
+        }
+        problems
     } else {
         Vec::new()
     };
@@ -113,9 +131,17 @@ pub async fn run_all(cfg: &Config) -> Result<Vec<String>> {
         "paired": paired,
         "scenarios": records,
         "targets": targets,
+        "router_at_rest": at_rest,
         "check_problems": problems,
     });
-    summary::write(&cfg.out, &summary, &every, &paired, &targets)?;
+    summary::write(
+        &cfg.out,
+        &summary,
+        &every,
+        &paired,
+        &targets,
+        at_rest.as_ref(),
+    )?;
     for t in &targets {
         eprintln!(
             "target {:<72} {:>10} {} {:<8} {}",

@@ -1,12 +1,13 @@
 //! The files a run writes under its output dir: `summary.json` (every
-//! figure) and `summary.md` (the targets, the paired tables, every window,
-//! and the overload windows side by side).
+//! figure) and `summary.md` (the targets, the router at rest, the paired
+//! tables, every window, and the overload windows side by side).
 
 use std::path::Path;
 
 use anyhow::Result;
 use serde_json::Value;
 
+use crate::idle::RouterAtRest;
 use crate::paired::Paired;
 use crate::report::{Record, Target};
 
@@ -17,19 +18,32 @@ pub fn write(
     records: &[Record],
     paired: &[Paired],
     targets: &[Target],
+    at_rest: Option<&RouterAtRest>,
 ) -> Result<()> {
     std::fs::create_dir_all(out)?;
     std::fs::write(
         out.join("summary.json"),
         serde_json::to_string_pretty(summary)?,
     )?;
-    std::fs::write(out.join("summary.md"), markdown(records, paired, targets))?;
+    let md = markdown(records, paired, targets, at_rest);
+    std::fs::write(out.join("summary.md"), md)?;
     Ok(())
 }
 
-fn markdown(records: &[Record], paired: &[Paired], targets: &[Target]) -> String {
+fn markdown(
+    records: &[Record],
+    paired: &[Paired],
+    targets: &[Target],
+    at_rest: Option<&RouterAtRest>,
+) -> String {
     let mut s = String::from("## Targets\n\n");
     s.push_str(&targets_markdown(targets));
+    if let Some(r) = at_rest {
+        s.push_str(&format!(
+            "\n## The router at rest\n\nNothing sent to it for {:.0} s after start: {:.1} context switches/s, {:.1} per shard ({} shards); {:.4} cores.\n",
+            r.seconds, r.context_switches_per_s, r.context_switches_per_s_per_shard, r.shards, r.cores
+        ));
+    }
     for p in paired {
         s.push('\n');
         s.push_str(&p.markdown());

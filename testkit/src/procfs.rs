@@ -41,6 +41,28 @@ pub fn cpu_seconds(pid: u32) -> Option<f64> {
     Some((utime + stime) / ticks_per_second())
 }
 
+/// Context switches, voluntary or not, of every live thread of `pid` so
+/// far: how often it was put to sleep or preempted, one wake-up each.
+pub fn context_switches(pid: u32) -> Option<u64> {
+    let tasks = std::fs::read_dir(format!("/proc/{pid}/task")).ok()?;
+    let mut total = 0;
+    for task in tasks.filter_map(Result::ok) {
+        // A thread that ended meanwhile takes its count with it.
+        let Ok(status) = std::fs::read_to_string(task.path().join("status")) else {
+            continue;
+        };
+        for line in status.lines() {
+            if let Some(n) = line
+                .strip_prefix("voluntary_ctxt_switches:")
+                .or_else(|| line.strip_prefix("nonvoluntary_ctxt_switches:"))
+            {
+                total += n.trim().parse::<u64>().ok()?;
+            }
+        }
+    }
+    Some(total)
+}
+
 /// Busy CPU seconds of the whole machine, from the first line of
 /// `/proc/stat` (0 if it cannot be read).
 pub fn machine_busy_seconds() -> f64 {
@@ -92,4 +114,21 @@ pub fn threads_stopped(pid: u32) -> bool {
             .and_then(|(_, rest)| rest.chars().next());
         state == Some('T')
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_sleeping_thread_counts_its_context_switches() {
+        let me = std::process::id();
+        let before = context_switches(me).expect("this process's threads");
+        for _ in 0..5 {
+            std::thread::sleep(std::time::Duration::from_millis(1));
+        }
+        let after = context_switches(me).expect("this process's threads");
+        assert!(after >= before + 5, "{before} then {after}");
+        assert_eq!(context_switches(u32::MAX), None, "no such process");
+    }
 }
