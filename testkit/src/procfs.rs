@@ -51,13 +51,20 @@ pub fn context_switches(pid: u32) -> Option<u64> {
         let Ok(status) = std::fs::read_to_string(task.path().join("status")) else {
             continue;
         };
-        for line in status.lines() {
-            if let Some(n) = line
-                .strip_prefix("voluntary_ctxt_switches:")
-                .or_else(|| line.strip_prefix("nonvoluntary_ctxt_switches:"))
-            {
-                total += n.trim().parse::<u64>().ok()?;
-            }
+        total += switches_in(&status)?;
+    }
+    Some(total)
+}
+
+/// The context switches one thread's `status` file counts.
+fn switches_in(status: &str) -> Option<u64> {
+    let mut total = 0;
+    for line in status.lines() {
+        if let Some(n) = line
+            .strip_prefix("voluntary_ctxt_switches:")
+            .or_else(|| line.strip_prefix("nonvoluntary_ctxt_switches:"))
+        {
+            total += n.trim().parse::<u64>().ok()?;
         }
     }
     Some(total)
@@ -122,13 +129,19 @@ mod tests {
 
     #[test]
     fn a_sleeping_thread_counts_its_context_switches() {
-        let me = std::process::id();
-        let before = context_switches(me).expect("this process's threads");
+        // This thread's own count: the process's total also loses the
+        // counts of other tests' threads as they end.
+        let mine = || {
+            let status = std::fs::read_to_string("/proc/thread-self/status").expect("status");
+            switches_in(&status).expect("both counts")
+        };
+        let before = mine();
         for _ in 0..5 {
             std::thread::sleep(std::time::Duration::from_millis(1));
         }
-        let after = context_switches(me).expect("this process's threads");
+        let after = mine();
         assert!(after >= before + 5, "{before} then {after}");
+        assert!(context_switches(std::process::id()).is_some_and(|n| n >= after));
         assert_eq!(context_switches(u32::MAX), None, "no such process");
     }
 }
