@@ -751,8 +751,9 @@ impl Task {
     }
 
     /// When the task should next [`look`](Task::look): a second after the
-    /// last look while nothing is in flight; [`SILENT_STREAM`] after
-    /// keepalives went in flight, then every [`TICK`] while any still is
+    /// last look while nothing is in flight; [`SILENT_STREAM`] (or the
+    /// shard's deadline, if shorter) after keepalives went in flight, then
+    /// every [`TICK`] while any still is
     /// (so a silent stream is found, as before, within `SILENT_STREAM +
     /// TICK` of its first unanswered keepalive).
     fn next_look(&mut self) -> Instant {
@@ -761,7 +762,9 @@ impl Task {
             return self.looked + PRUNE_EVERY;
         }
         let since = *self.busy_since.get_or_insert_with(Instant::now);
-        (since + SILENT_STREAM).max(self.looked + TICK)
+        // Sooner when a keepalive is overdue before it could be silent.
+        let first = SILENT_STREAM.min(self.conn.timeout());
+        (since + first).max(self.looked + TICK)
     }
 
     /// Looks at the stream: prunes what the task knows once a second, fails
@@ -1073,6 +1076,17 @@ mod tests {
         });
         assert_eq!(task.next_look(), task.looked + PRUNE_EVERY);
         assert_eq!(task.busy_since, None, "the next spell starts afresh");
+        // A shard deadline shorter than SILENT_STREAM: the first look
+        // comes at the deadline, so an overdue keepalive is not kept waiting.
+        let short = Duration::from_millis(50);
+        let access = crate::shard::access::Access::plain(&["http://127.0.0.1:9".to_string()]);
+        let conn = EtcdConn::connect("t", &access, short, short)
+            .await
+            .expect("connecting is lazy");
+        assert_eq!(conn.timeout(), short);
+        let mut task = Task::new(conn, 0, Arc::default(), Duration::from_millis(2));
+        let _rx = in_flight(&mut task, 7, Instant::now());
+        assert!(task.next_look() <= Instant::now() + short);
     }
 
     #[tokio::test]
