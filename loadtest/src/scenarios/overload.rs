@@ -406,15 +406,6 @@ async fn take_locks(
     let mut locks = Vec::with_capacity(ctx.locks_per_holder);
     let mut confirmed: Option<Instant> = None;
     for j in 0..ctx.locks_per_holder {
-        if let Some(at) = confirmed.filter(|at| at.elapsed() >= period) {
-            let sent = Instant::now();
-            if let Renewal::Confirmed = renew(user, ctx, &mut locks).await {
-                if sent - at > Duration::from_millis(ctx.holder_ttl_ms) {
-                    add(&ctx.counts.locks_lapsed, locks.len() as u64);
-                }
-                confirmed = Some(sent);
-            }
-        }
         let body = json!({
             "name": format!("{}:h{me}:{j}", ctx.tag),
             "ttlMs": ctx.holder_ttl_ms,
@@ -423,6 +414,18 @@ async fn take_locks(
         loop {
             if ctx.stopped() {
                 return None;
+            }
+            // Before every attempt, retries included: an acquire refused
+            // for longer than a TTL must not let the others lapse.
+            let due = confirmed.filter(|at| at.elapsed() >= period && !locks.is_empty());
+            if let Some(at) = due {
+                let sent = Instant::now();
+                if let Renewal::Confirmed = renew(user, ctx, &mut locks).await {
+                    if sent - at > Duration::from_millis(ctx.holder_ttl_ms) {
+                        add(&ctx.counts.locks_lapsed, locks.len() as u64);
+                    }
+                    confirmed = Some(sent);
+                }
             }
             let sent = Instant::now();
             let a = api::send(user, &ctx.hold_stats, ACQUIRE, &body).await;
