@@ -405,6 +405,8 @@ async fn take_locks(
 ) -> Option<(Vec<Held>, Instant)> {
     let mut locks = Vec::with_capacity(ctx.locks_per_holder);
     let mut confirmed: Option<Instant> = None;
+    // A renewal answered 503 waits for its Retry-After, as in `holder`.
+    let mut renew_after = Instant::now();
     for j in 0..ctx.locks_per_holder {
         let body = json!({
             "name": format!("{}:h{me}:{j}", ctx.tag),
@@ -417,14 +419,19 @@ async fn take_locks(
             }
             // Before every attempt, retries included: an acquire refused
             // for longer than a TTL must not let the others lapse.
-            let due = confirmed.filter(|at| at.elapsed() >= period && !locks.is_empty());
+            let now = Instant::now();
+            let due = confirmed
+                .filter(|at| now - *at >= period && now >= renew_after && !locks.is_empty());
             if let Some(at) = due {
-                let sent = Instant::now();
-                if let Renewal::Confirmed = renew(user, ctx, &mut locks).await {
-                    if sent - at > Duration::from_millis(ctx.holder_ttl_ms) {
-                        add(&ctx.counts.locks_lapsed, locks.len() as u64);
+                match renew(user, ctx, &mut locks).await {
+                    Renewal::Confirmed => {
+                        if now - at > Duration::from_millis(ctx.holder_ttl_ms) {
+                            add(&ctx.counts.locks_lapsed, locks.len() as u64);
+                        }
+                        confirmed = Some(now);
                     }
-                    confirmed = Some(sent);
+                    Renewal::Refused(wait) => renew_after = now + wait,
+                    Renewal::Failed => {}
                 }
             }
             let sent = Instant::now();
