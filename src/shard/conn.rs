@@ -401,11 +401,13 @@ impl EtcdConn {
     /// request waiting on a silent one. A silent member then costs the
     /// request [`HEDGE_AFTER`], not the deadline. An answer that another
     /// member would give the same ([`another_member_may_answer`]) ends the
-    /// request at once.
+    /// request at once. The tries go to the heap, as every call does
+    /// ([`call`](Self::call)).
     pub async fn call_hedged<T, F, Fut>(&self, rpc: &'static str, make: F) -> Result<T, EtcdError>
     where
-        F: Fn(Client) -> Fut,
-        Fut: Future<Output = Result<T, etcd_client::Error>>,
+        F: Fn(Client) -> Fut + Send + Sync,
+        Fut: Future<Output = Result<T, etcd_client::Error>> + Send,
+        T: Send,
     {
         let shard = self.inner.shard.as_str();
         let balanced = self.inner.client.clone();
@@ -421,7 +423,7 @@ impl EtcdConn {
             let member = member.map(|i| self.inner.members[i].endpoint.as_str());
             tracing::debug!(shard, rpc, ?member, error = %e, "a hedged try failed");
         });
-        self.call_inline(rpc, hedged).await
+        self.call(rpc, hedged).await
     }
 
     /// A txn that may safely run twice (a read, a barrier put), hedged as
@@ -459,7 +461,7 @@ impl EtcdConn {
             }
             first_success(tries).await
         };
-        self.call_inline("Txn", everywhere).await
+        self.call("Txn", everywhere).await
     }
 
     pub fn shard(&self) -> &str {
