@@ -28,6 +28,11 @@ pub struct EtcdCounters {
     pub lease_renewals: f64,
     /// History compactions run (the periodic compactor's, here).
     pub compactions: f64,
+    /// Go garbage collections, every member's own, summed. A collection
+    /// marks the whole heap (a million lock keys make it hundreds of MB),
+    /// so how many fall in a window moves etcd's CPU in it.
+    #[serde(default)]
+    pub gc_cycles: f64,
 }
 
 impl EtcdCounters {
@@ -43,6 +48,7 @@ impl EtcdCounters {
                 "etcd_debugging_mvcc_db_compaction_total_duration_milliseconds_count",
                 &[],
             ),
+            gc_cycles: metrics::sum(text, "go_gc_duration_seconds_count", &[]),
         }
     }
 
@@ -54,6 +60,7 @@ impl EtcdCounters {
             lease_revokes: self.lease_revokes - o.lease_revokes,
             lease_renewals: self.lease_renewals - o.lease_renewals,
             compactions: self.compactions - o.compactions,
+            gc_cycles: self.gc_cycles - o.gc_cycles,
         }
     }
 
@@ -65,6 +72,7 @@ impl EtcdCounters {
             lease_revokes: self.lease_revokes + o.lease_revokes,
             lease_renewals: self.lease_renewals + o.lease_renewals,
             compactions: self.compactions + o.compactions,
+            gc_cycles: self.gc_cycles + o.gc_cycles,
         }
     }
 
@@ -81,6 +89,7 @@ impl EtcdCounters {
             lease_revokes: self.lease_revokes.max(o.lease_revokes),
             lease_renewals: self.lease_renewals + o.lease_renewals,
             compactions: self.compactions.max(o.compactions),
+            gc_cycles: self.gc_cycles + o.gc_cycles,
         }
     }
 
@@ -309,4 +318,22 @@ pub struct Delta {
     pub router: RouterCounters,
     pub cores: Cpu,
     pub cpu_seconds: Cpu,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_shards_members_share_its_proposals_and_count_their_own_collections() {
+        let member = |proposals: u32, collections: u32| {
+            EtcdCounters::parse(&format!(
+                "etcd_server_proposals_committed_total {proposals}\n\
+                 go_gc_duration_seconds{{quantile=\"0.5\"}} 0.0001\n\
+                 go_gc_duration_seconds_count {collections}\n"
+            ))
+        };
+        let shard = member(10, 3).with_member(&member(9, 4));
+        assert_eq!((shard.proposals, shard.gc_cycles), (10.0, 7.0));
+    }
 }

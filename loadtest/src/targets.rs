@@ -212,12 +212,14 @@ fn hold(h: &Record, cfg: &Config, cpus: usize) -> Vec<Target> {
         return out;
     }
     let note = format!(
-        "steady window: {:.0} lock renewals/s ({:.1}% checked by the cache), {:.0} barriers/s, {:.0} keepalives/s, {:.1} keepalives per burst (HTTP/2 frame)",
+        "steady window: {:.0} lock renewals/s ({:.1}% checked by the cache), {:.0} barriers/s, {:.0} keepalives/s, {:.1} keepalives per burst (HTTP/2 frame); {:.0} Go GC cycles of etcd's members in its {:.0} s",
         checks / w.seconds,
         100.0 * w.router.renewal_checks_cache / checks,
         w.router.cache_barriers / w.seconds,
         w.etcd.lease_renewals / w.seconds,
-        w.router.keepalives_in_bursts / w.router.keepalive_bursts.max(1.0)
+        w.router.keepalives_in_bursts / w.router.keepalive_bursts.max(1.0),
+        w.etcd.gc_cycles,
+        w.seconds
     );
     for (name, part, limit) in [
         (
