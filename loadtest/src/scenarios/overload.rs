@@ -368,12 +368,8 @@ async fn holder(user: &mut GooseUser, ctx: &Overload) {
         ctx.counts
             .renew_lag_max_ms
             .fetch_max((now - next).as_millis() as u64, Relaxed);
-        next = match renew(user, ctx, &mut locks).await {
+        next = match renew_counted(user, ctx, &mut locks, &mut confirmed, now).await {
             Renewal::Confirmed => {
-                if now - confirmed > ttl {
-                    add(&ctx.counts.locks_lapsed, locks.len() as u64);
-                }
-                confirmed = now;
                 // Keep the cadence; more than a period late, count it from now.
                 let n = next + period;
                 if n > now {
@@ -420,18 +416,12 @@ async fn take_locks(
             // Before every attempt, retries included: an acquire refused
             // for longer than a TTL must not let the others lapse.
             let now = Instant::now();
-            let due = confirmed
-                .filter(|at| now - *at >= period && now >= renew_after && !locks.is_empty());
+            let due = (confirmed.as_mut())
+                .filter(|at| now - **at >= period && now >= renew_after && !locks.is_empty());
             if let Some(at) = due {
-                match renew(user, ctx, &mut locks).await {
-                    Renewal::Confirmed => {
-                        if now - at > Duration::from_millis(ctx.holder_ttl_ms) {
-                            add(&ctx.counts.locks_lapsed, locks.len() as u64);
-                        }
-                        confirmed = Some(now);
-                    }
-                    Renewal::Refused(wait) => renew_after = now + wait,
-                    Renewal::Failed => {}
+                let renewal = renew_counted(user, ctx, &mut locks, at, now).await;
+                if let Renewal::Refused(wait) = renewal {
+                    renew_after = now + wait;
                 }
             }
             let sent = Instant::now();
@@ -454,6 +444,26 @@ async fn take_locks(
         }
     }
     Some((locks, confirmed.unwrap_or_else(Instant::now)))
+}
+
+/// Renews `locks` at `now`; when confirmed, counts them lapsed if that
+/// came more than a TTL after the last confirmation, `confirmed`, and
+/// moves it to `now`.
+async fn renew_counted(
+    user: &mut GooseUser,
+    ctx: &Overload,
+    locks: &mut Vec<Held>,
+    confirmed: &mut Instant,
+    now: Instant,
+) -> Renewal {
+    let renewal = renew(user, ctx, locks).await;
+    if let Renewal::Confirmed = renewal {
+        if now - *confirmed > Duration::from_millis(ctx.holder_ttl_ms) {
+            add(&ctx.counts.locks_lapsed, locks.len() as u64);
+        }
+        *confirmed = now;
+    }
+    renewal
 }
 
 enum Renewal {
