@@ -231,7 +231,12 @@ impl Active {
                 break shown_held;
             }
             looks += 1;
-            if let Some(answer) = self.look_first(shard.as_ref(), k, holder, g).await? {
+            // The rarer paths' futures (this read, a refused grant's
+            // settling, a cut-off grant's) go to the heap only when taken,
+            // and the grant's always (below): inline, each would make
+            // every acquire's future as large as the largest of them.
+            let looked = Box::pin(self.look_first(shard.as_ref(), k, holder, g));
+            if let Some(answer) = looked.await? {
                 return Ok(Attempt::Done(answer));
             }
             if !shard.grant_pending(&k.hash) {
@@ -249,7 +254,7 @@ impl Active {
             // name is read, and a name held (the holder's own grant
             // above all) is answered as such, never refused by a quota.
             Err(LockError::PermissionDenied(refused)) if !shown_held => {
-                return match self.look_first(shard.as_ref(), k, holder, g).await? {
+                return match Box::pin(self.look_first(shard.as_ref(), k, holder, g)).await? {
                     Some(answer) => Ok(Attempt::Done(answer)),
                     None => Err(refused.into()),
                 };
@@ -258,14 +263,23 @@ impl Active {
         };
         let window = self.window(session.ttl_secs);
         let sent = Instant::now();
-        let grant = shard.grant_on_session(k, &value, &session, window, g, replace_held);
+        // On the heap: the grant's future (its txn and keepalive side by
+        // side) is most of an acquire's, and inline it would be copied
+        // with the handler's future on every request.
+        let grant = Box::pin(shard.grant_on_session(k, &value, &session, window, g, replace_held));
         let (txn, renewal) = match unless_cut_off(shard.as_ref(), g.cutoff, grant.await).await? {
             Some(SessionGrant::SessionGone) => return Ok(Attempt::SessionGone),
             Some(SessionGrant::Answered(txn, renewal)) => (txn, renewal),
             // Unanswered, and cut off: what the txn granted before the
             // move, if anything, is the answer.
             None => {
-                let granted = granted_before_cut_off(self, shard.as_ref(), k, holder, sent);
+                let granted = Box::pin(granted_before_cut_off(
+                    self,
+                    shard.as_ref(),
+                    k,
+                    holder,
+                    sent,
+                ));
                 return Ok(match granted.await? {
                     Some(answer) => Attempt::Done(answer),
                     None => Attempt::CutoffMoved,
@@ -365,13 +379,15 @@ impl Active {
             }
             AcquireTxn::Held(holder) => {
                 let own = (session.id == holder.lease()).then_some(renewal);
-                self.held(shard, client_id, holder, k, own, sent).await?
+                Box::pin(self.held(shard, client_id, holder, k, own, sent)).await?
             }
-            AcquireTxn::Delayed(delay) => Acquired::Held(lease_end(shard, &delay).await?),
-            AcquireTxn::Lost(held) => match self.lost(shard, k, &held, &g.identity).await? {
-                Some(until) => Acquired::Held(until),
-                None => return Ok(Attempt::Again),
-            },
+            AcquireTxn::Delayed(delay) => Acquired::Held(Box::pin(lease_end(shard, &delay)).await?),
+            AcquireTxn::Lost(held) => {
+                match Box::pin(self.lost(shard, k, &held, &g.identity)).await? {
+                    Some(until) => Acquired::Held(until),
+                    None => return Ok(Attempt::Again),
+                }
+            }
             // Free, but others wait for it: they come first.
             AcquireTxn::Queued | AcquireTxn::Gone | AcquireTxn::Behind(..) => {
                 Acquired::Held(Expiry(Instant::now()))

@@ -70,7 +70,10 @@ impl Active {
                 continue;
             }
             let standing = OnRouter { active: self, req };
-            let queued = self.queue(req, &standing);
+            // On the heap: a waiting acquire's queue is the larger
+            // future by far, and inline it would make every acquire's,
+            // waiting or not, that large.
+            let queued = Box::pin(self.queue(req, &standing));
             if let Some(answer) = queued.await? {
                 w.ended(matches!(answer, Acquired::Granted(_)));
                 return Ok(answer);
