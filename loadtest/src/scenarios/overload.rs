@@ -416,7 +416,8 @@ async fn take_locks(
             // Before every attempt, retries included: an acquire refused
             // for longer than a TTL must not let the others lapse.
             let now = Instant::now();
-            let due = (confirmed.as_mut())
+            let due = confirmed
+                .as_mut()
                 .filter(|at| now - **at >= period && now >= renew_after && !locks.is_empty());
             if let Some(at) = due {
                 let renewal = renew_counted(user, ctx, &mut locks, at, now).await;
