@@ -3,7 +3,8 @@
 //! raft write for all of them (`docs/design.md`, "Group commit").
 //!
 //! No request waits for a timer: a batch is whatever is waiting when the
-//! batch in flight is answered, or when a request comes to an idle shard; a
+//! batch in flight is answered, or, when a request comes to an idle shard,
+//! once the runtime has run what it already had to do ([`next_job`]); a
 //! second batch leaves beside it only while a full one waits
 //! ([`MAX_IN_FLIGHT`]). Each acquire keeps its own compares in its
 //! nested txn; the ring and identity are compared once, by the outer txn,
@@ -213,7 +214,10 @@ async fn run(
         let first = match carried.pop_front() {
             Some(job) => job,
             None => tokio::select! {
-                job = rx.recv() => match job { Some(j) => j, None => break 'run },
+                job = next_job(&mut rx, in_flight.is_empty()) => match job {
+                    Some(j) => j,
+                    None => break 'run,
+                },
                 _ = cancel.cancelled() => break 'run,
             },
         };
@@ -244,6 +248,23 @@ async fn run(
     }
     // Batches already sent are answered, as if the shard were still here.
     in_flight.detach_all();
+}
+
+/// The next job from `rx`, the first of a batch. When the shard is `idle`
+/// (no batch in flight), it is handed on only after the runtime has run
+/// what it already had to do: one yield, and tokio wakes a yielded task
+/// once its worker has no other task to run and has looked for I/O (or at
+/// its periodic look at I/O). So the requests whose bytes have arrived
+/// meanwhile, and those the batch just answered sent again, join this
+/// batch instead of leaving behind a batch of one (`docs/design.md`,
+/// "Group commit"). No timer: the wait is bounded by the work already
+/// queued on the runtime.
+async fn next_job(rx: &mut mpsc::Receiver<Job>, idle: bool) -> Option<Job> {
+    let job = rx.recv().await?;
+    if idle {
+        tokio::task::yield_now().await;
+    }
+    Some(job)
 }
 
 /// The jobs of one txn: distinct names, and acquires that compare the same
@@ -585,6 +606,49 @@ mod tests {
             deadline: None,
             reply: oneshot::channel().0,
         })
+    }
+
+    /// An idle shard's first job is handed on once the tasks the runtime
+    /// already had to run have queued theirs, so they share its batch. On
+    /// one worker this is deterministic: without the yield, the task a
+    /// send wakes runs next (tokio's LIFO slot), and the batch would hold
+    /// the first job alone.
+    #[test]
+    fn an_idle_shards_first_job_waits_for_the_jobs_already_on_their_way() {
+        let runtime = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(1)
+            .enable_all()
+            .build()
+            .expect("a runtime");
+        let (together, alone) = runtime.block_on(async {
+            let mut taken = Vec::new();
+            for idle in [true, false] {
+                let (tx, mut rx) = tokio::sync::mpsc::channel(64);
+                let committer = tokio::spawn(async move {
+                    let _first = super::next_job(&mut rx, idle).await.expect("a job");
+                    let mut jobs = 1;
+                    while rx.try_recv().is_ok() {
+                        jobs += 1;
+                    }
+                    jobs
+                });
+                tokio::time::sleep(Duration::from_millis(20)).await;
+                // Five requests' tasks, runnable at once on the worker.
+                tokio::spawn(async move {
+                    for i in 0..5 {
+                        let tx = tx.clone();
+                        let job = acquire(&format!("n{i}"), "ring-1");
+                        tokio::spawn(async move { tx.send(job).await.is_ok() });
+                    }
+                });
+                taken.push(committer.await.expect("the committer"));
+            }
+            (taken[0], taken[1])
+        });
+        assert_eq!(together, 5, "jobs queued in the same turn share the batch");
+        // What this guards against: with a batch in flight the committer
+        // takes what is there at once.
+        assert_eq!(alone, 1, "no yield: the woken committer runs first");
     }
 
     #[test]
