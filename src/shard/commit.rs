@@ -255,8 +255,9 @@ async fn run(
 /// what it already had to do: one yield, and tokio wakes a yielded task
 /// once its worker has no other task to run and has looked for I/O (or at
 /// its periodic look at I/O). So the requests whose bytes have arrived
-/// meanwhile, and those the batch just answered sent again, join this
-/// batch instead of leaving behind a batch of one (`docs/design.md`,
+/// meanwhile (under load, mostly the next requests of the clients the
+/// last batch answered) join this batch instead of trailing a batch of
+/// one (`docs/design.md`,
 /// "Group commit"). No timer: the wait is bounded by the work already
 /// queued on the runtime.
 async fn next_job(rx: &mut mpsc::Receiver<Job>, idle: bool) -> Option<Job> {
@@ -646,8 +647,8 @@ mod tests {
             (taken[0], taken[1])
         });
         assert_eq!(together, 5, "jobs queued in the same turn share the batch");
-        // What this guards against: with a batch in flight the committer
-        // takes what is there at once.
+        // The same setup without the yield (a batch in flight): the woken
+        // committer runs first, so the setup does tell the two apart.
         assert_eq!(alone, 1, "no yield: the woken committer runs first");
     }
 
